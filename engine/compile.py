@@ -1,0 +1,290 @@
+"""Diagram -> torch.fx GraphModule, with shapes, parameter counts and FLOPs.
+
+Every node is checked on its own, in topological order: its parameters against the
+catalog's declarations, its input shapes against what the layer needs, then a
+forward pass on meta tensors (no memory, no compute) gives its output shape and,
+through torch's FlopCounterMode, its FLOPs. Errors are collected, each naming the
+node and the field; a node whose input could not be computed is skipped quietly so
+one mistake does not cascade into a page of messages.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from engine.graph import CycleError, Edge, Graph
+from engine.layers import FieldError, LayerSpec, get_layer
+from engine.runtime.layers import FUNCTION_LAYERS, build_layer
+from engine.runtime.model import build_graph_module
+
+# Batch used for the meta forward pass (BatchNorm refuses a batch of 1 in training).
+META_BATCH = 2
+_RESERVED = set(dir(nn.Module)) | {"forward", "code", "graph"}
+
+
+@dataclass(frozen=True)
+class CompileError:
+    message: str
+    node: str | None = None
+    field: str | None = None
+    severity: str = "error"  # error | warning
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    shape: tuple[int, ...]  # per sample: the batch dimension is left out
+    dtype: str
+
+    def label(self) -> str:
+        return "(" + ", ".join(["B", *map(str, self.shape)]) + ")"
+
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def nbytes(self) -> int:
+        """Bytes per sample."""
+        return self.numel() * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+
+
+@dataclass
+class NodeInfo:
+    id: str
+    type: str
+    params: dict = field(default_factory=dict)  # resolved: inferred sizes filled in
+    out: TensorInfo | None = None
+    inputs: list[TensorInfo] = field(default_factory=list)
+    n_params: int = 0
+    flops: int = 0  # forward FLOPs per sample
+    errors: list[CompileError] = field(default_factory=list)
+
+
+@dataclass
+class CompileResult:
+    graph: Graph
+    nodes: dict[str, NodeInfo]
+    errors: list[CompileError]
+    warnings: list[CompileError]
+    order: list[str]
+    spec: dict | None = None  # the runtime's input (engine/runtime/model.py); None if errors
+    module: torch.fx.GraphModule | None = None  # on the meta device; None if errors
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def total_params(self) -> int:
+        return sum(n.n_params for n in self.nodes.values())
+
+    @property
+    def total_flops(self) -> int:
+        return sum(n.flops for n in self.nodes.values())
+
+    def edge_info(self, e: Edge) -> TensorInfo | None:
+        info = self.nodes.get(e.src)
+        return info.out if info else None
+
+    def errors_for(self, node_id: str) -> list[CompileError]:
+        return [e for e in self.errors if e.node == node_id]
+
+    def output_node(self) -> str | None:
+        outs = self.spec["outputs"] if self.spec else [n for n in self.order if self.graph.nodes[n].type == "Output"]
+        return outs[0] if outs else None
+
+    def loss(self) -> str:
+        out = self.output_node()
+        return self.nodes[out].params.get("loss", "none") if out else "none"
+
+    def build(self, device: str = "cpu", seed: int | None = None) -> torch.fx.GraphModule:
+        """A real module with initial weights (a function of the seed)."""
+        if self.spec is None:
+            raise ValueError("the diagram has errors:\n" + "\n".join(map(str, self.errors)))
+        return build_graph_module(self.spec, device=device, seed=seed)
+
+    def summary_rows(self) -> list[dict]:
+        return [
+            {
+                "node": nid,
+                "type": self.nodes[nid].type,
+                "output_shape": self.nodes[nid].out.label() if self.nodes[nid].out else "",
+                "dtype": self.nodes[nid].out.dtype if self.nodes[nid].out else "",
+                "params": self.nodes[nid].n_params,
+                "flops": self.nodes[nid].flops,
+            }
+            for nid in self.order
+        ]
+
+
+def _err(errors: list[CompileError], node_id: str, ntype: str, msg: str, fld: str | None = None) -> CompileError:
+    e = CompileError(f"node '{node_id}' ({ntype}): {msg}", node=node_id, field=fld)
+    errors.append(e)
+    return e
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def compile_graph(graph: Graph) -> CompileResult:
+    errors: list[CompileError] = []
+    warnings: list[CompileError] = []
+    infos: dict[str, NodeInfo] = {}
+
+    # 1. Per-node declarations: type known, parameters well typed.
+    specs: dict[str, LayerSpec] = {}
+    params: dict[str, dict] = {}
+    for nid, node in graph.nodes.items():
+        infos[nid] = NodeInfo(nid, node.type)
+        if nid in _RESERVED:
+            _err(errors, nid, node.type, f"the name '{nid}' is reserved by torch.nn.Module; rename the node")
+        spec = get_layer(node.type)
+        if spec is None:
+            _err(errors, nid, node.type, f"unknown layer type '{node.type}'")
+            continue
+        specs[nid] = spec
+        merged, perrs = spec.check_params(node.params)
+        for fe in perrs:
+            _err(errors, nid, node.type, str(fe), fe.field)
+        params[nid] = merged
+        if not perrs:
+            infos[nid].params = dict(merged)
+        if spec.type == "Custom" and not perrs and merged["path"]:
+            try:
+                from engine.runtime.layers import import_object
+
+                import_object(merged["path"])
+            except Exception as exc:  # any import failure is the user's path
+                _err(errors, nid, node.type, f"path '{merged['path']}' does not import: {_first_line(exc)}", "path")
+
+    # 2. Graph-level structure.
+    try:
+        order = graph.topo_order()
+    except CycleError as ce:
+        msg = "the diagram has a cycle: " + " -> ".join(ce.cycle)
+        for nid in dict.fromkeys(ce.cycle):
+            _err(errors, nid, graph.nodes[nid].type, msg)
+        return CompileResult(graph, infos, errors, warnings, list(graph.nodes))
+
+    inputs = [n for n in order if graph.nodes[n].type == "Input"]
+    outputs = [n for n in order if graph.nodes[n].type == "Output"]
+    if not inputs:
+        errors.append(CompileError("the diagram has no Input node"))
+    if not outputs:
+        errors.append(CompileError("the diagram has no Output node"))
+
+    # 3. Shapes, counts and FLOPs node by node on the meta device.
+    failed: set[str] = set()  # nodes with no usable output (errors here or upstream)
+    metas: dict[str, torch.Tensor] = {}
+    spec_nodes: list[dict] = []
+    for nid in order:
+        node = graph.nodes[nid]
+        spec = specs.get(nid)
+        info = infos[nid]
+        if spec is None or nid not in params or info.params == {} and spec.params:
+            failed.add(nid)
+            continue
+        incoming = graph.incoming(nid)
+        ports = spec.input_ports(params[nid])
+        for port, e in incoming.items():
+            if port not in ports:
+                _err(errors, nid, node.type, f"has no input port '{port}' (edge from '{e.src}')")
+        missing = [p for p in ports if p not in incoming]
+        if missing:
+            _err(errors, nid, node.type, "input " + ", ".join(f"'{p}'" for p in missing) + " is not connected")
+            failed.add(nid)
+            continue
+        srcs = [incoming[p].src for p in ports]
+        if any(s in failed for s in srcs):
+            failed.add(nid)
+            continue
+        in_infos = [infos[s].out for s in srcs]
+        if any(i is None for i in in_infos):  # fed by an Output
+            _err(errors, nid, node.type, "is fed by a node that has no output")
+            failed.add(nid)
+            continue
+        info.inputs = list(in_infos)
+        p = dict(params[nid])
+        try:
+            if spec.resolve:
+                p = spec.resolve(p, [i.shape for i in in_infos], [i.dtype for i in in_infos])
+        except FieldError as fe:
+            _err(errors, nid, node.type, str(fe), fe.field)
+            failed.add(nid)
+            continue
+        info.params = p
+        spec_nodes.append({"id": nid, "type": node.type, "params": p, "args": srcs})
+        if spec.kind == "input":
+            info.out = TensorInfo(tuple(p["shape"]), p["dtype"])
+            dtype = getattr(torch, p["dtype"])
+            metas[nid] = torch.zeros((META_BATCH, *p["shape"]), dtype=dtype, device="meta")
+            continue
+        if spec.kind == "output":
+            info.out = None
+            continue
+        try:
+            y, n_params, flops = _run_meta(node.type, p, [metas[s] for s in srcs])
+        except Exception as exc:  # the layer itself refused the input
+            _err(errors, nid, node.type, _first_line(exc))
+            failed.add(nid)
+            continue
+        if not isinstance(y, torch.Tensor):
+            _err(errors, nid, node.type, f"returned {type(y).__name__}, not one tensor")
+            failed.add(nid)
+            continue
+        if y.dim() == 0 or y.shape[0] != META_BATCH:
+            _err(errors, nid, node.type, f"output shape {tuple(y.shape)} lost the batch dimension")
+            failed.add(nid)
+            continue
+        metas[nid] = y
+        info.out = TensorInfo(tuple(y.shape[1:]), str(y.dtype).replace("torch.", ""))
+        info.n_params = n_params
+        info.flops = flops // META_BATCH
+
+    # 4. Warnings: dead ends and layers whose result depends on how the batch is cut.
+    if outputs:
+        live = set()
+        stack = list(outputs)
+        while stack:
+            n = stack.pop()
+            if n not in live:
+                live.add(n)
+                stack.extend(graph.predecessors(n))
+        for nid in order:
+            if nid not in live:
+                warnings.append(CompileError(f"node '{nid}' ({graph.nodes[nid].type}): does not reach an Output", nid, severity="warning"))
+
+    result = CompileResult(graph, infos, errors, warnings, order)
+    if not errors:
+        result.spec = {"nodes": spec_nodes, "inputs": inputs, "outputs": outputs}
+        result.module = build_graph_module(result.spec, device="meta")
+    return result
+
+
+def _run_meta(ntype: str, params: dict, args: list[torch.Tensor]) -> tuple[Any, int, int]:
+    """Forward one layer on meta tensors: (output, parameter count, FLOPs)."""
+    counter = FlopCounterMode(display=False)
+    if ntype in FUNCTION_LAYERS:
+        fn, kwargs = FUNCTION_LAYERS[ntype](params)
+        with counter:
+            y = fn(tuple(args), **kwargs) if fn is torch.cat else fn(*args, **kwargs)
+        return y, 0, counter.get_total_flops()
+    with torch.device("meta"):
+        m = build_layer(ntype, params)
+    m.train()
+    with counter:
+        y = m(*args)
+    return y, sum(p.numel() for p in m.parameters()), counter.get_total_flops()
+
+
+__all__ = ["compile_graph", "CompileResult", "CompileError", "NodeInfo", "TensorInfo", "META_BATCH"]

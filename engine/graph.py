@@ -1,0 +1,404 @@
+"""The diagram model: what the user draws.
+
+Pure dataclasses and an event list; no Qt. Views (widgets/) subscribe with
+`Graph.subscribe(callback)` and redraw from the events; undo commands (app/) call
+the mutating methods here and nothing else.
+
+A node's id is its name: a Python identifier, unique in the graph. It becomes the
+submodule name in the compiled torch.fx GraphModule, so pipeline stages, TP plans
+and error messages all speak of the same names.
+"""
+from __future__ import annotations
+
+import copy
+import keyword
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+_ID_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Tensor-parallel styles a node may ask for (engine/planner.py checks which apply).
+TP_STYLES = ("replicate", "colwise", "rowwise", "sequence")
+
+
+class GraphError(ValueError):
+    """A refused edit: the message says which node/port and why."""
+
+
+class CycleError(GraphError):
+    def __init__(self, cycle: list[str]):
+        self.cycle = cycle
+        super().__init__("cycle: " + " -> ".join(cycle))
+
+
+@dataclass
+class Node:
+    id: str
+    type: str
+    params: dict[str, Any] = field(default_factory=dict)
+    pos: tuple[float, float] = (0.0, 0.0)
+    # Placement (engine/planner.py): pipeline stage, tensor-parallel style,
+    # activation checkpointing. None means "let the planner decide".
+    stage: int | None = None
+    tp: str | None = None
+    checkpoint: bool = False
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {
+            "id": self.id,
+            "type": self.type,
+            "params": copy.deepcopy(self.params),
+            "pos": [float(self.pos[0]), float(self.pos[1])],
+        }
+        if self.stage is not None:
+            d["stage"] = self.stage
+        if self.tp is not None:
+            d["tp"] = self.tp
+        if self.checkpoint:
+            d["checkpoint"] = True
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Node":
+        return cls(
+            id=d["id"],
+            type=d["type"],
+            params=copy.deepcopy(d.get("params", {})),
+            pos=(float(d.get("pos", (0, 0))[0]), float(d.get("pos", (0, 0))[1])),
+            stage=d.get("stage"),
+            tp=d.get("tp"),
+            checkpoint=bool(d.get("checkpoint", False)),
+        )
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: str
+    src_port: str
+    dst: str
+    dst_port: str
+
+    def to_dict(self) -> dict:
+        return {"src": self.src, "src_port": self.src_port, "dst": self.dst, "dst_port": self.dst_port}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Edge":
+        return cls(d["src"], d.get("src_port", "out"), d["dst"], d.get("dst_port", "in"))
+
+
+@dataclass(frozen=True)
+class GraphEvent:
+    """kind is one of: node_added, node_removed, node_renamed, edge_added,
+    edge_removed, param_changed, moved, placement_changed, reset."""
+
+    kind: str
+    node: str | None = None
+    edge: Edge | None = None
+    key: str | None = None
+    old: Any = None
+    new: Any = None
+
+
+def ports_of(node_type: str, params: dict) -> tuple[list[str], list[str]]:
+    """(input ports, output ports) of a layer type, from the catalog."""
+    from engine.layers import get_layer  # late import: layers imports nothing from here
+
+    spec = get_layer(node_type)
+    if spec is None:
+        return (["in"], ["out"])
+    return spec.input_ports(params), spec.output_ports(params)
+
+
+class Graph:
+    """Nodes and edges plus change events. Each input port takes one edge; an
+    output port feeds any number."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self.edges: list[Edge] = []
+        self._subscribers: list[Callable[[GraphEvent], None]] = []
+        self._batch_depth = 0
+
+    # ----- events -------------------------------------------------------------
+    def subscribe(self, callback: Callable[[GraphEvent], None]) -> None:
+        self._subscribers.append(callback)
+
+    def unsubscribe(self, callback: Callable[[GraphEvent], None]) -> None:
+        if callback in self._subscribers:
+            self._subscribers.remove(callback)
+
+    def _emit(self, ev: GraphEvent) -> None:
+        for cb in list(self._subscribers):
+            cb(ev)
+
+    # ----- queries ------------------------------------------------------------
+    def node(self, node_id: str) -> Node:
+        try:
+            return self.nodes[node_id]
+        except KeyError:
+            raise GraphError(f"no node named '{node_id}'") from None
+
+    def incoming(self, node_id: str) -> dict[str, Edge]:
+        return {e.dst_port: e for e in self.edges if e.dst == node_id}
+
+    def outgoing(self, node_id: str) -> list[Edge]:
+        return [e for e in self.edges if e.src == node_id]
+
+    def predecessors(self, node_id: str) -> list[str]:
+        return [e.src for e in self.edges if e.dst == node_id]
+
+    def successors(self, node_id: str) -> list[str]:
+        return [e.dst for e in self.edges if e.src == node_id]
+
+    def unique_id(self, base: str) -> str:
+        base = re.sub(r"[^A-Za-z0-9_]", "_", base.lower()) or "node"
+        if base[0].isdigit():
+            base = "n_" + base
+        i = 1
+        while f"{base}{i}" in self.nodes:
+            i += 1
+        return f"{base}{i}"
+
+    def reaches(self, src: str, dst: str) -> bool:
+        """True if there is a directed path src -> ... -> dst."""
+        seen, stack = set(), [src]
+        while stack:
+            n = stack.pop()
+            if n == dst:
+                return True
+            if n in seen:
+                continue
+            seen.add(n)
+            stack.extend(self.successors(n))
+        return False
+
+    def find_cycle(self) -> list[str] | None:
+        """A cycle as a node list (first == last), or None."""
+        color: dict[str, int] = {}
+        parent: dict[str, str] = {}
+        succ = {n: [] for n in self.nodes}
+        for e in self.edges:
+            if e.src in succ:
+                succ[e.src].append(e.dst)
+        for start in self.nodes:
+            if color.get(start):
+                continue
+            stack = [(start, iter(succ[start]))]
+            color[start] = 1
+            while stack:
+                n, it = stack[-1]
+                nxt = next(it, None)
+                if nxt is None:
+                    color[n] = 2
+                    stack.pop()
+                    continue
+                if nxt not in succ:
+                    continue
+                if color.get(nxt) == 1:  # back edge: unwind
+                    cyc = [nxt]
+                    cur = n
+                    while cur != nxt:
+                        cyc.append(cur)
+                        cur = parent[cur]
+                    cyc.append(nxt)
+                    return list(reversed(cyc))
+                if not color.get(nxt):
+                    color[nxt] = 1
+                    parent[nxt] = n
+                    stack.append((nxt, iter(succ[nxt])))
+        return None
+
+    def topo_order(self) -> list[str]:
+        """Kahn's algorithm; ties broken by insertion order so the order is stable."""
+        indeg = {n: 0 for n in self.nodes}
+        for e in self.edges:
+            if e.dst in indeg and e.src in indeg:
+                indeg[e.dst] += 1
+        ready = [n for n in self.nodes if indeg[n] == 0]
+        order: list[str] = []
+        rank = {n: i for i, n in enumerate(self.nodes)}
+        while ready:
+            ready.sort(key=rank.__getitem__)
+            n = ready.pop(0)
+            order.append(n)
+            for s in self.successors(n):
+                if s in indeg:
+                    indeg[s] -= 1
+                    if indeg[s] == 0:
+                        ready.append(s)
+        if len(order) != len(self.nodes):
+            raise CycleError(self.find_cycle() or [])
+        return order
+
+    # ----- edits --------------------------------------------------------------
+    def add_node(
+        self,
+        type: str,
+        params: dict | None = None,
+        pos: tuple[float, float] = (0.0, 0.0),
+        id: str | None = None,
+        **placement: Any,
+    ) -> Node:
+        node_id = id or self.unique_id(type)
+        self._check_id(node_id)
+        node = Node(id=node_id, type=type, params=dict(params or {}), pos=(float(pos[0]), float(pos[1])), **placement)
+        self.nodes[node_id] = node
+        self._emit(GraphEvent("node_added", node=node_id))
+        return node
+
+    def insert_node(self, node: Node) -> Node:
+        """Add an existing Node object (undo of a removal, paste)."""
+        self._check_id(node.id)
+        self.nodes[node.id] = node
+        self._emit(GraphEvent("node_added", node=node.id))
+        return node
+
+    def _check_id(self, node_id: str) -> None:
+        if not isinstance(node_id, str) or not _ID_RE.match(node_id) or keyword.iskeyword(node_id):
+            raise GraphError(f"'{node_id}' is not a valid node name: use letters, digits and _, not starting with a digit")
+        if node_id in self.nodes:
+            raise GraphError(f"a node named '{node_id}' already exists")
+
+    def remove_node(self, node_id: str) -> tuple[Node, list[Edge]]:
+        """Removes the node and its edges; returns both (for undo)."""
+        node = self.node(node_id)
+        removed = [e for e in self.edges if e.src == node_id or e.dst == node_id]
+        for e in removed:
+            self.disconnect(e)
+        del self.nodes[node_id]
+        self._emit(GraphEvent("node_removed", node=node_id, old=node))
+        return node, removed
+
+    def rename_node(self, old: str, new: str) -> None:
+        if old == new:
+            return
+        node = self.node(old)
+        self._check_id(new)
+        # rebuild the dict to keep insertion order stable
+        self.nodes = {(new if k == old else k): v for k, v in self.nodes.items()}
+        node.id = new
+        self.edges = [
+            Edge(new if e.src == old else e.src, e.src_port, new if e.dst == old else e.dst, e.dst_port)
+            for e in self.edges
+        ]
+        self._emit(GraphEvent("node_renamed", node=new, old=old, new=new))
+
+    def check_connect(self, src: str, src_port: str, dst: str, dst_port: str) -> str | None:
+        """Why this connection is refused, or None if it is allowed."""
+        if src not in self.nodes:
+            return f"no node named '{src}'"
+        if dst not in self.nodes:
+            return f"no node named '{dst}'"
+        s, d = self.nodes[src], self.nodes[dst]
+        outs = ports_of(s.type, s.params)[1]
+        ins = ports_of(d.type, d.params)[0]
+        if src_port not in outs:
+            return f"node '{src}' ({s.type}) has no output port '{src_port}'"
+        if dst_port not in ins:
+            return f"node '{dst}' ({d.type}) has no input port '{dst_port}'"
+        if src == dst or self.reaches(dst, src):
+            return f"connecting '{src}' to '{dst}' would make a cycle"
+        if dst_port in self.incoming(dst):
+            return f"input '{dst_port}' of node '{dst}' is already connected"
+        return None
+
+    def connect(self, src: str, src_port: str, dst: str, dst_port: str) -> Edge:
+        why = self.check_connect(src, src_port, dst, dst_port)
+        if why:
+            raise GraphError(why)
+        e = Edge(src, src_port, dst, dst_port)
+        self.edges.append(e)
+        self._emit(GraphEvent("edge_added", edge=e))
+        return e
+
+    def add_edge_unchecked(self, e: Edge) -> None:
+        """Used by loaders and undo: no port/cycle check (compile reports problems)."""
+        self.edges.append(e)
+        self._emit(GraphEvent("edge_added", edge=e))
+
+    def disconnect(self, e: Edge) -> None:
+        self.edges.remove(e)
+        self._emit(GraphEvent("edge_removed", edge=e))
+
+    def set_param(self, node_id: str, key: str, value: Any) -> None:
+        node = self.node(node_id)
+        old = node.params.get(key)
+        if value is None:
+            node.params.pop(key, None)
+        else:
+            node.params[key] = value
+        self._emit(GraphEvent("param_changed", node=node_id, key=key, old=old, new=value))
+        # a port-count parameter (Concat.num_inputs) may drop edges on ports that vanished
+        ins = set(ports_of(node.type, node.params)[0])
+        for e in [e for e in self.edges if e.dst == node_id and e.dst_port not in ins]:
+            self.disconnect(e)
+
+    def move(self, node_id: str, pos: tuple[float, float]) -> None:
+        node = self.node(node_id)
+        old = node.pos
+        node.pos = (float(pos[0]), float(pos[1]))
+        self._emit(GraphEvent("moved", node=node_id, old=old, new=node.pos))
+
+    def set_placement(self, node_id: str, **kw: Any) -> None:
+        """stage=int|None, tp=str|None, checkpoint=bool"""
+        node = self.node(node_id)
+        for key, value in kw.items():
+            if key not in ("stage", "tp", "checkpoint"):
+                raise GraphError(f"unknown placement field '{key}'")
+            if key == "tp" and value is not None and value not in TP_STYLES:
+                raise GraphError(f"node '{node_id}': tp must be one of {', '.join(TP_STYLES)}, not '{value}'")
+            old = getattr(node, key)
+            setattr(node, key, value)
+            self._emit(GraphEvent("placement_changed", node=node_id, key=key, old=old, new=value))
+
+    def clear(self) -> None:
+        self.nodes.clear()
+        self.edges.clear()
+        self._emit(GraphEvent("reset"))
+
+    # ----- (de)serialisation --------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "nodes": [n.to_dict() for n in self.nodes.values()],
+            "edges": [e.to_dict() for e in self.edges],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Graph":
+        g = cls()
+        g.load_dict(d)
+        return g
+
+    def load_dict(self, d: dict) -> None:
+        """Replace the content (one 'reset' event)."""
+        nodes: dict[str, Node] = {}
+        for nd in d.get("nodes", []):
+            n = Node.from_dict(nd)
+            if not isinstance(n.id, str) or not _ID_RE.match(n.id):
+                raise GraphError(f"'{n.id}' is not a valid node name")
+            if n.id in nodes:
+                raise GraphError(f"two nodes are named '{n.id}'")
+            nodes[n.id] = n
+        edges = [Edge.from_dict(ed) for ed in d.get("edges", [])]
+        for e in edges:
+            for end in (e.src, e.dst):
+                if end not in nodes:
+                    raise GraphError(f"edge {e.src}.{e.src_port} -> {e.dst}.{e.dst_port} names unknown node '{end}'")
+        self.nodes = nodes
+        self.edges = edges
+        self._emit(GraphEvent("reset"))
+
+    def copy(self) -> "Graph":
+        return Graph.from_dict(self.to_dict())
+
+    def subgraph_dict(self, ids: Iterable[str]) -> dict:
+        """Nodes `ids` and the edges among them (copy/paste, grouping)."""
+        ids = set(ids)
+        return {
+            "nodes": [self.nodes[i].to_dict() for i in self.nodes if i in ids],
+            "edges": [e.to_dict() for e in self.edges if e.src in ids and e.dst in ids],
+        }
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Graph) and self.to_dict() == other.to_dict()

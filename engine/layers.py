@@ -1,0 +1,406 @@
+"""The layer catalog: every layer type the palette offers, with its parameters.
+
+Each LayerSpec declares its parameters (kind, default, range, one-line doc) so the
+GUI builds editors from the declaration alone, and a `resolve` function that fills
+in sizes that follow from the incoming shape (Linear in_features, Conv in_channels,
+norm sizes) and checks the ones the user fixed. Shapes here are per sample: the
+batch dimension is left out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+Shape = tuple[int, ...]
+
+
+class FieldError(ValueError):
+    """A problem with one parameter (field=None: with the node's input)."""
+
+    def __init__(self, field: str | None, message: str):
+        self.field = field
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    kind: str  # int | float | bool | choice | str | ints | json
+    default: Any
+    doc: str
+    min: float | None = None
+    max: float | None = None
+    choices: tuple = ()
+    inferred: bool = False  # default None means "follows from the input shape"
+    optional: bool = False  # None is a valid value (e.g. pooling stride = kernel)
+
+    def check(self, value: Any) -> Any:
+        """Validate one value; returns it (ints given as 2.0 are not accepted)."""
+        if value is None and (self.inferred or self.optional):
+            return None
+        k = self.kind
+        if k == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise FieldError(self.name, f"{self.name} must be an integer, not {value!r}")
+        elif k == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise FieldError(self.name, f"{self.name} must be a number, not {value!r}")
+            value = float(value)
+        elif k == "bool":
+            if not isinstance(value, bool):
+                raise FieldError(self.name, f"{self.name} must be true or false, not {value!r}")
+        elif k == "choice":
+            if value not in self.choices:
+                raise FieldError(self.name, f"{self.name} must be one of {', '.join(map(str, self.choices))}, not {value!r}")
+        elif k == "str":
+            if not isinstance(value, str):
+                raise FieldError(self.name, f"{self.name} must be text, not {value!r}")
+        elif k == "ints":
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                raise FieldError(self.name, f"{self.name} must be a list of integers, not {value!r}")
+            value = list(value)
+        elif k == "json":
+            if not isinstance(value, dict):
+                raise FieldError(self.name, f"{self.name} must be a JSON object (keyword arguments), not {value!r}")
+        if k in ("int", "float"):
+            if self.min is not None and value < self.min:
+                raise FieldError(self.name, f"{self.name} must be at least {self.min:g}, not {value}")
+            if self.max is not None and value > self.max:
+                raise FieldError(self.name, f"{self.name} must be at most {self.max:g}, not {value}")
+        return value
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name, "kind": self.kind, "default": self.default, "doc": self.doc,
+            "min": self.min, "max": self.max, "choices": list(self.choices),
+            "inferred": self.inferred, "optional": self.optional,
+        }
+
+
+Resolver = Callable[[dict, list[Shape], list[str]], dict]
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    type: str
+    category: str
+    doc: str
+    params: tuple[ParamSpec, ...] = ()
+    inputs: tuple[str, ...] | Callable[[dict], list[str]] = ("in",)
+    outputs: tuple[str, ...] = ("out",)
+    # resolve(params with defaults, input shapes, input dtypes) -> params with
+    # inferred sizes filled; raises FieldError. None: nothing to infer or check.
+    resolve: Resolver | None = None
+    tp_styles: tuple[str, ...] = ()  # tensor-parallel styles this layer supports
+    batch_dependent: bool = False  # result depends on how the batch is cut
+    kind: str = "module"  # module | function | input | output
+
+    def input_ports(self, params: dict) -> list[str]:
+        return list(self.inputs(params)) if callable(self.inputs) else list(self.inputs)
+
+    def output_ports(self, params: dict) -> list[str]:
+        return list(self.outputs)
+
+    def param(self, name: str) -> ParamSpec | None:
+        return next((p for p in self.params if p.name == name), None)
+
+    def defaults(self) -> dict:
+        return {p.name: p.default for p in self.params}
+
+    def check_params(self, params: dict) -> tuple[dict, list[FieldError]]:
+        """Defaults merged with the user's values, each type-checked."""
+        out, errs = self.defaults(), []
+        for k, v in params.items():
+            spec = self.param(k)
+            if spec is None:
+                errs.append(FieldError(k, f"unknown parameter '{k}'"))
+                continue
+            try:
+                out[k] = spec.check(v)
+            except FieldError as e:
+                errs.append(e)
+        return out, errs
+
+
+# ----- helpers for resolvers -------------------------------------------------
+def _fmt(shape: Sequence[int]) -> str:
+    return "(" + ", ".join(["B", *map(str, shape)]) + ")"
+
+
+def _infer(p: dict, name: str, actual: int, what: str) -> None:
+    """Fill an inferred size or check the user's fixed value against the input."""
+    if p.get(name) is None:
+        p[name] = int(actual)
+    elif p[name] != actual:
+        raise FieldError(name, f"input has {what} {actual} but {name} is {p[name]}")
+
+
+def _need_rank(shape: Shape, ranks: Sequence[int], layout: str) -> None:
+    if len(shape) not in ranks:
+        raise FieldError(None, f"input has shape {_fmt(shape)} but this layer needs {layout}")
+
+
+def _need_float(dtypes: list[str], what: str = "input") -> None:
+    if dtypes and not dtypes[0].startswith("float") and not dtypes[0].startswith("bfloat"):
+        raise FieldError(None, f"{what} is {dtypes[0]} but this layer needs floating point (an Embedding turns token ids into vectors)")
+
+
+def _linear(p, shapes, dtypes):
+    _need_rank(shapes[0], range(1, 8), "(B, ..., features)")
+    _need_float(dtypes)
+    _infer(p, "in_features", shapes[0][-1], "last dim")
+    return p
+
+
+def _conv(nd: int):
+    def resolve(p, shapes, dtypes):
+        layout = "(B, C, L)" if nd == 1 else "(B, C, H, W)"
+        _need_rank(shapes[0], (nd + 1,), layout)
+        _need_float(dtypes)
+        _infer(p, "in_channels", shapes[0][0], "channels")
+        for name in ("in_channels", "out_channels"):
+            if p[name] % p["groups"]:
+                raise FieldError("groups", f"groups={p['groups']} does not divide {name}={p[name]}")
+        return p
+    return resolve
+
+
+def _pool2d(p, shapes, dtypes):
+    _need_rank(shapes[0], (3,), "(B, C, H, W)")
+    return p
+
+
+def _bn(nd_ranks: tuple[int, ...], layout: str):
+    def resolve(p, shapes, dtypes):
+        _need_rank(shapes[0], nd_ranks, layout)
+        _infer(p, "num_features", shapes[0][0], "channels")
+        return p
+    return resolve
+
+
+def _layernorm(p, shapes, dtypes):
+    _need_float(dtypes)
+    _infer(p, "normalized_shape", shapes[0][-1], "last dim")
+    return p
+
+
+def _embedding(p, shapes, dtypes):
+    if dtypes and not dtypes[0].startswith("int"):
+        raise FieldError(None, f"input is {dtypes[0]} but Embedding needs integer token ids (set the Input's dtype to int64)")
+    return p
+
+
+def _posemb(p, shapes, dtypes):
+    _need_rank(shapes[0], (2,), "(B, T, C)")
+    _infer(p, "dim", shapes[0][-1], "last dim")
+    if shapes[0][0] > p["max_len"]:
+        raise FieldError("max_len", f"sequence length {shapes[0][0]} is longer than max_len {p['max_len']}")
+    return p
+
+
+def _mha(p, shapes, dtypes):
+    _need_rank(shapes[0], (2,), "(B, T, C)")
+    _need_float(dtypes)
+    _infer(p, "embed_dim", shapes[0][-1], "last dim")
+    if p["embed_dim"] % p["num_heads"]:
+        raise FieldError("num_heads", f"embed_dim {p['embed_dim']} is not divisible by num_heads {p['num_heads']}")
+    return p
+
+
+def _encoder(p, shapes, dtypes):
+    _need_rank(shapes[0], (2,), "(B, T, C)")
+    _need_float(dtypes)
+    _infer(p, "d_model", shapes[0][-1], "last dim")
+    if p["d_model"] % p["nhead"]:
+        raise FieldError("nhead", f"d_model {p['d_model']} is not divisible by nhead {p['nhead']}")
+    return p
+
+
+def _same_shapes(p, shapes, dtypes):
+    if len(set(shapes)) > 1:
+        raise FieldError(None, "inputs have different shapes " + " and ".join(_fmt(s) for s in shapes))
+    return p
+
+
+def _concat(p, shapes, dtypes):
+    rank = len(shapes[0]) + 1
+    d = p["dim"] if p["dim"] >= 0 else p["dim"] + rank
+    if d <= 0 or d >= rank:
+        raise FieldError("dim", f"dim {p['dim']} is out of range for inputs of shape {_fmt(shapes[0])} (dim 0 is the batch)")
+    for s in shapes[1:]:
+        if len(s) != len(shapes[0]) or any(a != b for i, (a, b) in enumerate(zip(s, shapes[0])) if i != d - 1):
+            raise FieldError("dim", "inputs " + " and ".join(_fmt(x) for x in shapes) + f" differ outside dim {p['dim']}")
+    return p
+
+
+def _dim_in_range(p, shapes, dtypes):
+    rank = len(shapes[0]) + 1
+    d = p["dim"]
+    if not -rank <= d < rank:
+        raise FieldError("dim", f"dim {d} is out of range for input of shape {_fmt(shapes[0])}")
+    if d in (0, -rank):
+        raise FieldError("dim", "dim 0 is the batch dimension")
+    return p
+
+
+def _reshape(p, shapes, dtypes):
+    n = 1
+    for s in shapes[0]:
+        n *= s
+    target = p["shape"]
+    if target.count(-1) > 1:
+        raise FieldError("shape", "shape may contain at most one -1")
+    known = 1
+    for s in target:
+        if s != -1:
+            if s <= 0:
+                raise FieldError("shape", f"shape entries must be positive or -1, not {s}")
+            known *= s
+    if (-1 in target and n % known) or (-1 not in target and known != n):
+        raise FieldError("shape", f"cannot reshape {_fmt(shapes[0])} ({n} values per sample) to {_fmt(target)}")
+    return p
+
+
+def _input(p, shapes, dtypes):
+    if not p["shape"] or any(s <= 0 for s in p["shape"]):
+        raise FieldError("shape", f"shape must list positive sizes (without the batch), not {p['shape']}")
+    return p
+
+
+def _custom(p, shapes, dtypes):
+    if not p["path"]:
+        raise FieldError("path", "path is empty: give 'package.module:Class'")
+    return p
+
+
+def _n_inputs(p: dict) -> list[str]:
+    n = p.get("num_inputs", 2)
+    n = n if isinstance(n, int) and 2 <= n <= 8 else 2
+    return [f"in{i}" for i in range(n)]
+
+
+P = ParamSpec
+_EPS = P("eps", "float", 1e-5, "added to the variance for numerical stability", min=0.0)
+_BIAS = P("bias", "bool", True, "learn an additive bias")
+
+CATALOG: dict[str, LayerSpec] = {}
+
+
+def _add(spec: LayerSpec) -> None:
+    CATALOG[spec.type] = spec
+
+
+_add(LayerSpec("Input", "Input/Output", "A model input; shape is per sample (no batch dimension).", (
+    P("shape", "ints", [64], "size of one sample, e.g. [1, 28, 28] or [32]"),
+    P("dtype", "choice", "float32", "float32 for features, int64 for token ids", choices=("float32", "int64")),
+), inputs=(), resolve=_input, kind="input"))
+_add(LayerSpec("Output", "Input/Output", "A model output and the loss computed on it against the data's targets.", (
+    P("loss", "choice", "cross_entropy", "loss against the targets", choices=("cross_entropy", "mse", "none")),
+), outputs=(), kind="output"))
+
+_add(LayerSpec("Linear", "Dense", "y = x W^T + b over the last dimension.", (
+    P("in_features", "int", None, "input size (inferred from the incoming shape)", min=1, inferred=True),
+    P("out_features", "int", 64, "output size", min=1),
+    _BIAS,
+), resolve=_linear, tp_styles=("colwise", "rowwise", "replicate")))
+for _nd in (1, 2):
+    _add(LayerSpec(f"Conv{_nd}d", "Convolution", f"{_nd}-D convolution over (B, C, {'L' if _nd == 1 else 'H, W'}).", (
+        P("in_channels", "int", None, "input channels (inferred)", min=1, inferred=True),
+        P("out_channels", "int", 32, "output channels", min=1),
+        P("kernel_size", "int", 3, "kernel size", min=1),
+        P("stride", "int", 1, "stride", min=1),
+        P("padding", "int", 1, "zero padding on each side", min=0),
+        P("dilation", "int", 1, "spacing between kernel elements", min=1),
+        P("groups", "int", 1, "blocked connections from input to output channels", min=1),
+        _BIAS,
+    ), resolve=_conv(_nd)))
+for _name, _doc in (("MaxPool2d", "max"), ("AvgPool2d", "average")):
+    _add(LayerSpec(_name, "Pooling", f"2-D {_doc} pooling over (B, C, H, W).", (
+        P("kernel_size", "int", 2, "window size", min=1),
+        P("stride", "int", None, "step (empty: the window size)", min=1, optional=True),
+        P("padding", "int", 0, "padding on each side", min=0),
+    ), resolve=_pool2d))
+_add(LayerSpec("AdaptiveAvgPool2d", "Pooling", "Average pooling to a fixed output size (1 = global pooling).", (
+    P("output_size", "int", 1, "output height and width", min=1),
+), resolve=_pool2d))
+_add(LayerSpec("BatchNorm1d", "Normalization", "Batch normalization over (B, C) or (B, C, L).", (
+    P("num_features", "int", None, "channels (inferred)", min=1, inferred=True),
+    _EPS, P("momentum", "float", 0.1, "running statistics update rate", min=0.0, max=1.0),
+), resolve=_bn((1, 2), "(B, C) or (B, C, L)"), tp_styles=("replicate",), batch_dependent=True))
+_add(LayerSpec("BatchNorm2d", "Normalization", "Batch normalization over (B, C, H, W).", (
+    P("num_features", "int", None, "channels (inferred)", min=1, inferred=True),
+    _EPS, P("momentum", "float", 0.1, "running statistics update rate", min=0.0, max=1.0),
+), resolve=_bn((3,), "(B, C, H, W)"), tp_styles=("replicate",), batch_dependent=True))
+_add(LayerSpec("LayerNorm", "Normalization", "Layer normalization over the last dimension.", (
+    P("normalized_shape", "int", None, "size of the last dimension (inferred)", min=1, inferred=True),
+    _EPS, P("elementwise_affine", "bool", True, "learn a scale and shift"),
+), resolve=_layernorm, tp_styles=("sequence", "replicate")))
+_add(LayerSpec("Dropout", "Regularization", "Zeroes elements with probability p while training.", (
+    P("p", "float", 0.1, "drop probability", min=0.0, max=1.0),
+), batch_dependent=True))
+for _name, _doc in (("ReLU", "max(0, x)"), ("SiLU", "x * sigmoid(x)"), ("Tanh", "tanh(x)"), ("Sigmoid", "1 / (1 + exp(-x))")):
+    _add(LayerSpec(_name, "Activation", f"Elementwise {_doc}."))
+_add(LayerSpec("GELU", "Activation", "Gaussian error linear unit.", (
+    P("approximate", "choice", "none", "exact or tanh approximation", choices=("none", "tanh")),
+)))
+_add(LayerSpec("Softmax", "Activation", "Softmax over one dimension.", (
+    P("dim", "int", -1, "dimension (0 is the batch)"),
+), resolve=_dim_in_range))
+_add(LayerSpec("Flatten", "Shape", "Flattens dimensions start_dim..end_dim into one.", (
+    P("start_dim", "int", 1, "first dimension to flatten (0 is the batch)", min=1),
+    P("end_dim", "int", -1, "last dimension to flatten"),
+)))
+_add(LayerSpec("Reshape", "Shape", "Reshapes each sample (the batch dimension is kept).", (
+    P("shape", "ints", [-1], "new per-sample shape; one entry may be -1"),
+), resolve=_reshape))
+_add(LayerSpec("Mean", "Shape", "Mean over one dimension, e.g. pooling a sequence over its tokens.", (
+    P("dim", "int", 1, "dimension to average (0 is the batch)"),
+    P("keepdim", "bool", False, "keep the averaged dimension with size 1"),
+), resolve=_dim_in_range))
+_add(LayerSpec("Embedding", "Sequence", "Looks up a vector for each integer token id.", (
+    P("num_embeddings", "int", 1000, "vocabulary size", min=1),
+    P("embedding_dim", "int", 64, "vector size", min=1),
+), resolve=_embedding, tp_styles=("colwise", "rowwise", "replicate")))
+_add(LayerSpec("PositionalEmbedding", "Sequence", "Adds a learned vector for each position to (B, T, C).", (
+    P("max_len", "int", 512, "longest sequence", min=1),
+    P("dim", "int", None, "vector size (inferred)", min=1, inferred=True),
+), resolve=_posemb))
+_add(LayerSpec("MultiheadAttention", "Sequence", "Multi-head self-attention on (B, T, C).", (
+    P("embed_dim", "int", None, "model width (inferred)", min=1, inferred=True),
+    P("num_heads", "int", 4, "attention heads; must divide embed_dim", min=1),
+    P("dropout", "float", 0.0, "attention dropout", min=0.0, max=1.0),
+    _BIAS,
+    P("causal", "bool", False, "each position attends only to earlier ones"),
+), resolve=_mha, tp_styles=("colwise", "replicate")))
+_add(LayerSpec("TransformerEncoderLayer", "Sequence", "Self-attention + feed-forward block on (B, T, C).", (
+    P("d_model", "int", None, "model width (inferred)", min=1, inferred=True),
+    P("nhead", "int", 4, "attention heads; must divide d_model", min=1),
+    P("dim_feedforward", "int", 256, "feed-forward hidden size", min=1),
+    P("dropout", "float", 0.0, "dropout inside the block", min=0.0, max=1.0),
+    P("activation", "choice", "relu", "feed-forward activation", choices=("relu", "gelu")),
+    P("norm_first", "bool", True, "pre-norm (LayerNorm before attention and feed-forward)"),
+), resolve=_encoder, tp_styles=("replicate",)))
+_add(LayerSpec("Add", "Merge", "Elementwise sum of two inputs of equal shape (residual connections).",
+               inputs=("a", "b"), resolve=_same_shapes, kind="function"))
+_add(LayerSpec("Mul", "Merge", "Elementwise product of two inputs of equal shape (gating).",
+               inputs=("a", "b"), resolve=_same_shapes, kind="function"))
+_add(LayerSpec("Concat", "Merge", "Joins inputs along one dimension.", (
+    P("num_inputs", "int", 2, "number of inputs", min=2, max=8),
+    P("dim", "int", 1, "dimension to join along (0 is the batch)"),
+), inputs=_n_inputs, resolve=_concat, kind="function"))
+_add(LayerSpec("Identity", "Shape", "Passes its input through unchanged."))
+_add(LayerSpec("Custom", "Custom", "Any nn.Module by import path 'package.module:Class' with keyword arguments.", (
+    P("path", "str", "", "import path, e.g. torch.nn:Hardswish"),
+    P("kwargs", "json", {}, "keyword arguments for the constructor"),
+), resolve=_custom))
+
+
+def get_layer(node_type: str) -> LayerSpec | None:
+    return CATALOG.get(node_type)
+
+
+def categories() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for spec in CATALOG.values():
+        out.setdefault(spec.category, []).append(spec.type)
+    return out

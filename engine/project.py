@@ -1,0 +1,332 @@
+"""Project files: versioned JSON holding the diagram, training settings and placement.
+
+Validated on load (pydantic models; messages name the path of the bad field, e.g.
+`training.optimizer.lr: must be greater than 0`), saved atomically (temp file,
+fsync, rename) with sorted keys so files diff well in git. `load_project` raises
+ProjectError and nothing else, whatever the bytes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from engine.graph import TP_STYLES, Graph, GraphError
+
+FORMAT_VERSION = 1
+SUFFIX = ".lflow"
+
+
+class ProjectError(ValueError):
+    """A project file that cannot be used; the message names the file and field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+
+# ----- data sets --------------------------------------------------------------
+class SyntheticClassification(_Strict):
+    kind: Literal["synthetic_classification"]
+    n_samples: int = Field(2048, ge=8, le=10_000_000)
+    n_features: int = Field(32, ge=1, le=100_000)
+    n_classes: int = Field(4, ge=2, le=10_000)
+    noise: float = Field(0.5, ge=0)
+    val_fraction: float = Field(0.2, gt=0, lt=1)
+    seed: int = 0
+
+
+class SyntheticRegression(_Strict):
+    kind: Literal["synthetic_regression"]
+    n_samples: int = Field(2048, ge=8, le=10_000_000)
+    n_features: int = Field(16, ge=1, le=100_000)
+    n_targets: int = Field(1, ge=1, le=10_000)
+    noise: float = Field(0.1, ge=0)
+    val_fraction: float = Field(0.2, gt=0, lt=1)
+    seed: int = 0
+
+
+class SyntheticSequence(_Strict):
+    kind: Literal["synthetic_sequence"]
+    n_samples: int = Field(2048, ge=8, le=10_000_000)
+    seq_len: int = Field(16, ge=1, le=100_000)
+    vocab_size: int = Field(32, ge=2, le=10_000_000)
+    n_classes: int = Field(4, ge=2, le=10_000)
+    val_fraction: float = Field(0.2, gt=0, lt=1)
+    seed: int = 0
+
+
+class SyntheticImages(_Strict):
+    kind: Literal["synthetic_images"]
+    n_samples: int = Field(2048, ge=8, le=10_000_000)
+    channels: int = Field(3, ge=1, le=4096)
+    height: int = Field(16, ge=1, le=4096)
+    width: int = Field(16, ge=1, le=4096)
+    n_classes: int = Field(4, ge=2, le=10_000)
+    noise: float = Field(0.5, ge=0)
+    val_fraction: float = Field(0.2, gt=0, lt=1)
+    seed: int = 0
+
+
+class Digits(_Strict):
+    """scikit-learn's handwritten digits (1797 8x8 images, shipped with the package)."""
+
+    kind: Literal["digits"]
+    image: bool = False  # True: (1, 8, 8) images; False: 64 features
+    val_fraction: float = Field(0.2, gt=0, lt=1)
+    seed: int = 0
+
+
+class NpzFile(_Strict):
+    """x/y arrays (split by val_fraction) or x_train/y_train/x_val/y_val."""
+
+    kind: Literal["npz"]
+    path: str = Field(min_length=1)
+    val_fraction: float = Field(0.2, gt=0, lt=1)
+    seed: int = 0
+
+
+class CsvFile(_Strict):
+    kind: Literal["csv"]
+    path: str = Field(min_length=1)
+    target: Union[str, int] = -1  # column name or index of the target
+    task: Literal["classification", "regression"] = "classification"
+    header: bool = True
+    val_fraction: float = Field(0.2, gt=0, lt=1)
+    seed: int = 0
+
+
+Dataset = Union[SyntheticClassification, SyntheticRegression, SyntheticSequence, SyntheticImages, Digits, NpzFile, CsvFile]
+_DATASET_KINDS = ("synthetic_classification", "synthetic_regression", "synthetic_sequence",
+                  "synthetic_images", "digits", "npz", "csv")
+
+
+# ----- training ---------------------------------------------------------------
+class Optimizer(_Strict):
+    name: Literal["sgd", "adam", "adamw"] = "adam"
+    lr: float = Field(1e-3, gt=0, le=100)
+    weight_decay: float = Field(0.0, ge=0)
+    momentum: float = Field(0.0, ge=0, lt=1)  # SGD only
+    betas: tuple[float, float] = (0.9, 0.999)  # Adam/AdamW
+
+
+class Schedule(_Strict):
+    name: Literal["constant", "cosine", "step"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    step_size: int = Field(100, ge=1)  # step schedule: decay every step_size steps
+    gamma: float = Field(0.5, gt=0, le=1)  # step schedule: factor per decay
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)  # cosine: floor as a fraction of lr
+
+
+class Training(_Strict):
+    dataset: Dataset = Field(default_factory=lambda: SyntheticClassification(kind="synthetic_classification"), discriminator="kind")
+    optimizer: Optimizer = Field(default_factory=Optimizer)
+    schedule: Schedule = Field(default_factory=Schedule)
+    batch_size: int = Field(64, ge=1, le=1_000_000)
+    steps: Optional[int] = Field(200, ge=1)  # total optimizer steps; None: use epochs
+    epochs: Optional[int] = Field(None, ge=1)
+    eval_interval: int = Field(50, ge=1)  # steps between evaluations
+    checkpoint_interval: int = Field(100, ge=1)  # steps between checkpoints
+    seed: int = 0
+    grad_clip: Optional[float] = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _length(self) -> "Training":
+        if self.steps is None and self.epochs is None:
+            raise ValueError("set either steps or epochs")
+        return self
+
+
+# ----- placement (engine/planner.py reads it) ---------------------------------
+class Placement(_Strict):
+    pp: int = Field(1, ge=1)
+    dp: int = Field(1, ge=1)
+    tp: int = Field(1, ge=1)
+    data_parallel: Literal["ddp", "fsdp"] = "ddp"
+    reshard_after_forward: bool = True  # FSDP2: free gathered params after forward
+    microbatches: int = Field(1, ge=1)
+    schedule: Literal["gpipe", "1f1b", "interleaved1f1b"] = "1f1b"
+    mixed_precision: Literal["none", "bf16"] = "none"
+    sync_batchnorm: bool = False
+
+
+class _NodeModel(_Strict):
+    id: str
+    type: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    pos: tuple[float, float] = (0.0, 0.0)
+    stage: Optional[int] = Field(None, ge=0)
+    tp: Optional[Literal[TP_STYLES]] = None  # type: ignore[valid-type]
+    checkpoint: bool = False
+
+
+class _EdgeModel(_Strict):
+    src: str
+    src_port: str = "out"
+    dst: str
+    dst_port: str = "in"
+
+
+class _DiagramModel(_Strict):
+    nodes: list[_NodeModel] = Field(default_factory=list)
+    edges: list[_EdgeModel] = Field(default_factory=list)
+
+
+class _ProjectModel(_Strict):
+    format_version: int
+    name: str = "untitled"
+    description: str = ""
+    diagram: _DiagramModel = Field(default_factory=_DiagramModel)
+    training: Training = Field(default_factory=Training)
+    placement: Placement = Field(default_factory=Placement)
+    cluster: Optional[str] = None  # name of a cluster profile (never the profile itself)
+    weights: Optional[str] = None  # weights file beside the project (imported models)
+
+
+class Project:
+    """A diagram plus its settings. `graph` is the live model the GUI edits."""
+
+    def __init__(self, graph: Graph | None = None, *, name: str = "untitled", description: str = "",
+                 training: Training | None = None, placement: Placement | None = None,
+                 cluster: str | None = None, weights: str | None = None, path: Path | None = None):
+        self.graph = graph or Graph()
+        self.name = name
+        self.description = description
+        self.training = training or Training()
+        self.placement = placement or Placement()
+        self.cluster = cluster
+        self.weights = weights
+        self.path = Path(path) if path else None
+
+    @property
+    def directory(self) -> Path:
+        return self.path.parent if self.path else Path.cwd()
+
+    def resolve_path(self, rel: str) -> Path:
+        """A path written in the project (data set, weights), relative to its folder."""
+        p = Path(rel).expanduser()
+        return p if p.is_absolute() else self.directory / p
+
+    def to_dict(self) -> dict:
+        return {
+            "format_version": FORMAT_VERSION,
+            "name": self.name,
+            "description": self.description,
+            "diagram": self.graph.to_dict(),
+            "training": self.training.model_dump(mode="json"),
+            "placement": self.placement.model_dump(mode="json"),
+            "cluster": self.cluster,
+            "weights": self.weights,
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "project") -> "Project":
+        if not isinstance(data, dict):
+            raise ProjectError(f"{source}: the file must hold a JSON object, not {type(data).__name__}")
+        version = data.get("format_version")
+        if version is None:
+            raise ProjectError(f"{source}: format_version is missing (is this a Layerflow project?)")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ProjectError(f"{source}: format_version must be a positive integer, not {version!r}")
+        if version > FORMAT_VERSION:
+            raise ProjectError(f"{source}: format_version {version} is newer than this Layerflow reads ({FORMAT_VERSION}); update Layerflow")
+        try:
+            m = _ProjectModel.model_validate(data)
+        except ValidationError as exc:
+            raise ProjectError(_format_validation(source, exc)) from None
+        except (ValueError, TypeError, RecursionError) as exc:  # pydantic internals on odd input
+            raise ProjectError(f"{source}: {exc}") from None
+        try:
+            graph = Graph.from_dict(m.diagram.model_dump(mode="python"))
+        except GraphError as exc:
+            raise ProjectError(f"{source}: diagram: {exc}") from None
+        return cls(graph, name=m.name, description=m.description, training=m.training,
+                   placement=m.placement, cluster=m.cluster, weights=m.weights)
+
+    def copy(self) -> "Project":
+        p = Project.from_dict(json.loads(self.dumps()))
+        p.path = self.path
+        return p
+
+
+def _format_validation(source: str, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = ""
+        for part in err["loc"]:
+            if isinstance(part, int):
+                loc += f"[{part}]"
+            elif part in _DATASET_KINDS:  # pydantic puts the union member's tag in the path
+                continue
+            else:
+                loc += ("." if loc else "") + str(part)
+        msg = err["msg"]
+        msg = msg[0].lower() + msg[1:] if msg else msg
+        msg = msg.replace("input should be", "must be").replace("value error, ", "")
+        lines.append(f"{source}: {loc or '(top level)'}: {msg}")
+    return "\n".join(lines)
+
+
+def loads_project(text: str | bytes, source: str = "project") -> Project:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProjectError(f"{source}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProjectError(f"{source}: not valid JSON text: {exc}") from None
+    return Project.from_dict(data, source)
+
+
+def load_project(path: str | os.PathLike) -> Project:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ProjectError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    p = loads_project(raw, str(path))
+    p.path = path
+    return p
+
+
+def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+    """Write to a temp file in the same folder, fsync, then rename over `path`:
+    a crash leaves either the old file or the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:  # make the rename itself durable
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def save_project(project: Project, path: str | os.PathLike | None = None) -> Path:
+    target = Path(path) if path else project.path
+    if target is None:
+        raise ProjectError("the project has no file yet: give a path")
+    atomic_write(target, project.dumps().encode("utf-8"))
+    project.path = target
+    return target
