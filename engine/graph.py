@@ -43,6 +43,8 @@ class Node:
     stage: int | None = None
     tp: str | None = None
     checkpoint: bool = False
+    # Name of the block (group) this node belongs to in the editor; None: none.
+    group: str | None = None
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {
@@ -57,6 +59,8 @@ class Node:
             d["tp"] = self.tp
         if self.checkpoint:
             d["checkpoint"] = True
+        if self.group is not None:
+            d["group"] = self.group
         return d
 
     @classmethod
@@ -69,6 +73,7 @@ class Node:
             stage=d.get("stage"),
             tp=d.get("tp"),
             checkpoint=bool(d.get("checkpoint", False)),
+            group=d.get("group"),
         )
 
 
@@ -90,7 +95,7 @@ class Edge:
 @dataclass(frozen=True)
 class GraphEvent:
     """kind is one of: node_added, node_removed, node_renamed, edge_added,
-    edge_removed, param_changed, moved, placement_changed, reset."""
+    edge_removed, param_changed, moved, placement_changed, group_changed, reset."""
 
     kind: str
     node: str | None = None
@@ -351,6 +356,13 @@ class Graph:
             old = getattr(node, key)
             setattr(node, key, value)
             self._emit(GraphEvent("placement_changed", node=node_id, key=key, old=old, new=value))
+
+    def set_group(self, node_id: str, group: str | None) -> None:
+        """Put a node into a named block (editor grouping; no effect on the model)."""
+        node = self.node(node_id)
+        old = node.group
+        node.group = group
+        self._emit(GraphEvent("group_changed", node=node_id, old=old, new=group))
 
     def clear(self) -> None:
         self.nodes.clear()

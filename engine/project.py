@@ -162,6 +162,7 @@ class _NodeModel(_Strict):
     stage: Optional[int] = Field(None, ge=0)
     tp: Optional[Literal[TP_STYLES]] = None  # type: ignore[valid-type]
     checkpoint: bool = False
+    group: Optional[str] = None  # editor block name
 
 
 class _EdgeModel(_Strict):
