@@ -19,6 +19,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_summary)
 
+    p = sub.add_parser("train", help="train a project (this machine; --nproc N for several processes)")
+    p.add_argument("project")
+    p.add_argument("--steps", type=int, help="optimizer steps (overrides the project's steps/epochs)")
+    p.add_argument("--out", help="run folder (default: <project folder>/runs/<name>-<time>)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    p.add_argument("--seed", type=int, help="random seed (overrides the project's)")
+    p.add_argument("--nproc", type=int, help="processes on this machine (default: dp*tp*pp of the placement)")
+    p.add_argument("--dp", type=int, help="data-parallel degree")
+    p.add_argument("--tp", type=int, help="tensor-parallel degree")
+    p.add_argument("--pp", type=int, help="pipeline-parallel degree (stages)")
+    p.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved1f1b"], help="pipeline schedule")
+    p.add_argument("--microbatches", type=int, help="micro-batches per step (pipelining)")
+    p.set_defaults(func=cmd_train)
+
 
 def cmd_validate(args) -> int:
     project = load_project(args.project)
@@ -70,3 +84,93 @@ def cmd_summary(args) -> int:
     for e in result.errors:
         print(f"error: {e}", file=sys.stderr)
     return 1 if result.errors else 0
+
+
+PLACEMENT_FLAGS = ("dp", "tp", "pp", "schedule", "microbatches")
+
+
+def cmd_train(args) -> int:
+    from pathlib import Path
+
+    from app.cli import CliError
+    from engine.project import Placement
+    from engine.run import RunError, prepare_run
+
+    project = load_project(args.project)
+    overrides = {k: getattr(args, k) for k in PLACEMENT_FLAGS if getattr(args, k) is not None}
+    for k in ("dp", "tp", "pp", "microbatches", "nproc", "steps"):
+        v = getattr(args, k)
+        if v is not None and v < 1:
+            raise CliError(f"--{k} must be at least 1, not {v}")
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / "run.json").exists():
+            raise CliError(f"--resume {run_dir}: not a run folder (no run.json)")
+        if args.steps is not None:
+            _extend_run(run_dir, args.steps)
+    else:
+        try:
+            run_dir = prepare_run(project, args.out, steps=args.steps, seed=args.seed, placement=overrides)
+        except RunError as exc:
+            raise CliError(str(exc)) from None
+    spec = json.loads((run_dir / "run.json").read_text())
+    placement = Placement.model_validate(spec["placement"])
+    world = placement.dp * placement.tp * placement.pp
+    nproc = args.nproc or world
+    if nproc != world and world > 1:
+        raise CliError(f"--nproc {nproc} but the placement needs dp*tp*pp = {placement.dp}*{placement.tp}*"
+                       f"{placement.pp} = {world} processes; change --nproc or the degrees")
+    print(f"run folder: {run_dir}", file=sys.stderr)
+    if nproc > 1:
+        return _train_multi(run_dir, nproc, resume=bool(args.resume))
+    return _train_single(run_dir, resume=bool(args.resume))
+
+
+def _extend_run(run_dir, steps: int) -> None:
+    from engine.project import atomic_write
+
+    path = run_dir / "run.json"
+    spec = json.loads(path.read_text())
+    spec["total_steps"] = steps
+    atomic_write(path, (json.dumps(spec, indent=1, sort_keys=True) + "\n").encode())
+
+
+def _train_single(run_dir, resume: bool) -> int:
+    from tqdm import tqdm
+
+    from engine.runtime.train import run
+
+    bar = None
+
+    def progress(step: int, total: int, rec: dict) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, initial=step - 1, unit="step", file=sys.stderr, dynamic_ncols=True)
+        bar.update(step - bar.n)
+        bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
+        if "val_loss" in rec:
+            extra = f" val_acc {rec['val_acc']:.4f}" if "val_acc" in rec else ""
+            bar.write(f"step {step}/{total}  loss {rec['loss']:.4f}  val_loss {rec['val_loss']:.4f}{extra}", file=sys.stderr)
+
+    try:
+        status = run(run_dir, resume=resume, progress=progress)
+    except (ValueError, FileNotFoundError, FloatingPointError) as exc:
+        from app.cli import CliError
+
+        raise CliError(f"training failed: {exc} (log: {run_dir / 'logs' / 'rank0.log'})") from None
+    finally:
+        if bar is not None:
+            bar.close()
+    print(f"{status['state']}: {status['step']}/{status['total_steps']} steps; run folder {run_dir}")
+    return 0 if status["state"] in ("succeeded", "cancelled") else 1
+
+
+def _train_multi(run_dir, nproc: int, resume: bool) -> int:
+    from app.cli import CliError
+
+    try:
+        from remote.launch_local import launch_local  # the distributed runtime's local launcher
+    except ImportError:
+        raise CliError(f"training on {nproc} processes needs the distributed runtime, which this build lacks") from None
+    job = launch_local(run_dir, nproc, resume=resume)
+    return job.wait_with_progress() if hasattr(job, "wait_with_progress") else job.wait()

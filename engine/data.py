@@ -1,0 +1,184 @@
+"""Data sets -> numpy arrays (x_train, y_train, x_val, y_val).
+
+Everything here runs on the user's machine when a run is prepared; the arrays are
+written into the run folder as data.npz, which is all the runtime reads (so cluster
+nodes need neither scikit-learn nor the user's CSV files). Synthetic sets are a
+function of their seed alone.
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.project import (CsvFile, Digits, NpzFile, Project, ProjectError, SyntheticClassification,
+                            SyntheticImages, SyntheticRegression, SyntheticSequence)
+
+
+@dataclass
+class Arrays:
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_val: np.ndarray
+    y_val: np.ndarray
+    task: str  # classification | regression
+    n_classes: int | None = None
+
+    def save(self, path: Path) -> None:
+        np.savez(path, x_train=self.x_train, y_train=self.y_train, x_val=self.x_val, y_val=self.y_val)
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_train.shape[1:])
+
+
+def _split(x: np.ndarray, y: np.ndarray, val_fraction: float, seed: int, task: str, n_classes=None) -> Arrays:
+    n = len(x)
+    perm = np.random.default_rng(seed + 7919).permutation(n)
+    n_val = max(1, int(round(n * val_fraction)))
+    if n - n_val < 1:
+        raise ProjectError(f"training.dataset: {n} samples leave nothing to train on with val_fraction {val_fraction}")
+    val, train = perm[:n_val], perm[n_val:]
+    return Arrays(x[train], y[train], x[val], y[val], task, n_classes)
+
+
+def _classification(d: SyntheticClassification) -> Arrays:
+    rng = np.random.default_rng(d.seed)
+    centers = rng.normal(size=(d.n_classes, d.n_features)) * 1.5
+    y = rng.integers(0, d.n_classes, size=d.n_samples)
+    x = centers[y] + d.noise * rng.normal(size=(d.n_samples, d.n_features))
+    return _split(x.astype(np.float32), y.astype(np.int64), d.val_fraction, d.seed, "classification", d.n_classes)
+
+
+def _regression(d: SyntheticRegression) -> Arrays:
+    rng = np.random.default_rng(d.seed)
+    x = rng.normal(size=(d.n_samples, d.n_features))
+    w1 = rng.normal(size=(d.n_features, 32)) / np.sqrt(d.n_features)
+    w2 = rng.normal(size=(32, d.n_targets)) / np.sqrt(32)
+    y = np.tanh(x @ w1) @ w2 + d.noise * rng.normal(size=(d.n_samples, d.n_targets))
+    return _split(x.astype(np.float32), y.astype(np.float32), d.val_fraction, d.seed, "regression")
+
+
+def _sequence(d: SyntheticSequence) -> Arrays:
+    """Each class prefers its own slice of the vocabulary: token i of a sequence comes
+    from the class's slice with probability 1/2, else from the whole vocabulary."""
+    rng = np.random.default_rng(d.seed)
+    y = rng.integers(0, d.n_classes, size=d.n_samples)
+    width = max(1, d.vocab_size // d.n_classes)
+    own = (y[:, None] * width + rng.integers(0, width, size=(d.n_samples, d.seq_len))) % d.vocab_size
+    anyt = rng.integers(0, d.vocab_size, size=(d.n_samples, d.seq_len))
+    x = np.where(rng.random((d.n_samples, d.seq_len)) < 0.5, own, anyt)
+    return _split(x.astype(np.int64), y.astype(np.int64), d.val_fraction, d.seed, "classification", d.n_classes)
+
+
+def _images(d: SyntheticImages) -> Arrays:
+    """One smooth random template per class plus noise."""
+    rng = np.random.default_rng(d.seed)
+    yy, xx = np.meshgrid(np.linspace(0, 1, d.height), np.linspace(0, 1, d.width), indexing="ij")
+    templates = np.zeros((d.n_classes, d.channels, d.height, d.width))
+    for c in range(d.n_classes):
+        for ch in range(d.channels):
+            fx, fy, ph = rng.uniform(0.5, 3.0), rng.uniform(0.5, 3.0), rng.uniform(0, 2 * np.pi)
+            templates[c, ch] = np.sin(2 * np.pi * (fx * xx + fy * yy) + ph)
+    y = rng.integers(0, d.n_classes, size=d.n_samples)
+    x = templates[y] + d.noise * rng.normal(size=(d.n_samples, d.channels, d.height, d.width))
+    return _split(x.astype(np.float32), y.astype(np.int64), d.val_fraction, d.seed, "classification", d.n_classes)
+
+
+def _digits(d: Digits) -> Arrays:
+    from sklearn.datasets import load_digits  # ships with scikit-learn: no download
+
+    ds = load_digits()
+    x = (ds.data / 16.0).astype(np.float32)
+    if d.image:
+        x = x.reshape(-1, 1, 8, 8)
+    return _split(x, ds.target.astype(np.int64), d.val_fraction, d.seed, "classification", 10)
+
+
+def _task_of(y: np.ndarray) -> tuple[str, int | None]:
+    if np.issubdtype(y.dtype, np.integer):
+        return "classification", int(y.max()) + 1 if y.size else 0
+    return "regression", None
+
+
+def _npz(d: NpzFile, base: Path) -> Arrays:
+    path = (base / d.path) if not Path(d.path).is_absolute() else Path(d.path)
+    try:
+        z = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ProjectError(f"training.dataset.path: cannot read {path}: {exc}") from None
+    keys = set(z.files)
+    if {"x_train", "y_train", "x_val", "y_val"} <= keys:
+        task, nc = _task_of(z["y_train"])
+        return Arrays(z["x_train"], z["y_train"], z["x_val"], z["y_val"], task, nc)
+    if {"x", "y"} <= keys:
+        x, y = z["x"], z["y"]
+        if len(x) != len(y):
+            raise ProjectError(f"training.dataset.path: {path}: x has {len(x)} rows but y has {len(y)}")
+        task, nc = _task_of(y)
+        return _split(x, y, d.val_fraction, d.seed, task, nc)
+    raise ProjectError(f"training.dataset.path: {path} holds {sorted(keys)}; expected x and y (or x_train, y_train, x_val, y_val)")
+
+
+def _csv(d: CsvFile, base: Path) -> Arrays:
+    path = (base / d.path) if not Path(d.path).is_absolute() else Path(d.path)
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+    except OSError as exc:
+        raise ProjectError(f"training.dataset.path: cannot read {path}: {exc.strerror}") from None
+    header = rows.pop(0) if d.header and rows else None
+    rows = [r for r in rows if r]
+    if not rows:
+        raise ProjectError(f"training.dataset.path: {path} has no data rows")
+    if isinstance(d.target, str):
+        if not header or d.target not in header:
+            raise ProjectError(f"training.dataset.target: column '{d.target}' is not in the header of {path}")
+        t = header.index(d.target)
+    else:
+        t = d.target % len(rows[0])
+    xs, ys = [], []
+    for i, r in enumerate(rows, start=2 if header else 1):
+        if len(r) != len(rows[0]):
+            raise ProjectError(f"{path}: line {i} has {len(r)} columns, expected {len(rows[0])}")
+        try:
+            xs.append([float(v) for j, v in enumerate(r) if j != t])
+            ys.append(r[t])
+        except ValueError as exc:
+            raise ProjectError(f"{path}: line {i}: {exc}") from None
+    x = np.asarray(xs, dtype=np.float32)
+    if d.task == "classification":
+        labels = sorted(set(ys), key=lambda s: (len(s), s))
+        try:  # numeric labels keep their numeric order
+            labels = sorted(set(ys), key=float)
+        except ValueError:
+            pass
+        index = {lab: k for k, lab in enumerate(labels)}
+        y = np.asarray([index[v] for v in ys], dtype=np.int64)
+        return _split(x, y, d.val_fraction, d.seed, "classification", len(labels))
+    try:
+        y = np.asarray([float(v) for v in ys], dtype=np.float32)[:, None]
+    except ValueError as exc:
+        raise ProjectError(f"{path}: target column is not numeric: {exc}") from None
+    return _split(x, y, d.val_fraction, d.seed, "regression")
+
+
+def load_arrays(project: Project) -> Arrays:
+    d = project.training.dataset
+    if isinstance(d, SyntheticClassification):
+        return _classification(d)
+    if isinstance(d, SyntheticRegression):
+        return _regression(d)
+    if isinstance(d, SyntheticSequence):
+        return _sequence(d)
+    if isinstance(d, SyntheticImages):
+        return _images(d)
+    if isinstance(d, Digits):
+        return _digits(d)
+    if isinstance(d, NpzFile):
+        return _npz(d, project.directory)
+    if isinstance(d, CsvFile):
+        return _csv(d, project.directory)
+    raise ProjectError(f"training.dataset: unknown kind {getattr(d, 'kind', d)!r}")

@@ -1,0 +1,138 @@
+"""Prepare a run folder: everything the runtime needs, in one relocatable place.
+
+RUN_DIR/
+  project.lflow   snapshot of the project as it was run
+  run.json        compiled model spec, training settings, placement, plan, total steps
+  data.npz        x_train, y_train, x_val, y_val (engine/data.py)
+  weights.pt      initial weights, when the project has a weights file (imported models)
+The runtime (engine/runtime/train.py) reads only these, so the same folder runs on
+this machine or, uploaded with the runtime package, on a cluster node.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+from engine.compile import compile_graph
+from engine.data import load_arrays
+from engine.project import Project, ProjectError, atomic_write
+
+
+class RunError(ValueError):
+    """The project cannot be run as it is; the message lists every reason."""
+
+
+def default_runs_dir(project: Project) -> Path:
+    return project.directory / "runs"
+
+
+def new_run_dir(project: Project, runs_dir: Path | None = None) -> Path:
+    base = runs_dir or default_runs_dir(project)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = "".join(c if c.isalnum() or c in "-_" else "_" for c in project.name) or "run"
+    d = base / f"{name}-{stamp}"
+    i = 1
+    while d.exists():
+        i += 1
+        d = base / f"{name}-{stamp}-{i}"
+    return d
+
+
+def check_data(result, arrays) -> list[str]:
+    """The data set must fit the diagram's Input and Output."""
+    errs = []
+    spec = result.spec
+    inp = result.nodes[spec["inputs"][0]]
+    if len(spec["inputs"]) != 1:
+        errs.append(f"training needs exactly one Input node; the diagram has {len(spec['inputs'])}")
+    if len(spec["outputs"]) != 1:
+        errs.append(f"training needs exactly one Output node; the diagram has {len(spec['outputs'])}")
+    want = tuple(inp.params["shape"])
+    if arrays.sample_shape != want:
+        errs.append(f"node '{inp.id}' (Input): shape is {list(want)} but the data set's samples are "
+                    f"{list(arrays.sample_shape)}; set the Input's shape to {list(arrays.sample_shape)}")
+    kind = "int" if arrays.x_train.dtype.kind in "iu" else "float"
+    if not inp.params["dtype"].startswith(kind):
+        errs.append(f"node '{inp.id}' (Input): dtype is {inp.params['dtype']} but the data set holds "
+                    f"{arrays.x_train.dtype}; set dtype to {'int64' if kind == 'int' else 'float32'}")
+    out_id = result.output_node()
+    loss = result.loss()
+    if out_id and loss == "cross_entropy" and arrays.task != "classification":
+        errs.append(f"node '{out_id}' (Output): loss is cross_entropy but the data set is a regression task; use mse")
+    if out_id and loss == "mse" and arrays.task == "classification":
+        errs.append(f"node '{out_id}' (Output): loss is mse but the data set has class labels; use cross_entropy")
+    if out_id and loss == "none":
+        errs.append(f"node '{out_id}' (Output): loss is none; choose cross_entropy or mse to train")
+    src = result.graph.incoming(out_id).get("in") if out_id else None
+    if src and loss == "cross_entropy" and arrays.n_classes:
+        pred = result.nodes[src.src].out
+        if pred and pred.shape and pred.shape[-1] != arrays.n_classes:
+            errs.append(f"node '{src.src}' ({result.nodes[src.src].type}): outputs {pred.shape[-1]} values per sample "
+                        f"but the data set has {arrays.n_classes} classes")
+    return errs
+
+
+def total_steps(project: Project, n_train: int) -> int:
+    tr = project.training
+    if tr.steps is not None:
+        return tr.steps
+    return max(1, (n_train // tr.batch_size)) * (tr.epochs or 1)
+
+
+def prepare_run(project: Project, out_dir: str | Path | None = None, *, steps: int | None = None,
+                seed: int | None = None, placement: dict | None = None, plan: dict | None = None) -> Path:
+    """Compile, check, and write RUN_DIR. Raises RunError listing every problem."""
+    project = project.copy()
+    if steps is not None:
+        project.training.steps, project.training.epochs = steps, None
+    if seed is not None:
+        project.training.seed = seed
+    if placement:
+        project.placement = project.placement.model_copy(update=placement)
+    result = compile_graph(project.graph)
+    if not result.ok:
+        raise RunError("the diagram has errors:\n" + "\n".join(f"  {e}" for e in result.errors))
+    try:
+        arrays = load_arrays(project)
+    except ProjectError:
+        raise
+    errs = check_data(result, arrays)
+    if errs:
+        raise RunError("the data set does not fit the diagram:\n" + "\n".join(f"  {e}" for e in errs))
+    if len(arrays.x_train) < project.training.batch_size:
+        raise RunError(f"training.batch_size {project.training.batch_size} is larger than the training set "
+                       f"({len(arrays.x_train)} samples)")
+
+    run_dir = Path(out_dir) if out_dir else new_run_dir(project)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if (run_dir / "run.json").exists():
+        raise RunError(f"{run_dir} already holds a run; pick another --out or use --resume")
+    arrays.save(run_dir / "data.npz")
+    weights = None
+    if project.weights:
+        src = project.resolve_path(project.weights)
+        if not src.exists():
+            raise RunError(f"weights: {src} does not exist")
+        shutil.copyfile(src, run_dir / "weights.pt")
+        weights = "weights.pt"
+    n_steps = total_steps(project, len(arrays.x_train))
+    spec = {
+        "name": project.name,
+        "created": time.time(),
+        "model": result.spec,
+        "training": project.training.model_dump(mode="json"),
+        "placement": project.placement.model_dump(mode="json"),
+        "plan": plan,
+        "data": {"path": "data.npz", "task": arrays.task, "n_classes": arrays.n_classes,
+                 "n_train": int(len(arrays.x_train)), "n_val": int(len(arrays.x_val))},
+        "weights": weights,
+        "total_steps": n_steps,
+        "loss": result.loss(),
+        "epochs": math.ceil(n_steps / max(1, len(arrays.x_train) // project.training.batch_size)),
+    }
+    atomic_write(run_dir / "project.lflow", project.dumps().encode())
+    atomic_write(run_dir / "run.json", (json.dumps(spec, indent=1, sort_keys=True) + "\n").encode())
+    return run_dir

@@ -1,0 +1,378 @@
+"""The training loop: `python -m engine.runtime.train RUN_DIR [--resume]`.
+
+Runs on the user's machine and on cluster nodes alike, so it imports only torch,
+numpy and the standard library. Everything it needs is in RUN_DIR (engine/run.py
+writes it): run.json (the compiled model spec, training settings, placement/plan),
+data.npz and an optional weights.pt. It writes, into the same folder:
+
+  metrics.jsonl    one JSON object a line: {step, epoch, time, loss, lr, samples_per_s,
+                   peak_mem_mb}; evaluation lines {step, epoch, time, lr, val_loss,
+                   val_acc}; a last line {"event": "end", "state": ...}
+  status.json      {state: running|succeeded|failed|cancelled, step, total_steps, ...}
+  logs/rank0.log   progress and, on failure, the traceback
+  checkpoints/     step_N/ per checkpoint, and `latest` naming the newest
+  model.pt         the final weights (state_dict)
+
+A resumed run continues the same trajectory: the batch of step s is a function of
+(seed, s) (runtime/data.py) and checkpoints carry the optimizer, scheduler and RNG
+states; metrics written after the checkpoint are cut off before training goes on.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .data import Batches, eval_batches, load_npz
+from .model import build_graph_module, load_weights
+
+ProgressFn = Callable[[int, int, dict], None]
+
+
+# ----- settings -> torch objects ------------------------------------------------
+def lr_lambda(schedule: dict, total_steps: int) -> Callable[[int], float]:
+    """Multiplier of the base lr at scheduler step s (0-based): linear warm-up, then
+    constant, cosine (down to min_lr_ratio at the last step) or step decay."""
+    name, warm = schedule.get("name", "constant"), int(schedule.get("warmup_steps", 0))
+    min_ratio = float(schedule.get("min_lr_ratio", 0.0))
+    step_size, gamma = int(schedule.get("step_size", 100)), float(schedule.get("gamma", 0.5))
+
+    def f(s: int) -> float:
+        if warm and s < warm:
+            return (s + 1) / warm
+        if name == "cosine":
+            progress = min(1.0, (s - warm) / max(1, total_steps - warm))
+            return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        if name == "step":
+            return gamma ** ((s - warm) // step_size)
+        return 1.0
+
+    return f
+
+
+def make_optimizer(params, cfg: dict) -> torch.optim.Optimizer:
+    name, lr, wd = cfg.get("name", "adam"), float(cfg["lr"]), float(cfg.get("weight_decay", 0.0))
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=float(cfg.get("momentum", 0.0)), weight_decay=wd)
+    betas = tuple(cfg.get("betas", (0.9, 0.999)))
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=wd)
+    return torch.optim.Adam(params, lr=lr, betas=betas, weight_decay=wd)
+
+
+def compute_loss(kind: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if kind == "cross_entropy":
+        if out.dim() > 2:  # per-token logits (B, T, C) against targets (B, T)
+            return F.cross_entropy(out.flatten(0, -2), y.flatten())
+        return F.cross_entropy(out, y)
+    if kind == "mse":
+        return F.mse_loss(out, y.reshape(out.shape).to(out.dtype))
+    raise ValueError(f"the Output node's loss is '{kind}': choose cross_entropy or mse to train")
+
+
+def correct_count(out: torch.Tensor, y: torch.Tensor) -> int:
+    pred = out.argmax(dim=-1)
+    return int((pred.reshape(y.shape) == y).sum())
+
+
+def peak_mem_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    except (ImportError, OSError):
+        return 0.0
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(s: dict) -> None:
+    torch.set_rng_state(s["torch"])
+    np.random.set_state(s["numpy"])
+    random.setstate(s["python"])
+    if s.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+# ----- run folder files ---------------------------------------------------------
+def write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+class Status:
+    def __init__(self, run_dir: Path, total_steps: int):
+        self.path = run_dir / "status.json"
+        self.fields = {"state": "running", "step": 0, "total_steps": total_steps, "pid": os.getpid(),
+                       "started": time.time(), "ended": None, "error": None}
+
+    def update(self, **kw) -> None:
+        self.fields.update(kw)
+        write_json_atomic(self.path, self.fields)
+
+
+class MetricsWriter:
+    """Appends one JSON line per record and flushes it, so a tail sees it at once."""
+
+    def __init__(self, path: Path, truncate_at: int | None = None):
+        self.path = path
+        if truncate_at is not None and path.exists():
+            with open(path, "r+b") as f:
+                f.truncate(truncate_at)
+        self.f = open(path, "ab")
+
+    def write(self, rec: dict) -> None:
+        self.f.write((json.dumps(rec) + "\n").encode())
+        self.f.flush()
+
+    def offset(self) -> int:
+        return self.f.tell()
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    marker = run_dir / "checkpoints" / "latest"
+    if not marker.exists():
+        return None
+    p = run_dir / "checkpoints" / marker.read_text().strip()
+    return p if p.exists() else None
+
+
+# ----- the single-process trainer ---------------------------------------------
+class Trainer:
+    """One process holds the whole model. The distributed trainer (parallel.py)
+    offers the same methods."""
+
+    def __init__(self, run_dir: Path, spec: dict, device: torch.device):
+        self.run_dir, self.spec, self.device = run_dir, spec, device
+        tr = spec["training"]
+        self.total_steps = int(spec["total_steps"])
+        self.batch_size = int(tr["batch_size"])
+        self.loss_kind = spec["loss"]
+        self.model = build_graph_module(spec["model"], device="cpu", seed=int(tr["seed"]))
+        if spec.get("weights"):
+            load_weights(self.model, str(run_dir / spec["weights"]))
+        self.model.to(device).train()
+        self.opt = make_optimizer(self.model.parameters(), tr["optimizer"])
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(tr["schedule"], self.total_steps))
+        arrays = load_npz(run_dir)
+        self.batches = Batches(arrays["x_train"], arrays["y_train"], self.batch_size, int(tr["seed"]))
+        self.val = (arrays["x_val"], arrays["y_val"])
+        self.grad_clip = tr.get("grad_clip")
+
+    def train_step(self, step: int) -> float:
+        x, y = self.batches.batch(step)
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        self.opt.zero_grad(set_to_none=True)
+        loss = compute_loss(self.loss_kind, self.model(x), y)
+        loss.backward()
+        if self.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        return loss.item()
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        self.model.eval()
+        total, n, correct = 0.0, 0, 0
+        for x, y in eval_batches(*self.val, batch_size=max(self.batch_size, 256)):
+            x, y = x.to(self.device), y.to(self.device)
+            out = self.model(x)
+            total += compute_loss(self.loss_kind, out, y).item() * len(x)
+            n += len(x)
+            if self.loss_kind == "cross_entropy":
+                correct += correct_count(out, y)
+        self.model.train()
+        rec = {"val_loss": total / max(n, 1)}
+        if self.loss_kind == "cross_entropy":
+            rec["val_acc"] = correct / max(n, 1)
+        return rec
+
+    def lr(self) -> float:
+        return self.opt.param_groups[0]["lr"]
+
+    def save_checkpoint(self, path: Path, extra: dict) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                    "scheduler": self.sched.state_dict(), "rng": rng_state(), **extra}, path / "state.pt")
+
+    def load_checkpoint(self, path: Path) -> dict:
+        state = torch.load(path / "state.pt", map_location=self.device, weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        return state
+
+    def save_final(self, path: Path) -> None:
+        torch.save(self.model.state_dict(), path)
+
+
+# ----- the loop -----------------------------------------------------------------
+class _Stop:
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __call__(self, signum, frame) -> None:  # SIGTERM: finish this step, then stop
+        self.requested = True
+
+
+def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: ProgressFn | None = None,
+        writes_metrics: bool = True, log=print) -> dict:
+    """Runs steps until total_steps or a stop request; returns the final status."""
+    tr = spec["training"]
+    total = trainer.total_steps
+    eval_every, ckpt_every = int(tr["eval_interval"]), int(tr["checkpoint_interval"])
+    start, elapsed0, offset = 0, 0.0, None
+    status = Status(run_dir, total) if writes_metrics else None
+    if resume:
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is None:
+            raise FileNotFoundError(f"{run_dir} has no checkpoint to resume from")
+        state = trainer.load_checkpoint(ckpt)
+        start, elapsed0, offset = int(state["step"]), float(state.get("elapsed", 0.0)), state.get("metrics_offset")
+        log(f"resumed from {ckpt.name} at step {start}")
+    metrics = MetricsWriter(run_dir / "metrics.jsonl", truncate_at=offset if resume else 0) if writes_metrics else None
+    stop = _Stop()
+    old_handler = None
+    try:
+        old_handler = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread (tests, GUI): no signal handling
+        pass
+    t0 = time.perf_counter() - elapsed0
+    step = start
+    state_name, error = "running", None
+
+    def checkpoint(at: int) -> None:
+        d = run_dir / "checkpoints" / f"step_{at}"
+        trainer.save_checkpoint(d, {"step": at, "elapsed": time.perf_counter() - t0,
+                                    "metrics_offset": metrics.offset() if metrics else None})
+        if writes_metrics:
+            (run_dir / "checkpoints" / "latest").write_text(d.name)
+
+    try:
+        if status:
+            status.update(step=start)
+        while step < total:
+            ts = time.perf_counter()
+            loss = trainer.train_step(step)
+            dt = time.perf_counter() - ts
+            step += 1
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"loss became {loss} at step {step}: lower the learning rate "
+                                         f"(training.optimizer.lr) or set training.grad_clip")
+            rec = {"step": step, "epoch": trainer.batches.epoch_of(step - 1), "time": round(time.perf_counter() - t0, 4),
+                   "loss": loss, "lr": trainer.lr(), "samples_per_s": round(trainer.batch_size / max(dt, 1e-9), 2),
+                   "peak_mem_mb": round(peak_mem_mb(trainer.device), 1)}
+            if metrics:
+                metrics.write(rec)
+            if step % eval_every == 0 or step == total:
+                ev = trainer.evaluate()
+                if metrics:
+                    metrics.write({"step": step, "epoch": rec["epoch"], "time": round(time.perf_counter() - t0, 4),
+                                   "lr": rec["lr"], **ev})
+                rec.update(ev)
+                log(f"step {step}/{total} loss {loss:.4f} " + " ".join(f"{k} {v:.4f}" for k, v in ev.items()))
+            if step % ckpt_every == 0 or step == total:
+                checkpoint(step)
+            if status and (step % 10 == 0 or step == total):
+                status.update(step=step)
+            if progress:
+                progress(step, total, rec)
+            if stop.requested:
+                checkpoint(step)
+                state_name = "cancelled"
+                break
+        else:
+            state_name = "succeeded"
+            if writes_metrics:
+                trainer.save_final(run_dir / "model.pt")
+    except KeyboardInterrupt:
+        state_name = "cancelled"
+        if step > start:
+            checkpoint(step)
+    except BaseException as exc:
+        state_name, error = "failed", f"{type(exc).__name__}: {exc}"
+        log(traceback.format_exc())
+        raise
+    finally:
+        if metrics:
+            metrics.write({"event": "end", "state": state_name, "step": step, "time": round(time.perf_counter() - t0, 4)})
+            metrics.close()
+        if status:
+            status.update(state=state_name, step=step, ended=time.time(), error=error)
+        if old_handler is not None:
+            signal.signal(signal.SIGTERM, old_handler)
+    return status.fields if status else {"state": state_name, "step": step}
+
+
+def load_spec(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def pick_device() -> torch.device:
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def run(run_dir: str | Path, *, resume: bool = False, progress: ProgressFn | None = None) -> dict:
+    """Single-process run of a prepared run folder."""
+    run_dir = Path(run_dir)
+    spec = load_spec(run_dir)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    with open(run_dir / "logs" / "rank0.log", "a") as logf:
+        def log(msg: str) -> None:
+            logf.write(msg.rstrip() + "\n")
+            logf.flush()
+        try:
+            seed_all(int(spec["training"]["seed"]))
+            trainer = Trainer(run_dir, spec, pick_device())
+        except BaseException as exc:
+            log(traceback.format_exc())
+            Status(run_dir, int(spec.get("total_steps", 0))).update(
+                state="failed", ended=time.time(), error=f"{type(exc).__name__}: {exc}")
+            raise
+        return fit(trainer, run_dir, spec, resume=resume, progress=progress, log=log)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m engine.runtime.train")
+    ap.add_argument("run_dir")
+    ap.add_argument("--resume", action="store_true")
+    args = ap.parse_args(argv)
+    status = run(args.run_dir, resume=args.resume)
+    return 0 if status["state"] in ("succeeded", "cancelled") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
