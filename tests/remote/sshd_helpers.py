@@ -1,0 +1,174 @@
+"""Helpers for the remote tests (imported by conftest.py and the tests). Real OpenSSH for the remote tests: two sshd "hosts" on 127.0.0.2 and 127.0.0.3.
+
+Each sshd has generated host keys, its own config and log; the client key and the
+known_hosts file are generated too (the user's ~/.ssh is never read: profiles set
+`known_hosts` and `identity_file`). Servers are session-scoped (one pair per xdist
+worker, on free ports); a test that kills one restarts it. `Relay` is a tiny TCP
+forwarder a test puts in front of sshd and stops to cut a connection mid-run.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+SSHD = "/usr/sbin/sshd"
+REMOTE_PYTHON = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python")
+ADDRS = ("127.0.0.2", "127.0.0.3")
+
+
+def free_port(addr: str) -> int:
+    with socket.socket() as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]
+
+
+def keygen(path: Path, kind: str = "ed25519") -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "layerflow-test", "-f", str(path)],
+                   check=True, stdin=subprocess.DEVNULL)
+    return path
+
+
+def wait_port(addr: str, port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((addr, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError(f"nothing listens on {addr}:{port} after {timeout} s")
+
+
+class Sshd:
+    """One OpenSSH server on addr:port with its own host key."""
+
+    def __init__(self, root: Path, addr: str, authorized_keys: Path):
+        self.root, self.addr = root, addr
+        root.mkdir(parents=True, exist_ok=True)
+        self.port = free_port(addr)
+        self.host_key = keygen(root / "host_ed25519")
+        self.config = root / "sshd_config"
+        self.log = root / "sshd.log"
+        self.pidfile = root / "sshd.pid"
+        self.config.write_text("\n".join([
+            f"Port {self.port}", f"ListenAddress {addr}", f"HostKey {self.host_key}", f"PidFile {self.pidfile}",
+            f"AuthorizedKeysFile {authorized_keys}", "UsePAM no", "StrictModes no", "PermitRootLogin yes",
+            "PasswordAuthentication no", "KbdInteractiveAuthentication no", "Subsystem sftp internal-sftp",
+            "AllowTcpForwarding yes", "MaxStartups 100:30:200", "MaxSessions 100", "LogLevel ERROR", ""]))
+        self.proc: subprocess.Popen | None = None
+
+    def public_key_line(self) -> str:
+        kind, b64 = Path(str(self.host_key) + ".pub").read_text().split()[:2]
+        return f"[{self.addr}]:{self.port} {kind} {b64}"
+
+    def start(self) -> None:
+        Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation dir
+        # -D: stay in the foreground so we own the process; -e off, -E: log to our file.
+        self.proc = subprocess.Popen([SSHD, "-D", "-f", str(self.config), "-E", str(self.log)],
+                                     stdin=subprocess.DEVNULL)
+        wait_port(self.addr, self.port)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.proc = None
+
+
+class Relay:
+    """A threaded TCP relay listen_addr:port -> target; stop() cuts every connection."""
+
+    def __init__(self, target: tuple[str, int], addr: str = "127.0.0.1"):
+        self.target, self.addr = target, addr
+        self.port = free_port(addr)
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self._server: socket.socket | None = None
+
+    def start(self) -> "Relay":
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind((self.addr, self.port))
+        srv.listen(64)
+        self._server = srv
+        threading.Thread(target=self._accept, args=(srv,), daemon=True).start()
+        return self
+
+    def _accept(self, srv: socket.socket) -> None:
+        while True:
+            try:
+                a, _ = srv.accept()
+            except OSError:
+                return
+            try:
+                b = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                a.close()
+                continue
+            with self._lock:
+                self._socks += [a, b]
+            for x, y in ((a, b), (b, a)):
+                threading.Thread(target=self._pump, args=(x, y), daemon=True).start()
+
+    @staticmethod
+    def _pump(x: socket.socket, y: socket.socket) -> None:
+        try:
+            while True:
+                data = x.recv(65536)
+                if not data:
+                    break
+                y.sendall(data)
+        except OSError:
+            pass
+        for s in (x, y):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        """Cut: stop listening and reset every relayed connection."""
+        if self._server:
+            self._server.close()
+            self._server = None
+        with self._lock:
+            socks, self._socks = self._socks, []
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+
+class SshEnv:
+    def __init__(self, root: Path):
+        self.root = root
+        self.client_key = keygen(root / "client_ed25519")
+        self.authorized = root / "authorized_keys"
+        self.authorized.write_text(Path(str(self.client_key) + ".pub").read_text())
+        self.servers = [Sshd(root / f"sshd-{a}", a, self.authorized) for a in ADDRS]
+        self.known_hosts = root / "known_hosts"
+        self.known_hosts.write_text("".join(s.public_key_line() + "\n" for s in self.servers))
+
+    def host(self, i: int = 0, **kw) -> dict:
+        s = self.servers[i]
+        return {"address": s.addr, "port": s.port, "user": "root", "identity_file": str(self.client_key), **kw}
+
+    def cluster(self, name: str, workdir: Path, n_hosts: int = 2, **kw) -> dict:
+        data = {"name": name, "hosts": [self.host(i) for i in range(n_hosts)], "workdir": str(workdir),
+                "python": REMOTE_PYTHON, "known_hosts": str(self.known_hosts), "connect_timeout": 5,
+                "command_timeout": 30, "env": {"OMP_NUM_THREADS": "1"}}
+        data.update(kw)
+        return data
+
+    def ensure_running(self) -> None:
+        for s in self.servers:
+            if s.proc is None or s.proc.poll() is not None:
+                s.start()
+
+
