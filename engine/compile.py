@@ -23,7 +23,7 @@ from engine.runtime.model import build_graph_module
 
 # Batch used for the meta forward pass (BatchNorm refuses a batch of 1 in training).
 META_BATCH = 2
-_RESERVED = set(dir(nn.Module)) | {"forward", "code", "graph"}
+_RESERVED = set(dir(nn.Module)) | {"training", "forward", "code", "graph", "meta"}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,141 @@
+"""Single-process training: learning, resume on the same trajectory, schedules, data sets."""
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.graph import Graph
+from engine.project import Project, Training, load_project
+from engine.run import RunError, prepare_run
+from engine.runtime.train import lr_lambda, run
+from engine.tail import read_metrics
+
+EX = Path(__file__).resolve().parents[2] / "resources" / "examples"
+
+
+def losses(run_dir):
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r}
+
+
+def test_mlp_digits_learns(tmp_path):
+    rd = prepare_run(load_project(EX / "mlp_digits.lflow"), tmp_path / "run")
+    status = run(rd)
+    assert status["state"] == "succeeded"
+    recs = read_metrics(rd / "metrics.jsonl")
+    evals = [r for r in recs if "val_acc" in r]
+    assert evals[-1]["val_acc"] >= 0.9
+    assert recs[-1] == {**recs[-1], "event": "end", "state": "succeeded", "step": 300}
+    assert {"step", "epoch", "time", "loss", "lr", "samples_per_s"} <= set(recs[0])
+    assert (rd / "model.pt").exists() and (rd / "checkpoints" / "latest").read_text() == "step_300"
+
+
+def dropout_project(steps=40):
+    """An MLP with dropout and a cosine schedule: resume must restore RNG and scheduler."""
+    g = Graph()
+    g.add_node("Input", {"shape": [32]}, id="x")
+    g.add_node("Linear", {"out_features": 32}, id="fc1")
+    g.add_node("Dropout", {"p": 0.3}, id="drop")
+    g.add_node("Linear", {"out_features": 4}, id="fc2")
+    g.add_node("Output", {"loss": "cross_entropy"}, id="out")
+    for a, b in [("x", "fc1"), ("fc1", "drop"), ("drop", "fc2"), ("fc2", "out")]:
+        g.connect(a, "out", b, "in")
+    tr = Training.model_validate({"dataset": {"kind": "synthetic_classification", "n_samples": 400},
+                                  "optimizer": {"name": "adam", "lr": 0.01},
+                                  "schedule": {"name": "cosine", "warmup_steps": 5},
+                                  "batch_size": 32, "steps": steps, "eval_interval": 10, "checkpoint_interval": 10})
+    return Project(g, name="drop", training=tr)
+
+
+def test_stop_and_resume_gives_the_same_losses(tmp_path):
+    ref = prepare_run(dropout_project(), tmp_path / "ref")
+    run(ref)
+    expected = losses(ref)
+    assert len(expected) == 40
+
+    # 1. stopped by the user at step 25 (a checkpoint is written on stop)
+    rd = prepare_run(dropout_project(), tmp_path / "stopped")
+
+    def stop_at_25(step, total, rec):
+        if step == 25:
+            raise KeyboardInterrupt
+
+    assert run(rd, progress=stop_at_25)["state"] == "cancelled"
+    assert run(rd, resume=True)["state"] == "succeeded"
+    assert losses(rd) == expected  # exactly: same data order, RNG, optimizer and schedule
+
+    # 2. crashed at step 27 with no checkpoint since step 20: metrics after 20 are cut off
+    rd2 = prepare_run(dropout_project(), tmp_path / "crashed")
+
+    def crash_at_27(step, total, rec):
+        if step == 27:
+            raise RuntimeError("power cut")
+
+    with pytest.raises(RuntimeError):
+        run(rd2, progress=crash_at_27)
+    assert json.loads((rd2 / "status.json").read_text())["state"] == "failed"
+    run(rd2, resume=True)
+    recs = read_metrics(rd2 / "metrics.jsonl")
+    steps = [r["step"] for r in recs if "loss" in r]
+    assert steps == list(range(1, 41))  # no step lost or repeated
+    assert losses(rd2) == expected
+
+
+def test_lr_schedules():
+    f = lr_lambda({"name": "cosine", "warmup_steps": 10, "min_lr_ratio": 0.1}, 110)
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
+    assert f(10) == pytest.approx(1.0) and f(110) == pytest.approx(0.1)
+    assert f(60) == pytest.approx(0.1 + 0.9 * 0.5)
+    g = lr_lambda({"name": "step", "warmup_steps": 0, "step_size": 10, "gamma": 0.5}, 100)
+    assert [g(s) for s in (0, 9, 10, 25)] == [1, 1, 0.5, 0.25]
+    assert lr_lambda({"name": "constant"}, 10)(5) == 1.0
+
+
+def csv_project(tmp_path, text, **ds):
+    (tmp_path / "d.csv").write_text(text)
+    g = Graph()
+    g.add_node("Input", {"shape": [2]}, id="x")
+    g.add_node("Linear", {"out_features": 2}, id="fc")
+    g.add_node("Output", {}, id="out")
+    g.connect("x", "out", "fc", "in")
+    g.connect("fc", "out", "out", "in")
+    tr = Training.model_validate({"dataset": {"kind": "csv", "path": "d.csv", **ds}, "batch_size": 4, "steps": 3})
+    p = Project(g, training=tr, path=tmp_path / "p.lflow")
+    return p
+
+
+def test_csv_dataset_trains(tmp_path):
+    rows = "\n".join(f"{i % 7},{(i * 3) % 5},{'cat' if i % 2 else 'dog'}" for i in range(40))
+    p = csv_project(tmp_path, "a,b,label\n" + rows + "\n", target="label")
+    rd = prepare_run(p, tmp_path / "run")
+    assert run(rd)["state"] == "succeeded"
+    z = np.load(rd / "data.npz")
+    assert z["x_train"].shape[1] == 2 and set(np.unique(z["y_train"])) <= {0, 1}
+
+
+def test_csv_bad_line_is_named(tmp_path):
+    p = csv_project(tmp_path, "a,b,label\n1,2,cat\n1,oops,dog\n", target="label")
+    from engine.project import ProjectError
+    with pytest.raises(ProjectError, match="line 3"):
+        prepare_run(p, tmp_path / "run")
+
+
+def test_npz_dataset_and_shape_mismatch_message(tmp_path):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.normal(size=(50, 3)).astype(np.float32), y=rng.integers(0, 2, 50))
+    p = csv_project(tmp_path, "x\n", target=0)
+    p.training = Training.model_validate({"dataset": {"kind": "npz", "path": "d.npz"}, "batch_size": 4, "steps": 2})
+    with pytest.raises(RunError, match=r"node 'x' \(Input\): shape is \[2\] but the data set's samples are \[3\]"):
+        prepare_run(p, tmp_path / "run")
+    p.graph.set_param("x", "shape", [3])
+    assert run(prepare_run(p, tmp_path / "run2"))["state"] == "succeeded"
+
+
+def test_epochs_instead_of_steps(tmp_path):
+    p = dropout_project()
+    p.training.steps, p.training.epochs = None, 2
+    rd = prepare_run(p, tmp_path / "run")
+    spec = json.loads((rd / "run.json").read_text())
+    assert spec["total_steps"] == 2 * (320 // 32)
+    assert math.isfinite(run(rd)["step"])
