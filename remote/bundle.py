@@ -1,0 +1,119 @@
+"""Bundles: a run folder + the engine runtime, as one tar named by its content hash.
+
+    run/                    the run folder (engine/run.py), minus outputs of earlier runs
+    engine/__init__.py      the runtime package, which imports only torch, numpy, stdlib
+    engine/runtime/*.py
+    layerflow_jobctl.py     the node-side status/cancel helper (remote/jobctl.py)
+
+The tar is deterministic (sorted names, zero mtimes and owners), so equal content
+gives an equal SHA-256 and a host that already holds `bundles/<hash>.tar` is not
+sent it again. Uploads go to `<hash>.tar.part` with pipelined SFTP writes and are
+renamed when complete and verified by size, so an interrupted upload never passes
+for a finished one.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from remote.ssh import Connection, quote
+
+ROOT = Path(__file__).resolve().parents[1]
+# outputs a finished or running run leaves in its folder; a new job starts without them
+RUN_OUTPUTS = {"metrics.jsonl", "status.json", "logs", "checkpoints", "model.pt"}
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class Bundle:
+    path: Path
+    sha256: str
+    size: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.sha256[:32]}.tar"
+
+
+def bundle_files(run_dir: Path) -> Iterator[tuple[str, Path]]:
+    """(name inside the bundle, local file), sorted."""
+    items = []
+    for p in sorted(run_dir.rglob("*")):
+        rel = p.relative_to(run_dir)
+        if rel.parts[0] in RUN_OUTPUTS or not p.is_file():
+            continue
+        items.append(("run/" + rel.as_posix(), p))
+    items.append(("engine/__init__.py", ROOT / "engine" / "__init__.py"))
+    for p in sorted((ROOT / "engine" / "runtime").rglob("*.py")):
+        if "__pycache__" not in p.parts:
+            items.append(("engine/" + p.relative_to(ROOT / "engine").as_posix(), p))
+    items.append(("layerflow_jobctl.py", ROOT / "remote" / "jobctl.py"))
+    return iter(sorted(items))
+
+
+class _HashingWriter(io.RawIOBase):
+    def __init__(self, f):
+        self.f, self.h, self.n = f, hashlib.sha256(), 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        self.h.update(b)
+        self.n += len(b)
+        return self.f.write(b)
+
+
+def make_bundle(run_dir: str | os.PathLike, cache_dir: str | os.PathLike) -> Bundle:
+    """Write the bundle of `run_dir` into `cache_dir` (named by its hash) and return it."""
+    run_dir, cache_dir = Path(run_dir), Path(cache_dir)
+    if not (run_dir / "run.json").is_file():
+        raise ValueError(f"{run_dir} is not a run folder (no run.json); prepare it with engine.run.prepare_run")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".bundle-", suffix=".tar", dir=cache_dir)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            w = _HashingWriter(raw)
+            with tarfile.open(fileobj=w, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                for name, path in bundle_files(run_dir):
+                    info = tarfile.TarInfo(name)
+                    info.size = path.stat().st_size
+                    info.mode = 0o644
+                    info.mtime = 0
+                    with open(path, "rb") as f:
+                        tar.addfile(info, f)
+        b = Bundle(cache_dir / "x", w.h.hexdigest(), w.n)
+        b.path = cache_dir / b.name
+        os.replace(tmp, b.path)
+        return b
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def upload(conn: Connection, bundle: Bundle, remote_dir: str, progress: Progress | None = None) -> tuple[str, bool]:
+    """Make sure `remote_dir/<hash>.tar` exists on the host; returns (path, uploaded?)."""
+    conn.run(f"mkdir -p {quote(remote_dir)}")
+    dest = f"{remote_dir}/{bundle.name}"
+    if conn.stat_size(dest) == bundle.size:
+        if progress:
+            progress(bundle.size, bundle.size)
+        return dest, False
+    part = dest + ".part"
+    conn.put(bundle.path, part, progress)
+    if conn.stat_size(part) != bundle.size:
+        raise OSError(f"{conn.label}: upload of {bundle.name} is incomplete")
+    conn.run(f"mv -f {quote(part)} {quote(dest)}")
+    return dest, True
+
+
+def extract(conn: Connection, remote_tar: str, dest_dir: str) -> None:
+    conn.run(f"mkdir -p {quote(dest_dir)} && tar -xf {quote(remote_tar)} -C {quote(dest_dir)}")

@@ -1,0 +1,140 @@
+"""Node-side helper, shipped in every bundle as layerflow_jobctl.py (stdlib only).
+
+    python layerflow_jobctl.py status JOBDIR NODE        -> one JSON line
+    python layerflow_jobctl.py cancel JOBDIR NODE GRACE  -> one JSON line
+
+Asking the node itself keeps each tracker round to one SSH command per node and
+keeps shell quoting out of the logic. A job's processes are found two ways: the
+process group of the node script (setsid made it a session leader: pid == pgid),
+and the environment token LAYERFLOW_JOB_TOKEN that every process of the job
+inherits; the second matters because torchrun starts each worker in a session of
+its own, out of reach of a signal to the launcher's group.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+TOKEN_VAR = "LAYERFLOW_JOB_TOKEN"
+
+
+def read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def job_pids(token: str, pgid: int | None) -> list[int]:
+    """Every live process of this job: in its process group or carrying its token."""
+    me, found = os.getpid(), []
+    needle = f"{TOKEN_VAR}={token}".encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        pid = int(name)
+        try:
+            stat = read(f"/proc/{pid}/stat") or ""
+            fields = stat.rsplit(")", 1)[1].split()
+            state, pg = fields[0], int(fields[2])
+            if state == "Z":  # a zombie is already dead; its parent will reap it
+                continue
+            if pgid and pg == pgid:
+                found.append(pid)
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(pid)
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile, or not ours to read
+    return sorted(found)
+
+
+def sizes(jobdir: str, node: int) -> dict:
+    out = {}
+    for rel in (f"node{node}.out", "run/metrics.jsonl"):
+        try:
+            out[rel] = os.path.getsize(os.path.join(jobdir, rel))
+        except OSError:
+            pass
+    logs = os.path.join(jobdir, "run", "logs")
+    try:
+        for name in sorted(os.listdir(logs)):
+            if name.endswith(".log"):
+                out[f"run/logs/{name}"] = os.path.getsize(os.path.join(logs, name))
+    except OSError:
+        pass
+    return out
+
+
+def status(jobdir: str, node: int) -> dict:
+    pid = read(os.path.join(jobdir, f"node{node}.pid"))
+    exit_code = read(os.path.join(jobdir, f"node{node}.exit"))
+    token = read(os.path.join(jobdir, "token")) or ""
+    pids = job_pids(token, int(pid) if pid else None) if token else []
+    st = read(os.path.join(jobdir, "run", "status.json"))
+    try:
+        st = json.loads(st) if st else None
+    except ValueError:
+        st = None  # caught mid-write; the next round reads it
+    return {"node": node, "pid": int(pid) if pid else None, "exit": int(exit_code) if exit_code else None,
+            "alive": bool(pids), "pids": pids, "cancelled": os.path.exists(os.path.join(jobdir, "cancelled")),
+            "status": st, "sizes": sizes(jobdir, node)}
+
+
+def signal_all(pids: list[int], pgid: int | None, sig: int) -> None:
+    if pgid:
+        try:
+            os.killpg(pgid, sig)
+        except OSError:
+            pass
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except OSError:
+            pass
+
+
+def cancel(jobdir: str, node: int, grace: float) -> dict:
+    """TERM the job's processes on this node, wait up to `grace` s, KILL what is left, verify."""
+    with open(os.path.join(jobdir, "cancelled"), "a"):
+        pass
+    pid = read(os.path.join(jobdir, f"node{node}.pid"))
+    pgid = int(pid) if pid else None
+    token = read(os.path.join(jobdir, "token")) or ""
+    pids = job_pids(token, pgid)
+    signal_all(pids, pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while pids and time.monotonic() < deadline:
+        time.sleep(0.1)
+        pids = job_pids(token, pgid)
+    killed = list(pids)
+    if pids:
+        signal_all(pids, pgid, signal.SIGKILL)
+        for _ in range(50):
+            time.sleep(0.1)
+            pids = job_pids(token, pgid)
+            if not pids:
+                break
+    return {"node": node, "killed": killed, "left": pids}
+
+
+def main(argv: list[str]) -> int:
+    cmd, jobdir, node = argv[0], argv[1], int(argv[2])
+    if cmd == "status":
+        out = status(jobdir, node)
+    elif cmd == "cancel":
+        out = cancel(jobdir, node, float(argv[3]))
+    else:
+        print(f"unknown command {cmd!r}", file=sys.stderr)
+        return 2
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

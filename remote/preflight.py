@@ -1,0 +1,273 @@
+"""Preflight: check every host, in parallel and with timeouts, before launching anything.
+
+Per host: reachable (host key verified), Python and torch versions, GPUs (nvidia-smi
+CSV, parsed defensively: no GPUs -> CPU processes), CPU count, free disk under the
+work directory; then the rendezvous port: the first node listens on it and every
+other node must connect to it. Any failure stops the deploy with the host and the
+reason; `PreflightReport.table()` is what the CLI prints and the GUI shows.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+from remote.cluster import Cluster
+from remote.ssh import Connection, SSHError, quote
+
+NVIDIA_QUERY = ("nvidia-smi --query-gpu=index,name,memory.total,memory.used,utilization.gpu "
+                "--format=csv,noheader,nounits")
+MIN_FREE_GB = 1.0
+
+
+@dataclass
+class GPU:
+    index: int
+    name: str
+    memory_total_mb: float | None
+    memory_used_mb: float | None
+    utilization: float | None
+
+    @property
+    def memory_free_mb(self) -> float | None:
+        if self.memory_total_mb is None or self.memory_used_mb is None:
+            return None
+        return self.memory_total_mb - self.memory_used_mb
+
+
+def _num(s: str) -> float | None:
+    s = s.strip().rstrip("%").replace("MiB", "").strip()
+    try:
+        return float(s)
+    except ValueError:
+        return None  # "[N/A]", "[Not Supported]", "[Unknown Error]"
+
+
+def parse_nvidia_smi(text: str) -> tuple[list[GPU], list[str]]:
+    """GPUs from `nvidia-smi --query-gpu=index,name,memory.total,memory.used,utilization.gpu
+    --format=csv,noheader,nounits`, and warnings for lines that could not be read.
+    Driver errors ("NVIDIA-SMI has failed ...") and an empty output mean no GPUs."""
+    gpus, warnings = [], []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        row = next(csv.reader([line], skipinitialspace=True))
+        if len(row) > 5:  # a comma inside the name: the name is everything between index and the last 3
+            row = [row[0], ", ".join(row[1:-3])] + row[-3:]
+        if len(row) != 5 or not row[0].strip().isdigit():
+            warnings.append(f"nvidia-smi line {lineno} not understood: {line[:120]}")
+            continue
+        gpus.append(GPU(int(row[0]), row[1].strip(), _num(row[2]), _num(row[3]), _num(row[4])))
+    return gpus, warnings
+
+
+# One command per host; each section is labelled so a missing tool only blanks its section.
+PROBE = r"""
+echo "@@python"; {py} -c 'import json, sys, os, platform
+try:
+    import torch
+    t = {{"torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}}
+except Exception as e:
+    t = {{"torch": None, "torch_error": "%s: %s" % (type(e).__name__, e)}}
+t.update(python=platform.python_version(), cpus=os.cpu_count(), hostname=platform.node())
+print(json.dumps(t))' 2>&1
+echo "@@nvidia"; if command -v nvidia-smi >/dev/null 2>&1; then {nvq} 2>&1; fi
+echo "@@disk"; mkdir -p {wd} && df -Pk {wd} | tail -n 1
+"""
+
+
+@dataclass
+class HostReport:
+    host: str
+    ok: bool = False
+    error: str | None = None
+    python: str | None = None
+    torch: str | None = None
+    cuda: str | None = None
+    hostname: str | None = None
+    cpus: int | None = None
+    gpus: list[GPU] = field(default_factory=list)
+    free_disk_gb: float | None = None
+    rdzv_ok: bool | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def fail(self, why: str) -> "HostReport":
+        self.ok, self.error = False, self.error or why
+        return self
+
+
+@dataclass
+class PreflightReport:
+    hosts: list[HostReport]
+
+    @property
+    def ok(self) -> bool:
+        return all(h.ok for h in self.hosts)
+
+    @property
+    def failures(self) -> list[str]:
+        return [f"{h.host}: {h.error}" for h in self.hosts if not h.ok]
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "hosts": [asdict(h) for h in self.hosts]}
+
+    def table(self) -> str:
+        head = ["host", "ok", "python", "torch", "cpus", "gpus", "free disk", "rendezvous", "problem"]
+        rows = []
+        for h in self.hosts:
+            gpus = ", ".join(f"{g.index}:{g.name} {g.memory_total_mb or 0:.0f}MiB" for g in h.gpus) or "-"
+            rows.append([h.host, "yes" if h.ok else "NO", h.python or "-", h.torch or "-", str(h.cpus or "-"), gpus,
+                         f"{h.free_disk_gb:.1f} GB" if h.free_disk_gb is not None else "-",
+                         {True: "ok", False: "FAILED", None: "-"}[h.rdzv_ok], h.error or ""])
+        w = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
+        fmt = "  ".join(f"{{:<{x}}}" for x in w)
+        return "\n".join(fmt.format(*r).rstrip() for r in [head] + rows)
+
+
+def probe_host(conn: Connection, cluster: Cluster, timeout: float) -> HostReport:
+    rep = HostReport(conn.label)
+    try:
+        wd = conn.abspath(cluster.workdir)
+        res = conn.run(PROBE.format(py=quote(cluster.python), nvq=NVIDIA_QUERY, wd=quote(wd)),
+                       timeout=timeout, check=False)
+    except SSHError as exc:
+        return rep.fail(exc.reason)
+    sections, cur = {}, None
+    for line in res.stdout.splitlines():
+        if line.startswith("@@"):
+            cur = line[2:]
+            sections[cur] = []
+        elif cur:
+            sections[cur].append(line)
+    py = "\n".join(sections.get("python", []))
+    try:
+        info = json.loads(py.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return rep.fail(f"python {cluster.python!r} does not run: {py.strip()[-300:] or res.stderr.strip()[-300:]}"
+                        f" (set the cluster's python to an interpreter that has torch)")
+    rep.python, rep.torch, rep.cuda = info.get("python"), info.get("torch"), info.get("cuda")
+    rep.cpus, rep.hostname = info.get("cpus"), info.get("hostname")
+    if not rep.torch:
+        return rep.fail(f"torch is not importable by {cluster.python} ({info.get('torch_error')})")
+    rep.gpus, rep.warnings = parse_nvidia_smi("\n".join(sections.get("nvidia", [])))
+    disk = " ".join(sections.get("disk", [])).split()
+    try:
+        rep.free_disk_gb = int(disk[3]) / 1024 ** 2
+    except (IndexError, ValueError):
+        return rep.fail(f"cannot create or measure {wd}: {res.stderr.strip()[-300:]}")
+    if rep.free_disk_gb < MIN_FREE_GB:
+        return rep.fail(f"only {rep.free_disk_gb:.2f} GB free under {wd} (need {MIN_FREE_GB} GB)")
+    rep.ok = True
+    return rep
+
+
+LISTEN = ("import socket, sys, time\n"
+          "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+          "s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(64); s.settimeout(float(sys.argv[4]))\n"
+          "print('listening', flush=True)\n"
+          "n = 0\n"
+          "try:\n"
+          "    while n < int(sys.argv[3]):\n"
+          "        s.accept()[0].close(); n += 1\n"
+          "except OSError:\n"
+          "    pass\n"
+          "print('accepted', n)\n")
+
+
+
+def rdzv_address(cluster: Cluster) -> str:
+    h = cluster.hosts[0]
+    return h.rdzv_address or h.address
+
+
+def check_rendezvous(conns: list[Connection], cluster: Cluster, reports: list[HostReport], timeout: float) -> None:
+    """The first node listens on the rendezvous port; every other node must reach it."""
+    addr, port = rdzv_address(cluster), cluster.rdzv_port
+    others = list(range(1, len(conns)))
+    listen_res: dict = {}
+    ready = threading.Event()
+
+    def listen():
+        try:
+            cmd = (f"{quote(cluster.python)} -c {quote(LISTEN)} {quote(addr)} {port} {len(others)} {timeout:g}"
+                   if others else
+                   f"{quote(cluster.python)} -c {quote(LISTEN)} {quote(addr)} {port} 0 1")
+            listen_res["r"] = conns[0].run(cmd, timeout=timeout + 10, check=False)
+        except SSHError as exc:
+            listen_res["e"] = exc
+        ready.set()
+
+    t = threading.Thread(target=listen, daemon=True)
+    t.start()
+    if not others:
+        t.join()
+        r = listen_res.get("r")
+        reports[0].rdzv_ok = bool(r and "listening" in r.stdout)
+        if not reports[0].rdzv_ok:
+            reports[0].fail(f"cannot listen on rendezvous port {addr}:{port} (in use? set the cluster's rdzv_port)"
+                            + (f": {r.stderr.strip()[-200:]}" if r else ""))
+        return
+    # give the listener a moment to bind: dialers retry until it is up or time runs out
+    dial = ("import socket, sys, time\nend = time.time() + float(sys.argv[3])\n"
+            "while True:\n    try:\n        socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2).close()"
+            "; print('connected'); break\n    except OSError as e:\n        if time.time() > end: print(e); sys.exit(1)\n"
+            "        time.sleep(0.1)\n")
+
+    def dialer(i):
+        try:
+            r = conns[i].run(f"{quote(cluster.python)} -c {quote(dial)} {quote(addr)} {port} {timeout:g}",
+                             timeout=timeout + 10, check=False)
+            ok = "connected" in r.stdout
+            reports[i].rdzv_ok = ok
+            if not ok:
+                reports[i].fail(f"cannot reach the rendezvous {addr}:{port} on the first node: "
+                                f"{(r.stdout + r.stderr).strip()[-200:]} (open the port or set rdzv_address)")
+        except SSHError as exc:
+            reports[i].fail(exc.reason)
+
+    with ThreadPoolExecutor(len(others)) as ex:
+        list(ex.map(dialer, others))
+    t.join(timeout + 15)
+    r = listen_res.get("r")
+    reports[0].rdzv_ok = bool(r and "listening" in r.stdout)
+    if not reports[0].rdzv_ok:
+        why = listen_res.get("e") or (r.stderr.strip()[-200:] if r else "no answer")
+        reports[0].fail(f"cannot listen on rendezvous port {addr}:{port} ({why}); is it in use? set rdzv_port")
+
+
+def preflight(cluster: Cluster, *, accept: Iterable[str] = (), timeout: float | None = None,
+              connections: list[Connection] | None = None, rendezvous: bool = True) -> PreflightReport:
+    """Check every host of `cluster` in parallel; never raises for a host problem."""
+    timeout = timeout or min(cluster.command_timeout, 30.0)
+    own = connections is None
+    conns = connections or [Connection.to(cluster, h, accept) for h in cluster.hosts]
+    try:
+        with ThreadPoolExecutor(len(conns)) as ex:
+            reports = list(ex.map(lambda c: probe_host(c, cluster, timeout), conns))
+        if rendezvous and all(r.ok for r in reports):
+            check_rendezvous(conns, cluster, reports, timeout)
+        return PreflightReport(reports)
+    finally:
+        if own:
+            for c in conns:
+                c.close()
+
+
+def check_devices(report: PreflightReport, world_size: int, nproc_per_node: int) -> list[str]:
+    """The plan against the real devices: enough GPUs on every node (or CPU processes)."""
+    errs = []
+    nnodes = len(report.hosts)
+    if nproc_per_node * nnodes != world_size:
+        errs.append(f"the plan needs {world_size} processes but {nnodes} node(s) x {nproc_per_node} per node = "
+                    f"{nnodes * nproc_per_node}; change placement (pp x dp x tp) or the cluster's nproc_per_node")
+    for h in report.hosts:
+        if h.gpus and len(h.gpus) < nproc_per_node:
+            errs.append(f"{h.host}: {nproc_per_node} processes per node but only {len(h.gpus)} GPU(s)")
+    kinds = {bool(h.gpus) for h in report.hosts}
+    if len(kinds) > 1:
+        errs.append("some nodes have GPUs and some do not; use nodes of one kind")
+    return errs

@@ -1,0 +1,81 @@
+"""Preflight against the real sshd pair, and nvidia-smi parsing on captured output formats
+(no GPU here: these strings are what `nvidia-smi --query-gpu=index,name,memory.total,
+memory.used,utilization.gpu --format=csv,noheader,nounits` prints on real machines)."""
+from __future__ import annotations
+
+import pytest
+
+from remote.cluster import parse_cluster
+from remote.preflight import check_devices, parse_nvidia_smi, preflight
+
+from sshd_helpers import free_port
+
+A100_X2 = "0, NVIDIA A100-SXM4-80GB, 81920, 0, 0\n1, NVIDIA A100-SXM4-80GB, 81920, 40211, 97\n"
+CONSUMER_NA = "0, NVIDIA GeForce RTX 3090, 24576, 1234, [N/A]\n"
+MIG_UNSUPPORTED = "0, NVIDIA H100 80GB HBM3, 81559, [N/A], [Not Supported]\n"
+DRIVER_DOWN = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that "
+               "the latest NVIDIA driver is installed and running.\n")
+NO_DEVICES = "No devices were found\n"
+
+
+def test_parse_nvidia_smi_formats():
+    gpus, warn = parse_nvidia_smi(A100_X2)
+    assert [(g.index, g.name, g.memory_total_mb, g.memory_used_mb, g.utilization) for g in gpus] == [
+        (0, "NVIDIA A100-SXM4-80GB", 81920, 0, 0), (1, "NVIDIA A100-SXM4-80GB", 81920, 40211, 97)]
+    assert warn == [] and gpus[1].memory_free_mb == 81920 - 40211
+    (g,), _ = parse_nvidia_smi(CONSUMER_NA)
+    assert g.utilization is None and g.memory_used_mb == 1234
+    (g,), _ = parse_nvidia_smi(MIG_UNSUPPORTED)
+    assert g.memory_used_mb is None and g.memory_free_mb is None and g.name == "NVIDIA H100 80GB HBM3"
+    for text in (DRIVER_DOWN, NO_DEVICES):
+        gpus, warn = parse_nvidia_smi(text)
+        assert gpus == [] and len(warn) == 1 and "line 1" in warn[0]
+    assert parse_nvidia_smi("") == ([], [])
+    (g,), _ = parse_nvidia_smi("3, Weird, Name GPU, 16384, 1, 2\r\n\n")
+    assert (g.index, g.name, g.memory_total_mb) == (3, "Weird, Name GPU", 16384)
+
+
+def test_check_devices():
+    from remote.preflight import GPU, HostReport, PreflightReport
+    gpu = GPU(0, "x", 100.0, 0.0, 0.0)
+    rep = PreflightReport([HostReport("a", ok=True, gpus=[gpu]), HostReport("b", ok=True, gpus=[gpu])])
+    assert check_devices(rep, 2, 1) == []
+    errs = check_devices(rep, 4, 2)
+    assert any("only 1 GPU" in e for e in errs)
+    assert "needs 3 processes" in check_devices(rep, 3, 1)[0]
+
+
+def test_preflight_two_hosts(sshd_pair, tmp_path):
+    c = parse_cluster(sshd_pair.cluster("pair", tmp_path / "work", rdzv_port=free_port("127.0.0.2")))
+    rep = preflight(c)
+    assert rep.ok, rep.table()
+    for h in rep.hosts:
+        assert h.torch and h.python and h.cpus >= 1 and h.gpus == [] and h.free_disk_gb > 0 and h.rdzv_ok
+    table = rep.table()
+    assert "127.0.0.2" in table and "127.0.0.3" in table and "NO" not in table
+
+
+def test_preflight_names_the_failing_host(sshd_pair, tmp_path):
+    data = sshd_pair.cluster("pair", tmp_path / "work", rdzv_port=free_port("127.0.0.2"))
+    data["hosts"][1]["port"] = free_port("127.0.0.3")  # nobody listens there
+    rep = preflight(parse_cluster(data))
+    assert not rep.ok
+    assert rep.hosts[0].ok and not rep.hosts[1].ok
+    assert rep.failures == [f"root@127.0.0.3:{data['hosts'][1]['port']}: " + rep.hosts[1].error]
+    assert "cannot connect" in rep.hosts[1].error
+    bad_py = parse_cluster(sshd_pair.cluster("pair", tmp_path / "work", n_hosts=1, python="/nonexistent/python"))
+    rep = preflight(bad_py)
+    assert not rep.ok and "does not run" in rep.hosts[0].error
+
+
+def test_rendezvous_port_in_use(sshd_pair, tmp_path):
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.2", 0))
+    s.listen(1)
+    try:
+        c = parse_cluster(sshd_pair.cluster("pair", tmp_path / "w", rdzv_port=s.getsockname()[1], n_hosts=1))
+        rep = preflight(c, timeout=5)
+        assert not rep.ok and "rendezvous" in rep.hosts[0].error
+    finally:
+        s.close()
