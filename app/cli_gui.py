@@ -1,0 +1,134 @@
+"""GUI commands: bare `python main.py` (the editor with the last project or the
+bundled example), `open PROJECT`, and `screenshot PROJECT -o FILE.png`, which
+renders the real main window offscreen and exits (how docs and checks see the app).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("open", help="open a project in the editor")
+    p.add_argument("project")
+    p.set_defaults(func=cmd_open)
+
+    p = sub.add_parser("screenshot", help="render the main window with a project to a PNG, offscreen")
+    p.add_argument("project")
+    p.add_argument("-o", "--output", required=True, help="PNG file to write")
+    p.add_argument("--theme", choices=("light", "dark"), default="light")
+    p.add_argument("--size", default="1600x1000", help="window size WxH (default 1600x1000)")
+    p.add_argument("--select", help="node to select (shown in the inspector)")
+    p.add_argument("--zoom", type=float, help="zoom in percent (default: fit, but at least 60%% from the left)")
+    p.add_argument("--run", help="a run folder to show in the run dashboard (needs the dashboard)")
+    p.set_defaults(func=cmd_screenshot)
+
+
+def _app(offscreen: bool = False):
+    if offscreen or (sys.platform.startswith("linux") and not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY")):
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("Layerflow")
+    app.setOrganizationName("Layerflow")
+    return app
+
+
+def _start_project(path: str | None):
+    """The project to open first: the given one, else the last one, else the example."""
+    from app.main_window import EXAMPLE
+    from app.settings import Settings
+    from engine.project import Project, load_project
+
+    candidates = [path] if path else [Settings().last_project(), str(EXAMPLE)]
+    for c in candidates:
+        if c and Path(c).exists():
+            return load_project(c)
+    if path:
+        from app.cli import CliError
+
+        raise CliError(f"{path}: no such file")
+    return Project()
+
+
+def _run_window(project_path: str | None) -> int:
+    app = _app()
+    from app.main_window import MainWindow
+
+    project = _start_project(project_path)
+    w = MainWindow(project)
+    if project.path:
+        w.settings.add_recent(project.path)
+    w.show()
+    return app.exec()
+
+
+def default(args) -> int:
+    return _run_window(None)
+
+
+def cmd_open(args) -> int:
+    return _run_window(args.project)
+
+
+def _frame(view, zoom: float | None) -> None:
+    """Fit the diagram; if that makes labels unreadably small, show its start
+    at a readable zoom instead (the minimap still shows the whole)."""
+    from PySide6.QtCore import QPointF
+
+    view.fit()
+    if zoom is None and view.zoom() >= 0.6:
+        return
+    view.set_zoom((zoom or 60.0) / 100.0)
+    items = view.scene().itemsBoundingRect()
+    vis = view.visible_scene_rect()
+    view.centerOn(QPointF(items.left() - 30 + vis.width() / 2, items.center().y()))
+
+
+def cmd_screenshot(args) -> int:
+    from app.cli import CliError
+    from engine.project import load_project
+
+    try:
+        w_px, h_px = (int(v) for v in args.size.lower().split("x"))
+    except ValueError:
+        raise CliError(f"--size must look like 1600x1000, not '{args.size}'") from None
+    project = load_project(args.project)
+    app = _app(offscreen=True)
+    from app.main_window import MainWindow
+    from app.settings import Settings
+
+    # A throwaway settings folder: no recovery prompt, no change to the user's recent files.
+    with tempfile.TemporaryDirectory(prefix="layerflow-shot-") as tmp:
+        w = MainWindow(project, settings=Settings(Path(tmp)), recover=False)
+        w.apply_theme(args.theme)
+        w.resize(w_px, h_px)
+        w.show()
+        app.processEvents()
+        w.controller.flush()
+        if args.select:
+            if args.select not in project.graph.nodes:
+                raise CliError(f"--select: no node named '{args.select}' in {args.project}")
+            w.scene.select_nodes([args.select])
+        if args.run:
+            try:
+                w.open_run(args.run)
+            except RuntimeError as exc:
+                raise CliError(str(exc)) from None
+        for _ in range(3):
+            app.processEvents()
+        _frame(w.view, args.zoom)
+        w.view.minimap._render()
+        app.processEvents()
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if not w.grab().save(str(out), "PNG"):
+            raise CliError(f"{out}: cannot write the PNG")
+        w.controller.stack.setClean()  # nothing to ask about on close
+        w.close()
+    print(f"wrote {out} ({w_px}x{h_px}, {args.theme})")
+    return 0

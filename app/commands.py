@@ -1,0 +1,239 @@
+"""Undo commands. Each one changes only the model (engine.graph.Graph or the
+project's placement), captures what it needs to undo in __init__, and is
+replayable: ids of new nodes are chosen once, in __init__, so redo after undo
+makes the very same nodes. Compound edits are macros on the stack (controller).
+
+Undo restores the model exactly, including the order of nodes and edges, so a
+diagram after undo equals (==) the one before the edit.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from PySide6.QtGui import QUndoCommand
+
+from engine.graph import Edge, Graph, Node
+
+
+def _restore_order(graph: Graph, node_order: list[str], edge_order: list[Edge]) -> None:
+    """Put nodes and edges back in their old order (the order is part of ==)."""
+    rank = {n: i for i, n in enumerate(node_order)}
+    graph.nodes = dict(sorted(graph.nodes.items(), key=lambda kv: rank.get(kv[0], len(rank))))
+    erank = {e: i for i, e in enumerate(edge_order)}
+    graph.edges.sort(key=lambda e: erank.get(e, len(erank)))
+
+
+class AddNode(QUndoCommand):
+    def __init__(self, graph: Graph, node_type: str, pos: tuple[float, float], params: dict | None = None,
+                 node_id: str | None = None):
+        self.graph = graph
+        self.node = Node(node_id or graph.unique_id(node_type), node_type, dict(params or {}), (float(pos[0]), float(pos[1])))
+        super().__init__(f"Add {node_type} '{self.node.id}'")
+
+    def redo(self) -> None:
+        self.graph.insert_node(copy.deepcopy(self.node))
+
+    def undo(self) -> None:
+        self.graph.remove_node(self.node.id)
+
+
+class AddSubgraph(QUndoCommand):
+    """Paste/duplicate: insert nodes (already renamed to be unique) and their edges."""
+
+    def __init__(self, graph: Graph, sub: dict, text: str = "Paste"):
+        self.graph = graph
+        self.nodes = [Node.from_dict(d) for d in sub["nodes"]]
+        self.edges = [Edge.from_dict(d) for d in sub["edges"]]
+        super().__init__(f"{text} {len(self.nodes)} node(s)")
+
+    def redo(self) -> None:
+        for n in self.nodes:
+            self.graph.insert_node(copy.deepcopy(n))
+        for e in self.edges:
+            self.graph.add_edge_unchecked(e)
+
+    def undo(self) -> None:
+        for n in reversed(self.nodes):
+            self.graph.remove_node(n.id)
+
+
+class RemoveItems(QUndoCommand):
+    """Delete nodes (with their edges) and edges."""
+
+    def __init__(self, graph: Graph, node_ids: list[str], edges: list[Edge] = ()):
+        self.graph = graph
+        self.node_ids = [n for n in graph.nodes if n in set(node_ids)]
+        self.nodes = [copy.deepcopy(graph.nodes[n]) for n in self.node_ids]
+        gone = set(self.node_ids)
+        self.edges = [e for e in graph.edges if e in set(edges) or e.src in gone or e.dst in gone]
+        self.node_order = list(graph.nodes)
+        self.edge_order = list(graph.edges)
+        what = f"{len(self.nodes)} node(s)" if self.nodes else f"{len(self.edges)} connection(s)"
+        super().__init__(f"Delete {what}")
+
+    def redo(self) -> None:
+        for e in self.edges:
+            if e in self.graph.edges:
+                self.graph.disconnect(e)
+        for n in self.node_ids:
+            self.graph.remove_node(n)
+
+    def undo(self) -> None:
+        for n in self.nodes:
+            self.graph.insert_node(copy.deepcopy(n))
+        for e in self.edges:
+            self.graph.add_edge_unchecked(e)
+        _restore_order(self.graph, self.node_order, self.edge_order)
+
+
+class Connect(QUndoCommand):
+    def __init__(self, graph: Graph, edge: Edge):
+        self.graph, self.edge = graph, edge
+        super().__init__(f"Connect {edge.src}.{edge.src_port} → {edge.dst}.{edge.dst_port}")
+
+    def redo(self) -> None:
+        self.graph.connect(self.edge.src, self.edge.src_port, self.edge.dst, self.edge.dst_port)
+
+    def undo(self) -> None:
+        self.graph.disconnect(self.edge)
+
+
+class SetParam(QUndoCommand):
+    """One parameter of one node. Consecutive edits of the same field merge
+    (spin-box arrows), so undo steps are per field, not per click."""
+
+    ID = 1001
+
+    def __init__(self, graph: Graph, node_id: str, key: str, value: Any):
+        self.graph, self.node_id, self.key, self.value = graph, node_id, key, copy.deepcopy(value)
+        self.old = copy.deepcopy(graph.nodes[node_id].params.get(key))
+        self.edge_order = list(graph.edges)
+        self.dropped: list[Edge] = []  # edges on ports that vanish (Concat.num_inputs)
+        super().__init__(f"Set {node_id}.{key}")
+
+    def id(self) -> int:
+        return self.ID
+
+    def mergeWith(self, other) -> bool:  # noqa: N802 (Qt API)
+        if not isinstance(other, SetParam) or (other.node_id, other.key) != (self.node_id, self.key) or other.dropped:
+            return False
+        self.value = other.value
+        return True
+
+    def redo(self) -> None:
+        before = set(self.graph.edges)
+        self.graph.set_param(self.node_id, self.key, copy.deepcopy(self.value))
+        self.dropped = [e for e in self.edge_order if e in before and e not in self.graph.edges]
+
+    def undo(self) -> None:
+        self.graph.set_param(self.node_id, self.key, copy.deepcopy(self.old))
+        for e in self.dropped:
+            self.graph.add_edge_unchecked(e)
+        if self.dropped:
+            _restore_order(self.graph, list(self.graph.nodes), self.edge_order)
+
+
+class MoveNodes(QUndoCommand):
+    """One drag of any number of nodes: a single undo step."""
+
+    def __init__(self, graph: Graph, moves: dict[str, tuple[tuple[float, float], tuple[float, float]]], text: str = ""):
+        self.graph, self.moves = graph, dict(moves)
+        super().__init__(text or (f"Move {next(iter(moves))}" if len(moves) == 1 else f"Move {len(moves)} nodes"))
+
+    def redo(self) -> None:
+        for nid, (_, new) in self.moves.items():
+            self.graph.move(nid, new)
+
+    def undo(self) -> None:
+        for nid, (old, _) in self.moves.items():
+            self.graph.move(nid, old)
+
+
+class SetPlacement(QUndoCommand):
+    def __init__(self, graph: Graph, node_ids: list[str], key: str, value: Any):
+        self.graph, self.key, self.value = graph, key, value
+        self.old = {n: getattr(graph.nodes[n], key) for n in node_ids}
+        super().__init__(f"Set {key} of {', '.join(node_ids) if len(node_ids) <= 3 else f'{len(node_ids)} nodes'}")
+
+    def redo(self) -> None:
+        for n in self.old:
+            self.graph.set_placement(n, **{self.key: self.value})
+
+    def undo(self) -> None:
+        for n, v in self.old.items():
+            self.graph.set_placement(n, **{self.key: v})
+
+
+class SetGroup(QUndoCommand):
+    def __init__(self, graph: Graph, node_ids: list[str], group: str | None, text: str):
+        self.graph, self.group = graph, group
+        self.old = {n: graph.nodes[n].group for n in node_ids}
+        super().__init__(text)
+
+    def redo(self) -> None:
+        for n in self.old:
+            self.graph.set_group(n, self.group)
+
+    def undo(self) -> None:
+        for n, g in self.old.items():
+            self.graph.set_group(n, g)
+
+
+class Rename(QUndoCommand):
+    def __init__(self, graph: Graph, old: str, new: str):
+        self.graph, self.old, self.new = graph, old, new
+        self.node_order = list(graph.nodes)
+        super().__init__(f"Rename {old} → {new}")
+
+    def redo(self) -> None:
+        self.graph.rename_node(self.old, self.new)
+
+    def undo(self) -> None:
+        self.graph.rename_node(self.new, self.old)
+
+
+class Disconnect(QUndoCommand):
+    def __init__(self, graph: Graph, edges: list[Edge]):
+        self.graph, self.edges = graph, list(edges)
+        self.edge_order = list(graph.edges)
+        super().__init__(f"Disconnect {len(edges)} connection(s)")
+
+    def redo(self) -> None:
+        for e in self.edges:
+            self.graph.disconnect(e)
+
+    def undo(self) -> None:
+        for e in self.edges:
+            self.graph.add_edge_unchecked(e)
+        _restore_order(self.graph, list(self.graph.nodes), self.edge_order)
+
+
+class SetProjectPlacement(QUndoCommand):
+    """A mesh setting of the project (pp/dp/tp/...); `changed` repaints views."""
+
+    ID = 1002
+
+    def __init__(self, project, key: str, value: Any, changed=lambda: None):
+        self.project, self.key, self.value, self.changed = project, key, value, changed
+        self.old = getattr(project.placement, key)
+        super().__init__(f"Set {key} = {value}")
+
+    def id(self) -> int:
+        return self.ID
+
+    def mergeWith(self, other) -> bool:  # noqa: N802
+        if not isinstance(other, SetProjectPlacement) or other.key != self.key:
+            return False
+        self.value = other.value
+        return True
+
+    def _set(self, value) -> None:
+        self.project.placement = self.project.placement.model_copy(update={self.key: value})
+        self.changed()
+
+    def redo(self) -> None:
+        self._set(self.value)
+
+    def undo(self) -> None:
+        self._set(self.old)

@@ -1,0 +1,348 @@
+"""The editor controller: turns gestures and menu actions into undo commands on
+the project's graph, recompiles after edits (debounced) and hands the results to
+the views. Every action here is a plain method, so tests and the CLI call the
+same code the buttons do.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from PySide6.QtCore import QMimeData, QObject, QPointF, QTimer, Signal
+from PySide6.QtGui import QUndoStack
+from PySide6.QtWidgets import QApplication
+
+from app import commands as C
+from app.controller_layout import COL_W, layered_layout
+from engine.compile import compile_graph
+from engine.graph import Edge, GraphError
+from engine.layers import get_layer
+from engine.project import Project
+from widgets.node_scene import NodeScene
+
+CLIP_MIME = "application/x-layerflow-nodes"
+COMPILE_DELAY_MS = 60
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    """A free identifier like base, base_2, base_3 ..."""
+    if base not in taken:
+        return base
+    stem = re.sub(r"(_\d+)$", "", base)
+    i = 2
+    while f"{stem}_{i}" in taken:
+        i += 1
+    return f"{stem}_{i}"
+
+
+def plan_notes(plan) -> tuple[dict[Edge, str], list[tuple[str, int, str]], list[str]]:
+    """(edge labels, device memory rows, text lines) from an engine.planner Plan.
+
+    The planner is written in parallel with this file; read only what exists."""
+    notes: dict[Edge, str] = {}
+    rows: list[tuple[str, int, str]] = []
+    lines: list[str] = []
+    if plan is None:
+        return notes, rows, lines
+    from widgets.style import human_bytes
+
+    for c in getattr(plan, "comms", None) or getattr(plan, "edges", None) or []:
+        get = (lambda k, c=c: c.get(k)) if isinstance(c, dict) else (lambda k, c=c: getattr(c, k, None))
+        src, dst = get("src"), get("dst")
+        kind = get("kind") or get("op") or "comm"
+        nbytes = get("bytes") or get("bytes_per_step") or 0
+        e = Edge(src, get("src_port") or "out", dst, get("dst_port") or "in")
+        text = f"{kind} {human_bytes(nbytes)}/step" if nbytes else str(kind)
+        notes[e] = (notes[e] + ", " + text) if e in notes else text
+    for d in getattr(plan, "devices", None) or []:
+        get = (lambda k, d=d: d.get(k)) if isinstance(d, dict) else (lambda k, d=d: getattr(d, k, None))
+        name = str(get("name") or get("rank") or len(rows))
+        mem = get("memory_bytes") or get("memory") or 0
+        rows.append((f"device {name}", int(mem), str(get("stage") if get("stage") is not None else "")))
+    summary = getattr(plan, "summary", None)
+    if callable(summary):
+        try:
+            lines = str(summary()).splitlines()
+        except Exception:  # noqa: BLE001 - a broken plan must not break the editor
+            lines = []
+    return notes, rows, lines
+
+
+class EditorController(QObject):
+    compiled = Signal(object)  # CompileResult
+    status = Signal(str)
+    placement_changed = Signal()
+    plan_changed = Signal(object)  # (notes, rows, lines)
+
+    def __init__(self, project: Project | None = None, parent=None):
+        super().__init__(parent)
+        self.stack = QUndoStack(self)
+        self.scene = NodeScene(parent=self)
+        self.scene.connect_requested.connect(self.connect_ports)
+        self.scene.nodes_moved.connect(self.move_nodes)
+        self.result = None
+        self.plan = None
+        self.plan_error: str | None = None
+        self.plan_info = ({}, [], [])
+        self._timer = QTimer(self, singleShot=True, interval=COMPILE_DELAY_MS, timeout=self.compile_now)
+        self.project: Project | None = None
+        self.set_project(project or Project())
+
+    # ----- project ------------------------------------------------------------
+    def set_project(self, project: Project) -> None:
+        if self.project is not None:
+            self.project.graph.unsubscribe(self._on_graph_event)
+        self.project = project
+        self.stack.clear()
+        self.scene.set_graph(project.graph)
+        project.graph.subscribe(self._on_graph_event)
+        self.compile_now()
+
+    @property
+    def graph(self):
+        return self.project.graph
+
+    def _on_graph_event(self, ev) -> None:
+        self._timer.start()
+
+    def compile_now(self) -> None:
+        """Shapes, counts and errors for the views (10-50 ms for the examples)."""
+        self._timer.stop()
+        self.result = compile_graph(self.graph)
+        self._make_plan()
+        self.scene.set_result(self.result, self.plan_info[0])
+        self.compiled.emit(self.result)
+
+    def _make_plan(self) -> None:
+        """The distributed plan, if engine/planner.py exists; nothing otherwise."""
+        self.plan, self.plan_error = None, None
+        try:
+            from engine import planner  # noqa: PLC0415 - optional, written in parallel
+        except ImportError:
+            self.plan_info = ({}, [], [])
+            return
+        make = getattr(planner, "make_plan", None)
+        if make is None or not self.result.ok:
+            self.plan_info = ({}, [], [])
+            return
+        try:
+            self.plan = make(self.project)
+        except Exception as exc:  # noqa: BLE001 - shown to the user, never a crash
+            self.plan_error = str(exc)
+        self.plan_info = plan_notes(self.plan)
+        if self.plan_error:
+            self.plan_info = (self.plan_info[0], self.plan_info[1], [f"plan: {self.plan_error}"])
+        self.plan_changed.emit(self.plan_info)
+
+    def flush(self) -> None:
+        """Run a pending compile now (before saving, screenshots, tests)."""
+        if self._timer.isActive():
+            self.compile_now()
+
+    def push(self, cmd) -> bool:
+        """Push a command; a refused edit becomes a status message, not a crash."""
+        try:
+            self.stack.push(cmd)
+        except GraphError as exc:
+            self.status.emit(str(exc))
+            # the failed redo left the command on the stack: drop it
+            if self.stack.count() and self.stack.command(self.stack.count() - 1) is cmd:
+                self.stack.undo()
+            return False
+        return True
+
+    # ----- nodes and edges ----------------------------------------------------
+    def add_node(self, node_type: str, pos: QPointF | tuple = (0.0, 0.0), params: dict | None = None) -> str | None:
+        if get_layer(node_type) is None:
+            self.status.emit(f"unknown layer type '{node_type}'")
+            return None
+        if isinstance(pos, QPointF):
+            pos = (pos.x(), pos.y())
+        pos = (round(pos[0] / 20) * 20.0, round(pos[1] / 20) * 20.0) if self.scene.snap else pos
+        cmd = C.AddNode(self.graph, node_type, pos, params)
+        self.push(cmd)
+        self.scene.select_nodes([cmd.node.id])
+        return cmd.node.id
+
+    def connect_ports(self, src: str, src_port: str, dst: str, dst_port: str) -> bool:
+        why = self.graph.check_connect(src, src_port, dst, dst_port)
+        if why:
+            self.status.emit(f"Cannot connect: {why}")
+            return False
+        ok = self.push(C.Connect(self.graph, Edge(src, src_port, dst, dst_port)))
+        if ok:
+            self.status.emit(f"Connected {src}.{src_port} → {dst}.{dst_port}")
+        return ok
+
+    def move_nodes(self, moves: dict) -> None:
+        self.push(C.MoveNodes(self.graph, moves))
+
+    def set_param(self, node_id: str, key: str, value) -> None:
+        if self.graph.nodes[node_id].params.get(key) != value:
+            self.push(C.SetParam(self.graph, node_id, key, value))
+
+    def rename(self, old: str, new: str) -> bool:
+        if new in self.graph.nodes or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", new):
+            self.status.emit(f"Cannot rename '{old}' to '{new}': " + (
+                "that name is taken" if new in self.graph.nodes else "use letters, digits and _, not starting with a digit"))
+            return False
+        ok = self.push(C.Rename(self.graph, old, new))
+        if ok:
+            self.scene.select_nodes([new])
+        return ok
+
+    def set_placement(self, node_ids: list[str], key: str, value) -> None:
+        ids = [n for n in node_ids if getattr(self.graph.nodes[n], key) != value]
+        if ids:
+            self.push(C.SetPlacement(self.graph, ids, key, value))
+
+    def set_mesh(self, key: str, value) -> None:
+        if getattr(self.project.placement, key) != value:
+            self.push(C.SetProjectPlacement(self.project, key, value, self._placement_changed))
+
+    def _placement_changed(self) -> None:
+        self.placement_changed.emit()
+        self._timer.start()
+
+    def delete_selected(self) -> None:
+        ids, edges = self.scene.selected_ids(), self.scene.selected_edges()
+        if ids or edges:
+            self.push(C.RemoveItems(self.graph, ids, edges))
+
+    def select_all(self) -> None:
+        self.scene.select_nodes(self.graph.nodes)
+
+    # ----- clipboard ----------------------------------------------------------
+    def copy(self) -> bool:
+        ids = self.scene.selected_ids()
+        if not ids:
+            self.status.emit("Nothing selected to copy")
+            return False
+        data = json.dumps(self.graph.subgraph_dict(ids))
+        m = QMimeData()
+        m.setData(CLIP_MIME, data.encode())
+        m.setText(data)
+        QApplication.clipboard().setMimeData(m)
+        self.status.emit(f"Copied {len(ids)} node(s)")
+        return True
+
+    def cut(self) -> None:
+        if self.copy():
+            self.stack.beginMacro("Cut")
+            self.delete_selected()
+            self.stack.endMacro()
+
+    def paste(self, at: QPointF | None = None) -> list[str]:
+        m = QApplication.clipboard().mimeData()
+        if m is None or not m.hasFormat(CLIP_MIME):
+            self.status.emit("The clipboard holds no Layerflow nodes")
+            return []
+        try:
+            sub = json.loads(bytes(m.data(CLIP_MIME)).decode())
+        except (ValueError, UnicodeDecodeError):
+            self.status.emit("The clipboard's Layerflow data is damaged")
+            return []
+        return self.insert_subgraph(sub, at, "Paste")
+
+    def duplicate(self) -> list[str]:
+        ids = self.scene.selected_ids()
+        return self.insert_subgraph(self.graph.subgraph_dict(ids), None, "Duplicate") if ids else []
+
+    def insert_subgraph(self, sub: dict, at: QPointF | None, text: str, offset=(40.0, 40.0), group_map=None) -> list[str]:
+        """Insert copies with fresh names; groups get fresh names too."""
+        taken = set(self.graph.nodes)
+        groups_taken = {n.group for n in self.graph.nodes.values() if n.group}
+        rename, group_map = {}, dict(group_map or {})
+        nodes = [dict(d) for d in sub.get("nodes", [])]
+        if not nodes:
+            return []
+        if at is not None:
+            x0 = min(d["pos"][0] for d in nodes)
+            y0 = min(d["pos"][1] for d in nodes)
+            offset = (at.x() - x0, at.y() - y0)
+        for d in nodes:
+            new = _fresh(d["id"], taken)
+            taken.add(new)
+            rename[d["id"]] = new
+            d["id"] = new
+            d["pos"] = [d["pos"][0] + offset[0], d["pos"][1] + offset[1]]
+            if d.get("group"):
+                if d["group"] not in group_map:
+                    g = _fresh(d["group"], groups_taken)
+                    groups_taken.add(g)
+                    group_map[d["group"]] = g
+                d["group"] = group_map[d["group"]]
+        edges = [dict(e, src=rename[e["src"]], dst=rename[e["dst"]]) for e in sub.get("edges", [])
+                 if e["src"] in rename and e["dst"] in rename]
+        self.push(C.AddSubgraph(self.graph, {"nodes": nodes, "edges": edges}, text))
+        self.scene.select_nodes(rename.values())
+        return list(rename.values())
+
+    # ----- groups -------------------------------------------------------------
+    def group_selected(self, name: str | None = None) -> str | None:
+        ids = self.scene.selected_ids()
+        if not ids:
+            self.status.emit("Select the nodes to group first")
+            return None
+        groups = {n.group for n in self.graph.nodes.values() if n.group}
+        name = name or _fresh("block", groups)
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_ -]*$", name):
+            self.status.emit(f"'{name}' is not a usable block name")
+            return None
+        self.push(C.SetGroup(self.graph, ids, name, f"Group {len(ids)} node(s) as '{name}'"))
+        return name
+
+    def ungroup_selected(self) -> None:
+        groups = {self.graph.nodes[n].group for n in self.scene.selected_ids()} - {None}
+        ids = [n for n, node in self.graph.nodes.items() if node.group in groups]
+        if ids:
+            self.push(C.SetGroup(self.graph, ids, None, f"Ungroup {', '.join(sorted(groups))}"))
+
+    def members(self, group: str) -> list[str]:
+        return [n for n, node in self.graph.nodes.items() if node.group == group]
+
+    def repeat_block(self, group: str, times: int) -> bool:
+        """Stack `times` copies of a block in a chain (stacked transformer layers).
+
+        The block must take one value in (any number of edges from one output)
+        and give one value out; the copies are chained value to value and what
+        consumed the block's output now consumes the last copy's."""
+        ids = set(self.members(group))
+        if not ids or times < 2:
+            return False
+        ins = [e for e in self.graph.edges if e.dst in ids and e.src not in ids]
+        outs = [e for e in self.graph.edges if e.src in ids and e.dst not in ids]
+        in_vals = {(e.src, e.src_port) for e in ins}
+        out_vals = {(e.src, e.src_port) for e in outs}
+        if len(in_vals) != 1 or len(out_vals) != 1:
+            self.status.emit(f"Block '{group}' has {len(in_vals)} input value(s) and {len(out_vals)} output value(s): "
+                             "it needs exactly one of each to be repeated")
+            return False
+        (exit_node, exit_port), = out_vals
+        sub = self.graph.subgraph_dict(ids)
+        width = max(n.pos[0] for n in (self.graph.nodes[i] for i in ids)) - min(n.pos[0] for n in (self.graph.nodes[i] for i in ids)) + COL_W
+        self.stack.beginMacro(f"Repeat block '{group}' ×{times}")
+        for e in outs:
+            self.push(C.Disconnect(self.graph, [e]))
+        prev_exit = (exit_node, exit_port)
+        for k in range(1, times):
+            new_ids = self.insert_subgraph(sub, None, "Repeat", offset=(width * k, 0.0))
+            rename = dict(zip([d["id"] for d in sub["nodes"]], new_ids))
+            for e in ins:
+                self.push(C.Connect(self.graph, Edge(prev_exit[0], prev_exit[1], rename[e.dst], e.dst_port)))
+            prev_exit = (rename[exit_node], exit_port)
+        for e in outs:
+            self.push(C.Connect(self.graph, Edge(prev_exit[0], prev_exit[1], e.dst, e.dst_port)))
+        self.auto_layout()
+        self.stack.endMacro()
+        return True
+
+    # ----- layout -------------------------------------------------------------
+    def auto_layout(self, selection_only: bool = False) -> None:
+        ids = self.scene.selected_ids() if selection_only else None
+        if selection_only and len(ids) < 2:
+            ids = None
+        pos = layered_layout(self.graph, ids)
+        moves = {n: (self.graph.nodes[n].pos, p) for n, p in pos.items() if self.graph.nodes[n].pos != p}
+        if moves:
+            self.push(C.MoveNodes(self.graph, moves, "Auto-layout"))

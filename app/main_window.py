@@ -1,0 +1,561 @@
+"""The main window: canvas in the middle, palette left, inspector and devices
+right, problems and summary below; menus, shortcuts, files, autosave, themes.
+
+Other areas extend the window without editing this file: append a callable
+`ext(window)` to EXTENSIONS (called at the end of __init__) and use the public
+`add_dock`, `run_toolbar`, `project`, `project_changed` and `run_openers`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, QPointF, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QActionGroup, QColor, QIcon, QKeySequence, QPalette
+from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QInputDialog, QLabel, QMainWindow,
+                               QMessageBox, QStyle, QToolBar)
+
+from app.controller import EditorController
+from app.settings import Settings
+from engine.project import SUFFIX, Project, ProjectError, load_project, save_project
+from widgets.devices import DevicesPanel
+from widgets.inspector import Inspector
+from widgets.node_view import NodeView
+from widgets.palette import LayerPalette
+from widgets.problems import ProblemsList
+from widgets.style import theme as scene_theme
+from widgets.summary import SummaryPanel
+
+ROOT = Path(__file__).resolve().parents[1]
+RESOURCES = ROOT / "resources"
+EXAMPLE = RESOURCES / "examples" / "transformer_synthetic.lflow"
+
+# Callables ext(window), run at the end of MainWindow.__init__ (see the module doc).
+EXTENSIONS: list = []
+
+
+def _slug(title: str) -> str:
+    return "dock_" + "".join(c if c.isalnum() else "_" for c in title.lower())
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+class MainWindow(QMainWindow):
+    project_changed = Signal()
+
+    def __init__(self, project: Project | None = None, settings: Settings | None = None, recover: bool = True):
+        super().__init__()
+        self.settings = settings or Settings()
+        self.run_openers: list = []  # callables (window, run_dir) from the run dashboard
+        self._dirty_extra = False  # recovered content that is not on disk yet
+        self._autosave_key = f"{os.getpid()}-{id(self)}"
+        self.controller = EditorController(project)
+        self.controller.setParent(self)
+        self.scene = self.controller.scene
+        self.view = NodeView(self.scene)
+        self.setCentralWidget(self.view)
+        self.setWindowIcon(QIcon(str(RESOURCES / "icons" / "layerflow.svg")))
+        self.resize(1440, 900)
+        self.setCorner(Qt.BottomLeftCorner, Qt.LeftDockWidgetArea)
+        self.setCorner(Qt.BottomRightCorner, Qt.RightDockWidgetArea)
+        self.setDockOptions(QMainWindow.AnimatedDocks | QMainWindow.AllowTabbedDocks)
+
+        self.palette = LayerPalette()
+        self.inspector = Inspector()
+        self.devices = DevicesPanel()
+        self.problems = ProblemsList()
+        self.summary = SummaryPanel()
+        self.actions: dict[str, QAction] = {}
+        self._panels_menu = None
+        self._build_actions()
+        self._build_menus()
+        self._build_toolbars()
+        self.palette_dock = self.add_dock("Layers", self.palette, Qt.LeftDockWidgetArea)
+        self.inspector_dock = self.add_dock("Inspector", self.inspector, Qt.RightDockWidgetArea)
+        self.devices_dock = self.add_dock("Devices", self.devices, Qt.RightDockWidgetArea)
+        self.tabifyDockWidget(self.inspector_dock, self.devices_dock)
+        self.inspector_dock.raise_()
+        self.problems_dock = self.add_dock("Problems", self.problems, Qt.BottomDockWidgetArea)
+        self.summary_dock = self.add_dock("Summary", self.summary, Qt.BottomDockWidgetArea)
+        self.tabifyDockWidget(self.problems_dock, self.summary_dock)
+        self.problems_dock.raise_()
+        self.resizeDocks([self.palette_dock, self.inspector_dock], [210, 330], Qt.Horizontal)
+        self.resizeDocks([self.problems_dock], [170], Qt.Vertical)
+        self.zoom_label = QLabel()
+        self.statusBar().addPermanentWidget(self.zoom_label)
+        self._wire()
+        self.apply_theme(self.settings.theme())
+        geo, state = self.settings.value("geometry"), self.settings.value("window_state")
+        if isinstance(geo, QByteArray):
+            self.restoreGeometry(geo)
+        if isinstance(state, QByteArray):
+            self.restoreState(state)
+        self._autosave_timer = QTimer(self, interval=1000 * self.settings.autosave_seconds(), timeout=self.autosave_now)
+        self._autosave_timer.start()
+        self._after_project_set()
+        if recover:
+            self.offer_recovery()
+        for ext in EXTENSIONS:
+            try:
+                ext(self)
+            except Exception as exc:  # noqa: BLE001 - an extension must not take the editor down
+                self.statusBar().showMessage(f"extension {getattr(ext, '__name__', ext)} failed: {exc}")
+        self.run_toolbar.setVisible(bool(self.run_toolbar.actions()))
+
+    # ----- public API for other areas ------------------------------------------
+    @property
+    def project(self) -> Project:
+        return self.controller.project
+
+    def add_dock(self, title: str, widget, area=Qt.RightDockWidgetArea) -> QDockWidget:
+        dock = QDockWidget(title, self)
+        dock.setObjectName(_slug(title))
+        dock.setWidget(widget)
+        self.addDockWidget(area, dock)
+        if self._panels_menu is not None:
+            self._panels_menu.addAction(dock.toggleViewAction())
+        return dock
+
+    def open_run(self, run_dir) -> None:
+        if not self.run_openers:
+            raise RuntimeError("no run dashboard is installed in this window")
+        for opener in self.run_openers:
+            opener(self, run_dir)
+
+    # ----- actions and menus --------------------------------------------------
+    def _act(self, key: str, text: str, slot, shortcut=None, icon=None, checkable=False, tip="") -> QAction:
+        a = QAction(text, self)
+        if shortcut is not None:
+            a.setShortcuts(shortcut if isinstance(shortcut, list) else [QKeySequence(shortcut)])
+        if icon is not None:
+            a.setIcon(self.style().standardIcon(icon))
+        a.setCheckable(checkable)
+        a.setStatusTip(tip)
+        a.setToolTip(f"{text.replace('&', '')} ({a.shortcut().toString()})" if shortcut else text.replace("&", ""))
+        a.triggered.connect(slot)
+        self.addAction(a)
+        self.actions[key] = a
+        return a
+
+    def _build_actions(self) -> None:
+        c = self.controller
+        S = QStyle
+        self._act("new", "&New", self.new_project, QKeySequence.New, S.SP_FileIcon)
+        self._act("open", "&Open…", lambda: self.open_project(), QKeySequence.Open, S.SP_DialogOpenButton)
+        self._act("save", "&Save", self.save, QKeySequence.Save, S.SP_DialogSaveButton)
+        self._act("save_as", "Save &As…", lambda: self.save_as(), QKeySequence.SaveAs)
+        self._act("quit", "&Quit", self.close, QKeySequence.Quit)
+        undo = c.stack.createUndoAction(self, "&Undo")
+        undo.setShortcut(QKeySequence.Undo)
+        undo.setIcon(self.style().standardIcon(S.SP_ArrowBack))
+        redo = c.stack.createRedoAction(self, "&Redo")
+        redo.setShortcuts([QKeySequence("Ctrl+Shift+Z"), QKeySequence("Ctrl+Y")])
+        redo.setIcon(self.style().standardIcon(S.SP_ArrowForward))
+        self.addAction(undo)
+        self.addAction(redo)
+        self.actions["undo"], self.actions["redo"] = undo, redo
+        self._act("cut", "Cu&t", c.cut, QKeySequence.Cut)
+        self._act("copy", "&Copy", c.copy, QKeySequence.Copy)
+        self._act("paste", "&Paste", lambda: c.paste(self._paste_pos()), QKeySequence.Paste)
+        self._act("duplicate", "&Duplicate", c.duplicate, "Ctrl+D")
+        self._act("delete", "&Delete", c.delete_selected, [QKeySequence(QKeySequence.Delete), QKeySequence("Backspace")])
+        self._act("select_all", "Select &All", c.select_all, QKeySequence.SelectAll)
+        self._act("rename", "Re&name…", self.rename_selected, "F2")
+        self._act("group", "&Group into Block…", self.group_selected, "Ctrl+G")
+        self._act("ungroup", "&Ungroup", c.ungroup_selected, "Ctrl+Shift+G")
+        self._act("repeat", "&Repeat Block…", self.repeat_selected, "Ctrl+R")
+        self._act("fit", "&Fit View", lambda: self.view.fit(), "F", S.SP_TitleBarMaxButton)
+        self._act("zoom_in", "Zoom &In", lambda: self.view.set_zoom(self.view.zoom() * 1.25), QKeySequence.ZoomIn)
+        self._act("zoom_out", "Zoom &Out", lambda: self.view.set_zoom(self.view.zoom() / 1.25), QKeySequence.ZoomOut)
+        self._act("zoom_reset", "&Actual Size", lambda: self.view.set_zoom(1.0), "Ctrl+0")
+        self._act("layout", "Auto-&Layout", lambda: c.auto_layout(), "Ctrl+L")
+        self._act("layout_sel", "Auto-Layout &Selection", lambda: c.auto_layout(True), "Ctrl+Shift+L")
+        snap = self._act("snap", "Snap to &Grid", self._toggle_snap, checkable=True)
+        snap.setChecked(True)
+        mm = self._act("minimap", "&Minimap", lambda on: self.view.minimap.setVisible(on), checkable=True)
+        mm.setChecked(True)
+        self._act("search", "Add Layer by &Name…", lambda: (self.view.setFocus(), self.view.open_search()))
+        group = QActionGroup(self)
+        for name in ("light", "dark"):
+            a = self._act(f"theme_{name}", name.capitalize(), lambda on, name=name: on and self.apply_theme(name), checkable=True)
+            group.addAction(a)
+        self._act("about", "&About Layerflow", self.about)
+
+    def _build_menus(self) -> None:
+        a = self.actions
+        m = self.menuBar().addMenu("&File")
+        for k in ("new", "open"):
+            m.addAction(a[k])
+        self.recent_menu = m.addMenu("Open &Recent")
+        self.recent_menu.aboutToShow.connect(self._fill_recent)
+        self._fill_recent()
+        m.addSeparator()
+        for k in ("save", "save_as"):
+            m.addAction(a[k])
+        m.addSeparator()
+        m.addAction(a["quit"])
+        m = self.menuBar().addMenu("&Edit")
+        for k in ("undo", "redo", None, "cut", "copy", "paste", "duplicate", "delete", None, "select_all", "rename",
+                  None, "group", "ungroup", "repeat"):
+            m.addSeparator() if k is None else m.addAction(a[k])
+        self.edit_menu = m
+        m = self.menuBar().addMenu("&View")
+        for k in ("fit", "zoom_in", "zoom_out", "zoom_reset", None, "layout", "layout_sel", None, "snap", "minimap", "search"):
+            m.addSeparator() if k is None else m.addAction(a[k])
+        tm = m.addMenu("&Theme")
+        tm.addAction(a["theme_light"])
+        tm.addAction(a["theme_dark"])
+        self._panels_menu = m.addMenu("&Panels")
+        m = self.menuBar().addMenu("&Help")
+        m.addAction(a["about"])
+
+    def _build_toolbars(self) -> None:
+        tb = QToolBar("Main", self)
+        tb.setObjectName("main_toolbar")
+        tb.setToolButtonStyle(Qt.ToolButtonTextBesideIcon)
+        for k in ("new", "open", "save", None, "undo", "redo", None, "fit", "layout", "group"):
+            tb.addSeparator() if k is None else tb.addAction(self.actions[k])
+        self.addToolBar(tb)
+        self.main_toolbar = tb
+        self.run_toolbar = QToolBar("Run", self)
+        self.run_toolbar.setObjectName("run_toolbar")
+        self.run_toolbar.setToolButtonStyle(Qt.ToolButtonTextBesideIcon)
+        self.addToolBar(self.run_toolbar)
+
+    def _fill_recent(self) -> None:
+        self.recent_menu.clear()
+        files = self.settings.recent_files()
+        for path in files:
+            act = self.recent_menu.addAction(Path(path).name, lambda p=path: self.open_project(p))
+            act.setToolTip(path)
+            act.setEnabled(Path(path).exists())
+        self.recent_menu.setEnabled(bool(files))
+
+    # ----- wiring -------------------------------------------------------------
+    def _wire(self) -> None:
+        c = self.controller
+        c.status.connect(lambda msg: self.statusBar().showMessage(msg, 10000))
+        c.compiled.connect(self._on_compiled)
+        c.placement_changed.connect(self._update_devices)
+        c.stack.cleanChanged.connect(self._update_title)
+        c.stack.indexChanged.connect(self._update_title)
+        self.scene.selectionChanged.connect(self._on_selection)
+        self.view.add_requested.connect(lambda t, pos: c.add_node(t, pos))
+        self.view.viewport_moved.connect(lambda: self.zoom_label.setText(f"{self.view.zoom() * 100:.0f}%"))
+        self.palette.add_requested.connect(lambda t: c.add_node(t, self.view.visible_scene_rect().center()))
+        self.inspector.param_edited.connect(c.set_param)
+        self.inspector.placement_edited.connect(lambda n, k, v: c.set_placement([n], k, v))
+        self.inspector.rename_requested.connect(c.rename)
+        self.problems.node_clicked.connect(self.select_and_show)
+        self.devices.mesh_edited.connect(c.set_mesh)
+        self.devices.assign_requested.connect(lambda s: c.set_placement(self.scene.selected_ids(), "stage", s))
+        self.devices.tp_requested.connect(self._set_tp)
+
+    def _set_tp(self, style) -> None:
+        from engine.layers import get_layer
+
+        ids = self.scene.selected_ids()
+        ok = [n for n in ids if style is None or style in (get_layer(self.project.graph.nodes[n].type).tp_styles or ())]
+        skipped = sorted(set(ids) - set(ok))
+        if ok:
+            self.controller.set_placement(ok, "tp", style)
+        if skipped:
+            self.statusBar().showMessage(f"TP style '{style}' does not apply to: {', '.join(skipped)}", 10000)
+
+    def _on_graph_event(self, ev) -> None:
+        nid = self.inspector.node_id
+        if ev.kind == "reset" or (ev.kind == "node_removed" and ev.node == nid):
+            self.inspector.show_node(self.project.graph, None)
+        elif ev.kind == "node_renamed" and ev.old == nid:
+            self.inspector.show_node(self.project.graph, ev.new, self.controller.result)
+        elif ev.node == nid and ev.kind in ("param_changed", "placement_changed"):
+            self.inspector.refresh_values()
+        if ev.kind in ("placement_changed", "node_added", "node_removed", "node_renamed", "reset"):
+            self._update_devices()
+
+    def _on_compiled(self, result) -> None:
+        self.problems.set_problems(result.errors, result.warnings)
+        self.summary.set_result(self.project.graph, result, self.project.training.batch_size)
+        self.summary.set_devices(self.controller.plan_info[1])
+        self.inspector.set_result(result)
+        self._update_devices()
+        n = len(result.errors)
+        self.problems_dock.setWindowTitle(f"Problems ({n})" if n else "Problems")
+
+    def _on_selection(self) -> None:
+        ids = self.scene.selected_ids()
+        if len(ids) == 1:
+            if self.inspector.node_id != ids[0]:
+                self.inspector.show_node(self.project.graph, ids[0], self.controller.result)
+        elif self.inspector.node_id is not None:
+            self.inspector.show_node(self.project.graph, None)
+        self._update_devices()
+
+    def _update_devices(self) -> None:
+        self.devices.set_state(self.project.placement, self.project.graph.nodes, self.scene.selected_ids(),
+                               self.controller.plan_info[2])
+
+    def select_and_show(self, node_id: str) -> None:
+        if node_id in self.scene.node_items:
+            self.scene.select_nodes([node_id])
+            self.view.centerOn(self.scene.node_items[node_id])
+
+    def _paste_pos(self) -> QPointF | None:
+        vp = self.view.viewport().mapFromGlobal(self.view.cursor().pos())
+        return self.view.mapToScene(vp) if self.view.viewport().rect().contains(vp) else None
+
+    def _toggle_snap(self, on: bool) -> None:
+        self.scene.snap = on
+
+    # ----- editing dialogs ----------------------------------------------------
+    def rename_selected(self) -> None:
+        ids = self.scene.selected_ids()
+        if len(ids) != 1:
+            self.statusBar().showMessage("Select one node to rename", 5000)
+            return
+        name, ok = QInputDialog.getText(self, "Rename node", "New name:", text=ids[0])
+        if ok and name.strip():
+            self.controller.rename(ids[0], name.strip())
+
+    def group_selected(self) -> None:
+        if not self.scene.selected_ids():
+            self.statusBar().showMessage("Select the nodes to group first", 5000)
+            return
+        from app.controller import _fresh
+
+        default = _fresh("block", {n.group for n in self.project.graph.nodes.values() if n.group})
+        name, ok = QInputDialog.getText(self, "Group into block", "Block name:", text=default)
+        if ok and name.strip():
+            self.controller.group_selected(name.strip())
+
+    def repeat_selected(self) -> None:
+        groups = {self.project.graph.nodes[n].group for n in self.scene.selected_ids()} - {None}
+        if len(groups) != 1:
+            self.statusBar().showMessage("Select (a node of) one block to repeat", 5000)
+            return
+        times, ok = QInputDialog.getInt(self, "Repeat block", "Number of copies in the stack:", 2, 2, 128)
+        if ok:
+            self.controller.repeat_block(groups.pop(), times)
+
+    def about(self) -> None:
+        QMessageBox.about(self, "About Layerflow", "<b>Layerflow</b><br>Draw a network, place it on devices, train it.")
+
+    # ----- files --------------------------------------------------------------
+    def ask(self, kind: str, title: str, text: str, buttons, default):
+        """Every question the window asks goes through here (tests replace it)."""
+        box = QMessageBox(QMessageBox.Warning if kind == "warning" else QMessageBox.Question, title, text, buttons, self)
+        box.setDefaultButton(default)
+        return box.exec()
+
+    def is_dirty(self) -> bool:
+        return self._dirty_extra or not self.controller.stack.isClean()
+
+    def _update_title(self, *_) -> None:
+        p = self.project
+        name = p.path.name if p.path else f"{p.name} (unsaved)"
+        self.setWindowTitle(f"{name}[*] — Layerflow")
+        self.setWindowModified(self.is_dirty())
+
+    def set_project(self, project: Project) -> None:
+        self.project.graph.unsubscribe(self._on_graph_event)
+        self.controller.set_project(project)
+        self._dirty_extra = False
+        self._after_project_set()
+        self.project_changed.emit()
+
+    def _after_project_set(self) -> None:
+        self.project.graph.subscribe(self._on_graph_event)
+        self.inspector.show_node(self.project.graph, None)
+        self._on_compiled(self.controller.result)
+        self._update_title()
+        QTimer.singleShot(0, self.view.fit)
+
+    def maybe_save(self) -> bool:
+        """True when it is fine to drop the current project."""
+        if not self.is_dirty():
+            return True
+        B = QMessageBox.StandardButton
+        r = self.ask("warning", "Unsaved changes", f"Save the changes to {self.project.name}?",
+                     B.Save | B.Discard | B.Cancel, B.Save)
+        if r == B.Save:
+            return self.save()
+        return r == B.Discard
+
+    def new_project(self) -> None:
+        if self.maybe_save():
+            self.set_project(Project())
+
+    def open_project(self, path: str | os.PathLike | None = None) -> bool:
+        if not self.maybe_save():
+            return False
+        if path is None:
+            path, _ = QFileDialog.getOpenFileName(self, "Open project", str(self.project.directory),
+                                                  f"Layerflow projects (*{SUFFIX});;All files (*)")
+            if not path:
+                return False
+        try:
+            project = load_project(path)
+        except ProjectError as exc:
+            self.statusBar().showMessage(str(exc).splitlines()[0], 15000)
+            B = QMessageBox.StandardButton
+            self.ask("warning", "Cannot open project", str(exc), B.Ok, B.Ok)
+            return False
+        self.set_project(project)
+        self.settings.add_recent(path)
+        self.statusBar().showMessage(f"Opened {path}", 5000)
+        return True
+
+    def save(self) -> bool:
+        if self.project.path is None:
+            return self.save_as()
+        return self._write(self.project.path)
+
+    def save_as(self, path: str | os.PathLike | None = None) -> bool:
+        if path is None:
+            start = str(self.project.path or (self.project.directory / f"{self.project.name}{SUFFIX}"))
+            path, _ = QFileDialog.getSaveFileName(self, "Save project", start, f"Layerflow projects (*{SUFFIX})")
+            if not path:
+                return False
+            if not path.endswith(SUFFIX):
+                path += SUFFIX
+        return self._write(Path(path))
+
+    def _write(self, path: Path) -> bool:
+        self.controller.flush()
+        try:
+            save_project(self.project, path)
+        except (OSError, ProjectError) as exc:
+            B = QMessageBox.StandardButton
+            self.ask("warning", "Cannot save", f"{path}: {exc}", B.Ok, B.Ok)
+            return False
+        self.controller.stack.setClean()
+        self._dirty_extra = False
+        self.settings.add_recent(path)
+        self._remove_autosave()
+        self._update_title()
+        self.statusBar().showMessage(f"Saved {path}", 5000)
+        return True
+
+    # ----- autosave and recovery ----------------------------------------------
+    def _autosave_paths(self, key: str | None = None) -> tuple[Path, Path]:
+        d = self.settings.autosave_dir
+        key = key or self._autosave_key
+        return d / f"{key}{SUFFIX}", d / f"{key}.json"
+
+    def autosave_now(self) -> Path | None:
+        """Write unsaved work beside the settings (never over the project file)."""
+        if not self.is_dirty():
+            return None
+        from engine.project import atomic_write
+
+        data, meta = self._autosave_paths()
+        atomic_write(data, self.project.dumps().encode())
+        atomic_write(meta, json.dumps({"pid": os.getpid(), "path": str(self.project.path or ""),
+                                       "name": self.project.name, "time": time.time()}).encode())
+        return data
+
+    def _remove_autosave(self) -> None:
+        for p in self._autosave_paths():
+            p.unlink(missing_ok=True)
+
+    def recoverable(self) -> list[tuple[Path, dict]]:
+        """Autosaves left by Layerflow processes that are gone (crashed), newest first."""
+        found = []
+        for meta in self.settings.autosave_dir.glob("*.json"):
+            try:
+                info = json.loads(meta.read_text())
+                pid = int(info["pid"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            data = meta.with_suffix(SUFFIX)
+            if data.exists() and not _pid_alive(pid):
+                found.append((data, info))
+        return sorted(found, key=lambda x: -float(x[1].get("time", 0)))
+
+    def offer_recovery(self) -> bool:
+        B = QMessageBox.StandardButton
+        for data, info in self.recoverable():
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(info.get("time", 0))))
+            what = info.get("path") or info.get("name") or "an unsaved project"
+            r = self.ask("question", "Recover unsaved work",
+                         f"Layerflow did not shut down cleanly. Recover the unsaved changes to {what} from {when}?",
+                         B.Yes | B.No, B.Yes)
+            if r == B.Yes:
+                try:
+                    project = load_project(data)
+                except ProjectError as exc:
+                    self.statusBar().showMessage(f"cannot recover: {exc}", 15000)
+                    continue
+                project.path = Path(info["path"]) if info.get("path") else None
+                self.set_project(project)
+                self._dirty_extra = True
+                self._update_title()
+                data.unlink(missing_ok=True)
+                data.with_suffix(".json").unlink(missing_ok=True)
+                self.statusBar().showMessage(f"Recovered unsaved changes to {what}", 10000)
+                return True
+            data.unlink(missing_ok=True)
+            data.with_suffix(".json").unlink(missing_ok=True)
+        return False
+
+    # ----- theme --------------------------------------------------------------
+    def apply_theme(self, name: str) -> None:
+        name = name if name in ("light", "dark") else "light"
+        app = QApplication.instance()
+        app.setStyle("Fusion")
+        t = scene_theme(name)
+        pal = QPalette()
+        if name == "dark":
+            for role, col in ((QPalette.Window, "#23262d"), (QPalette.WindowText, "#e6e9ef"), (QPalette.Base, "#1b1e23"),
+                              (QPalette.AlternateBase, "#262a31"), (QPalette.Text, "#e6e9ef"), (QPalette.Button, "#2d3139"),
+                              (QPalette.ButtonText, "#e6e9ef"), (QPalette.Highlight, "#3b82c4"),
+                              (QPalette.HighlightedText, "#ffffff"), (QPalette.ToolTipBase, "#2b3038"),
+                              (QPalette.ToolTipText, "#e6e9ef"), (QPalette.PlaceholderText, "#7d8797"),
+                              (QPalette.Mid, "#3a404b"), (QPalette.Dark, "#15171b")):
+                pal.setColor(role, QColor(col))
+        else:
+            pal = app.style().standardPalette()
+            pal.setColor(QPalette.Highlight, QColor("#3b82c4"))
+        app.setPalette(pal)
+        qss = RESOURCES / "themes" / f"{name}.qss"
+        app.setStyleSheet(qss.read_text() if qss.exists() else "")
+        self.scene.set_theme(t)
+        self.devices.set_theme(t)
+        self.view.viewport().update()
+        self.view.minimap._timer.start()
+        self.actions[f"theme_{name}"].setChecked(True)
+        if name != self.settings.theme():
+            self.settings.set_theme(name)
+        self.theme_name = name
+
+    # ----- closing ------------------------------------------------------------
+    def closeEvent(self, e) -> None:
+        if not self.maybe_save():
+            e.ignore()
+            return
+        self.settings.set_value("geometry", self.saveGeometry())
+        self.settings.set_value("window_state", self.saveState())
+        self._autosave_timer.stop()
+        self._remove_autosave()
+        self.project.graph.unsubscribe(self._on_graph_event)
+        self.scene.selectionChanged.disconnect(self._on_selection)
+        e.accept()
+
+
+# The run dashboard (issue 5) registers itself in EXTENSIONS when it exists.
+# Imported last so that it can import this module's names.
+try:
+    import app.run_ui  # noqa: F401,E402
+except ModuleNotFoundError as _exc:
+    if _exc.name != "app.run_ui":
+        raise

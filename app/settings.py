@@ -1,0 +1,69 @@
+"""User settings (recent files, theme, window layout) and the autosave folder.
+
+Stored in an INI file under the user's config folder, or under $LAYERFLOW_HOME
+when set (tests point it at a temporary folder so they never touch the user's).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from PySide6.QtCore import QSettings
+
+MAX_RECENT = 10
+
+
+def home() -> Path:
+    env = os.environ.get("LAYERFLOW_HOME")
+    if env:
+        return Path(env)
+    from platformdirs import user_config_dir
+
+    return Path(user_config_dir("layerflow", appauthor=False))
+
+
+class Settings:
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root) if root else home()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.qs = QSettings(str(self.root / "gui.ini"), QSettings.IniFormat)
+
+    @property
+    def autosave_dir(self) -> Path:
+        d = self.root / "autosave"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def recent_files(self) -> list[str]:
+        v = self.qs.value("recent", [])
+        if isinstance(v, str):
+            v = [v]
+        return [p for p in (v or []) if p]
+
+    def add_recent(self, path: str | os.PathLike) -> None:
+        path = str(Path(path).resolve())
+        items = [path] + [p for p in self.recent_files() if p != path]
+        self.qs.setValue("recent", items[:MAX_RECENT])
+        self.qs.setValue("last_project", path)
+        self.qs.sync()
+
+    def last_project(self) -> str | None:
+        v = self.qs.value("last_project")
+        return v if v and Path(v).exists() else None
+
+    def theme(self) -> str:
+        return self.qs.value("theme", "light")
+
+    def set_theme(self, name: str) -> None:
+        self.qs.setValue("theme", name)
+        self.qs.sync()
+
+    def autosave_seconds(self) -> int:
+        return int(self.qs.value("autosave_seconds", 30))
+
+    def value(self, key: str, default=None):
+        return self.qs.value(key, default)
+
+    def set_value(self, key: str, value) -> None:
+        self.qs.setValue(key, value)
+        self.qs.sync()

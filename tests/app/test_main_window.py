@@ -1,0 +1,281 @@
+"""The editor driven like a person would: palette drops, Tab search, port-to-port
+drags and key presses on a real (offscreen) main window; every step undone and
+redone with the model compared to the state it had."""
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import QPoint, QPointF, Qt
+from PySide6.QtGui import QCursor, QDragEnterEvent, QDropEvent
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QApplication, QMessageBox
+
+from app.main_window import MainWindow
+from engine.graph import Edge, Graph
+from engine.project import Project
+
+pytestmark = pytest.mark.gui
+B = QMessageBox.StandardButton
+
+
+@pytest.fixture
+def asked(monkeypatch, tmp_path):
+    """Isolated settings; every question the window asks is recorded and answered."""
+    monkeypatch.setenv("LAYERFLOW_HOME", str(tmp_path / "home"))
+    log = {"answers": [], "questions": []}
+
+    def ask(self, kind, title, text, buttons, default):
+        log["questions"].append((title, text))
+        return log["answers"].pop(0) if log["answers"] else B.Discard if buttons & B.Discard else default
+
+    monkeypatch.setattr(MainWindow, "ask", ask)
+    return log
+
+
+def make_window(qtbot, project=None, recover=False) -> MainWindow:
+    w = MainWindow(project or Project(), recover=recover)
+    qtbot.addWidget(w)
+    w.resize(1300, 850)
+    w.show()
+    qtbot.waitExposed(w)
+    QApplication.processEvents()  # the deferred fit-to-view runs first
+    w.view.set_zoom(1.0)
+    w.view.centerOn(QPointF(300, 100))
+    activate(qtbot, w)
+    return w
+
+
+@pytest.fixture
+def win(qtbot, asked):
+    return make_window(qtbot)
+
+
+def activate(qtbot, w: MainWindow) -> None:
+    """Window shortcuts (Ctrl+C ...) fire in the active window only."""
+    w.activateWindow()
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is w, timeout=3000)
+    w.view.setFocus()
+
+
+def vp_pos(w: MainWindow, scene_pt: QPointF) -> QPoint:
+    return w.view.mapFromScene(scene_pt)
+
+
+def drop_layer(w: MainWindow, layer: str, scene_pt: QPointF) -> None:
+    """A palette drag ends in a drop on the canvas: the palette's own mime data,
+    delivered to the view's viewport (QDrag.exec would block the test)."""
+    mime = w.palette.tree.mimeData([w.palette.items[layer]])
+    p = vp_pos(w, scene_pt)
+    enter = QDragEnterEvent(p, Qt.CopyAction, mime, Qt.LeftButton, Qt.NoModifier)
+    QApplication.sendEvent(w.view.viewport(), enter)
+    assert enter.isAccepted()
+    drop = QDropEvent(QPointF(p), Qt.CopyAction, mime, Qt.LeftButton, Qt.NoModifier)
+    QApplication.sendEvent(w.view.viewport(), drop)
+    assert drop.isAccepted()
+
+
+def tab_add(qtbot, w: MainWindow, text: str, scene_pt: QPointF) -> None:
+    QCursor.setPos(w.view.viewport().mapToGlobal(vp_pos(w, scene_pt)))
+    w.view.setFocus()
+    qtbot.keyClick(w.view, Qt.Key_Tab)
+    assert w.view.search.isVisible()
+    qtbot.keyClicks(w.view.search.edit, text)
+    qtbot.keyClick(w.view.search.edit, Qt.Key_Return)
+    assert not w.view.search.isVisible()
+
+
+def port_point(w: MainWindow, node: str, port: str, is_input: bool) -> QPoint:
+    return vp_pos(w, w.scene.port_pos(node, port, is_input))
+
+
+def drag(w: MainWindow, a: QPoint, b: QPoint) -> None:
+    vp = w.view.viewport()
+    QTest.mousePress(vp, Qt.LeftButton, Qt.NoModifier, a)
+    mid = (a + b) / 2
+    QTest.mouseMove(vp, mid)
+    QTest.mouseMove(vp, b)
+    QTest.mouseRelease(vp, Qt.LeftButton, Qt.NoModifier, b)
+
+
+def drag_port(w, src, sport, dst, dport):
+    drag(w, port_point(w, src, sport, False), port_point(w, dst, dport, True))
+
+
+def snapshot(w: MainWindow) -> dict:
+    return w.project.graph.to_dict()
+
+
+def test_build_by_mouse_and_keyboard_then_undo_and_redo_every_step(qtbot, win):
+    w = win
+    states = [snapshot(w)]
+    drop_layer(w, "Input", QPointF(0, 0))
+    states.append(snapshot(w))
+    drop_layer(w, "Linear", QPointF(260, 0))
+    states.append(snapshot(w))
+    tab_add(qtbot, w, "outp", QPointF(520, 0))
+    states.append(snapshot(w))
+    g = w.project.graph
+    assert [n.type for n in g.nodes.values()] == ["Input", "Linear", "Output"]
+    assert g.nodes["linear1"].pos == (260.0, 0.0)
+    drag_port(w, "input1", "out", "linear1", "in")
+    states.append(snapshot(w))
+    drag_port(w, "linear1", "out", "output1", "in")  # drawn from the input end too:
+    states.append(snapshot(w))
+    assert g.edges == [Edge("input1", "out", "linear1", "in"), Edge("linear1", "out", "output1", "in")]
+    # drag a node by its header: one undo step, snapped to the grid
+    head = vp_pos(w, QPointF(260 + 60, 10))
+    drag(w, head, head + QPoint(43, 61))
+    states.append(snapshot(w))
+    assert g.nodes["linear1"].pos == (300.0, 60.0)
+    # the diagram compiles, the edge shows the shape
+    w.controller.flush()
+    assert w.controller.result.ok
+    assert w.scene.edge_label(g.edges[1]) == "(B, 64)"
+    assert w.actions["undo"].text() == "&Undo Move linear1"
+    n = len(states) - 1
+    assert w.controller.stack.count() == n
+    for i in range(n, 0, -1):
+        assert snapshot(w) == states[i]
+        qtbot.keyClick(w.view, Qt.Key_Z, Qt.ControlModifier)
+    assert snapshot(w) == states[0] and not g.nodes
+    for i in range(1, n + 1):
+        qtbot.keyClick(w.view, Qt.Key_Z, Qt.ControlModifier | Qt.ShiftModifier)
+        assert snapshot(w) == states[i]
+    # items follow the model (a view, no state of its own)
+    assert set(w.scene.node_items) == set(g.nodes)
+    assert set(w.scene.edge_items) == set(g.edges)
+    assert w.scene.node_items["linear1"].pos() == QPointF(300, 60)
+
+
+def chain_project(*types, params=None) -> Project:
+    g = Graph()
+    ids = []
+    for i, t in enumerate(types):
+        ids.append(g.add_node(t, (params or {}).get(t, {}), pos=(i * 240.0, 0.0)).id)
+    for a, b in zip(ids, ids[1:]):
+        g.connect(a, "out", b, "in" if g.nodes[b].type not in ("Add", "Mul") else "a")
+    return Project(g)
+
+
+def test_refused_connections_say_why_in_the_status_bar(qtbot, asked):
+    w = make_window(qtbot, chain_project("Input", "Linear", "ReLU", "Output", params={"Input": {"shape": [8]}}))
+    g = w.project.graph
+    before = snapshot(w)
+    drag_port(w, "input1", "out", "relu1", "in")  # relu1.in is taken by linear1
+    assert "input 'in' of node 'relu1' is already connected" in w.statusBar().currentMessage()
+    drag_port(w, "relu1", "out", "linear1", "in")  # would close a loop
+    assert "would make a cycle" in w.statusBar().currentMessage()
+    drag(w, port_point(w, "input1", "out", False), port_point(w, "relu1", "out", False))  # output to output
+    assert "has no input port" in w.statusBar().currentMessage()
+    assert snapshot(w) == before and w.controller.stack.count() == 0
+
+
+def test_inspector_edit_changes_the_shape_on_the_next_edge(qtbot, asked):
+    w = make_window(qtbot, chain_project("Input", "Linear", "Output", params={"Input": {"shape": [16]}}))
+    g = w.project.graph
+    out_edge = g.edges[1]
+    assert w.scene.edge_label(out_edge) == "(B, 64)"
+    w.scene.select_nodes(["linear1"])
+    spin = w.inspector.editors["out_features"]
+    assert spin.value() == 64
+    assert w.inspector.editors["in_features"].text() == "auto (16)"
+    spin.lineEdit().selectAll()
+    qtbot.keyClicks(spin.lineEdit(), "32")
+    qtbot.keyClick(spin.lineEdit(), Qt.Key_Return)
+    assert g.nodes["linear1"].params["out_features"] == 32
+    qtbot.waitUntil(lambda: w.scene.edge_label(out_edge) == "(B, 32)", timeout=3000)
+    assert "32" in w.summary.fields["params"].text() or w.controller.result.total_params == 16 * 32 + 32
+    # a bad value in a text field is shown inline and changes nothing
+    w.scene.select_nodes(["input1"])
+    shape = w.inspector.editors["shape"]
+    shape.setText("1, x")
+    shape.editingFinished.emit()
+    assert "integers" in w.inspector.error_labels["shape"].text()
+    assert g.nodes["input1"].params["shape"] == [16]
+    # a compile error is shown on the node (tooltip), in the problems list and inline
+    w.controller.set_param("input1", "shape", [2, 16])
+    w.controller.set_param("linear1", "in_features", 5)
+    w.controller.flush()
+    msgs = w.problems.messages()
+    assert any("in_features" in m for m in msgs)
+    assert "in_features" in w.scene.node_items["linear1"].badge.toolTip()
+    w.scene.select_nodes(["linear1"])
+    assert "in_features" in w.inspector.error_labels["in_features"].text()
+    # clicking a problem selects its node
+    w.scene.clearSelection()
+    item = next(w.problems.topLevelItem(i) for i in range(w.problems.topLevelItemCount())
+                if w.problems.topLevelItem(i).text(1) == "linear1")
+    w.problems.itemClicked.emit(item, 0)
+    assert w.scene.selected_ids() == ["linear1"]
+
+
+def test_copy_paste_between_two_windows_through_the_clipboard(qtbot, asked):
+    a = make_window(qtbot, chain_project("Input", "Linear", "ReLU", "Output", params={"Input": {"shape": [8]}}))
+    b = make_window(qtbot, chain_project("Input", "Linear"))
+    a.scene.select_nodes(["linear1", "relu1"])
+    activate(qtbot, a)
+    qtbot.keyClick(a.view, Qt.Key_C, Qt.ControlModifier)
+    activate(qtbot, b)
+    QCursor.setPos(b.view.viewport().mapToGlobal(vp_pos(b, QPointF(100, 300))))
+    qtbot.keyClick(b.view, Qt.Key_V, Qt.ControlModifier)
+    gb = b.project.graph
+    assert list(gb.nodes) == ["input1", "linear1", "linear1_2", "relu1"]
+    assert gb.nodes["linear1_2"].params == a.project.graph.nodes["linear1"].params
+    assert Edge("linear1_2", "out", "relu1", "in") in gb.edges
+    assert b.scene.selected_ids() == ["linear1_2", "relu1"]
+    qtbot.keyClick(b.view, Qt.Key_D, Qt.ControlModifier)  # duplicate
+    assert len(gb.nodes) == 6
+    b.controller.stack.undo()
+    b.controller.stack.undo()
+    assert list(gb.nodes) == ["input1", "linear1"]
+    # cut removes, paste brings back, under fresh names
+    a.scene.select_nodes(["relu1"])
+    a.controller.cut()
+    assert "relu1" not in a.project.graph.nodes
+    a.controller.paste()
+    assert "relu1" in a.project.graph.nodes
+
+
+def transformer_block_project() -> Project:
+    """x -> [ln -> lin -> add(x)] -> out : a residual block with one value in and out."""
+    g = Graph()
+    g.add_node("Input", {"shape": [4, 16]}, pos=(0, 0), id="x")
+    g.add_node("LayerNorm", {}, pos=(240, 0), id="ln")
+    g.add_node("Linear", {"out_features": 16}, pos=(480, 0), id="lin")
+    g.add_node("Add", {}, pos=(720, 0), id="res")
+    g.add_node("Output", {"loss": "mse"}, pos=(960, 0), id="out")
+    g.connect("x", "out", "ln", "in")
+    g.connect("ln", "out", "lin", "in")
+    g.connect("lin", "out", "res", "a")
+    g.connect("x", "out", "res", "b")
+    g.connect("res", "out", "out", "in")
+    return Project(g)
+
+
+def test_group_ungroup_and_repeat_a_block(qtbot, asked):
+    w = make_window(qtbot, transformer_block_project())
+    g = w.project.graph
+    start = snapshot(w)
+    w.scene.select_nodes(["ln", "lin", "res"])
+    assert w.controller.group_selected("layer") == "layer"
+    assert [g.nodes[n].group for n in ("x", "ln", "lin", "res")] == [None, "layer", "layer", "layer"]
+    frame = w.scene.group_items["layer"]
+    assert frame.boundingRect().contains(w.scene.node_items["lin"].sceneBoundingRect())
+    grouped = snapshot(w)
+    w.scene.select_nodes(["lin"])
+    w.controller.ungroup_selected()
+    assert all(n.group is None for n in g.nodes.values()) and not w.scene.group_items
+    w.controller.stack.undo()
+    assert snapshot(w) == grouped
+    # repeat: 3 stacked layers, chained value to value, one undo step
+    w.controller.repeat_block("layer", 3)
+    w.controller.flush()
+    assert w.controller.result.ok, w.controller.result.errors
+    assert len(g.nodes) == 2 + 3 * 3
+    assert sorted({n.group for n in g.nodes.values()} - {None}) == ["layer", "layer_2", "layer_3"]
+    assert Edge("res", "out", "ln_2", "in") in g.edges and Edge("res", "out", "res_2", "b") in g.edges
+    assert Edge("res_3", "out", "out", "in") in g.edges
+    assert w.actions["undo"].text() == "&Undo Repeat block 'layer' ×3"
+    w.controller.stack.undo()
+    assert snapshot(w) == grouped
+    w.controller.stack.undo()
+    assert snapshot(w) == start

@@ -1,0 +1,165 @@
+"""The devices panel: the mesh (pp x dp x tp) and pipeline stages as coloured lanes.
+
+Edits are signals (the controller makes undo commands of them). A plan from
+engine/planner.py, when one exists, is shown as text lines the controller hands in.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QRectF, Qt, Signal
+from PySide6.QtGui import QColor, QFontMetricsF, QPainter
+from PySide6.QtWidgets import (QComboBox, QFormLayout, QGridLayout, QHBoxLayout, QLabel, QPlainTextEdit,
+                               QPushButton, QSizePolicy, QSpinBox, QVBoxLayout, QWidget)
+
+from engine.graph import TP_STYLES
+from widgets.style import LIGHT, stage_color
+
+
+class StageLanes(QWidget):
+    """One lane per pipeline stage listing its nodes, plus 'auto' for unassigned."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.lanes: list[tuple[str, int | None, list[str]]] = []
+        self.theme = LIGHT
+        self.setMinimumHeight(60)
+        self.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Minimum)
+
+    def set_lanes(self, pp: int, dp: int, tp: int, nodes: dict) -> None:
+        lanes = []
+        for s in range(pp):
+            lanes.append((f"stage {s}  ·  {dp * tp} device(s)", s, [n for n, node in nodes.items() if node.stage == s]))
+        auto = [n for n, node in nodes.items() if node.stage is None]
+        if auto:
+            lanes.append(("auto (planner decides)", None, auto))
+        beyond = [n for n, node in nodes.items() if node.stage is not None and node.stage >= pp]
+        if beyond:
+            lanes.append((f"stage ≥ {pp}: beyond pp={pp}", -1, beyond))
+        self.lanes = lanes
+        self.setMinimumHeight(max(60, 46 * len(lanes) + 4))
+        self.update()
+
+    def paintEvent(self, e) -> None:
+        p = QPainter(self)
+        p.setRenderHint(QPainter.Antialiasing)
+        fm = QFontMetricsF(self.font())
+        y = 2.0
+        for title, stage, ids in self.lanes:
+            col = QColor(self.theme.error) if stage == -1 else stage_color(stage, self.theme)
+            r = QRectF(2, y, self.width() - 4, 42)
+            bg = QColor(col)
+            bg.setAlpha(40)
+            p.setPen(Qt.NoPen)
+            p.setBrush(bg)
+            p.drawRoundedRect(r, 6, 6)
+            p.setBrush(col)
+            p.drawRoundedRect(QRectF(r.x(), r.y(), 6, r.height()), 3, 3)
+            p.setPen(QColor(self.theme.text))
+            p.drawText(QRectF(r.x() + 12, r.y() + 2, r.width() - 16, 18), Qt.AlignLeft | Qt.AlignVCenter, title)
+            p.setPen(QColor(self.theme.subtext))
+            text = fm.elidedText(", ".join(ids) or "(empty)", Qt.ElideRight, r.width() - 20)
+            p.drawText(QRectF(r.x() + 12, r.y() + 20, r.width() - 16, 18), Qt.AlignLeft | Qt.AlignVCenter, text)
+            y += 46
+
+
+class DevicesPanel(QWidget):
+    mesh_edited = Signal(str, object)  # placement field (pp/dp/tp/microbatches/schedule/...), value
+    assign_requested = Signal(object)  # stage (int) or None: for the selected nodes
+    tp_requested = Signal(object)  # TP style or None: for the selected nodes
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self._updating = False
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(8, 6, 8, 6)
+        grid = QGridLayout()
+        self.spins: dict[str, QSpinBox] = {}
+        for col, (key, label, tip) in enumerate((("pp", "pipeline", "pipeline stages"),
+                                                 ("dp", "data", "data-parallel replicas"),
+                                                 ("tp", "tensor", "tensor-parallel ways"))):
+            s = QSpinBox()
+            s.setRange(1, 1024)
+            s.setObjectName(key)
+            s.setToolTip(tip)
+            s.valueChanged.connect(lambda v, key=key: self._mesh(key, v))
+            self.spins[key] = s
+            grid.addWidget(QLabel(f"{label} ({key})"), 0, col)
+            grid.addWidget(s, 1, col)
+        lay.addLayout(grid)
+        form = QFormLayout()
+        self.world = QLabel()
+        form.addRow("devices", self.world)
+        self.micro = QSpinBox()
+        self.micro.setRange(1, 4096)
+        self.micro.valueChanged.connect(lambda v: self._mesh("microbatches", v))
+        form.addRow("micro-batches", self.micro)
+        self.schedule = QComboBox()
+        self.schedule.addItems(["gpipe", "1f1b", "interleaved1f1b"])
+        self.schedule.currentTextChanged.connect(lambda v: self._mesh("schedule", v))
+        form.addRow("pipeline schedule", self.schedule)
+        self.dpmode = QComboBox()
+        self.dpmode.addItems(["ddp", "fsdp"])
+        self.dpmode.currentTextChanged.connect(lambda v: self._mesh("data_parallel", v))
+        form.addRow("data parallel", self.dpmode)
+        lay.addLayout(form)
+        self.lanes = StageLanes()
+        lay.addWidget(self.lanes)
+        row = QHBoxLayout()
+        self.stage_combo = QComboBox()
+        self.assign_btn = QPushButton("Assign selected")
+        self.assign_btn.clicked.connect(lambda: self.assign_requested.emit(self.stage_combo.currentData()))
+        row.addWidget(self.stage_combo, 1)
+        row.addWidget(self.assign_btn)
+        lay.addLayout(row)
+        row = QHBoxLayout()
+        self.tp_combo = QComboBox()
+        self.tp_combo.addItem("auto", None)
+        for s in TP_STYLES:
+            self.tp_combo.addItem(s, s)
+        self.tp_btn = QPushButton("Set TP style")
+        self.tp_btn.clicked.connect(lambda: self.tp_requested.emit(self.tp_combo.currentData()))
+        row.addWidget(self.tp_combo, 1)
+        row.addWidget(self.tp_btn)
+        lay.addLayout(row)
+        self.selection_label = QLabel()
+        self.selection_label.setObjectName("hint")
+        lay.addWidget(self.selection_label)
+        self.plan_view = QPlainTextEdit(readOnly=True)
+        self.plan_view.setMaximumHeight(140)
+        self.plan_view.hide()
+        lay.addWidget(self.plan_view)
+        lay.addStretch(1)
+
+    def _mesh(self, key: str, value) -> None:
+        if not self._updating:
+            self.mesh_edited.emit(key, value)
+
+    def set_state(self, placement, nodes: dict, selected: list[str], plan_lines: list[str] | None = None) -> None:
+        self._updating = True
+        try:
+            for key, s in self.spins.items():
+                s.setValue(getattr(placement, key))
+            self.micro.setValue(placement.microbatches)
+            self.schedule.setCurrentText(placement.schedule)
+            self.dpmode.setCurrentText(placement.data_parallel)
+            self.world.setText(f"{placement.pp * placement.dp * placement.tp}  (pp {placement.pp} × dp {placement.dp} × tp {placement.tp})")
+            cur = self.stage_combo.currentData()
+            self.stage_combo.clear()
+            self.stage_combo.addItem("auto", None)
+            for s in range(placement.pp):
+                self.stage_combo.addItem(f"stage {s}", s)
+            self.stage_combo.setCurrentIndex(max(0, self.stage_combo.findData(cur)))
+        finally:
+            self._updating = False
+        self.lanes.set_lanes(placement.pp, placement.dp, placement.tp, nodes)
+        self.assign_btn.setEnabled(bool(selected))
+        self.tp_btn.setEnabled(bool(selected))
+        self.selection_label.setText(f"{len(selected)} node(s) selected" if selected else "select nodes to place them")
+        if plan_lines:
+            self.plan_view.setPlainText("\n".join(plan_lines))
+            self.plan_view.show()
+        else:
+            self.plan_view.hide()
+
+    def set_theme(self, t) -> None:
+        self.lanes.theme = t
+        self.lanes.update()

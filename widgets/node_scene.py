@@ -1,0 +1,573 @@
+"""The node editor's scene: a view of engine.graph.Graph.
+
+Items are drawn from the model and from the last compile result; they hold no
+diagram state of their own. The scene subscribes to the graph's events and adds,
+removes or repaints items. User gestures (a finished drag, a port-to-port drag)
+are reported as signals; the controller turns them into undo commands, which
+change the model, whose events come back here.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen
+from PySide6.QtWidgets import QGraphicsItem, QGraphicsPathItem, QGraphicsScene
+
+from engine.graph import Edge, Graph, GraphEvent, ports_of
+from widgets.style import LIGHT, SceneTheme, human, stage_color
+
+NODE_W = 152.0
+HEADER_H = 26.0
+BODY_TOP = 48.0  # first port row starts here (header + type line)
+ROW_H = 18.0
+PORT_R = 5.0
+GRID = 20.0
+
+_TITLE_FONT = QFont()
+_TITLE_FONT.setPointSizeF(9.5)
+_TITLE_FONT.setBold(True)
+_TEXT_FONT = QFont()
+_TEXT_FONT.setPointSizeF(8.5)
+_SMALL_FONT = QFont()
+_SMALL_FONT.setPointSizeF(7.5)
+
+
+def node_height(n_in: int, n_out: int) -> float:
+    return BODY_TOP + max(n_in, n_out, 1) * ROW_H + 6.0
+
+
+class PortItem(QGraphicsItem):
+    """A connection point. Knows only which node/port it stands for."""
+
+    def __init__(self, parent: "NodeItem", name: str, is_input: bool, y: float):
+        super().__init__(parent)
+        self.node_id = parent.node_id
+        self.name = name
+        self.is_input = is_input
+        self.setPos(0.0 if is_input else NODE_W, y)
+        self.setAcceptHoverEvents(True)
+        self._hover = False
+        self.setZValue(2)
+        self.setCursor(Qt.CrossCursor)
+
+    def boundingRect(self) -> QRectF:
+        r = PORT_R + 4
+        return QRectF(-r, -r, 2 * r, 2 * r)
+
+    def paint(self, p: QPainter, opt, widget=None) -> None:
+        t = self.scene().theme if self.scene() else LIGHT
+        p.setRenderHint(QPainter.Antialiasing)
+        r = PORT_R + (1.5 if self._hover else 0)
+        p.setPen(QPen(QColor(t.node_body), 1.5))
+        p.setBrush(QColor(t.selected if self._hover else (t.port_in if self.is_input else t.port_out)))
+        p.drawEllipse(QPointF(0, 0), r, r)
+
+    def hoverEnterEvent(self, e) -> None:
+        self._hover = True
+        self.update()
+
+    def hoverLeaveEvent(self, e) -> None:
+        self._hover = False
+        self.update()
+
+
+class Badge(QGraphicsItem):
+    """A round error/warning marker; its tooltip is the message."""
+
+    def __init__(self, parent: QGraphicsItem, kind: str):
+        super().__init__(parent)
+        self.kind = kind
+        self.setZValue(3)
+
+    def boundingRect(self) -> QRectF:
+        return QRectF(-9, -9, 18, 18)
+
+    def paint(self, p: QPainter, opt, widget=None) -> None:
+        t = self.scene().theme
+        p.setRenderHint(QPainter.Antialiasing)
+        p.setPen(QPen(QColor(t.node_body), 2))
+        p.setBrush(QColor(t.error if self.kind == "error" else t.warning))
+        p.drawEllipse(QPointF(0, 0), 8, 8)
+        p.setPen(QColor("#ffffff"))
+        p.setFont(_TITLE_FONT)
+        p.drawText(QRectF(-8, -8, 16, 16), Qt.AlignCenter, "!")
+
+
+class NodeItem(QGraphicsItem):
+    def __init__(self, node_id: str, scene: "NodeScene"):
+        super().__init__()
+        self.node_id = node_id
+        self.setFlags(QGraphicsItem.ItemIsMovable | QGraphicsItem.ItemIsSelectable
+                      | QGraphicsItem.ItemSendsGeometryChanges)
+        self.setZValue(1)
+        self.ports: dict[tuple[str, bool], PortItem] = {}
+        self._h = node_height(1, 1)
+        self.badge: Badge | None = None
+        scene.addItem(self)
+        self.rebuild_ports()
+
+    @property
+    def node(self):
+        return self.scene().graph.nodes[self.node_id]
+
+    def rebuild_ports(self) -> None:
+        """Port items follow the node's type and params (Concat.num_inputs)."""
+        node = self.node
+        ins, outs = ports_of(node.type, node.params)
+        for item in self.ports.values():
+            item.setParentItem(None)
+            if item.scene():
+                item.scene().removeItem(item)
+        self.ports = {}
+        self.prepareGeometryChange()
+        self._h = node_height(len(ins), len(outs))
+        for i, name in enumerate(ins):
+            self.ports[(name, True)] = PortItem(self, name, True, BODY_TOP + (i + 0.5) * ROW_H)
+        for i, name in enumerate(outs):
+            self.ports[(name, False)] = PortItem(self, name, False, BODY_TOP + (i + 0.5) * ROW_H)
+
+    def set_problems(self, errors: list, warnings: list) -> None:
+        if self.badge is not None:
+            self.scene().removeItem(self.badge)
+            self.badge = None
+        if errors or warnings:
+            self.badge = Badge(self, "error" if errors else "warning")
+            self.badge.setPos(NODE_W - 4, 0)
+            self.badge.setToolTip("\n".join(str(e) for e in (errors or warnings)))
+        self.setToolTip("\n".join(str(e) for e in (*errors, *warnings)))
+        self.update()
+
+    def boundingRect(self) -> QRectF:
+        return QRectF(-2, -2, NODE_W + 4, self._h + 4)
+
+    def paint(self, p: QPainter, opt, widget=None) -> None:
+        scene: NodeScene = self.scene()
+        t = scene.theme
+        node = self.node
+        info = scene.result.nodes.get(self.node_id) if scene.result else None
+        lod = opt.levelOfDetailFromTransform(p.worldTransform())
+        rect = QRectF(0, 0, NODE_W, self._h)
+        head = stage_color(node.stage, t)
+        sel = self.isSelected()
+        if lod < 0.35:  # far away: a coloured card is all one can see
+            p.fillRect(rect, QColor(t.selected) if sel else head)
+            return
+        p.setRenderHint(QPainter.Antialiasing)
+        path = QPainterPath()
+        path.addRoundedRect(rect, 7, 7)
+        p.setPen(QPen(QColor(t.selected), 2.2) if sel else QPen(QColor(t.node_border), 1))
+        p.setBrush(QColor(t.node_body))
+        p.drawPath(path)
+        # header band in the stage colour, clipped to the card's rounded corners
+        p.save()
+        p.setClipPath(path)
+        p.fillRect(QRectF(0, 0, NODE_W, HEADER_H), head)
+        p.restore()
+        if sel:
+            p.setPen(QPen(QColor(t.selected), 2.2))
+            p.setBrush(Qt.NoBrush)
+            p.drawPath(path)
+        # title, then a parameter-count badge on the right of the header
+        badge = human(info.n_params) if info and info.n_params else ""
+        bw = 0.0
+        if badge:
+            p.setFont(_SMALL_FONT)
+            bw = QFontMetricsF(_SMALL_FONT).horizontalAdvance(badge) + 10
+            br = QRectF(NODE_W - bw - 6, 6, bw, HEADER_H - 12)
+            p.setPen(Qt.NoPen)
+            p.setBrush(QColor(255, 255, 255, 60))
+            p.drawRoundedRect(br, 6, 6)
+            p.setPen(QColor(t.header_text))
+            p.drawText(br, Qt.AlignCenter, badge)
+        p.setFont(_TITLE_FONT)
+        p.setPen(QColor(t.header_text))
+        title = QFontMetricsF(_TITLE_FONT).elidedText(self.node_id, Qt.ElideRight, NODE_W - bw - 20)
+        p.drawText(QRectF(10, 0, NODE_W - 20, HEADER_H), Qt.AlignVCenter | Qt.AlignLeft, title)
+        # type line: type on the left, stage/TP on the right
+        p.setFont(_TEXT_FONT)
+        p.setPen(QColor(t.subtext))
+        p.drawText(QRectF(10, HEADER_H, NODE_W - 20, BODY_TOP - HEADER_H - 2), Qt.AlignVCenter | Qt.AlignLeft, node.type)
+        tags = []
+        if node.stage is not None:
+            tags.append(f"stage {node.stage}")
+        if node.tp:
+            tags.append(f"tp:{node.tp}")
+        if node.checkpoint:
+            tags.append("ckpt")
+        if tags:
+            p.drawText(QRectF(10, HEADER_H, NODE_W - 20, BODY_TOP - HEADER_H - 2), Qt.AlignVCenter | Qt.AlignRight, " · ".join(tags))
+        p.setPen(QPen(QColor(t.node_border), 0.8))
+        p.drawLine(QPointF(1, BODY_TOP - 2), QPointF(NODE_W - 1, BODY_TOP - 2))
+        # port names
+        p.setPen(QColor(t.text))
+        for (name, is_input), port in self.ports.items():
+            y = port.pos().y()
+            r = QRectF(12, y - ROW_H / 2, NODE_W / 2 - 12, ROW_H) if is_input else QRectF(NODE_W / 2, y - ROW_H / 2, NODE_W / 2 - 12, ROW_H)
+            p.drawText(r, Qt.AlignVCenter | (Qt.AlignLeft if is_input else Qt.AlignRight), name)
+
+    def itemChange(self, change, value):
+        scene = self.scene()
+        if change == QGraphicsItem.ItemPositionChange and scene is not None and scene.snap and not scene._syncing:
+            return QPointF(round(value.x() / GRID) * GRID, round(value.y() / GRID) * GRID)
+        if change == QGraphicsItem.ItemPositionHasChanged and scene is not None:
+            scene._item_moved(self.node_id)
+        return super().itemChange(change, value)
+
+
+class EdgeItem(QGraphicsPathItem):
+    """A curve from an output port to an input port with the tensor shape as label."""
+
+    def __init__(self, edge: Edge, scene: "NodeScene"):
+        super().__init__()
+        self.edge = edge
+        self.setFlags(QGraphicsItem.ItemIsSelectable)
+        self.setZValue(0)
+        self.label = ""
+        self.note = ""  # communication inserted by the plan
+        self._label_rect = QRectF()
+        scene.addItem(self)
+        self.update_path()
+
+    def update_path(self) -> None:
+        scene: NodeScene = self.scene()
+        a = scene.port_pos(self.edge.src, self.edge.src_port, False)
+        b = scene.port_pos(self.edge.dst, self.edge.dst_port, True)
+        dx = max(40.0, abs(b.x() - a.x()) * 0.5)
+        path = QPainterPath(a)
+        path.cubicTo(QPointF(a.x() + dx, a.y()), QPointF(b.x() - dx, b.y()), b)
+        self.setPath(path)
+        self._update_label_rect()
+
+    def set_label(self, label: str, note: str = "") -> None:
+        if (label, note) != (self.label, self.note):
+            self.label, self.note = label, note
+            self._update_label_rect()
+            self.update()
+
+    def _update_label_rect(self) -> None:
+        self.prepareGeometryChange()
+        text = self.label if not self.note else f"{self.label}\n{self.note}"
+        if not text:
+            self._label_rect = QRectF()
+            return
+        fm = QFontMetricsF(_SMALL_FONT)
+        lines = text.split("\n")
+        w = max(fm.horizontalAdvance(s) for s in lines) + 10
+        h = fm.height() * len(lines) + 4
+        mid = self.path().pointAtPercent(0.5)
+        self._label_rect = QRectF(mid.x() - w / 2, mid.y() - h / 2, w, h)
+
+    def boundingRect(self) -> QRectF:
+        return super().boundingRect().adjusted(-3, -3, 3, 3).united(self._label_rect)
+
+    def shape(self) -> QPainterPath:
+        from PySide6.QtGui import QPainterPathStroker
+
+        s = QPainterPathStroker()
+        s.setWidth(10)
+        return s.createStroke(self.path())
+
+    def paint(self, p: QPainter, opt, widget=None) -> None:
+        t = self.scene().theme
+        p.setRenderHint(QPainter.Antialiasing)
+        sel = self.isSelected()
+        color = QColor(t.edge_selected if sel else (t.comm_text if self.note else t.edge))
+        p.setPen(QPen(color, 2.4 if sel else 1.6))
+        p.setBrush(Qt.NoBrush)
+        p.drawPath(self.path())
+        lod = opt.levelOfDetailFromTransform(p.worldTransform())
+        if self._label_rect.isNull() or lod < 0.5:
+            return
+        p.setPen(QPen(QColor(t.node_border), 0.8))
+        p.setBrush(QColor(t.label_bg))
+        p.drawRoundedRect(self._label_rect, 4, 4)
+        p.setFont(_SMALL_FONT)
+        fm = QFontMetricsF(_SMALL_FONT)
+        r = QRectF(self._label_rect.x(), self._label_rect.y() + 2, self._label_rect.width(), fm.height())
+        p.setPen(QColor(t.label_text))
+        p.drawText(r, Qt.AlignCenter, self.label)
+        if self.note:
+            p.setPen(QColor(t.comm_text))
+            p.drawText(r.translated(0, fm.height()), Qt.AlignCenter, self.note)
+
+
+class GroupItem(QGraphicsItem):
+    """A frame around the nodes of one named block, drawn behind them."""
+
+    def __init__(self, name: str, scene: "NodeScene"):
+        super().__init__()
+        self.name = name
+        self.setZValue(-1)
+        self._rect = QRectF()
+        scene.addItem(self)
+
+    def refit(self) -> None:
+        scene: NodeScene = self.scene()
+        rect = QRectF()
+        for nid, node in scene.graph.nodes.items():
+            if node.group == self.name and nid in scene.node_items:
+                rect = rect.united(scene.node_items[nid].sceneBoundingRect())
+        self.prepareGeometryChange()
+        self._rect = rect.adjusted(-16, -34, 16, 16) if not rect.isNull() else QRectF()
+        self.update()
+
+    def boundingRect(self) -> QRectF:
+        return self._rect
+
+    def paint(self, p: QPainter, opt, widget=None) -> None:
+        t = self.scene().theme
+        p.setRenderHint(QPainter.Antialiasing)
+        p.setPen(QPen(QColor(t.group_border), 1.2, Qt.DashLine))
+        p.setBrush(QColor(t.group_fill))
+        p.drawRoundedRect(self._rect, 10, 10)
+        p.setPen(QColor(t.group_text))
+        p.setFont(_TITLE_FONT)
+        p.drawText(self._rect.adjusted(12, 6, -12, 0), Qt.AlignLeft | Qt.AlignTop, f"▣ {self.name}")
+
+
+class NodeScene(QGraphicsScene):
+    connect_requested = Signal(str, str, str, str)  # src, src_port, dst, dst_port
+    nodes_moved = Signal(dict)  # {id: ((x0, y0), (x1, y1))}, one user drag
+    port_released_on_empty = Signal(str, str, bool, QPointF)  # node, port, is_input, scene pos
+
+    def __init__(self, graph: Graph | None = None, parent=None):
+        super().__init__(parent)
+        self.theme: SceneTheme = LIGHT
+        self.snap = True
+        self.graph: Graph | None = None
+        self.result = None  # engine.compile.CompileResult of the current graph
+        self.edge_notes: dict[Edge, str] = {}
+        self.node_items: dict[str, NodeItem] = {}
+        self.edge_items: dict[Edge, EdgeItem] = {}
+        self.group_items: dict[str, GroupItem] = {}
+        self._edges_of: dict[str, set[Edge]] = {}
+        self._syncing = False
+        self._drag_port: PortItem | None = None
+        self._drag_path: QGraphicsPathItem | None = None
+        self.setSceneRect(-50000, -50000, 100000, 100000)  # pan freely
+        self.setItemIndexMethod(QGraphicsScene.BspTreeIndex)
+        if graph is not None:
+            self.set_graph(graph)
+
+    # ----- model -> items -----------------------------------------------------
+    def set_graph(self, graph: Graph) -> None:
+        if self.graph is not None:
+            self.graph.unsubscribe(self._on_event)
+        self.graph = graph
+        graph.subscribe(self._on_event)
+        self.result = None
+        self._rebuild()
+
+    def detach(self) -> None:
+        if self.graph is not None:
+            self.graph.unsubscribe(self._on_event)
+
+    def _rebuild(self) -> None:
+        self._drag_port = None
+        self._drag_path = None
+        self.clear()
+        self.node_items, self.edge_items, self.group_items, self._edges_of = {}, {}, {}, {}
+        for nid in self.graph.nodes:
+            self._add_node(nid)
+        for e in self.graph.edges:
+            self._add_edge(e)
+        self._refit_groups()
+        self.apply_result()
+
+    def _add_node(self, nid: str) -> None:
+        item = NodeItem(nid, self)
+        self._syncing = True
+        item.setPos(*self.graph.nodes[nid].pos)
+        self._syncing = False
+        self.node_items[nid] = item
+        self._edges_of.setdefault(nid, set())
+
+    def _add_edge(self, e: Edge) -> None:
+        if e.src not in self.node_items or e.dst not in self.node_items:
+            return
+        self.edge_items[e] = EdgeItem(e, self)
+        self._edges_of.setdefault(e.src, set()).add(e)
+        self._edges_of.setdefault(e.dst, set()).add(e)
+
+    def _remove_edge(self, e: Edge) -> None:
+        item = self.edge_items.pop(e, None)
+        if item is not None:
+            self.removeItem(item)
+        for end in (e.src, e.dst):
+            self._edges_of.get(end, set()).discard(e)
+
+    def _on_event(self, ev: GraphEvent) -> None:
+        k = ev.kind
+        if k == "reset":
+            self._rebuild()
+        elif k == "node_added":
+            self._add_node(ev.node)
+            if self.graph.nodes[ev.node].group:
+                self._refit_groups()
+        elif k == "node_removed":
+            for e in list(self._edges_of.get(ev.node, ())):
+                self._remove_edge(e)
+            item = self.node_items.pop(ev.node, None)
+            self._edges_of.pop(ev.node, None)
+            if item is not None:
+                self.removeItem(item)
+            if ev.old is not None and getattr(ev.old, "group", None):
+                self._refit_groups()
+        elif k == "node_renamed":
+            # ids are baked into items and edges: rebuilding this node's pieces is simplest
+            item = self.node_items.pop(ev.old)
+            for e in list(self._edges_of.pop(ev.old, ())):
+                self._remove_edge(e)
+            self.removeItem(item)
+            self._add_node(ev.new)
+            for e in self.graph.edges:
+                if ev.new in (e.src, e.dst) and e not in self.edge_items:
+                    self._add_edge(e)
+            self._refit_groups()
+        elif k == "edge_added":
+            self._add_edge(ev.edge)
+        elif k == "edge_removed":
+            self._remove_edge(ev.edge)
+        elif k == "param_changed":
+            item = self.node_items.get(ev.node)
+            if item is not None:
+                item.rebuild_ports()
+                for e in self._edges_of.get(ev.node, ()):
+                    self.edge_items[e].update_path()
+                item.update()
+        elif k == "moved":
+            item = self.node_items.get(ev.node)
+            if item is not None and item.pos() != QPointF(*ev.new):
+                self._syncing = True
+                item.setPos(*ev.new)
+                self._syncing = False
+        elif k in ("placement_changed",):
+            item = self.node_items.get(ev.node)
+            if item is not None:
+                item.update()
+        elif k == "group_changed":
+            self._refit_groups()
+
+    def _item_moved(self, nid: str) -> None:
+        for e in self._edges_of.get(nid, ()):
+            item = self.edge_items.get(e)
+            if item is not None:
+                item.update_path()
+        node = self.graph.nodes.get(nid)
+        if node is not None and node.group in self.group_items:
+            self.group_items[node.group].refit()
+
+    def _refit_groups(self) -> None:
+        names = {n.group for n in self.graph.nodes.values() if n.group}
+        for name in list(self.group_items):
+            if name not in names:
+                self.removeItem(self.group_items.pop(name))
+        for name in names:
+            if name not in self.group_items:
+                self.group_items[name] = GroupItem(name, self)
+            self.group_items[name].refit()
+
+    # ----- compile results ----------------------------------------------------
+    def set_result(self, result, edge_notes: dict[Edge, str] | None = None) -> None:
+        self.result = result
+        self.edge_notes = dict(edge_notes or {})
+        self.apply_result()
+
+    def apply_result(self) -> None:
+        r = self.result
+        for nid, item in self.node_items.items():
+            errs = r.errors_for(nid) if r else []
+            warns = [w for w in r.warnings if w.node == nid] if r else []
+            item.set_problems(errs, warns)
+        for e, item in self.edge_items.items():
+            info = r.edge_info(e) if r else None
+            item.set_label(info.label() if info else "", self.edge_notes.get(e, ""))
+
+    def set_theme(self, t: SceneTheme) -> None:
+        self.theme = t
+        self.update()
+
+    # ----- queries ------------------------------------------------------------
+    def port_pos(self, nid: str, port: str, is_input: bool) -> QPointF:
+        item = self.node_items[nid]
+        p = item.ports.get((port, is_input))
+        if p is None:  # an edge to a port that vanished: attach to the side
+            return item.scenePos() + QPointF(0 if is_input else NODE_W, BODY_TOP)
+        return p.scenePos()
+
+    def selected_ids(self) -> list[str]:
+        sel = {i.node_id for i in self.selectedItems() if isinstance(i, NodeItem)}
+        return [n for n in self.graph.nodes if n in sel]  # model order: stable
+
+    def selected_edges(self) -> list[Edge]:
+        return [i.edge for i in self.selectedItems() if isinstance(i, EdgeItem)]
+
+    def select_nodes(self, ids) -> None:
+        ids = set(ids)
+        self.blockSignals(True)
+        self.clearSelection()
+        for nid in ids:
+            if nid in self.node_items:
+                self.node_items[nid].setSelected(True)
+        self.blockSignals(False)
+        self.selectionChanged.emit()
+
+    def edge_label(self, e: Edge) -> str:
+        return self.edge_items[e].label
+
+    # ----- gestures -----------------------------------------------------------
+    def _port_at(self, pos: QPointF) -> PortItem | None:
+        for it in self.items(QRectF(pos.x() - 6, pos.y() - 6, 12, 12)):
+            if isinstance(it, PortItem):
+                return it
+        return None
+
+    def mousePressEvent(self, e) -> None:
+        if e.button() == Qt.LeftButton:
+            port = self._port_at(e.scenePos())
+            if port is not None:
+                self._drag_port = port
+                self._drag_path = QGraphicsPathItem()
+                self._drag_path.setPen(QPen(QColor(self.theme.selected), 2, Qt.DashLine))
+                self._drag_path.setZValue(5)
+                self.addItem(self._drag_path)
+                e.accept()
+                return
+        super().mousePressEvent(e)
+
+    def mouseMoveEvent(self, e) -> None:
+        if self._drag_port is not None:
+            a = self._drag_port.scenePos()
+            b = e.scenePos()
+            if self._drag_port.is_input:
+                a, b = b, a
+            dx = max(40.0, abs(b.x() - a.x()) * 0.5)
+            path = QPainterPath(a)
+            path.cubicTo(QPointF(a.x() + dx, a.y()), QPointF(b.x() - dx, b.y()), b)
+            self._drag_path.setPath(path)
+            e.accept()
+            return
+        super().mouseMoveEvent(e)
+
+    def mouseReleaseEvent(self, e) -> None:
+        if self._drag_port is not None:
+            start = self._drag_port
+            self.removeItem(self._drag_path)
+            self._drag_port = self._drag_path = None
+            end = self._port_at(e.scenePos())
+            e.accept()
+            if end is None:
+                self.port_released_on_empty.emit(start.node_id, start.name, start.is_input, e.scenePos())
+            elif end is not start:
+                # whichever end was grabbed first, the model wants output -> input
+                a, b = (end, start) if start.is_input else (start, end)
+                self.connect_requested.emit(a.node_id, a.name, b.node_id, b.name)
+            return
+        super().mouseReleaseEvent(e)
+        moves = {}
+        for nid, item in self.node_items.items():
+            model = self.graph.nodes[nid].pos
+            now = (item.pos().x(), item.pos().y())
+            if now != model:
+                moves[nid] = (model, now)
+        if moves:
+            self.nodes_moved.emit(moves)

@@ -1,0 +1,194 @@
+"""The canvas: a QGraphicsView over NodeScene with zoom, pan, rubber band,
+grid, a minimap, palette drops and Tab search-to-add."""
+from __future__ import annotations
+
+import math
+
+from PySide6.QtCore import QEvent, QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import QColor, QPainter, QPen
+from PySide6.QtWidgets import QFrame, QGraphicsView
+
+from widgets.minimap import Minimap
+from widgets.node_scene import GRID, NodeScene
+from widgets.palette import LAYER_MIME
+from widgets.search_popup import SearchPopup
+
+MIN_ZOOM, MAX_ZOOM = 0.05, 3.0
+
+
+class NodeView(QGraphicsView):
+    add_requested = Signal(str, QPointF)  # layer type, scene position
+    viewport_moved = Signal()
+
+    def __init__(self, scene: NodeScene, parent=None):
+        super().__init__(scene, parent)
+        self.setRenderHints(QPainter.Antialiasing | QPainter.TextAntialiasing)
+        self.setDragMode(QGraphicsView.RubberBandDrag)
+        self.setRubberBandSelectionMode(Qt.IntersectsItemShape)
+        self.setTransformationAnchor(QGraphicsView.AnchorUnderMouse)
+        self.setViewportUpdateMode(QGraphicsView.SmartViewportUpdate)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.setFrameShape(QFrame.NoFrame)
+        self.setAcceptDrops(True)
+        self.setFocusPolicy(Qt.StrongFocus)
+        self._pan_from: QPointF | None = None
+        self._space = False
+        self.search = SearchPopup(self)
+        self.search.chosen.connect(self._search_chosen)
+        self._search_pos = QPointF()
+        self.minimap = Minimap(self)
+        self.horizontalScrollBar().valueChanged.connect(self.viewport_moved)
+        self.verticalScrollBar().valueChanged.connect(self.viewport_moved)
+
+    # ----- geometry -----------------------------------------------------------
+    def zoom(self) -> float:
+        return self.transform().m11()
+
+    def set_zoom(self, z: float, anchor: QPointF | None = None) -> None:
+        z = max(MIN_ZOOM, min(MAX_ZOOM, z))
+        f = z / self.zoom()
+        if anchor is None:
+            self.setTransformationAnchor(QGraphicsView.AnchorViewCenter)
+        self.scale(f, f)
+        self.setTransformationAnchor(QGraphicsView.AnchorUnderMouse)
+        self.viewport_moved.emit()
+
+    def visible_scene_rect(self) -> QRectF:
+        return self.mapToScene(self.viewport().rect()).boundingRect()
+
+    def fit(self, rect: QRectF | None = None) -> None:
+        """Fit the whole diagram (or rect), never zooming in past 100%."""
+        r = rect if rect is not None else self.scene().itemsBoundingRect()
+        if r.isNull():
+            r = QRectF(-200, -150, 400, 300)
+        r = r.adjusted(-40, -40, 40, 40)
+        self.fitInView(r, Qt.KeepAspectRatio)
+        if self.zoom() > 1.0:
+            self.set_zoom(1.0)
+            self.centerOn(r.center())
+        elif self.zoom() < MIN_ZOOM:
+            self.set_zoom(MIN_ZOOM)
+            self.centerOn(r.center())
+        self.viewport_moved.emit()
+
+    def resizeEvent(self, e) -> None:
+        super().resizeEvent(e)
+        self.minimap.move(self.width() - self.minimap.width() - 12, self.height() - self.minimap.height() - 12)
+
+    # ----- painting -----------------------------------------------------------
+    def drawBackground(self, p: QPainter, rect: QRectF) -> None:
+        t = self.scene().theme
+        p.fillRect(rect, QColor(t.background))
+        step = GRID
+        while step * self.zoom() < 12:  # keep the grid from turning into a grey fill
+            step *= 5
+        left = math.floor(rect.left() / step) * step
+        top = math.floor(rect.top() / step) * step
+        minor, major = QPen(QColor(t.grid_minor), 0), QPen(QColor(t.grid_major), 0)
+        lines_minor, lines_major = [], []
+        x = left
+        while x < rect.right():
+            (lines_major if round(x / step) % 5 == 0 else lines_minor).append((QPointF(x, rect.top()), QPointF(x, rect.bottom())))
+            x += step
+        y = top
+        while y < rect.bottom():
+            (lines_major if round(y / step) % 5 == 0 else lines_minor).append((QPointF(rect.left(), y), QPointF(rect.right(), y)))
+            y += step
+        p.setPen(minor)
+        for a, b in lines_minor:
+            p.drawLine(a, b)
+        p.setPen(major)
+        for a, b in lines_major:
+            p.drawLine(a, b)
+
+    # ----- zoom and pan -------------------------------------------------------
+    def wheelEvent(self, e) -> None:
+        steps = e.angleDelta().y() / 120.0
+        if steps:
+            self.set_zoom(self.zoom() * (1.15 ** steps), anchor=e.position())
+        e.accept()
+
+    def mousePressEvent(self, e) -> None:
+        if e.button() == Qt.MiddleButton or (e.button() == Qt.LeftButton and self._space):
+            self._pan_from = e.position()
+            self.viewport().setCursor(Qt.ClosedHandCursor)
+            e.accept()
+            return
+        self.search.hide()
+        super().mousePressEvent(e)
+
+    def mouseMoveEvent(self, e) -> None:
+        if self._pan_from is not None:
+            d = e.position() - self._pan_from
+            self._pan_from = e.position()
+            self.horizontalScrollBar().setValue(self.horizontalScrollBar().value() - round(d.x()))
+            self.verticalScrollBar().setValue(self.verticalScrollBar().value() - round(d.y()))
+            e.accept()
+            return
+        super().mouseMoveEvent(e)
+
+    def mouseReleaseEvent(self, e) -> None:
+        if self._pan_from is not None:
+            self._pan_from = None
+            self.viewport().unsetCursor()
+            e.accept()
+            return
+        super().mouseReleaseEvent(e)
+
+    # ----- keys ---------------------------------------------------------------
+    def event(self, e) -> bool:
+        # Tab would move the focus to the next widget; on the canvas it opens search
+        if e.type() == QEvent.KeyPress and e.key() == Qt.Key_Tab:
+            self.open_search()
+            return True
+        return super().event(e)
+
+    def open_search(self) -> None:
+        vp = self.viewport().mapFromGlobal(self.cursor().pos())
+        if not self.viewport().rect().contains(vp):
+            vp = self.viewport().rect().center()
+        self._search_pos = self.mapToScene(vp)
+        self.search.open_at(self.viewport().mapTo(self, vp))
+
+    def _search_chosen(self, layer_type: str) -> None:
+        self.add_requested.emit(layer_type, self._search_pos)
+
+    def keyPressEvent(self, e) -> None:
+        if e.key() == Qt.Key_Space and not e.isAutoRepeat():
+            self._space = True
+            self.setDragMode(QGraphicsView.NoDrag)
+            self.viewport().setCursor(Qt.OpenHandCursor)
+            e.accept()
+            return
+        super().keyPressEvent(e)
+
+    def keyReleaseEvent(self, e) -> None:
+        if e.key() == Qt.Key_Space and not e.isAutoRepeat():
+            self._space = False
+            self.setDragMode(QGraphicsView.RubberBandDrag)
+            self.viewport().unsetCursor()
+            e.accept()
+            return
+        super().keyReleaseEvent(e)
+
+    # ----- palette drops ------------------------------------------------------
+    def dragEnterEvent(self, e) -> None:
+        if e.mimeData().hasFormat(LAYER_MIME):
+            e.acceptProposedAction()
+        else:
+            super().dragEnterEvent(e)
+
+    def dragMoveEvent(self, e) -> None:
+        if e.mimeData().hasFormat(LAYER_MIME):
+            e.acceptProposedAction()
+        else:
+            super().dragMoveEvent(e)
+
+    def dropEvent(self, e) -> None:
+        if e.mimeData().hasFormat(LAYER_MIME):
+            t = bytes(e.mimeData().data(LAYER_MIME)).decode()
+            self.add_requested.emit(t, self.mapToScene(e.position().toPoint()))
+            e.acceptProposedAction()
+        else:
+            super().dropEvent(e)
