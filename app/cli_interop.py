@@ -1,0 +1,87 @@
+"""export (ONNX, PyTorch script) and import (ONNX file, nn.Module by import path)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from app.cli import CliError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="write the project's model as ONNX and/or a standalone PyTorch training script")
+    p.add_argument("project")
+    p.add_argument("--onnx", metavar="FILE", help="ONNX file to write (dynamic batch dimension)")
+    p.add_argument("--script", metavar="FILE", help="standalone training script to write (torch only)")
+    p.add_argument("--opset", type=int, default=None, help="ONNX opset (default 20)")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("import", help="make a project from MODEL.onnx or module:pkg.mod:Class, with its weights")
+    p.add_argument("source", help="an .onnx file, or module:package.module:Class")
+    p.add_argument("-o", "--output", required=True, metavar="PROJECT", help="project file to write (.lflow)")
+    p.add_argument("--kwargs", default="{}", help="module import: constructor keyword arguments as JSON")
+    p.add_argument("--input-shape", action="append", default=[], metavar="3,32,32",
+                   help="module import: shape of one input without the batch (repeat for several inputs)")
+    p.add_argument("--input-dtype", action="append", default=[], choices=("float32", "int64"),
+                   help="module import: dtype of each input (default float32)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing project file")
+    p.set_defaults(func=cmd_import)
+
+
+def cmd_export(args) -> int:
+    from engine.interop import InteropError, export_onnx, export_script
+    from engine.interop.onnx_export import DEFAULT_OPSET
+    from engine.project import load_project
+
+    if not args.onnx and not args.script:
+        raise CliError("say what to write: --onnx FILE and/or --script FILE")
+    project = load_project(args.project)
+    try:
+        if args.onnx:
+            path = export_onnx(project, args.onnx, opset=args.opset or DEFAULT_OPSET)
+            print(f"wrote {path}")
+        if args.script:
+            path = export_script(project, args.script)
+            print(f"wrote {path}")
+    except InteropError as exc:
+        raise CliError(str(exc)) from None
+    return 0
+
+
+def _shape(text: str) -> list[int]:
+    try:
+        dims = [int(s) for s in text.replace("x", ",").split(",") if s.strip()]
+    except ValueError:
+        raise CliError(f"--input-shape '{text}' must be sizes separated by commas, e.g. 3,32,32") from None
+    if not dims or any(d <= 0 for d in dims):
+        raise CliError(f"--input-shape '{text}' must list positive sizes")
+    return dims
+
+
+def cmd_import(args) -> int:
+    from engine.interop import InteropError, import_module, import_onnx, save_imported
+
+    out = Path(args.output)
+    if out.exists() and not args.force:
+        raise CliError(f"{out} exists; pass --force to overwrite it")
+    try:
+        if args.source.startswith("module:"):
+            try:
+                kwargs = json.loads(args.kwargs)
+            except json.JSONDecodeError as exc:
+                raise CliError(f"--kwargs is not valid JSON: {exc.msg} at column {exc.colno}") from None
+            if not isinstance(kwargs, dict):
+                raise CliError("--kwargs must be a JSON object, e.g. '{\"width\": 64}'")
+            imported = import_module(args.source[len("module:"):], kwargs, [_shape(s) for s in args.input_shape],
+                                     args.input_dtype or None, name=out.stem)
+        else:
+            imported = import_onnx(args.source, name=out.stem)
+        path = save_imported(imported, out)
+    except InteropError as exc:
+        raise CliError(str(exc)) from None
+    for note in imported.notes:
+        print(f"note: {note}", file=sys.stderr)
+    n = len(imported.project.graph.nodes)
+    print(f"wrote {path} ({n} nodes, {imported.n_params:,} parameters) and {imported.project.weights}")
+    return 0

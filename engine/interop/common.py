@@ -1,0 +1,104 @@
+"""Shared pieces of the importers: the Imported result, names, saving atomically."""
+from __future__ import annotations
+
+import builtins
+import io
+import keyword
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from engine.project import Project, atomic_write, save_project
+
+# Names a node may not take: fx would rename it (keywords, builtins, names fx's
+# generated code uses) or nn.Module already has the attribute (compile refuses those).
+_RESERVED = (set(dir(nn.Module)) | {"forward", "code", "graph"} | set(keyword.kwlist)
+             | set(vars(builtins)) | {"torch", "math", "inf", "nan", "device", "pytree", "fx_pytree"})
+
+
+class InteropError(ValueError):
+    """An export or import that cannot be done; the message lists every reason."""
+
+
+@dataclass
+class Imported:
+    """A diagram built from a foreign model, with the weights it came with.
+
+    `state` has the keys of the compiled module's state_dict (node id + '.' +
+    parameter), so engine/runtime/model.py load_weights reads it once saved."""
+
+    project: Project
+    state: dict[str, torch.Tensor]
+    source: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_params(self) -> int:
+        """Learnable parameters in the imported diagram (buffers not counted)."""
+        from engine.compile import compile_graph
+
+        return compile_graph(self.project.graph).total_params
+
+
+def weights_name(project_path: str | Path) -> str:
+    """NAME.weights.pt beside NAME.lflow (relative, so the pair moves together)."""
+    p = Path(project_path)
+    stem = p.name[: -len(p.suffix)] if p.suffix else p.name
+    return f"{stem}.weights.pt"
+
+
+def save_imported(imported: Imported, project_path: str | Path) -> Path:
+    """Write the weights file, then the project that names it; each atomically.
+
+    A crash between the two leaves at most an unreferenced weights file, never a
+    project whose weights are missing or half written."""
+    project_path = Path(project_path)
+    wname = weights_name(project_path)
+    buf = io.BytesIO()
+    torch.save({k: v.detach().cpu().contiguous() for k, v in imported.state.items()}, buf)
+    wpath = project_path.parent / wname
+    atomic_write(wpath, buf.getvalue())
+    imported.project.weights = wname
+    try:
+        return save_project(imported.project, project_path)
+    except BaseException:
+        imported.project.weights = None
+        raise
+
+
+def make_id(base: str, taken: set[str]) -> str:
+    """A valid, unused Python identifier made from any text (ONNX names, fx targets)."""
+    s = re.sub(r"[^A-Za-z0-9_]", "_", base).strip("_")
+    s = re.sub(r"_+", "_", s) or "node"
+    if s[0].isdigit():
+        s = "n_" + s
+    if s not in taken and s not in _RESERVED:
+        taken.add(s)
+        return s
+    i = 1
+    while f"{s}{i}" in taken or f"{s}{i}" in _RESERVED:
+        i += 1
+    taken.add(f"{s}{i}")
+    return f"{s}{i}"
+
+
+def check_imported(imported: Imported) -> None:
+    """The diagram compiles and the weights fit it exactly; raises InteropError."""
+    from engine.compile import compile_graph
+
+    result = compile_graph(imported.project.graph)
+    if not result.ok:
+        raise InteropError(f"{imported.source}: the imported diagram does not compile:\n"
+                           + "\n".join(f"  {e}" for e in result.errors))
+    gm = result.build(seed=0)
+    want = gm.state_dict()
+    missing = sorted(set(want) - set(imported.state))
+    extra = sorted(set(imported.state) - set(want))
+    wrong = sorted(k for k in set(want) & set(imported.state) if tuple(want[k].shape) != tuple(imported.state[k].shape))
+    if missing or extra or wrong:
+        raise InteropError(
+            f"{imported.source}: the weights do not fit the diagram (a bug in the importer): "
+            f"missing {missing[:5]}, unexpected {extra[:5]}, wrong shape {wrong[:5]}")

@@ -1,0 +1,163 @@
+"""Diagram -> ONNX through torch.onnx's dynamo exporter, with a dynamic batch dimension.
+
+The legacy exporter (dynamo=False) fails on a hand-built fx GraphModule, so the
+dynamo one is used. optimize=False on purpose: the optimizer folds constants, which
+renames weights (a transposed Linear weight becomes `val_14`), merges equal weights
+into one initializer and cuts a PositionalEmbedding table down to the rows one
+sequence uses. Unoptimized, every initializer is named by its state_dict key and
+holds the whole parameter, so an import gets back exactly what was exported.
+
+Add/Mul/Concat are wrapped in tiny modules before export so that each ONNX node
+records the diagram's node id in its scope metadata; the importer names nodes
+after it. The diagram itself travels in the model's metadata ("layerflow.diagram")
+for what ONNX cannot say (dropout rates, positions on the canvas, the loss).
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+from torch import fx, nn
+
+from engine.compile import compile_graph
+from engine.interop.common import InteropError
+from engine.project import Project, atomic_write
+from engine.runtime.model import load_weights
+
+DEFAULT_OPSET = 20  # Gelu is one op from 20 on; LayerNormalization needs 17+
+DIAGRAM_KEY = "layerflow.diagram"
+
+
+class Add(nn.Module):
+    def forward(self, a, b):
+        return a + b
+
+
+class Mul(nn.Module):
+    def forward(self, a, b):
+        return a * b
+
+
+class Concat(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, *xs):
+        return torch.cat(xs, dim=self.dim)
+
+
+def _wrap_functions(gm: fx.GraphModule, spec: dict) -> fx.GraphModule:
+    """Turn the call_function nodes of Add/Mul/Concat into call_module nodes."""
+    types = {n["id"]: (n["type"], n["params"]) for n in spec["nodes"]}
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.name not in types:
+            continue
+        ntype, params = types[node.name]
+        mod = {"Add": Add, "Mul": Mul}.get(ntype)
+        args = node.args
+        if ntype == "Concat":
+            mod, args = (lambda: Concat(params["dim"])), tuple(node.args[0])
+        if mod is None:
+            continue
+        gm.add_submodule(node.name, mod())
+        with gm.graph.inserting_before(node):
+            new = gm.graph.call_module(node.name, args)
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        new.name = node.name
+    gm.recompile()
+    return gm
+
+
+def build_for_export(project: Project, seed: int | None = None) -> tuple[fx.GraphModule, tuple, dict]:
+    """The project's module (with its weights file if it has one) in eval mode,
+    sample inputs of batch 2, and the compiled spec."""
+    result = compile_graph(project.graph)
+    if not result.ok:
+        raise InteropError("the diagram has errors; fix them before exporting:\n"
+                           + "\n".join(f"  {e}" for e in result.errors))
+    gm = result.build(seed=project.training.seed if seed is None else seed)
+    if project.weights:
+        wpath = project.resolve_path(project.weights)
+        try:
+            load_weights(gm, str(wpath))
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise InteropError(f"cannot load the project's weights {wpath}: {exc}") from None
+    gm.eval()
+    inputs = []
+    for nid in result.spec["inputs"]:
+        info = result.nodes[nid].out
+        dtype = getattr(torch, info.dtype)
+        inputs.append(torch.zeros((2, *info.shape), dtype=dtype) if dtype.is_floating_point is False
+                      else torch.randn((2, *info.shape), dtype=dtype))
+    return gm, tuple(inputs), result.spec
+
+
+def to_onnx_model(project: Project, opset: int = DEFAULT_OPSET):
+    """The ONNX ModelProto of a project (checked by onnx.checker)."""
+    import onnx
+
+    gm, inputs, spec = build_for_export(project)
+    gm = _wrap_functions(gm, spec)
+    batch = torch.export.Dim("batch", min=1)
+    dynamic = tuple({0: batch} for _ in inputs)
+    custom = [n["id"] for n in spec["nodes"] if n["type"] == "Custom"]
+    try:
+        with warnings.catch_warnings(), _quiet():
+            warnings.simplefilter("ignore")
+            prog = torch.onnx.export(gm, inputs, dynamo=True, dynamic_shapes=dynamic, opset_version=opset,
+                                     optimize=False, verbose=False, input_names=list(spec["inputs"]),
+                                     output_names=[_out_name(o) for o in spec["outputs"]])
+    except Exception as exc:  # torch raises many types; the first line says which op
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        named = [n["id"] for n in spec["nodes"] if n["id"] in str(exc)]
+        hint = f" (nodes named in the error: {', '.join(named[:5])})" if named else ""
+        if custom:
+            hint += f"; Custom layers ({', '.join(custom)}) are the usual cause: replace them by catalog layers"
+        raise InteropError(f"the diagram cannot be exported to ONNX: {type(exc).__name__}: {first}{hint}") from None
+    model = prog.model_proto
+    entry = model.metadata_props.add()
+    entry.key, entry.value = DIAGRAM_KEY, json.dumps(project.graph.to_dict(), sort_keys=True)
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.checker.ValidationError as exc:
+        raise InteropError(f"the exported ONNX model does not pass onnx.checker: {str(exc).splitlines()[0]}") from None
+    return model
+
+
+def _out_name(node_id: str) -> str:
+    return node_id
+
+
+class _quiet:
+    """torch.onnx prints progress lines and torchvision warnings; keep the CLI clean."""
+
+    def __enter__(self):
+        import contextlib
+        import sys
+
+        self._log = logging.getLogger("torch.onnx")
+        self._level = self._log.level
+        self._log.setLevel(logging.ERROR)
+        self._out = contextlib.redirect_stdout(io.StringIO())
+        self._out.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._out.__exit__(*exc)
+        self._log.setLevel(self._level)
+        return False
+
+
+def export_onnx(project: Project, path: str | Path, opset: int = DEFAULT_OPSET) -> Path:
+    """Write the project's model (weights from its weights file, else initial
+    weights for its training seed) as ONNX with a dynamic batch dimension."""
+    model = to_onnx_model(project, opset)
+    path = Path(path)
+    atomic_write(path, model.SerializeToString())
+    return path
