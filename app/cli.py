@@ -13,7 +13,6 @@ import sys
 
 COMMAND_MODULES = [
     "app.cli_core",  # validate, summary, train
-    "app.cli_gui",  # (bare) editor, open, screenshot
     "app.cli_interop",  # export (--onnx/--script), import (.onnx, module:pkg.mod:Class)
     "app.cli_gui",  # (bare) editor, open, screenshot
 ]
