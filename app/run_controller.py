@@ -1,0 +1,294 @@
+"""Start, watch and stop training runs from the GUI.
+
+A run is the CLI's own `python main.py train PROJECT --out RUN_DIR [--nproc N]`
+(or `--resume RUN_DIR`) in a child process that leads its own process group
+(start_new_session): Stop sends SIGTERM to the whole group (the trainer saves a
+checkpoint and marks the run cancelled; torchrun forwards it to its workers), and
+SIGKILL after a grace period to whatever is left. Nothing runs in the GUI thread
+but a 5 Hz poll: the process's exit code and the new lines of metrics.jsonl
+(engine/tail.py, by byte offset).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from engine.runs import failure_report, is_run_dir
+from engine.tail import MetricsTail
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN = ROOT / "main.py"
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group `pgid`, from /proc."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                rest = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # fields after "(comm)": state, ppid, pgrp, ...
+        if len(rest) > 2 and int(rest[2]) == pgid and rest[0] != b"Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def _fmt_eta(seconds: float) -> str:
+    if not math.isfinite(seconds) or seconds < 0:
+        return "…"
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s}s"
+
+
+@dataclass
+class ActiveRun:
+    run_dir: Path
+    proc: subprocess.Popen
+    command: list[str]
+    resume: bool = False
+    snapshot: Path | None = None  # temporary project file, removed at the end
+    tail: MetricsTail | None = None
+    total_steps: int | None = None
+    stop_requested: bool = False
+    kill_at: float | None = None  # monotonic time to escalate to SIGKILL
+    started: float = field(default_factory=time.monotonic)
+    rate_ref: tuple[float, int] | None = None  # (metrics time, step) of the first record seen
+    step: int = 0
+    eta: float = math.nan
+
+    @property
+    def pgid(self) -> int:
+        return self.proc.pid  # start_new_session: the child leads its group
+
+
+class RunController(QObject):
+    """One training run at a time, launched and watched for the GUI."""
+
+    started = Signal(str)  # run_dir
+    records = Signal(str, list)  # run_dir, new metrics records
+    progress = Signal(str, int, int, float)  # run_dir, step, total_steps (0: unknown), eta seconds (nan)
+    finished = Signal(str, str)  # run_dir, state: succeeded | failed | cancelled
+    failed = Signal(str, dict)  # run_dir, engine.runs.failure_report(...) (+ "message")
+
+    POLL_MS = 200
+
+    def __init__(self, parent=None, python: str = sys.executable, grace_s: float = 15.0):
+        super().__init__(parent)
+        self.python = python
+        self.grace_s = grace_s
+        self.active: ActiveRun | None = None
+        self.node_ids: tuple[str, ...] = ()  # for naming the failed node
+        self._timer = QTimer(self)
+        self._timer.setInterval(self.POLL_MS)
+        self._timer.timeout.connect(self.poll)
+
+    # ----- starting ---------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self.active is not None
+
+    def start(self, project, *, nproc: int = 1, steps: int | None = None, runs_dir: str | Path | None = None,
+              unsaved: bool = False) -> Path:
+        """Train `project` (an engine Project) in a new run folder; returns the folder.
+        A project with unsaved changes (`unsaved`, or never saved) is run as it is on
+        screen: a snapshot is written beside it (so relative data paths resolve) and
+        removed when the run ends."""
+        from engine.project import save_project
+        from engine.run import new_run_dir
+
+        self._refuse_if_running()
+        run_dir = new_run_dir(project, Path(runs_dir) if runs_dir else None)
+        snapshot = None
+        if unsaved or project.path is None or not Path(project.path).exists():
+            snapshot = project.directory / f".{run_dir.name}.lflow"
+            copy = project.copy()
+            save_project(copy, snapshot)
+            project_file = snapshot
+        else:
+            project_file = Path(project.path)
+        cmd = [self.python, str(MAIN), "train", str(project_file), "--out", str(run_dir)]
+        if nproc > 1:
+            cmd += ["--nproc", str(nproc)]
+        if steps:
+            cmd += ["--steps", str(steps)]
+        self.node_ids = tuple(project.graph.nodes)
+        return self._launch(run_dir, cmd, snapshot=snapshot)
+
+    def resume(self, run_dir: str | Path, *, nproc: int = 1, node_ids=()) -> Path:
+        """Continue a stopped run from its latest checkpoint."""
+        self._refuse_if_running()
+        run_dir = Path(run_dir)
+        latest = run_dir / "checkpoints" / "latest"
+        if not latest.is_file():
+            raise ValueError(f"{run_dir.name}: no checkpoint to resume from (checkpoints/latest is missing)")
+        cmd = [self.python, str(MAIN), "train", str(run_dir / "project.lflow"), "--resume", str(run_dir)]
+        if nproc > 1:
+            cmd += ["--nproc", str(nproc)]
+        self.node_ids = tuple(node_ids)
+        return self._launch(run_dir, cmd, resume=True)
+
+    def _refuse_if_running(self) -> None:
+        if self.active is not None:
+            raise RuntimeError(f"a run is already going ({self.active.run_dir.name}); stop it first")
+
+    def _launch(self, run_dir: Path, cmd: list[str], *, snapshot: Path | None = None, resume: bool = False) -> Path:
+        logs = run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with open(logs / "launcher.log", "ab") as out:
+            out.write(f"$ {' '.join(cmd)}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(cmd, cwd=str(ROOT), env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        tail = MetricsTail(run_dir / "metrics.jsonl")
+        self.active = ActiveRun(run_dir=run_dir, proc=proc, command=cmd, resume=resume, snapshot=snapshot, tail=tail)
+        self._timer.start()
+        self.started.emit(str(run_dir))
+        return run_dir
+
+    # ----- stopping ---------------------------------------------------------------
+    def stop(self) -> None:
+        """SIGTERM to the run's process group now, SIGKILL after `grace_s` if needed."""
+        a = self.active
+        if a is None:
+            return
+        a.stop_requested = True
+        a.kill_at = time.monotonic() + self.grace_s
+        self._signal_group(a, signal.SIGTERM)
+
+    def kill(self) -> None:
+        a = self.active
+        if a is not None:
+            a.stop_requested = True
+            self._signal_group(a, signal.SIGKILL)
+
+    def _signal_group(self, a: ActiveRun, sig) -> None:
+        try:
+            os.killpg(a.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop the run and wait for its processes (the app is closing)."""
+        a = self.active
+        if a is None:
+            return
+        self.stop()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and (a.proc.poll() is None or group_pids(a.pgid)):
+            time.sleep(0.05)
+        if group_pids(a.pgid):
+            self._signal_group(a, signal.SIGKILL)
+        a.proc.wait()
+        self.poll()
+
+    # ----- watching ---------------------------------------------------------------
+    def poll(self) -> None:
+        a = self.active
+        if a is None:
+            self._timer.stop()
+            return
+        self._read_metrics(a)
+        code = a.proc.poll()
+        if a.kill_at is not None and time.monotonic() > a.kill_at and group_pids(a.pgid):
+            self._signal_group(a, signal.SIGKILL)
+        if code is None:
+            return
+        left = group_pids(a.pgid)
+        if left:  # the leader is gone but a worker is not: end it before calling the run over
+            self._signal_group(a, signal.SIGTERM if a.kill_at is None else signal.SIGKILL)
+            if a.kill_at is None:
+                a.kill_at = time.monotonic() + self.grace_s
+            return
+        self._read_metrics(a)
+        self._finish(a, code)
+
+    def _read_metrics(self, a: ActiveRun) -> None:
+        recs = a.tail.poll_records()
+        if a.total_steps is None and (a.run_dir / "run.json").is_file():
+            try:
+                a.total_steps = int(json.loads((a.run_dir / "run.json").read_text())["total_steps"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        if not recs:
+            return
+        for r in recs:
+            if isinstance(r.get("step"), int) and isinstance(r.get("time"), (int, float)) and "event" not in r:
+                a.step = r["step"]
+                if a.rate_ref is None:
+                    a.rate_ref = (float(r["time"]), a.step)
+                else:
+                    dt, ds = float(r["time"]) - a.rate_ref[0], a.step - a.rate_ref[1]
+                    if dt > 0 and ds > 0 and a.total_steps:
+                        a.eta = (a.total_steps - a.step) * dt / ds
+        self.records.emit(str(a.run_dir), recs)
+        self.progress.emit(str(a.run_dir), a.step, a.total_steps or 0, a.eta)
+
+    def _finish(self, a: ActiveRun, code: int) -> None:
+        self._timer.stop()
+        self.active = None
+        if a.snapshot is not None:
+            try:
+                a.snapshot.unlink()
+            except OSError:
+                pass
+        state = None
+        try:
+            state = json.loads((a.run_dir / "status.json").read_text()).get("state")
+        except (OSError, ValueError, AttributeError):
+            pass
+        if state not in ("succeeded", "failed", "cancelled"):
+            state = "cancelled" if a.stop_requested else ("succeeded" if code == 0 else "failed")
+        if state == "failed":
+            report = failure_report(a.run_dir, self.node_ids)
+            report["message"] = self._last_error_line(a.run_dir) or f"the training process exited with code {code}"
+            report["code"] = code
+            if not is_run_dir(a.run_dir):
+                # The CLI refused before the folder became a run (e.g. the data does not
+                # fit the diagram): keep nothing but tell the user why.
+                report.setdefault("traceback", None)
+                report["traceback"] = report["traceback"] or self._launcher_text(a.run_dir)
+                self._remove_empty(a.run_dir)
+            self.failed.emit(str(a.run_dir), report)
+        self.finished.emit(str(a.run_dir), state)
+
+    @staticmethod
+    def _launcher_text(run_dir: Path) -> str:
+        try:
+            return (run_dir / "logs" / "launcher.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def _last_error_line(self, run_dir: Path) -> str | None:
+        for line in reversed(self._launcher_text(run_dir).splitlines()):
+            if line.startswith("error:"):
+                return line[len("error:"):].strip()
+        return None
+
+    @staticmethod
+    def _remove_empty(run_dir: Path) -> None:
+        import shutil
+
+        if run_dir.is_dir() and not is_run_dir(run_dir) and {p.name for p in run_dir.iterdir()} <= {"logs"}:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+    def eta_text(self) -> str:
+        a = self.active
+        return _fmt_eta(a.eta) if a else ""

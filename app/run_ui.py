@@ -1,0 +1,329 @@
+"""Run and watch, installed into the main window: the run toolbar, the Dashboard and
+Runs docks, a progress bar with ETA in the status bar, end/failure notifications.
+
+app/main_window.py imports this module last and calls `install(window)` at the end
+of MainWindow.__init__ (EXTENSIONS). The window's own API is all it uses:
+add_dock, run_toolbar, project, project_changed, run_openers, ask, is_dirty,
+select_and_show.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import math
+from pathlib import Path
+
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer
+from PySide6.QtWidgets import QApplication, QMessageBox, QProgressBar, QSystemTrayIcon
+
+from app.main_window import EXTENSIONS
+from app.run_controller import RunController, _fmt_eta
+from engine.runs import confusion_matrix, delete_run, list_runs, runs_dir, summarize_run
+from engine.tail import read_metrics
+from widgets.dashboard import Dashboard
+from widgets.run_toolbar import RunToolbar
+from widgets.runs_panel import RunsPanel
+
+RESUMABLE = ("cancelled", "failed", "interrupted")
+
+
+class RunUI(QObject):
+    """Everything about runs in one window."""
+
+    def __init__(self, window):
+        super().__init__(window)
+        self.window = window
+        self.controller = RunController(self)
+        self.dashboard = Dashboard(smoothing=0.6)
+        self.runs_panel = RunsPanel()
+        self.toolbar = RunToolbar(window.run_toolbar)
+        self.notifications: list[str] = []  # every end/failure message, newest last
+        self.failure_box: QMessageBox | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="confusion")
+        self._confusion_job: tuple[str, concurrent.futures.Future] | None = None
+        self._confusion_timer = QTimer(self, interval=100, timeout=self._poll_confusion)
+
+        self.dashboard_dock = window.add_dock("Dashboard", self.dashboard, Qt.BottomDockWidgetArea)
+        self.runs_dock = window.add_dock("Runs", self.runs_panel, Qt.RightDockWidgetArea)
+        # The dashboard shares the bottom with Problems/Summary, the runs list the
+        # right side with Inspector/Devices; both come to the front when a run does.
+        for neighbour, dock in (("problems_dock", self.dashboard_dock), ("inspector_dock", self.runs_dock)):
+            other = getattr(window, neighbour, None)
+            if other is not None:
+                window.tabifyDockWidget(other, dock)
+                other.raise_()
+
+        self.progress = QProgressBar()
+        self.progress.setMaximumWidth(260)
+        self.progress.setTextVisible(True)
+        self.progress.setVisible(False)
+        window.statusBar().addPermanentWidget(self.progress)
+
+        c = self.controller
+        c.started.connect(self._on_started)
+        c.records.connect(self._on_records)
+        c.progress.connect(self._on_progress)
+        c.finished.connect(self._on_finished)
+        c.failed.connect(self._on_failed)
+        self.toolbar.run_requested.connect(self.run)
+        self.toolbar.stop_requested.connect(self.stop)
+        self.toolbar.resume_requested.connect(lambda _t, n: self.resume(None, n))
+        p = self.runs_panel
+        p.open_requested.connect(self.open_run)
+        p.compare_requested.connect(self.compare)
+        p.delete_requested.connect(self.delete)
+        p.resume_requested.connect(lambda path: self.resume(path, self.toolbar.procs.value()))
+        p.refresh_requested.connect(self.refresh)
+        window.project_changed.connect(self._on_project_changed)
+        window.run_openers.append(self._open_for_window)
+        window.installEventFilter(self)
+        app = QApplication.instance()
+        if app is not None:
+            app.aboutToQuit.connect(self.shutdown)
+        self._on_project_changed()
+
+    # ----- project and history ----------------------------------------------------
+    @property
+    def runs_dir(self) -> Path:
+        return runs_dir(self.window.project.directory)
+
+    def refresh(self) -> None:
+        runs = list_runs(self.runs_dir)
+        self.runs_panel.set_runs(runs)
+        can_resume = any(r.state in RESUMABLE and (r.path / "checkpoints" / "latest").is_file() for r in runs)
+        self.toolbar.set_running(self.controller.running, can_resume)
+
+    def _on_project_changed(self) -> None:
+        if not self.controller.running:
+            self.dashboard.clear()
+        pl = self.window.project.placement
+        self.toolbar.set_processes(pl.dp * pl.tp * pl.pp)
+        self.refresh()
+
+    # ----- running ----------------------------------------------------------------
+    def run(self, target: str = "local", nproc: int = 1, steps: int | None = None) -> Path | None:
+        if self.controller.running:
+            return None
+        if target != "local":
+            self._message(f"Target {target!r} is not available yet; training on this machine needs target 'local'")
+            return None
+        try:
+            run_dir = self.controller.start(self.window.project, nproc=nproc, steps=steps,
+                                            unsaved=self.window.is_dirty())
+        except (OSError, RuntimeError, ValueError) as exc:
+            self._message(f"Cannot start the run: {exc}")
+            return None
+        return run_dir
+
+    def resume(self, run_dir=None, nproc: int = 1) -> Path | None:
+        if self.controller.running:
+            return None
+        if run_dir is None:
+            sel = self.runs_panel.selected_runs()
+            candidates = [Path(p) for p in sel] or [r.path for r in list_runs(self.runs_dir)]
+            run_dir = next((p for p in candidates if summarize_run(p).state in RESUMABLE
+                            and (p / "checkpoints" / "latest").is_file()), None)
+            if run_dir is None:
+                self._message("No stopped run with a checkpoint to resume")
+                return None
+        try:
+            return self.controller.resume(run_dir, nproc=nproc, node_ids=self.window.project.graph.nodes)
+        except (OSError, RuntimeError, ValueError) as exc:
+            self._message(f"Cannot resume: {exc}")
+            return None
+
+    def stop(self) -> None:
+        if self.controller.running:
+            self._message(f"Stopping {self.controller.active.run_dir.name}…")
+            self.controller.stop()
+
+    def shutdown(self) -> None:
+        self.controller.shutdown()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def eventFilter(self, obj, event) -> bool:
+        if obj is self.window and event.type() == QEvent.Close:
+            # closeEvent may still refuse (unsaved changes): decide once it has run.
+            QTimer.singleShot(0, self._after_close)
+        return False
+
+    def _after_close(self) -> None:
+        if not self.window.isVisible():
+            self.shutdown()
+
+    def _on_started(self, run_dir: str) -> None:
+        self.dashboard.clear()
+        self.dashboard.add_run(run_dir, Path(run_dir).name)
+        self.toolbar.set_running(True)
+        self.progress.setRange(0, 0)  # busy until the first step arrives
+        self.progress.setFormat("starting…")
+        self.progress.setVisible(True)
+        self.show_dashboard()
+        self._message(f"Training {self.window.project.name}: {Path(run_dir).name}")
+
+    def _on_records(self, run_dir: str, records: list) -> None:
+        first = not self.dashboard.records(run_dir) if run_dir in self.dashboard.run_keys() else True
+        self.dashboard.append(run_dir, records)
+        if first:
+            self.refresh()  # the folder became a run: list it
+
+    def _on_progress(self, run_dir: str, step: int, total: int, eta: float) -> None:
+        if total:
+            self.progress.setRange(0, total)
+            self.progress.setValue(min(step, total))
+            self.progress.setFormat(f"step {step}/{total} · ETA {_fmt_eta(eta)}" if math.isfinite(eta)
+                                    else f"step {step}/{total}")
+
+    def _on_finished(self, run_dir: str, state: str) -> None:
+        self.progress.setVisible(False)
+        self.refresh()
+        name = Path(run_dir).name
+        s = summarize_run(run_dir) if Path(run_dir).exists() else None
+        best = ""
+        if s is not None and s.best_metric:
+            k, v = s.best_metric
+            best = f", best {'val acc ' + format(v, '.1%') if k == 'val_acc' else 'val loss ' + format(v, '.4g')}"
+        steps = f" after {s.step} steps" if s is not None else ""
+        msg = f"Run {name} {state}{steps}{best}"
+        self.notify(msg, failed=(state == "failed"))
+        if state == "succeeded":
+            self._load_confusion(run_dir)
+
+    def _on_failed(self, run_dir: str, report: dict) -> None:
+        node = report.get("node")
+        rank = report.get("rank")
+        where = (f" in node '{node}'" if node else "") + (f" on rank {rank}" if rank is not None else "")
+        text = f"Run {Path(run_dir).name} failed{where}:\n{report.get('message') or ''}"
+        box = QMessageBox(QMessageBox.Critical, "Run failed", text, QMessageBox.Close, self.window)
+        if report.get("traceback"):
+            box.setDetailedText(report["traceback"])
+        if node:
+            show = box.addButton(f"Show '{node}'", QMessageBox.ActionRole)
+            show.clicked.connect(lambda: self._select_node(node))
+        box.setWindowModality(Qt.NonModal)
+        self.failure_box = box
+        self.failure_report = report
+        box.open()
+
+    def _select_node(self, node: str) -> None:
+        fn = getattr(self.window, "select_and_show", None)
+        if fn is not None:
+            fn(node)
+
+    def notify(self, msg: str, failed: bool = False) -> None:
+        """Status bar, the system tray where there is one, and the task bar."""
+        self.notifications.append(msg)
+        self._message(msg, 30000)
+        if QSystemTrayIcon.isSystemTrayAvailable() and QSystemTrayIcon.supportsMessages():
+            tray = getattr(self, "_tray", None)
+            if tray is None:
+                tray = self._tray = QSystemTrayIcon(self.window.windowIcon(), self)
+                tray.show()
+            tray.showMessage("Layerflow", msg, QSystemTrayIcon.Critical if failed else QSystemTrayIcon.Information, 8000)
+        QApplication.alert(self.window)
+
+    def _message(self, msg: str, ms: int = 10000) -> None:
+        self.window.statusBar().showMessage(msg, ms)
+
+    # ----- history: open, compare, delete ------------------------------------------
+    def show_dashboard(self) -> None:
+        self.dashboard_dock.show()
+        self.dashboard_dock.raise_()
+        h = self.window.height()
+        self.window.resizeDocks([self.dashboard_dock], [max(360, int(h * 0.58))], Qt.Vertical)
+
+    def _live(self) -> str | None:
+        a = self.controller.active
+        return str(a.run_dir) if a else None
+
+    def _show_runs(self, paths: list) -> None:
+        live = self._live()
+        for key in self.dashboard.run_keys():
+            if key != live:
+                self.dashboard.remove_run(key)
+        for p in paths:
+            p = str(Path(p))
+            if p == live:
+                continue
+            self.dashboard.set_records(p, read_metrics(Path(p) / "metrics.jsonl"), label=Path(p).name)
+        self.dashboard.set_confusion(None)
+        self.dashboard.auto_range()
+        self.show_dashboard()
+
+    def open_run(self, run_dir) -> None:
+        run_dir = Path(run_dir)
+        if not (run_dir / "metrics.jsonl").exists() and not (run_dir / "run.json").exists():
+            raise RuntimeError(f"{run_dir}: not a run folder (no run.json or metrics.jsonl)")
+        self._show_runs([run_dir])
+        self.runs_panel.select_runs([str(run_dir)])
+        self._load_confusion(str(run_dir))
+
+    def _open_for_window(self, _window, run_dir) -> None:
+        """window.open_run (the screenshot command): the plots and, when there is
+        one, the confusion matrix, before returning."""
+        self.open_run(run_dir)
+        self.runs_dock.raise_()
+        self.wait_confusion(10.0)
+        self.dashboard.flush()
+
+    def compare(self, a, b) -> None:
+        self._show_runs([a, b])
+
+    def delete(self, run_dir) -> bool:
+        run_dir = Path(run_dir)
+        if self._live() == str(run_dir):
+            self._message("The run is going: stop it before deleting it")
+            return False
+        B = QMessageBox.StandardButton
+        answer = self.window.ask("warning", "Delete run",
+                                 f"Delete the run {run_dir.name} and all its files (checkpoints, model, logs)?\n"
+                                 f"{run_dir}", B.Yes | B.Cancel, B.Cancel)
+        if answer != B.Yes:
+            return False
+        try:
+            delete_run(run_dir, within=self.runs_dir)
+        except (OSError, ValueError) as exc:
+            self._message(f"Cannot delete: {exc}")
+            return False
+        self.dashboard.remove_run(str(run_dir))
+        self.refresh()
+        self._message(f"Deleted {run_dir.name}")
+        return True
+
+    # ----- confusion matrix (computed off the GUI thread) ---------------------------
+    def _load_confusion(self, run_dir: str) -> None:
+        s = summarize_run(run_dir)
+        if s.state != "succeeded" or s.task not in (None, "classification"):
+            return
+        self._confusion_job = (run_dir, self._pool.submit(confusion_matrix, run_dir))
+        self._confusion_timer.start()
+
+    def _poll_confusion(self) -> None:
+        if self._confusion_job is None:
+            self._confusion_timer.stop()
+            return
+        run_dir, fut = self._confusion_job
+        if not fut.done():
+            return
+        self._confusion_timer.stop()
+        self._confusion_job = None
+        try:
+            result = fut.result()
+        except Exception as exc:  # noqa: BLE001 - a broken model file must not break the window
+            self._message(f"No confusion matrix for {Path(run_dir).name}: {exc}")
+            return
+        if result and run_dir in self.dashboard.run_keys():
+            self.dashboard.set_confusion(result["matrix"], result["labels"],
+                                         "Confusion matrix (validation)")
+
+    def wait_confusion(self, timeout_s: float = 30.0) -> None:
+        """Tests and screenshots: block until the pending confusion matrix is shown."""
+        if self._confusion_job is not None:
+            concurrent.futures.wait([self._confusion_job[1]], timeout=timeout_s)
+            self._poll_confusion()
+
+
+def install(window) -> None:
+    window.run_ui = RunUI(window)
+
+
+EXTENSIONS.append(install)

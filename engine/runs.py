@@ -1,0 +1,317 @@
+"""Run history: the run folders under a project's runs directory, summarised.
+
+A run folder follows the run-folder contract (engine/run.py): run.json, status.json,
+metrics.jsonl, logs/rank{R}.log, checkpoints/, model.pt. Everything here reads those
+files only, so it works the same for a run that is going on, one that finished
+yesterday, and one whose process died without a word. No Qt: the runs panel and
+the CLI both use it.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from engine.tail import read_metrics
+
+RUNS_DIRNAME = "runs"
+# The files that make a folder a run folder; delete_run refuses anything else, so a
+# wrong path can never wipe an unrelated directory.
+RUN_MARKERS = ("run.json", "status.json", "metrics.jsonl")
+FINAL_STATES = ("succeeded", "failed", "cancelled", "interrupted")
+
+
+def runs_dir(project_dir: str | os.PathLike) -> Path:
+    """Where a project's runs live: <project folder>/runs."""
+    return Path(project_dir) / RUNS_DIRNAME
+
+
+def is_run_dir(path: str | os.PathLike) -> bool:
+    p = Path(path)
+    return p.is_dir() and any((p / m).is_file() for m in RUN_MARKERS)
+
+
+def _timestamp(value) -> float | None:
+    """status.json times may be epoch seconds or ISO-8601 strings."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def pid_alive(pid) -> bool:
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    # A zombie (exited, not yet reaped by its parent) is not running.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+@dataclass
+class RunSummary:
+    path: Path
+    name: str
+    state: str  # running | succeeded | failed | cancelled | interrupted | pending
+    step: int = 0
+    total_steps: int | None = None
+    started: float | None = None  # epoch seconds
+    ended: float | None = None
+    duration: float | None = None  # seconds (up to now for a running run)
+    best_val_loss: float | None = None
+    best_val_acc: float | None = None
+    error: str | None = None
+    task: str | None = None  # classification | regression
+
+    @property
+    def best_metric(self) -> tuple[str, float] | None:
+        """The headline validation number: best accuracy, else lowest loss."""
+        if self.best_val_acc is not None:
+            return "val_acc", self.best_val_acc
+        if self.best_val_loss is not None:
+            return "val_loss", self.best_val_loss
+        return None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINAL_STATES
+
+
+def _finite(v) -> float | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
+
+
+def summarize_run(path: str | os.PathLike, records: list[dict] | None = None) -> RunSummary:
+    """One run's status, length and best validation numbers, from its files."""
+    p = Path(path)
+    status = _read_json(p / "status.json")
+    info = _read_json(p / "run.json")
+    if records is None:
+        records = read_metrics(p / "metrics.jsonl")
+    steps = [r["step"] for r in records if isinstance(r.get("step"), int)]
+    val_loss = [v for v in (_finite(r.get("val_loss")) for r in records) if v is not None]
+    val_acc = [v for v in (_finite(r.get("val_acc")) for r in records) if v is not None]
+    times = [v for v in (_finite(r.get("time")) for r in records) if v is not None]
+
+    state = status.get("state") if isinstance(status.get("state"), str) else "pending"
+    if state == "running" and "pid" in status and not pid_alive(status.get("pid")):
+        state = "interrupted"  # the process died without writing its final state
+    step = status.get("step") if isinstance(status.get("step"), int) else 0
+    step = max([step, *steps])
+    total = status.get("total_steps", info.get("total_steps"))
+    total = total if isinstance(total, int) and not isinstance(total, bool) else None
+    started, ended = _timestamp(status.get("started")), _timestamp(status.get("ended"))
+    if started is None:
+        started = _timestamp(info.get("created"))
+    if started is not None:
+        end = ended if ended is not None else (time.time() if state == "running" else None)
+        duration = end - started if end is not None else None
+    else:
+        duration = None
+    if duration is None and len(times) >= 2:
+        duration = times[-1] - times[0]
+    data = info.get("data") if isinstance(info.get("data"), dict) else {}
+    err = status.get("error")
+    return RunSummary(
+        path=p, name=str(info.get("name") or p.name), state=state, step=step, total_steps=total,
+        started=started, ended=ended, duration=duration,
+        best_val_loss=min(val_loss) if val_loss else None,
+        best_val_acc=max(val_acc) if val_acc else None,
+        error=str(err) if err else None, task=data.get("task"),
+    )
+
+
+def list_runs(directory: str | os.PathLike) -> list[RunSummary]:
+    """Every run folder directly under `directory` (a project's runs dir), newest first."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    runs = [summarize_run(p) for p in d.iterdir() if is_run_dir(p)]
+    runs.sort(key=lambda r: (r.started or r.path.stat().st_mtime, r.path.name), reverse=True)
+    return runs
+
+
+def delete_run(path: str | os.PathLike, *, within: str | os.PathLike | None = None) -> None:
+    """Remove a run folder. Refuses a folder that is not a run, one outside `within`,
+    and a run whose process is still alive (stop it first)."""
+    p = Path(path).resolve()
+    if not is_run_dir(p):
+        raise ValueError(f"{p}: not a run folder (none of {', '.join(RUN_MARKERS)} in it); nothing deleted")
+    if within is not None and Path(within).resolve() not in p.parents:
+        raise ValueError(f"{p}: not inside {within}; nothing deleted")
+    status = _read_json(p / "status.json")
+    if status.get("state") == "running" and pid_alive(status.get("pid")):
+        raise ValueError(f"{p.name}: the run is still going (pid {status['pid']}); stop it before deleting")
+    shutil.rmtree(p)
+
+
+# ----- CSV export ---------------------------------------------------------------
+def record_columns(records: list[dict]) -> list[str]:
+    """Every key of the records, in order of first appearance."""
+    cols: dict[str, None] = {}
+    for r in records:
+        for k in r:
+            cols.setdefault(k, None)
+    return list(cols)
+
+
+def _cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, sort_keys=True)
+    if isinstance(v, float):
+        return repr(v)  # round-trips exactly
+    return str(v)
+
+
+def write_metrics_csv(path: str | os.PathLike, runs: dict[str, list[dict]]) -> Path:
+    """Write the records of one or more runs as CSV: a `run` column, then every metric
+    key seen; a missing value is an empty cell. Written atomically."""
+    from engine.project import atomic_write  # late: keeps this module light
+    import io
+
+    cols = record_columns([r for recs in runs.values() for r in recs])
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["run", *cols])
+    for name, recs in runs.items():
+        for r in recs:
+            w.writerow([name, *(_cell(r.get(c)) for c in cols)])
+    atomic_write(path, buf.getvalue().encode("utf-8"))
+    return Path(path)
+
+
+# ----- failures -----------------------------------------------------------------
+# fx-generated forward code shows up in tracebacks as `File "<eval_with_key>.N", line L,
+# in forward` followed by the generated line, e.g. `fc2 = self.fc2(relu_1);  relu_1 = None`.
+_FX_FRAME = re.compile(r'File "<eval_with_key>[^"]*", line \d+, in \w+\s*\n\s*(?P<code>[^\n]*)')
+_ASSIGN = re.compile(r"^\s*(?P<target>[A-Za-z_]\w*)\s*=\s*(?P<rhs>[^;]*)")
+
+
+def node_from_traceback(text: str, node_ids) -> str | None:
+    """The diagram node a traceback failed in, when its fx frames tell: the innermost
+    generated line that calls a node (`x = self.<node>(...)`) or assigns to one."""
+    ids = set(node_ids)
+    for m in reversed(list(_FX_FRAME.finditer(text or ""))):
+        code = m.group("code")
+        a = _ASSIGN.match(code)
+        if not a:
+            continue
+        for name in re.findall(r"self\.([A-Za-z_]\w*)", a.group("rhs")):
+            if name in ids:
+                return name
+        target = a.group("target")
+        if target in ids:
+            return target
+        # Function layers (Add/Concat) get fx names like `add_1`; the node id is the prefix.
+        base = re.sub(r"_\d+$", "", target)
+        if base in ids:
+            return base
+    return None
+
+
+def last_traceback(text: str) -> str | None:
+    """The last Python traceback in a log, up to the exception line."""
+    i = (text or "").rfind("Traceback (most recent call last):")
+    if i < 0:
+        return None
+    return text[i:].strip()
+
+
+def failure_report(path: str | os.PathLike, node_ids=()) -> dict:
+    """What went wrong in a failed run: {rank, traceback, node} from the rank logs
+    (the first rank that has a traceback) or status.json's error."""
+    p = Path(path)
+    logs = sorted((p / "logs").glob("rank*.log"), key=lambda f: (len(f.name), f.name))
+    for log in [*logs, p / "logs" / "launcher.log"]:
+        try:
+            tb = last_traceback(log.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            continue
+        if tb:
+            m = re.match(r"rank(\d+)\.log", log.name)
+            return {"rank": int(m.group(1)) if m else None, "traceback": tb,
+                    "node": node_from_traceback(tb, node_ids), "log": str(log)}
+    err = _read_json(p / "status.json").get("error")
+    text = str(err) if err else None
+    return {"rank": None, "traceback": text, "node": node_from_traceback(text or "", node_ids), "log": None}
+
+
+# ----- confusion matrix -----------------------------------------------------------
+def confusion_matrix(path: str | os.PathLike, max_samples: int = 20_000) -> dict | None:
+    """{"matrix": n_classes x n_classes counts [true][pred], "labels"} of a finished
+    classification run on its validation set (model.pt + data.npz); None when the run
+    has no final model or is not a classification. Cached in confusion.json."""
+    p = Path(path)
+    cache = p / "confusion.json"
+    model_file = p / "model.pt"
+    if cache.is_file() and model_file.is_file() and cache.stat().st_mtime >= model_file.stat().st_mtime:
+        cached = _read_json(cache)
+        if "matrix" in cached:
+            return cached
+    info = _read_json(p / "run.json")
+    data = info.get("data") if isinstance(info.get("data"), dict) else {}
+    if info.get("loss") != "cross_entropy" or not model_file.is_file() or "model" not in info:
+        return None
+    import numpy as np
+    import torch
+
+    from engine.runtime.model import build_graph_module
+
+    with np.load(p / (data.get("path") or "data.npz")) as arrays:
+        x_val, y_val = arrays["x_val"][:max_samples], arrays["y_val"][:max_samples]
+    gm = build_graph_module(info["model"], device="cpu")
+    gm.load_state_dict(torch.load(model_file, map_location="cpu", weights_only=True))
+    gm.eval()
+    preds = []
+    with torch.no_grad():
+        for i in range(0, len(x_val), 512):
+            out = gm(torch.as_tensor(x_val[i:i + 512]))
+            out = out[0] if isinstance(out, tuple) else out
+            preds.append(out.argmax(dim=-1).reshape(-1).numpy())
+    pred = np.concatenate(preds) if preds else np.zeros(0, dtype=np.int64)
+    true = np.asarray(y_val).reshape(-1).astype(np.int64)
+    n = int(data.get("n_classes") or max(int(true.max(initial=0)), int(pred.max(initial=0))) + 1)
+    m = np.zeros((n, n), dtype=np.int64)
+    ok = (true >= 0) & (true < n) & (pred >= 0) & (pred < n)
+    np.add.at(m, (true[ok], pred[ok]), 1)
+    result = {"matrix": m.tolist(), "labels": [str(i) for i in range(n)]}
+    try:
+        from engine.project import atomic_write
+
+        atomic_write(cache, json.dumps(result).encode())
+    except OSError:
+        pass  # a read-only run folder: compute again next time
+    return result

@@ -1,0 +1,710 @@
+"""Live training dashboard: loss, accuracy, learning rate, throughput, peak memory.
+
+Follows pyqtgraph's scrollingPlots example (DESIGN.md): one PlotDataItem per
+(run, series), fed from growable float64 buffers, and setData only from a 10 Hz
+QTimer for the series that changed, with clipToView and peak downsampling so a
+million-point curve still redraws in a few milliseconds. Records come in as the
+dicts of metrics.jsonl (engine/tail.py reads them); this widget only displays.
+
+Several runs can be overlaid: colour per run, line style per series (solid = train,
+dashed with dots = validation), a checkable run list to show/hide each.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6 import QtCore, QtGui, QtWidgets
+from PySide6.QtCore import Qt
+
+try:  # vectorised EMA (scipy comes with scikit-learn); a loop otherwise
+    from scipy.signal import lfilter
+except ImportError:  # pragma: no cover
+    lfilter = None
+
+# Colour per run: a palette that stays readable on light and dark backgrounds.
+def _pin_singleton_refcounts() -> None:
+    """PySide6 6.12's SignalInstance.emit() returns True without taking a reference
+    (measured: refcount(True) drops by one per emit), so after a few thousand emits
+    from Python (pyqtgraph emits on every view change) CPython 3.11 aborts with
+    "bool_dealloc: deallocating True or False". Python 3.12+ makes True/False/None
+    immortal; on 3.11 we do the same by hand: a huge refcount never reaches zero.
+    Idempotent; a no-op where the interpreter already protects them."""
+    if sys.version_info >= (3, 12) or sys.implementation.name != "cpython":
+        return
+    for obj in (True, False, None):
+        cnt = ctypes.c_ssize_t.from_address(id(obj))  # ob_refcnt is the first field
+        if cnt.value < (1 << 40):
+            cnt.value += 1 << 50
+
+
+_pin_singleton_refcounts()
+
+RUN_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+              "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]
+RANK_STYLES = [Qt.SolidLine, Qt.DashLine, Qt.DotLine, Qt.DashDotLine, Qt.DashDotDotLine]
+
+
+@dataclass(frozen=True)
+class PlotSpec:
+    id: str
+    title: str
+    y_label: str
+    log_able: bool = False  # the log-y toggle applies to it
+
+
+PLOTS = [
+    PlotSpec("loss", "Loss", "loss", log_able=True),
+    PlotSpec("acc", "Accuracy", "accuracy"),
+    PlotSpec("lr", "Learning rate", "lr", log_able=True),
+    PlotSpec("throughput", "Throughput", "samples/s"),
+    PlotSpec("memory", "Peak memory per rank", "MB"),
+]
+
+
+LOG_PLOTS = {p.id for p in PLOTS if p.log_able}
+
+
+@dataclass(frozen=True)
+class SeriesSpec:
+    key: str  # series key: the record key, or key[rank] for per-rank lists
+    plot: str
+    label: str
+    eval: bool = False  # sparse points (one per evaluation): dashed line with dots
+    smooth: bool = False  # the EMA slider applies
+    rank: int = 0
+
+
+_STATIC = {
+    "loss": SeriesSpec("loss", "loss", "train", smooth=True),
+    "val_loss": SeriesSpec("val_loss", "loss", "val", eval=True),
+    "acc": SeriesSpec("acc", "acc", "train", smooth=True),
+    "train_acc": SeriesSpec("train_acc", "acc", "train", smooth=True),
+    "val_acc": SeriesSpec("val_acc", "acc", "val", eval=True),
+    "lr": SeriesSpec("lr", "lr", "lr"),
+    "samples_per_s": SeriesSpec("samples_per_s", "throughput", "samples/s", smooth=True),
+}
+# Peak memory: a list per rank (`"peak_mem_mb": [r0, r1]`), a scalar (rank 0), or
+# one key per rank (`"peak_mem_mb_rank1"`); all land on the memory plot.
+_MEM = re.compile(r"^(peak_)?mem(ory)?(_\w*?)?(_rank(?P<rank>\d+))?$")
+
+
+def series_values(record: dict) -> dict[str, tuple[SeriesSpec, float]]:
+    """The plottable numbers of one metrics record, by series key."""
+    out = {}
+    for k, v in record.items():
+        spec = _STATIC.get(k)
+        if spec is None:
+            m = _MEM.match(k)
+            if not m:
+                continue
+            if isinstance(v, list):
+                for r, x in enumerate(v):
+                    if _num(x):
+                        out[f"{k}[{r}]"] = (SeriesSpec(f"{k}[{r}]", "memory", f"rank {r}", rank=r), float(x))
+                continue
+            r = int(m.group("rank") or 0)
+            spec = SeriesSpec(k, "memory", f"rank {r}", rank=r)
+        if _num(v):
+            out[spec.key] = (spec, float(v))
+    return out
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+class _Buffer:
+    """A float64 array that grows by doubling; `view()` is the filled part (no copy)."""
+
+    def __init__(self, capacity: int = 256):
+        self.a = np.empty(capacity, dtype=np.float64)
+        self.n = 0
+
+    def extend(self, values) -> None:
+        values = np.asarray(values, dtype=np.float64)
+        need = self.n + len(values)
+        if need > len(self.a):
+            grown = np.empty(max(need, 2 * len(self.a)), dtype=np.float64)
+            grown[: self.n] = self.a[: self.n]
+            self.a = grown
+        self.a[self.n: need] = values
+        self.n = need
+
+    def view(self) -> np.ndarray:
+        return self.a[: self.n]
+
+
+def ema(values: np.ndarray, weight: float, start: float | None = None) -> np.ndarray:
+    """s[i] = w*s[i-1] + (1-w)*x[i], starting from `start` (default: the first value).
+    Non-finite inputs are replaced by the running value so one NaN does not poison the rest."""
+    values = np.asarray(values, dtype=np.float64)
+    if len(values) == 0 or weight <= 0:
+        return values.copy()
+    s = float(values[0]) if start is None or not math.isfinite(start) else float(start)
+    if not np.all(np.isfinite(values)):
+        values = values.copy()
+        bad = ~np.isfinite(values)
+        values[bad] = s if math.isfinite(s) else 0.0
+    if lfilter is not None:
+        out, _ = lfilter([1.0 - weight], [1.0, -weight], values, zi=[weight * s])
+        return out
+    out = np.empty_like(values)  # pragma: no cover
+    for i, x in enumerate(values):
+        s = weight * s + (1 - weight) * x
+        out[i] = s
+    return out
+
+
+class _Series:
+    def __init__(self, spec: SeriesSpec):
+        self.spec = spec
+        self.step = _Buffer()
+        self.time = _Buffer()
+        self.y = _Buffer()
+        self.smoothed = _Buffer()
+        self.ymin, self.ymax = math.inf, -math.inf  # of the finite raw values
+        self.curve: pg.PlotDataItem | None = None
+        self.dirty = True
+
+
+class _Run:
+    def __init__(self, key: str, label: str, color: str):
+        self.key, self.label, self.color = key, label, color
+        self.visible = True
+        self.records: list[dict] = []
+        self.t0: float | None = None
+        self.series: dict[str, _Series] = {}
+
+
+class Dashboard(QtWidgets.QWidget):
+    """Plots of one or more runs' metrics, updated live."""
+
+    UPDATE_MS = 100  # 10 updates a second
+    COLUMNS = 3
+    run_visibility_changed = QtCore.Signal(str, bool)
+
+    def __init__(self, parent=None, smoothing: float = 0.0):
+        super().__init__(parent)
+        self._runs: dict[str, _Run] = {}
+        self._x_mode = "step"
+        self._smoothing = 0.0
+        self._log_y = False
+        self._build_ui()
+        if smoothing:
+            self.set_smoothing(smoothing)
+        self._timer = QtCore.QTimer(self)
+        self._timer.setInterval(self.UPDATE_MS)
+        self._timer.timeout.connect(self.flush)
+        self._timer.start()
+
+    # ----- layout ---------------------------------------------------------------
+    def _build_ui(self) -> None:
+        pal = self.palette()
+        bg = pal.color(QtGui.QPalette.Base)
+        fg = pal.color(QtGui.QPalette.Text)
+        grid_alpha = 0.15
+
+        self.x_combo = QtWidgets.QComboBox()
+        self.x_combo.addItem("Step", "step")
+        self.x_combo.addItem("Wall time (s)", "time")
+        self.x_combo.setToolTip("What the x axis shows")
+        self.x_combo.currentIndexChanged.connect(lambda _: self.set_x_mode(self.x_combo.currentData()))
+        self.smooth_slider = QtWidgets.QSlider(Qt.Horizontal)
+        self.smooth_slider.setRange(0, 99)
+        self.smooth_slider.setFixedWidth(120)
+        self.smooth_slider.setToolTip("Exponential moving average of the training curves")
+        self.smooth_label = QtWidgets.QLabel("0.00")
+        self.smooth_label.setMinimumWidth(30)
+        self.smooth_slider.valueChanged.connect(lambda v: self.set_smoothing(v / 100))
+        self.log_check = QtWidgets.QCheckBox("Log y")
+        self.log_check.setToolTip("Logarithmic y axis for loss and learning rate")
+        self.log_check.toggled.connect(self.set_log_y)
+        self.png_button = QtWidgets.QPushButton("Export PNG…")
+        self.png_button.clicked.connect(self._ask_png)
+        self.csv_button = QtWidgets.QPushButton("Export CSV…")
+        self.csv_button.clicked.connect(self._ask_csv)
+        self.reset_button = QtWidgets.QPushButton("Reset zoom")
+        self.reset_button.clicked.connect(self.auto_range)
+
+        bar = QtWidgets.QHBoxLayout()
+        bar.setContentsMargins(4, 2, 4, 2)
+        bar.addWidget(QtWidgets.QLabel("X axis"))
+        bar.addWidget(self.x_combo)
+        bar.addSpacing(12)
+        bar.addWidget(QtWidgets.QLabel("Smoothing"))
+        bar.addWidget(self.smooth_slider)
+        bar.addWidget(self.smooth_label)
+        bar.addSpacing(12)
+        bar.addWidget(self.log_check)
+        bar.addStretch(1)
+        bar.addWidget(self.reset_button)
+        bar.addWidget(self.png_button)
+        bar.addWidget(self.csv_button)
+
+        self.readout = QtWidgets.QLabel(" ")
+        self.readout.setTextFormat(Qt.RichText)
+        self.readout.setStyleSheet("padding: 2px 6px; color: palette(text);")
+        self.readout.setMinimumHeight(20)
+
+        self.plots_area = QtWidgets.QWidget()
+        grid = QtWidgets.QGridLayout(self.plots_area)
+        grid.setContentsMargins(0, 0, 0, 0)
+        grid.setSpacing(4)
+        self.plots: dict[str, pg.PlotWidget] = {}
+        self._vlines: dict[str, pg.InfiniteLine] = {}
+        first = None
+        for i, spec in enumerate(PLOTS):
+            pw = pg.PlotWidget(background=bg)
+            pi = pw.getPlotItem()
+            pi.setTitle(f"<span style='font-size:10pt; font-weight:600'>{spec.title}</span>", color=fg)
+            pi.showGrid(x=True, y=True, alpha=grid_alpha)
+            pi.setLabel("left", spec.y_label)
+            pi.setLabel("bottom", "step")
+            for ax in ("left", "bottom"):
+                pi.getAxis(ax).setPen(fg)
+                pi.getAxis(ax).setTextPen(fg)
+                pi.getAxis(ax).enableAutoSIPrefix(False)  # "accuracy (x0.001)" reads badly
+            pi.setClipToView(True)
+            pi.setDownsampling(auto=True, mode="peak")
+            legend = pi.addLegend(offset=(-8, 8), labelTextColor=fg, labelTextSize="8pt")
+            legend.setBrush(pg.mkBrush(bg.red(), bg.green(), bg.blue(), 200))
+            vline = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen(fg, width=1, style=Qt.DotLine))
+            vline.setVisible(False)
+            pi.addItem(vline, ignoreBounds=True)
+            self._vlines[spec.id] = vline
+            if first is None:
+                first = pi
+            else:
+                pi.setXLink(first)  # zoom/pan one plot, all follow
+            pw.scene().sigMouseMoved.connect(lambda pos, pid=spec.id: self._mouse_moved(pid, pos))
+            pw.setMinimumSize(220, 150)
+            self.plots[spec.id] = pw
+            grid.addWidget(pw, i // self.COLUMNS, i % self.COLUMNS)
+        self.confusion = ConfusionMatrixWidget(background=bg, foreground=fg)
+        self.confusion.setMinimumSize(220, 150)
+        grid.addWidget(self.confusion, len(PLOTS) // self.COLUMNS, len(PLOTS) % self.COLUMNS)
+
+        self.run_list = QtWidgets.QListWidget()
+        self.run_list.setToolTip("Runs on the plots: untick to hide one")
+        self.run_list.itemChanged.connect(self._run_item_changed)
+        self.run_list.setTextElideMode(Qt.ElideMiddle)
+        self.run_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        key_note = QtWidgets.QLabel("solid: train\ndashed ·: validation\nstyle per rank: memory")
+        key_note.setStyleSheet("color: palette(mid); font-size: 8pt;")
+        side = QtWidgets.QVBoxLayout()
+        side.setContentsMargins(0, 0, 0, 0)
+        title = QtWidgets.QLabel("<b>Runs</b>")
+        side.addWidget(title)
+        side.addWidget(self.run_list, 1)
+        side.addWidget(key_note)
+        side_w = QtWidgets.QWidget()
+        side_w.setLayout(side)
+        side_w.setFixedWidth(170)
+
+        body = QtWidgets.QHBoxLayout()
+        body.setContentsMargins(0, 0, 0, 0)
+        body.addWidget(self.plots_area, 1)
+        body.addWidget(side_w)
+
+        lay = QtWidgets.QVBoxLayout(self)
+        lay.setContentsMargins(2, 2, 2, 2)
+        lay.setSpacing(2)
+        lay.addLayout(bar)
+        lay.addWidget(self.readout)
+        lay.addLayout(body, 1)
+
+    # ----- runs -----------------------------------------------------------------
+    def run_keys(self) -> list[str]:
+        return list(self._runs)
+
+    def add_run(self, key: str, label: str | None = None, color: str | None = None) -> None:
+        """A run to plot (no-op if already there); `key` is any unique string (its folder)."""
+        if key in self._runs:
+            return
+        used = {r.color for r in self._runs.values()}
+        color = color or next((c for c in RUN_COLORS if c not in used), RUN_COLORS[len(self._runs) % len(RUN_COLORS)])
+        run = _Run(key, label or Path(key).name, color)
+        self._runs[key] = run
+        item = QtWidgets.QListWidgetItem(run.label)
+        item.setData(Qt.UserRole, key)
+        item.setToolTip(key)
+        item.setFlags(item.flags() | Qt.ItemIsUserCheckable)
+        item.setCheckState(Qt.Checked)
+        pix = QtGui.QPixmap(12, 12)
+        pix.fill(QtGui.QColor(color))
+        item.setIcon(QtGui.QIcon(pix))
+        self.run_list.addItem(item)
+
+    def remove_run(self, key: str) -> None:
+        run = self._runs.pop(key, None)
+        if run is None:
+            return
+        for s in run.series.values():
+            if s.curve is not None:
+                self.plots[s.spec.plot].getPlotItem().removeItem(s.curve)
+        for i in range(self.run_list.count()):
+            if self.run_list.item(i).data(Qt.UserRole) == key:
+                self.run_list.takeItem(i)
+                break
+
+    def clear(self) -> None:
+        for key in list(self._runs):
+            self.remove_run(key)
+        self.set_confusion(None)
+        self.readout.setText(" ")
+
+    def records(self, key: str) -> list[dict]:
+        return self._runs[key].records
+
+    def append(self, key: str, records: list[dict]) -> None:
+        """New metrics records of a run (plotted at the next timer tick)."""
+        run = self._runs.get(key)
+        if run is None:
+            self.add_run(key)
+            run = self._runs[key]
+        run.records.extend(records)
+        cols: dict[str, tuple[SeriesSpec, list, list, list]] = {}
+        for r in records:
+            step = r.get("step")
+            if not _num(step):
+                continue  # event lines (start/end) carry no point
+            t = r.get("time")
+            t = float(t) if _num(t) else math.nan
+            if run.t0 is None and math.isfinite(t):
+                run.t0 = t
+            rel = t - run.t0 if run.t0 is not None else math.nan
+            for skey, (spec, v) in series_values(r).items():
+                c = cols.setdefault(skey, (spec, [], [], []))
+                c[1].append(float(step))
+                c[2].append(rel)
+                c[3].append(v)
+        for skey, (spec, steps, times, ys) in cols.items():
+            s = run.series.get(skey)
+            if s is None:
+                s = run.series[skey] = _Series(spec)
+            prev = s.smoothed.a[s.smoothed.n - 1] if s.smoothed.n else None
+            s.step.extend(steps)
+            s.time.extend(times)
+            s.y.extend(ys)
+            fin = [v for v in ys if math.isfinite(v)]
+            if fin:
+                s.ymin, s.ymax = min(s.ymin, min(fin)), max(s.ymax, max(fin))
+            if spec.smooth:
+                s.smoothed.extend(ema(np.asarray(ys), self._smoothing, prev))
+            s.dirty = True
+
+    def set_records(self, key: str, records: list[dict], label: str | None = None) -> None:
+        """Replace a run's data (an old run opened from the history)."""
+        color = self._runs[key].color if key in self._runs else None
+        self.remove_run(key)
+        self.add_run(key, label, color)
+        self.append(key, records)
+        self.flush()
+
+    def set_run_visible(self, key: str, visible: bool) -> None:
+        run = self._runs[key]
+        run.visible = visible
+        for s in run.series.values():
+            if s.curve is not None:
+                s.curve.setVisible(visible)
+        for i in range(self.run_list.count()):
+            item = self.run_list.item(i)
+            if item.data(Qt.UserRole) == key:
+                state = Qt.Checked if visible else Qt.Unchecked
+                if item.checkState() != state:
+                    item.setCheckState(state)
+        self.run_visibility_changed.emit(key, visible)
+
+    def is_run_visible(self, key: str) -> bool:
+        return self._runs[key].visible
+
+    def _run_item_changed(self, item: QtWidgets.QListWidgetItem) -> None:
+        key = item.data(Qt.UserRole)
+        if key in self._runs:
+            visible = item.checkState() == Qt.Checked
+            if self._runs[key].visible != visible:
+                self.set_run_visible(key, visible)
+
+    # ----- view settings -----------------------------------------------------------
+    def set_x_mode(self, mode: str) -> None:
+        if mode not in ("step", "time"):
+            raise ValueError(f"x mode must be 'step' or 'time', not {mode!r}")
+        self._x_mode = mode
+        i = self.x_combo.findData(mode)
+        if self.x_combo.currentIndex() != i:
+            self.x_combo.setCurrentIndex(i)
+        for pw in self.plots.values():
+            pw.getPlotItem().setLabel("bottom", "step" if mode == "step" else "wall time (s)")
+        self._mark_all_dirty()
+        self.flush()
+        self.auto_range()
+
+    @property
+    def x_mode(self) -> str:
+        return self._x_mode
+
+    def set_smoothing(self, weight: float) -> None:
+        weight = min(max(float(weight), 0.0), 0.99)
+        self._smoothing = weight
+        self.smooth_label.setText(f"{weight:.2f}")
+        v = round(weight * 100)
+        if self.smooth_slider.value() != v:
+            self.smooth_slider.setValue(v)
+        for run in self._runs.values():
+            for s in run.series.values():
+                if s.spec.smooth:
+                    s.smoothed = _Buffer(max(s.y.n, 1))
+                    s.smoothed.extend(ema(s.y.view(), weight))
+                    s.dirty = True
+        self.flush()
+
+    @property
+    def smoothing(self) -> float:
+        return self._smoothing
+
+    def set_log_y(self, on: bool) -> None:
+        self._log_y = bool(on)
+        if self.log_check.isChecked() != self._log_y:
+            self.log_check.setChecked(self._log_y)
+        for spec in PLOTS:
+            if spec.log_able:
+                pi = self.plots[spec.id].getPlotItem()
+                pi.setLogMode(y=self._log_y)
+                pi._lf_flat = False
+                pi.vb.enableAutoRange(axis=pg.ViewBox.YAxis)
+                self._fix_flat_range(spec.id)
+
+    def auto_range(self) -> None:
+        for pw in self.plots.values():
+            pw.getPlotItem().enableAutoRange()
+
+    def _mark_all_dirty(self) -> None:
+        for run in self._runs.values():
+            for s in run.series.values():
+                s.dirty = True
+
+    # ----- drawing ----------------------------------------------------------------
+    def series_data(self, key: str, series: str) -> tuple[np.ndarray, np.ndarray]:
+        """(x, y) a curve shows: x per the x mode, y smoothed where the slider applies."""
+        s = self._runs[key].series[series]
+        x = s.step.view() if self._x_mode == "step" else s.time.view()
+        y = s.smoothed.view() if s.spec.smooth and self._smoothing > 0 else s.y.view()
+        return x, y
+
+    def curve(self, key: str, series: str) -> pg.PlotDataItem | None:
+        s = self._runs.get(key, _Run("", "", "")).series.get(series)
+        return s.curve if s else None
+
+    def _make_curve(self, run: _Run, s: _Series) -> pg.PlotDataItem:
+        spec = s.spec
+        style = Qt.DashLine if spec.eval else RANK_STYLES[spec.rank % len(RANK_STYLES)]
+        pen = pg.mkPen(run.color, width=2 if not spec.eval else 1.5, style=style)
+        kw = {}
+        if spec.eval:
+            kw = dict(symbol="o", symbolSize=5, symbolBrush=run.color, symbolPen=None)
+        name = spec.label if len(self._runs) == 1 else f"{run.label}: {spec.label}"
+        curve = pg.PlotDataItem(pen=pen, name=name, connect="finite", **kw)
+        curve.setClipToView(True)
+        curve.setDownsampling(auto=True, method="peak")
+        curve.setVisible(run.visible)
+        self.plots[spec.plot].getPlotItem().addItem(curve)
+        return curve
+
+    @QtCore.Slot()
+    def flush(self) -> None:
+        """Push changed series to their curves (the timer calls this 10 times a second)."""
+        touched = set()
+        for run in self._runs.values():
+            for s in run.series.values():
+                if not s.dirty:
+                    continue
+                if s.curve is None:
+                    s.curve = self._make_curve(run, s)
+                x, y = self.series_data(run.key, s.spec.key)
+                s.curve.setData(x, y)
+                s.dirty = False
+                touched.add(s.spec.plot)
+        for plot_id in touched:
+            self._fix_flat_range(plot_id)
+
+    def _fix_flat_range(self, plot_id: str) -> None:
+        """A constant series (a fixed learning rate, steady memory) would get
+        pyqtgraph's default span of ±0.5 around it; show ±5% of its value instead."""
+        pi = self.plots[plot_id].getPlotItem()
+        lo, hi = math.inf, -math.inf
+        for run in self._runs.values():
+            if run.visible:
+                for s in run.series.values():
+                    if s.spec.plot == plot_id:
+                        lo, hi = min(lo, s.ymin), max(hi, s.ymax)
+        flat = math.isfinite(lo) and hi - lo <= 1e-9 * max(abs(hi), 1e-300)
+        forced = getattr(pi, "_lf_flat", False)
+        if flat and not (self._log_y and plot_id in LOG_PLOTS):
+            pad = abs(hi) * 0.05 or 1.0
+            pi.vb.setYRange(hi - pad, hi + pad, padding=0)
+            pi._lf_flat = True
+        elif forced:
+            pi._lf_flat = False
+            pi.vb.enableAutoRange(axis=pg.ViewBox.YAxis)
+
+    # ----- crosshair ----------------------------------------------------------------
+    def _mouse_moved(self, plot_id: str, pos) -> None:
+        vb = self.plots[plot_id].getPlotItem().vb
+        if not vb.sceneBoundingRect().contains(pos):
+            return
+        self.show_crosshair(vb.mapSceneToView(pos).x())
+
+    def show_crosshair(self, x: float) -> str:
+        """Put the crosshair at x on every plot; the readout lists each visible run's
+        values at the nearest point. Returns the readout as plain text."""
+        for line in self._vlines.values():
+            line.setPos(x)
+            line.setVisible(True)
+        unit = "step" if self._x_mode == "step" else "t"
+        parts_html, parts_text = [], []
+        for run in self._runs.values():
+            if not run.visible:
+                continue
+            vals = []
+            for skey, s in run.series.items():
+                xs, ys = self.series_data(run.key, skey)
+                if len(xs) == 0:
+                    continue
+                i = int(np.clip(np.searchsorted(xs, x), 0, len(xs) - 1))
+                if i > 0 and abs(xs[i - 1] - x) <= abs(xs[i] - x):
+                    i -= 1
+                vals.append(f"{skey} {_fmt(ys[i])}")
+            if vals:
+                parts_text.append(f"{run.label}: " + ", ".join(vals))
+                parts_html.append(f"<span style='color:{run.color}'>■</span> <b>{run.label}</b>: " + ", ".join(vals))
+        xs = f"{x:.0f}" if self._x_mode == "step" else f"{x:.1f}s"
+        self.readout.setText(f"{unit} {xs} &nbsp; " + " &nbsp;│&nbsp; ".join(parts_html))
+        return f"{unit} {xs}  " + " | ".join(parts_text)
+
+    # ----- confusion matrix ------------------------------------------------------------
+    def set_confusion(self, matrix, labels=None, title: str = "Confusion matrix (validation)") -> None:
+        self.confusion.set_matrix(matrix, labels, title)
+
+    # ----- export -----------------------------------------------------------------
+    def export_png(self, path: str | Path) -> Path:
+        """The plots as one PNG (what is on screen, at the widget's size)."""
+        self.flush()
+        path = Path(path)
+        if not self.plots_area.grab().save(str(path), "PNG"):
+            raise OSError(f"could not write {path}")
+        return path
+
+    def export_csv(self, path: str | Path, keys: list[str] | None = None) -> Path:
+        """The raw records of the runs (default: the visible ones), one row each."""
+        from engine.runs import write_metrics_csv
+
+        keys = keys if keys is not None else [k for k, r in self._runs.items() if r.visible]
+        return write_metrics_csv(path, {self._runs[k].label: self._runs[k].records for k in keys})
+
+    def _ask_png(self) -> None:
+        path, _ = QtWidgets.QFileDialog.getSaveFileName(self, "Export plots as PNG", "plots.png", "PNG image (*.png)")
+        if path:
+            self._report(lambda: self.export_png(path))
+
+    def _ask_csv(self) -> None:
+        path, _ = QtWidgets.QFileDialog.getSaveFileName(self, "Export metrics as CSV", "metrics.csv", "CSV (*.csv)")
+        if path:
+            self._report(lambda: self.export_csv(path))
+
+    def _report(self, fn) -> None:
+        try:
+            fn()
+        except OSError as exc:
+            QtWidgets.QMessageBox.warning(self, "Export failed", str(exc))
+
+
+def _fmt(v: float) -> str:
+    if not math.isfinite(v):
+        return str(v)
+    a = abs(v)
+    if a != 0 and (a < 1e-3 or a >= 1e5):
+        return f"{v:.3g}"
+    return f"{v:.4g}"
+
+
+class ConfusionMatrixWidget(pg.PlotWidget):
+    """Counts of (true class, predicted class) as a heat map with the numbers on it."""
+
+    MAX_LABELLED = 16  # above this many classes, cell numbers would not fit
+
+    def __init__(self, background=None, foreground=None, parent=None):
+        super().__init__(parent, background=background)
+        self._fg = foreground if foreground is not None else QtGui.QColor("black")
+        pi = self.getPlotItem()
+        pi.setTitle("<span style='font-size:10pt; font-weight:600'>Confusion matrix (validation)</span>", color=self._fg)
+        pi.setLabel("left", "true class")
+        pi.setLabel("bottom", "predicted class")
+        for ax in ("left", "bottom"):
+            pi.getAxis(ax).setPen(self._fg)
+            pi.getAxis(ax).setTextPen(self._fg)
+        pi.setMouseEnabled(False, False)
+        pi.hideButtons()
+        pi.invertY(True)
+        pi.setAspectLocked(False)
+        self.image = pg.ImageItem(axisOrder="row-major")
+        self.image.setColorMap(pg.colormap.get("CET-L12") if "CET-L12" in pg.colormap.listMaps() else pg.colormap.get("viridis"))
+        pi.addItem(self.image)
+        self._texts: list[pg.TextItem] = []
+        self.empty = pg.TextItem("no confusion matrix yet:\nshown after a classification run", color=self._fg, anchor=(0.5, 0.5))
+        pi.addItem(self.empty)
+        self.matrix: np.ndarray | None = None
+        self.set_matrix(None)
+
+    def set_matrix(self, matrix, labels=None, title: str | None = None) -> None:
+        pi = self.getPlotItem()
+        for t in self._texts:
+            pi.removeItem(t)
+        self._texts = []
+        if title:
+            pi.setTitle(f"<span style='font-size:10pt; font-weight:600'>{title}</span>", color=self._fg)
+        if matrix is None:
+            self.matrix = None
+            self.image.clear()
+            self.image.setVisible(False)
+            self.empty.setVisible(True)
+            self.empty.setPos(0.5, 0.5)
+            pi.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
+            for ax in ("left", "bottom"):
+                pi.getAxis(ax).setTicks(None)
+            return
+        m = np.asarray(matrix, dtype=np.float64)
+        if m.ndim != 2 or m.shape[0] != m.shape[1]:
+            raise ValueError(f"a confusion matrix must be square, got shape {m.shape}")
+        n = m.shape[0]
+        self.matrix = m
+        self.empty.setVisible(False)
+        # Colour by the row's share so rare classes read as clearly as common ones.
+        rows = m.sum(axis=1, keepdims=True)
+        share = np.divide(m, rows, out=np.zeros_like(m), where=rows > 0)
+        self.image.setImage(share, levels=(0, 1), autoLevels=False)
+        self.image.setRect(QtCore.QRectF(-0.5, -0.5, n, n))
+        self.image.setVisible(True)
+        labels = [str(x) for x in (labels if labels is not None else range(n))]
+        step = max(1, n // 12)
+        ticks = [[(i, labels[i]) for i in range(0, n, step)]]
+        for ax in ("left", "bottom"):
+            pi.getAxis(ax).setTicks(ticks)
+        if n <= self.MAX_LABELLED:
+            font = QtGui.QFont()
+            font.setPointSizeF(8 if n <= 6 else 7 if n <= 12 else 6)
+            for i in range(n):
+                for j in range(n):
+                    color = "white" if share[i, j] > 0.5 else self._fg
+                    t = pg.TextItem(f"{int(m[i, j])}", color=color, anchor=(0.5, 0.5))
+                    t.setFont(font)
+                    t.setPos(j, i)
+                    pi.addItem(t)
+                    self._texts.append(t)
+        pi.setRange(xRange=(-0.5, n - 0.5), yRange=(-0.5, n - 0.5), padding=0.02)

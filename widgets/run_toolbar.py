@@ -1,0 +1,59 @@
+"""Run toolbar: where to train (this machine with N processes; cluster profiles
+later), Run, Stop, Resume. Fills a QToolBar the main window owns; emits the user's
+requests and shows the running/idle state it is told."""
+from __future__ import annotations
+
+import os
+
+from PySide6 import QtCore, QtGui, QtWidgets
+from PySide6.QtCore import Qt
+
+
+class RunToolbar(QtCore.QObject):
+    run_requested = QtCore.Signal(str, int)  # target ("local"), processes
+    stop_requested = QtCore.Signal()
+    resume_requested = QtCore.Signal(str, int)
+
+    def __init__(self, toolbar: QtWidgets.QToolBar, max_procs: int | None = None):
+        super().__init__(toolbar)
+        self.toolbar = toolbar
+        style = toolbar.style()
+        self.target = QtWidgets.QComboBox()
+        self.target.setToolTip("Where the run trains")
+        self.target.addItem("This machine", "local")
+        self.target.setSizeAdjustPolicy(QtWidgets.QComboBox.AdjustToContents)
+        self.procs = QtWidgets.QSpinBox()
+        self.procs.setRange(1, max_procs or max(8, os.cpu_count() or 1))
+        self.procs.setValue(1)
+        self.procs.setPrefix("× ")
+        self.procs.setSuffix(" proc")
+        self.procs.setToolTip("Training processes on this machine (dp × tp × pp of the placement)")
+
+        self.run_action = QtGui.QAction(style.standardIcon(QtWidgets.QStyle.SP_MediaPlay), "Run", toolbar)
+        self.run_action.setToolTip("Train this project (F5)")
+        self.run_action.setShortcut(QtGui.QKeySequence(Qt.Key_F5))
+        self.run_action.triggered.connect(lambda: self.run_requested.emit(self.target.currentData(), self.procs.value()))
+        self.stop_action = QtGui.QAction(style.standardIcon(QtWidgets.QStyle.SP_MediaStop), "Stop", toolbar)
+        self.stop_action.setToolTip("Stop the run (it saves a checkpoint first) (Shift+F5)")
+        self.stop_action.setShortcut(QtGui.QKeySequence("Shift+F5"))
+        self.stop_action.triggered.connect(self.stop_requested.emit)
+        self.resume_action = QtGui.QAction(style.standardIcon(QtWidgets.QStyle.SP_MediaSeekForward), "Resume", toolbar)
+        self.resume_action.setToolTip("Continue the last stopped run from its latest checkpoint")
+        self.resume_action.triggered.connect(lambda: self.resume_requested.emit(self.target.currentData(), self.procs.value()))
+
+        toolbar.addWidget(self.target)
+        toolbar.addWidget(self.procs)
+        toolbar.addAction(self.run_action)
+        toolbar.addAction(self.stop_action)
+        toolbar.addAction(self.resume_action)
+        self.set_running(False)
+
+    def set_running(self, running: bool, can_resume: bool = False) -> None:
+        self.run_action.setEnabled(not running)
+        self.stop_action.setEnabled(running)
+        self.resume_action.setEnabled(not running and can_resume)
+        self.target.setEnabled(not running)
+        self.procs.setEnabled(not running)
+
+    def set_processes(self, n: int) -> None:
+        self.procs.setValue(max(1, n))
