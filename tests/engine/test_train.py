@@ -139,3 +139,29 @@ def test_epochs_instead_of_steps(tmp_path):
     spec = json.loads((rd / "run.json").read_text())
     assert spec["total_steps"] == 2 * (320 // 32)
     assert math.isfinite(run(rd)["step"])
+
+
+@pytest.mark.parametrize("name", ["mlp_digits", "cnn_digits", "resnet_synthetic", "transformer_synthetic"])
+def test_every_example_trains(tmp_path, name):
+    rd = prepare_run(load_project(EX / f"{name}.lflow"), tmp_path / "run", steps=4)
+    assert run(rd)["state"] == "succeeded"
+    recs = [r for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
+    assert len(recs) == 4 and all(math.isfinite(r["loss"]) for r in recs)
+
+
+def test_regression_with_mse(tmp_path):
+    g = Graph()
+    g.add_node("Input", {"shape": [16]}, id="x")
+    g.add_node("Linear", {"out_features": 32}, id="fc1")
+    g.add_node("Tanh", id="act")
+    g.add_node("Linear", {"out_features": 1}, id="fc2")
+    g.add_node("Output", {"loss": "mse"}, id="out")
+    for a, b in [("x", "fc1"), ("fc1", "act"), ("act", "fc2"), ("fc2", "out")]:
+        g.connect(a, "out", b, "in")
+    tr = Training.model_validate({"dataset": {"kind": "synthetic_regression"}, "optimizer": {"lr": 0.01},
+                                  "batch_size": 64, "steps": 150, "eval_interval": 150})
+    rd = prepare_run(Project(g, training=tr), tmp_path / "run")
+    run(rd)
+    recs = read_metrics(rd / "metrics.jsonl")
+    first = next(r["loss"] for r in recs if "loss" in r)
+    assert recs[-2]["val_loss"] < 0.5 * first and "val_acc" not in recs[-2]
