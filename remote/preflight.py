@@ -242,7 +242,7 @@ def check_rendezvous(conns: list[Connection], cluster: Cluster, reports: list[Ho
 def preflight(cluster: Cluster, *, accept: Iterable[str] = (), timeout: float | None = None,
               connections: list[Connection] | None = None, rendezvous: bool = True) -> PreflightReport:
     """Check every host of `cluster` in parallel; never raises for a host problem."""
-    timeout = timeout or min(cluster.command_timeout, 30.0)
+    timeout = timeout or max(cluster.command_timeout, 60.0)  # importing torch on a busy node is slow
     own = connections is None
     conns = connections or [Connection.to(cluster, h, accept) for h in cluster.hosts]
     try:

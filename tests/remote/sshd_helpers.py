@@ -133,6 +133,10 @@ class Relay:
     def stop(self) -> None:
         """Cut: stop listening and reset every relayed connection."""
         if self._server:
+            try:  # wakes the thread blocked in accept(); close() alone would keep the port bound
+                self._server.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self._server.close()
             self._server = None
         with self._lock:

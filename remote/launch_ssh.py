@@ -1,0 +1,157 @@
+"""Deploy over SSH: preflight, bundle, upload, then torchrun on every node, detached.
+
+    deploy(cluster, run_dir) -> Job
+      1. preflight every host (parallel, timeouts); any failure -> DeployError, nothing launched
+      2. bundle the run folder + runtime (content hash); upload where that hash is missing
+      3. per node: extract into WORKDIR/jobs/<job id>/, write token + nodeN.sh
+      4. per node: `setsid nohup sh nodeN.sh </dev/null >nodeN.out 2>&1 &`
+         the script records its pid (== its process group: setsid made it a leader),
+         runs torchrun (c10d rendezvous on the first node, --max-restarts), and writes
+         nodeN.exit with torchrun's exit code. Closing SSH does not touch it.
+
+Every path and value that reaches a shell goes through shlex.quote; the job's
+name is data, never code.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Iterable
+
+from remote.bundle import Bundle, extract, make_bundle, upload
+from remote.cluster import Cluster, config_dir
+from remote.jobctl import TOKEN_VAR
+from remote.jobs import Job, JobDB, Node, new_job_id
+from remote.preflight import PreflightReport, check_devices, preflight, rdzv_address
+from remote.ssh import Connection, SSHError, quote
+
+Progress = Callable[[str, int, int], None]  # (host, bytes done, bytes total)
+
+
+class DeployError(RuntimeError):
+    def __init__(self, message: str, report: PreflightReport | None = None):
+        super().__init__(message)
+        self.report = report
+
+
+def world_size(run_dir: Path) -> int:
+    spec = json.loads((run_dir / "run.json").read_text())
+    plan = spec.get("plan") or {}
+    if isinstance(plan, dict) and plan.get("world_size"):
+        return int(plan["world_size"])
+    p = spec.get("placement") or {}
+    return int(p.get("pp", 1)) * int(p.get("dp", 1)) * int(p.get("tp", 1))
+
+
+def layout(cluster: Cluster, world: int) -> tuple[int, int]:
+    """(nodes, processes per node) for a plan of `world` processes on this cluster."""
+    n = len(cluster.hosts)
+    if cluster.nproc_per_node:
+        nodes = world // cluster.nproc_per_node
+        if nodes * cluster.nproc_per_node != world or not 1 <= nodes <= n:
+            raise DeployError(f"the plan needs {world} processes; with nproc_per_node={cluster.nproc_per_node} "
+                              f"that is not a whole number of this cluster's {n} node(s); change placement "
+                              f"(pp x dp x tp) or nproc_per_node")
+        return nodes, cluster.nproc_per_node
+    if world < n:
+        return world, 1  # a small plan uses the first `world` hosts
+    if world % n:
+        raise DeployError(f"the plan needs {world} processes, which does not split evenly over {n} nodes; "
+                          f"set the cluster's nproc_per_node or change placement (pp x dp x tp)")
+    return n, world // n
+
+
+def node_script(job: Job, cluster: Cluster, i: int, nnodes: int, nproc: int) -> str:
+    env = {TOKEN_VAR: job.token, "PYTHONUNBUFFERED": "1", **cluster.env}
+    exports = "\n".join(f"export {k}={quote(v)}" for k, v in env.items())
+    torchrun = " ".join(quote(a) for a in [
+        cluster.python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+        f"--node-rank={i}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_address(cluster)}:{cluster.rdzv_port}",
+        f"--rdzv-id={job.token}", f"--max-restarts={cluster.max_restarts}", "--monitor-interval=1",
+        "-m", "engine.runtime.train", "run"])
+    return f"""#!/bin/sh
+# Layerflow job {job.id}, node {i} of {nnodes}. Started by `setsid nohup`, stdin closed:
+# this shell leads its own session, so its pid is the job's process group on this node.
+echo $$ > node{i}.pid.tmp && mv node{i}.pid.tmp node{i}.pid
+printf 'layerflow job %s (%s) node {i} of {nnodes}\\n' {quote(job.id)} {quote(job.name)}
+{exports}
+{torchrun}
+rc=$?
+echo $rc > node{i}.exit.tmp && mv node{i}.exit.tmp node{i}.exit
+exit $rc
+"""
+
+
+def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, accept: Iterable[str] = (),
+           db: JobDB | None = None, progress: Progress | None = None,
+           on_preflight: Callable[[PreflightReport], None] | None = None) -> Job:
+    """Launch the prepared run folder on the cluster; returns the job (state running)."""
+    run_dir = Path(run_dir)
+    db = db or JobDB()
+    accept = list(accept)
+    if cluster.backend != "ssh":
+        raise DeployError(f"cluster {cluster.name!r} uses backend {cluster.backend!r}; use remote.launch_slurm")
+    world = world_size(run_dir)
+    nnodes, nproc = layout(cluster, world)
+    cluster_used = cluster.model_copy(update={"hosts": cluster.hosts[:nnodes]})
+    conns = [Connection.to(cluster, h, accept) for h in cluster_used.hosts]
+    try:
+        report = preflight(cluster_used, accept=accept, connections=conns)
+        if on_preflight:
+            on_preflight(report)
+        if not report.ok:
+            raise DeployError("preflight failed, nothing was launched:\n" + "\n".join(report.failures), report)
+        errs = check_devices(report, world, nproc)
+        if errs:
+            raise DeployError("the plan does not fit the cluster, nothing was launched:\n" + "\n".join(errs), report)
+
+        bundle = make_bundle(run_dir, config_dir() / "bundles")
+        job = Job(id=new_job_id(name or run_dir.name), name=name or run_dir.name,
+                  cluster=cluster_used.model_dump(mode="json"), created=time.time(), token=secrets.token_hex(12),
+                  total_steps=json.loads((run_dir / "run.json").read_text()).get("total_steps"))
+        job.extra = {"world_size": world, "nproc_per_node": nproc, "bundle": bundle.sha256}
+
+        def stage(i: int) -> Node:
+            c = conns[i]
+            workdir = c.abspath(cluster.workdir)
+            jobdir = f"{workdir}/jobs/{job.id}"
+            tar, _ = upload(c, bundle, f"{workdir}/bundles",
+                            (lambda d, t: progress(c.label, d, t)) if progress else None)
+            extract(c, tar, jobdir)
+            c.write_bytes(f"{jobdir}/token", job.token.encode(), 0o600)
+            c.write_bytes(f"{jobdir}/node{i}.sh", node_script(job, cluster_used, i, nnodes, nproc).encode(), 0o700)
+            return Node(i, c.label, jobdir)
+
+        db.add(job)
+        try:
+            with ThreadPoolExecutor(len(conns)) as ex:
+                job.nodes = list(ex.map(stage, range(nnodes)))
+        except (SSHError, OSError) as exc:
+            job.state, job.error = "failed", f"upload failed, nothing was launched: {exc}"
+            db.save(job)
+            raise DeployError(job.error) from None
+        # All nodes staged: only now start anything.
+        for n in job.nodes:
+            conns[n.index].run(f"cd {quote(n.jobdir)} && (setsid nohup sh node{n.index}.sh "
+                               f"</dev/null >node{n.index}.out 2>&1 &)")
+        job.state = "running"
+        db.save(job)
+        return job
+    finally:
+        for c in conns:
+            c.close()
+
+
+def upload_bundle(cluster: Cluster, bundle: Bundle, accept: Iterable[str] = (),
+                  progress: Progress | None = None) -> list[bool]:
+    """Upload a bundle to every host (used by bench/deploy.py); returns uploaded? per host."""
+    def one(h):
+        with Connection.to(cluster, h, accept) as c:
+            _, sent = upload(c, bundle, f"{c.abspath(cluster.workdir)}/bundles",
+                             (lambda d, t: progress(c.label, d, t)) if progress else None)
+            return sent
+    with ThreadPoolExecutor(len(cluster.hosts)) as ex:
+        return list(ex.map(one, cluster.hosts))

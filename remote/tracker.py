@@ -1,0 +1,314 @@
+"""Track a remote job: state, metrics and logs streamed back, through faults.
+
+One `poll()` asks every node for its status (one command each, with a timeout:
+our own liveness check, since paramiko's keepalive never declares a dead peer),
+then reads metrics.jsonl and the logs from their byte offsets over SFTP and appends
+the complete lines to the job's local mirror (JobDB.mirror_dir). The mirror's size
+*is* the offset, so after a cut link, a crashed app or a restart the next read
+starts exactly after the last line kept: nothing lost, nothing repeated.
+
+States: pending (launched, no pid yet), running, succeeded, failed, cancelled, lost
+(a node unreachable for longer than `lost_after` seconds, or its processes gone
+without an exit code, e.g. a reboot). `follow()` polls until the job ends and
+reconnects with exponential backoff. `cancel()` TERMs the job's processes on every
+node, waits, KILLs, and checks that nothing is left. `fetch()` downloads results.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from engine.tail import parse_jsonl, split_complete
+from remote.jobs import TERMINAL, Job, JobDB
+from remote.ssh import Connection, SSHError, quote
+
+MetricsFn = Callable[[list[dict]], None]
+LogFn = Callable[[str, list[str]], None]  # (log name, new lines)
+
+
+class CancelError(RuntimeError):
+    pass
+
+
+@dataclass
+class NodeView:
+    reachable: bool = False
+    since_unreachable: float | None = None
+    info: dict = field(default_factory=dict)
+    error: str | None = None
+
+
+def _truncate_partial(path: Path) -> int:
+    """Cut a half-written last line (a crash mid-append) so size == the true offset."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return 0
+    if size == 0:
+        return 0
+    with open(path, "rb+") as f:
+        f.seek(max(0, size - (1 << 20)))
+        tail = f.read()
+        end = tail.rfind(b"\n")
+        keep = size - len(tail) + end + 1 if end >= 0 else (0 if size <= (1 << 20) else size)
+        if keep != size:
+            f.truncate(keep)
+    return keep
+
+
+class Tracker:
+    """Follows one job. Not thread-safe: drive it from one (worker) thread."""
+
+    def __init__(self, job_id: str, db: JobDB | None = None, *, accept: Iterable[str] = (),
+                 on_metrics: MetricsFn | None = None, on_log: LogFn | None = None,
+                 on_state: Callable[[Job], None] | None = None, lost_after: float = 120.0,
+                 status_timeout: float = 20.0):
+        self.db = db or JobDB()
+        self.job = self.db.get(job_id)
+        self.cluster = self.job.cluster_profile()
+        self.accept = list(accept)
+        self.on_metrics, self.on_log, self.on_state = on_metrics, on_log, on_state
+        self.lost_after, self.status_timeout = lost_after, status_timeout
+        self.mirror = self.db.mirror_dir(self.job.id)
+        self.mirror.mkdir(parents=True, exist_ok=True)
+        self.nodes = {n.index: NodeView() for n in self.job.nodes}
+        self._conns: dict[int, Connection] = {}
+        for p in [self.mirror / "metrics.jsonl", *self.mirror.glob("logs/*")]:
+            _truncate_partial(p)
+
+    # ----- connections -------------------------------------------------------
+    def conn(self, i: int) -> Connection:
+        if i not in self._conns:
+            host = next(h for h in self.cluster.hosts if h.label == self.job.nodes[i].host)
+            self._conns[i] = Connection.to(self.cluster, host, self.accept)
+        return self._conns[i]
+
+    def close(self) -> None:
+        for c in self._conns.values():
+            c.close()
+        self._conns.clear()
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _ctl(self, i: int, command: str, *extra: str, timeout: float | None = None) -> dict:
+        """Run layerflow_jobctl.py on node i; its last stdout line is JSON."""
+        node = self.job.nodes[i]
+        cmd = " ".join(quote(a) for a in [self.cluster.python, f"{node.jobdir}/layerflow_jobctl.py", command,
+                                          node.jobdir, str(i), *extra])
+        res = self.conn(i).run(cmd, timeout=timeout or self.status_timeout)
+        return json.loads(res.stdout.strip().splitlines()[-1])
+
+    # ----- one round -----------------------------------------------------------
+    def poll(self) -> Job:
+        """Refresh state, metrics and logs once. Never raises for a host problem."""
+        now = time.time()
+        for n in self.job.nodes:
+            view = self.nodes[n.index]
+            try:
+                view.info = self._ctl(n.index, "status")
+                view.reachable, view.since_unreachable, view.error = True, None, None
+            except (SSHError, ValueError, IndexError) as exc:
+                view.reachable, view.error = False, str(exc)
+                view.since_unreachable = view.since_unreachable or now
+        # Read output *after* the status: if a node reported its exit code, everything
+        # the run wrote is already on disk and this read gets all of it.
+        for n in self.job.nodes:
+            if self.nodes[n.index].reachable:
+                try:
+                    self._stream(n.index)
+                except SSHError as exc:
+                    v = self.nodes[n.index]
+                    v.reachable, v.error, v.since_unreachable = False, str(exc), v.since_unreachable or now
+        self._update_state(now)
+        return self.job
+
+    def _stream(self, i: int) -> None:
+        sizes = self.nodes[i].info.get("sizes", {})
+        if self.job.metrics_node is None and "run/metrics.jsonl" in sizes:
+            self.job.metrics_node = i
+            self.db.save(self.job)
+        for rel, size in sizes.items():
+            if rel == "run/metrics.jsonl":
+                if i != self.job.metrics_node:
+                    continue
+                local = self.mirror / "metrics.jsonl"
+            else:
+                local = self.mirror / "logs" / (Path(rel).name if rel.startswith("run/logs/") else rel)
+            offset = local.stat().st_size if local.exists() else 0
+            while size > offset:
+                data = self.conn(i).read_range(f"{self.job.nodes[i].jobdir}/{rel}", offset)
+                lines, used = split_complete(data)
+                if not used:
+                    break  # only a half-written line so far
+                local.parent.mkdir(parents=True, exist_ok=True)
+                with open(local, "ab") as f:
+                    f.write(data[:used])
+                    f.flush()
+                    os.fsync(f.fileno())
+                offset += used
+                if rel == "run/metrics.jsonl":
+                    recs = parse_jsonl(lines)
+                    steps = [r["step"] for r in recs if isinstance(r.get("step"), int)]
+                    if steps:
+                        self.job.step = max(steps)
+                    if self.on_metrics and recs:
+                        self.on_metrics(recs)
+                elif self.on_log:
+                    self.on_log(local.name, [ln.decode("utf-8", "replace") for ln in lines])
+
+    def _update_state(self, now: float) -> None:
+        job, old = self.job, (self.job.state, self.job.error)
+        infos = {i: v.info for i, v in self.nodes.items() if v.reachable}
+        unreachable = [i for i, v in self.nodes.items() if not v.reachable]
+        if job.state in TERMINAL:
+            pass
+        elif unreachable:
+            gone = [i for i in unreachable if now - self.nodes[i].since_unreachable > self.lost_after]
+            if gone:
+                job.state = "lost"
+                job.error = "; ".join(f"{job.nodes[i].host} unreachable for more than {self.lost_after:g} s: "
+                                      f"{self.nodes[i].error}" for i in gone)
+        else:
+            exits = {i: inf.get("exit") for i, inf in infos.items()}
+            run_state = (infos.get(job.metrics_node, {}).get("status") or {}).get("state") \
+                if job.metrics_node is not None else None
+            if any(inf.get("cancelled") for inf in infos.values()) and not any(inf["alive"] for inf in infos.values()):
+                job.state = "cancelled"
+            elif all(e is not None for e in exits.values()):
+                if all(e == 0 for e in exits.values()):
+                    job.state = "cancelled" if run_state == "cancelled" else "succeeded"
+                else:
+                    job.state = "failed"
+                    job.error = "; ".join(f"{job.nodes[i].host}: torchrun exited with {e}"
+                                          for i, e in exits.items() if e) + self._error_hint()
+            elif any(e not in (None, 0) for e in exits.values()):
+                # one node failed: the others would wait on a rendezvous that never completes
+                job.state = "failed"
+                job.error = "; ".join(f"{job.nodes[i].host}: torchrun exited with {e}"
+                                      for i, e in exits.items() if e not in (None, 0)) + self._error_hint()
+                self._kill_rest()
+            elif any(inf.get("pid") and not inf["alive"] and inf.get("exit") is None for inf in infos.values()):
+                job.state, job.error = "lost", "a node's processes vanished without an exit code (host rebooted?)"
+            elif all(inf.get("pid") for inf in infos.values()):
+                job.state, job.error = "running", None
+            else:
+                job.state = "pending"
+        if (job.state, job.error) != old or True:
+            self.db.save(job)
+        if (job.state, job.error) != old and self.on_state:
+            self.on_state(job)
+
+    def _error_hint(self) -> str:
+        log = self.mirror / "logs" / "rank0.log"
+        if log.exists():
+            tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+            if tail:
+                return " | rank0.log: " + " / ".join(tail)
+        return ""
+
+    def _kill_rest(self) -> None:
+        for n in self.job.nodes:
+            inf = self.nodes[n.index].info
+            if inf.get("alive"):
+                try:
+                    self._ctl(n.index, "cancel", "10", timeout=40)
+                except (SSHError, ValueError, IndexError):
+                    pass
+
+    # ----- loops and actions -----------------------------------------------------
+    def follow(self, stop: threading.Event | None = None, interval: float = 1.0,
+               backoff_max: float = 10.0) -> Job:
+        """Poll until the job ends (or `stop` is set); back off while a node is unreachable."""
+        stop = stop or threading.Event()
+        delay = interval
+        while not stop.is_set():
+            job = self.poll()
+            if job.done:
+                return job
+            if all(v.reachable for v in self.nodes.values()):
+                delay = interval
+            else:
+                delay = min(backoff_max, max(delay * 2, 0.5))  # reconnect with backoff
+            stop.wait(delay)
+        return self.job
+
+    def cancel(self, grace: float = 15.0) -> Job:
+        """TERM every node's job processes, wait `grace` s, KILL what is left, verify none remain."""
+        def one(n):
+            return self._ctl(n.index, "cancel", f"{grace:g}", timeout=grace + 30)
+
+        errors, left = [], []
+        with ThreadPoolExecutor(len(self.job.nodes)) as ex:
+            futs = {n.index: ex.submit(one, n) for n in self.job.nodes}
+        for i, f in futs.items():
+            try:
+                r = f.result()
+                if r["left"]:
+                    left.append(f"{self.job.nodes[i].host}: pids {r['left']} survived SIGKILL")
+            except (SSHError, ValueError, IndexError) as exc:
+                errors.append(f"{self.job.nodes[i].host}: {exc}")
+        # Close the channels the cancel used before the final poll (they were in other threads).
+        self.close()
+        self.poll()
+        if errors or left:
+            raise CancelError("cancel incomplete: " + "; ".join(errors + left))
+        if self.job.state not in TERMINAL:
+            self.job.state = "cancelled"
+        if self.job.state == "succeeded":
+            pass  # it finished before the TERM arrived
+        self.db.save(self.job)
+        return self.job
+
+    def fetch(self, out_dir: str | Path, progress: Callable[[str, int, int], None] | None = None) -> list[Path]:
+        """Download checkpoints, model.pt, metrics, status and logs into out_dir."""
+        out_dir = Path(out_dir)
+        got: list[Path] = []
+        order = sorted(self.job.nodes, key=lambda n: n.index != self.job.metrics_node)  # rank 0's node first
+        for n in order:
+            c = self.conn(n.index)
+            run = f"{n.jobdir}/run"
+            wanted = ["metrics.jsonl", "status.json", "model.pt"] if n.index == order[0].index else []
+            for name in wanted:
+                if c.stat_size(f"{run}/{name}") is not None:
+                    got.append(self._get(c, f"{run}/{name}", out_dir / name, progress))
+            for sub in ("checkpoints", "logs"):
+                got += self._get_tree(c, f"{run}/{sub}", out_dir / sub, progress)
+            if c.stat_size(f"{n.jobdir}/node{n.index}.out") is not None:
+                got.append(self._get(c, f"{n.jobdir}/node{n.index}.out", out_dir / "logs" / f"node{n.index}.out",
+                                     progress))
+        return got
+
+    @staticmethod
+    def _get(c: Connection, remote: str, local: Path, progress) -> Path:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        c.get(remote, local, (lambda d, t: progress(remote, d, t)) if progress else None)
+        return local
+
+    def _get_tree(self, c: Connection, remote: str, local: Path, progress) -> list[Path]:
+        try:
+            entries = c.listdir(remote)
+        except FileNotFoundError:
+            return []
+        out = []
+        for e in entries:
+            if stat.S_ISDIR(e.st_mode or 0):
+                out += self._get_tree(c, f"{remote}/{e.filename}", local / e.filename, progress)
+            elif not (local / e.filename).exists():  # shards of other ranks merge; rank 0's node went first
+                out.append(self._get(c, f"{remote}/{e.filename}", local / e.filename, progress))
+        return out
+
+
+def mirror_metrics(db: JobDB, job_id: str) -> Path:
+    """The local metrics.jsonl of a job (what the dashboard tails like a local run's)."""
+    return db.mirror_dir(job_id) / "metrics.jsonl"
