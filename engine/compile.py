@@ -9,6 +9,8 @@ one mistake does not cascade into a page of messages.
 """
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,7 +78,14 @@ class CompileResult:
     warnings: list[CompileError]
     order: list[str]
     spec: dict | None = None  # the runtime's input (engine/runtime/model.py); None if errors
-    module: torch.fx.GraphModule | None = None  # on the meta device; None if errors
+    _module: torch.fx.GraphModule | None = None
+
+    @property
+    def module(self) -> torch.fx.GraphModule | None:
+        """The GraphModule on the meta device (built on first use); None if errors."""
+        if self._module is None and self.spec is not None:
+            self._module = build_graph_module(self.spec, device="meta")
+        return self._module
 
     @property
     def ok(self) -> bool:
@@ -267,12 +276,34 @@ def compile_graph(graph: Graph) -> CompileResult:
     result = CompileResult(graph, infos, errors, warnings, order)
     if not errors:
         result.spec = {"nodes": spec_nodes, "inputs": inputs, "outputs": outputs}
-        result.module = build_graph_module(result.spec, device="meta")
     return result
+
+
+# Per-layer results keyed by (type, params, input shapes and dtypes): the GUI compiles
+# after every edit, and an edit changes one node, so the other nodes come from here.
+_META_CACHE: "OrderedDict[tuple, tuple[tuple[int, ...], torch.dtype, int, int]]" = OrderedDict()
+_META_CACHE_SIZE = 4096
 
 
 def _run_meta(ntype: str, params: dict, args: list[torch.Tensor]) -> tuple[Any, int, int]:
     """Forward one layer on meta tensors: (output, parameter count, FLOPs)."""
+    try:
+        key = (ntype, json.dumps(params, sort_keys=True), tuple((tuple(a.shape), a.dtype) for a in args))
+    except (TypeError, ValueError):
+        key = None
+    if key is not None and key in _META_CACHE:
+        _META_CACHE.move_to_end(key)
+        shape, dtype, n_params, flops = _META_CACHE[key]
+        return torch.empty(shape, dtype=dtype, device="meta"), n_params, flops
+    y, n_params, flops = _forward_meta(ntype, params, args)
+    if key is not None and isinstance(y, torch.Tensor):
+        _META_CACHE[key] = (tuple(y.shape), y.dtype, n_params, flops)
+        if len(_META_CACHE) > _META_CACHE_SIZE:
+            _META_CACHE.popitem(last=False)
+    return y, n_params, flops
+
+
+def _forward_meta(ntype: str, params: dict, args: list[torch.Tensor]) -> tuple[Any, int, int]:
     counter = FlopCounterMode(display=False)
     if ntype in FUNCTION_LAYERS:
         fn, kwargs = FUNCTION_LAYERS[ntype](params)
