@@ -512,8 +512,24 @@ class MainWindow(QMainWindow):
     def apply_theme(self, name: str) -> None:
         name = name if name in ("light", "dark") else "light"
         app = QApplication.instance()
-        app.setStyle("Fusion")
         t = scene_theme(name)
+        if app.property("layerflow_theme") != name:  # restyling every widget is slow: once per switch
+            self._style_app(app, name)
+        # the app's style is shared: every open editor window follows
+        for w in [self] + [w for w in app.topLevelWidgets() if isinstance(w, MainWindow) and w is not self]:
+            w.scene.set_theme(t)
+            w.devices.set_theme(t)
+            w.view.viewport().update()
+            w.view.minimap._timer.start()
+            w.actions[f"theme_{name}"].setChecked(True)
+            w.theme_name = name
+        if name != self.settings.theme():
+            self.settings.set_theme(name)
+        self.theme_name = name
+
+    @staticmethod
+    def _style_app(app, name: str) -> None:
+        app.setStyle("Fusion")
         pal = QPalette()
         if name == "dark":
             for role, col in ((QPalette.Window, "#23262d"), (QPalette.WindowText, "#e6e9ef"), (QPalette.Base, "#1b1e23"),
@@ -529,14 +545,7 @@ class MainWindow(QMainWindow):
         app.setPalette(pal)
         qss = RESOURCES / "themes" / f"{name}.qss"
         app.setStyleSheet(qss.read_text() if qss.exists() else "")
-        self.scene.set_theme(t)
-        self.devices.set_theme(t)
-        self.view.viewport().update()
-        self.view.minimap._timer.start()
-        self.actions[f"theme_{name}"].setChecked(True)
-        if name != self.settings.theme():
-            self.settings.set_theme(name)
-        self.theme_name = name
+        app.setProperty("layerflow_theme", name)
 
     # ----- closing ------------------------------------------------------------
     def closeEvent(self, e) -> None:

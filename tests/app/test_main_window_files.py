@@ -1,0 +1,154 @@
+"""Files in the editor: save and reopen, the unsaved-changes prompt, recent files,
+themes remembered, and recovery of autosaved work after a real crash (SIGKILL)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from PySide6.QtWidgets import QMessageBox
+
+from app.main_window import EXAMPLE, MainWindow
+from engine.graph import Graph
+from engine.project import Project, load_project
+
+pytestmark = pytest.mark.gui
+B = QMessageBox.StandardButton
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def asked(monkeypatch, tmp_path):
+    monkeypatch.setenv("LAYERFLOW_HOME", str(tmp_path / "home"))
+    log = {"answers": [], "questions": []}
+
+    def ask(self, kind, title, text, buttons, default):
+        log["questions"].append((title, text))
+        return log["answers"].pop(0) if log["answers"] else B.Discard if buttons & B.Discard else default
+
+    monkeypatch.setattr(MainWindow, "ask", ask)
+    return log
+
+
+def small_project() -> Project:
+    g = Graph()
+    g.add_node("Input", {"shape": [8]}, pos=(0, 0), id="x")
+    g.add_node("Linear", {"out_features": 3}, pos=(240, 0), id="fc")
+    g.add_node("Output", {}, pos=(480, 0), id="y")
+    g.connect("x", "out", "fc", "in")
+    g.connect("fc", "out", "y", "in")
+    g.set_placement("fc", stage=0, tp="colwise")
+    return Project(g, name="small")
+
+
+def window(qtbot, project=None, recover=False) -> MainWindow:
+    w = MainWindow(project or Project(), recover=recover)
+    qtbot.addWidget(w)
+    w.show()
+    return w
+
+
+def test_save_reopen_equal_and_recent_files(qtbot, asked, tmp_path):
+    w = window(qtbot, small_project())
+    w.controller.set_param("fc", "out_features", 5)
+    w.controller.group_selected  # groups survive a round trip too
+    w.scene.select_nodes(["fc"])
+    w.controller.group_selected("head")
+    assert w.is_dirty() and w.isWindowModified()
+    path = tmp_path / "proj" / "small.lflow"
+    assert w.save_as(path)
+    assert not w.is_dirty() and "small.lflow" in w.windowTitle()
+    w2 = window(qtbot)
+    assert w2.open_project(path)
+    assert w2.project.to_dict() == w.project.to_dict()
+    assert w2.project.graph == w.project.graph
+    assert w2.project.graph.nodes["fc"].group == "head"
+    assert set(w2.scene.node_items) == {"x", "fc", "y"}
+    # recent files: newest first, shown in File > Open Recent
+    w2._fill_recent()
+    assert [a.toolTip() for a in w2.recent_menu.actions()][0] == str(path.resolve())
+    assert w2.settings.last_project() == str(path.resolve())
+
+
+def test_open_refuses_a_bad_file_with_a_message(qtbot, asked, tmp_path):
+    bad = tmp_path / "bad.lflow"
+    bad.write_text('{"format_version": 1, "diagram": {"nodes": [{"id": "1x", "type": "Linear"}]}}')
+    w = window(qtbot, small_project())
+    before = w.project.to_dict()
+    assert not w.open_project(bad)
+    assert asked["questions"][-1][0] == "Cannot open project"
+    assert "1x" in asked["questions"][-1][1]
+    assert w.project.to_dict() == before
+
+
+def test_unsaved_changes_prompt(qtbot, asked, tmp_path):
+    w = window(qtbot, small_project())
+    w.controller.add_node("ReLU", (700, 0))
+    asked["answers"] = [B.Cancel]
+    w.new_project()
+    assert "relu1" in w.project.graph.nodes and asked["questions"][-1][0] == "Unsaved changes"
+    asked["answers"] = [B.Discard]
+    w.new_project()
+    assert not w.project.graph.nodes and not w.is_dirty()
+    # Save from the prompt writes the file first
+    w.set_project(load_project(EXAMPLE)) if EXAMPLE.exists() else w.set_project(small_project())
+    w.project.path = tmp_path / "kept.lflow"
+    w.controller.add_node("ReLU", (0, 400))
+    asked["answers"] = [B.Save]
+    w.close()
+    assert load_project(tmp_path / "kept.lflow").graph == w.project.graph
+
+
+def test_theme_switch_is_remembered(qtbot, asked):
+    w = window(qtbot, small_project())
+    w.actions["theme_dark"].trigger()
+    assert w.scene.theme.name == "dark" and w.theme_name == "dark"
+    img = w.view.grab().toImage()
+    assert img.pixelColor(5, 5).lightness() < 80  # the canvas really is dark
+    w2 = window(qtbot)
+    assert w2.theme_name == "dark"
+    w2.apply_theme("light")
+    assert w2.view.grab().toImage().pixelColor(5, 5).lightness() > 200
+
+
+CRASH = textwrap.dedent("""
+    import os, sys
+    os.environ["QT_QPA_PLATFORM"] = "offscreen"
+    from PySide6.QtWidgets import QApplication
+    app = QApplication([])
+    from app.main_window import MainWindow
+    from engine.project import load_project
+    w = MainWindow(load_project(sys.argv[1]), recover=False)
+    w.controller.add_node("ReLU", (720, 0))
+    w.controller.set_param("fc", "out_features", 7)
+    print(w.autosave_now(), flush=True)
+    os.kill(os.getpid(), 9)  # crash: no closeEvent, the autosave stays
+""")
+
+
+def test_recovery_after_a_crash(qtbot, asked, tmp_path):
+    path = tmp_path / "small.lflow"
+    from engine.project import save_project
+
+    save_project(small_project(), path)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-c", CRASH, str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    assert Path(r.stdout.strip()).exists()
+    asked["answers"] = [B.Yes]
+    w = window(qtbot, recover=True)
+    assert asked["questions"][0][0] == "Recover unsaved work" and str(path) in asked["questions"][0][1]
+    g = w.project.graph
+    assert "relu1" in g.nodes and g.nodes["fc"].params["out_features"] == 7
+    assert w.project.path == path and w.is_dirty()
+    assert load_project(path).graph.nodes["fc"].params["out_features"] == 3  # the file itself is untouched
+    assert not list(w.settings.autosave_dir.glob("*.lflow"))  # offered once
+    # a running window's own autosave is not offered to another window
+    w.autosave_now()
+    assert window(qtbot, recover=True).project.graph.nodes == {} and len(asked["questions"]) == 1
+    assert w.save()
+    assert load_project(path).graph == g and not list(w.settings.autosave_dir.glob("*.lflow"))
