@@ -129,7 +129,7 @@ class RunController(QObject):
         if steps:
             cmd += ["--steps", str(steps)]
         self.node_ids = tuple(project.graph.nodes)
-        return self._launch(run_dir, cmd, snapshot=snapshot)
+        return self.launch(run_dir, cmd, snapshot=snapshot)
 
     def resume(self, run_dir: str | Path, *, nproc: int = 1, node_ids=()) -> Path:
         """Continue a stopped run from its latest checkpoint."""
@@ -142,13 +142,13 @@ class RunController(QObject):
         if nproc > 1:
             cmd += ["--nproc", str(nproc)]
         self.node_ids = tuple(node_ids)
-        return self._launch(run_dir, cmd, resume=True)
+        return self.launch(run_dir, cmd, resume=True)
 
     def _refuse_if_running(self) -> None:
         if self.active is not None:
             raise RuntimeError(f"a run is already going ({self.active.run_dir.name}); stop it first")
 
-    def _launch(self, run_dir: Path, cmd: list[str], *, snapshot: Path | None = None, resume: bool = False) -> Path:
+    def launch(self, run_dir: Path, cmd: list[str], *, snapshot: Path | None = None, resume: bool = False) -> Path:
         logs = run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
