@@ -188,7 +188,11 @@ def hosts_from_ssh_config(path: str | os.PathLike | None = None,
         cfg = paramiko.SSHConfig.from_path(str(path))
     except FileNotFoundError:
         raise ClusterError(f"{path}: no such ssh config file") from None
-    aliases = names or sorted(h for h in cfg.get_hostnames() if not any(c in h for c in "*?!"))
+    declared = sorted(h for h in cfg.get_hostnames() if not any(c in h for c in "*?!"))
+    missing = [n for n in names or [] if n not in declared]
+    if missing:
+        raise ClusterError(f"{path}: no Host {', '.join(missing)} (declared: {', '.join(declared) or 'none'})")
+    aliases = names or declared
 
     def resolve(alias: str, depth: int = 0) -> Host:
         if depth > 8:

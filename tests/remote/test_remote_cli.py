@@ -1,0 +1,100 @@
+"""The remote commands of `python main.py`, run in-process against the real sshd pair."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+
+from sshd_helpers import REMOTE_PYTHON, free_port
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "resources" / "examples"
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def add_args(env, name, tmp_path, n=2, known_hosts=None):
+    args = ["cluster", "add", name]
+    for s in env.servers[:n]:
+        args += ["--host", f"root@{s.addr}:{s.port}"]
+    return args + ["--identity", env.client_key, "--workdir", tmp_path / "work", "--python", REMOTE_PYTHON,
+                   "--known-hosts", known_hosts or env.known_hosts, "--env", "OMP_NUM_THREADS=1",
+                   "--rdzv-port", free_port("127.0.0.2")]
+
+
+def test_cluster_commands(sshd_pair, config_dir, tmp_path, capsys):
+    code, out, _ = run(capsys, *add_args(sshd_pair, "lab", tmp_path))
+    assert code == 0 and "2 node(s) saved" in out
+    code, out, _ = run(capsys, "cluster", "list")
+    assert code == 0 and "lab" in out and "127.0.0.3" in out
+    code, out, _ = run(capsys, "cluster", "check", "lab")
+    assert code == 0 and "127.0.0.2" in out and "NO" not in out
+    code, _, err = run(capsys, "cluster", "add", "bad", "--host", "root@h:99999")
+    assert code == 2 and "port" in err
+    code, _, err = run(capsys, "cluster", "remove", "nope")
+    assert code == 2 and "no cluster named 'nope'" in err
+    code, _, _ = run(capsys, "cluster", "remove", "lab")
+    assert code == 0 and "no clusters" in run(capsys, "cluster", "list")[1]
+
+
+def test_check_shows_unknown_fingerprint_then_accepts_it(sshd_pair, config_dir, tmp_path, capsys):
+    kh = tmp_path / "empty_known_hosts"
+    run(capsys, *add_args(sshd_pair, "new", tmp_path, n=1, known_hosts=kh))
+    code, out, err = run(capsys, "cluster", "check", "new")
+    assert code == 1 and "unknown host key" in err
+    fp = err.split("--accept-host-key ")[1].split()[0]
+    assert fp.startswith("SHA256:") and not kh.exists()
+    code, out, err = run(capsys, "cluster", "check", "new", "--accept-host-key", fp)
+    assert code == 0, err
+    assert kh.read_text().startswith(f"[127.0.0.2]:{sshd_pair.servers[0].port} ssh-ed25519 ")
+
+
+def test_import_ssh_config(sshd_pair, config_dir, tmp_path, capsys):
+    cfg = tmp_path / "ssh_config"
+    lines = []
+    for i, s in enumerate(sshd_pair.servers):
+        lines += [f"Host node{i}", f"  HostName {s.addr}", f"  Port {s.port}", "  User root",
+                  f"  IdentityFile {sshd_pair.client_key}"]
+    cfg.write_text("\n".join(lines) + "\n")
+    code, out, err = run(capsys, "cluster", "import-ssh-config", "imp", "node0", "node1", "--config", cfg,
+                         "--python", REMOTE_PYTHON, "--known-hosts", sshd_pair.known_hosts)
+    assert code == 0, err
+    code, out, _ = run(capsys, "cluster", "list", "--json")
+    (c,) = json.loads(out)
+    assert [h["address"] for h in c["hosts"]] == ["127.0.0.2", "127.0.0.3"]
+    assert run(capsys, "cluster", "check", "imp")[0] == 0
+    code, _, err = run(capsys, "cluster", "import-ssh-config", "x", "ghost", "--config", cfg)
+    assert code == 2 and "ghost" in err
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("remote-deploy")
+def test_deploy_jobs_status_logs_fetch(sshd_pair, config_dir, tmp_path, capsys):
+    run(capsys, *add_args(sshd_pair, "one", tmp_path, n=1))
+    proj = tmp_path / "proj" / "mlp.lflow"
+    proj.parent.mkdir()
+    shutil.copy(EXAMPLES / "mlp_digits.lflow", proj)
+    code, out, err = run(capsys, "deploy", proj, "--cluster", "one", "--steps", "20", "--out", tmp_path / "rd")
+    assert code == 0, err
+    job_id = out.strip()
+    assert "upload" in err and "rendezvous" in err  # progress bar and the preflight table
+    code, out, _ = run(capsys, "logs", job_id[:-2], "-f")  # a unique prefix names the job
+    assert code == 0 and "step 20/20" in out
+    code, out, _ = run(capsys, "status", job_id, "--json")
+    st = json.loads(out)
+    assert st["state"] == "succeeded" and st["step"] == 20
+    code, out, _ = run(capsys, "jobs")
+    assert job_id in out and "succeeded" in out and "20/20" in out
+    code, out, _ = run(capsys, "fetch", job_id, "-o", tmp_path / "got")
+    assert code == 0 and (tmp_path / "got" / "model.pt").is_file()
+    metrics = (tmp_path / "got" / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(metrics[-1])["event"] == "end"
+    code, _, err = run(capsys, "status", "no-such-job")
+    assert code == 2 and "no job" in err
