@@ -1,0 +1,55 @@
+"""`python main.py screenshot`: the real main window rendered offscreen to a PNG."""
+from __future__ import annotations
+
+import pytest
+from PySide6.QtGui import QImage
+
+from app.cli import main
+from engine.graph import Graph
+from engine.project import Project, save_project
+
+pytestmark = pytest.mark.gui
+
+
+@pytest.fixture
+def project_file(tmp_path):
+    g = Graph()
+    g.add_node("Input", {"shape": [8]}, pos=(0, 0), id="x")
+    g.add_node("Linear", {"out_features": 4}, pos=(240, 0), id="fc")
+    g.add_node("Output", {}, pos=(480, 0), id="y")
+    g.connect("x", "out", "fc", "in")
+    g.connect("fc", "out", "y", "in")
+    return save_project(Project(g, name="tiny"), tmp_path / "tiny.lflow")
+
+
+def test_screenshot_writes_the_window_in_both_themes(qtbot, project_file, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LAYERFLOW_HOME", str(tmp_path / "home"))
+    out = tmp_path / "shots" / "light.png"
+    assert main(["screenshot", str(project_file), "-o", str(out), "--size", "1500x900", "--select", "fc"]) == 0
+    img = QImage(str(out))
+    assert (img.width(), img.height()) == (1500, 900)
+    dark = tmp_path / "dark.png"
+    assert main(["screenshot", str(project_file), "-o", str(dark), "--size", "1500x900", "--theme", "dark"]) == 0
+    light_px, dark_px = QImage(str(out)).pixelColor(750, 450), QImage(str(dark)).pixelColor(750, 450)
+    assert light_px.lightness() > dark_px.lightness() + 80
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_screenshot_errors_are_one_line(project_file, tmp_path, capsys):
+    assert main(["screenshot", str(project_file), "-o", str(tmp_path / "x.png"), "--select", "nope"]) == 2
+    assert "no node named 'nope'" in capsys.readouterr().err
+    assert main(["screenshot", str(tmp_path / "missing.lflow"), "-o", str(tmp_path / "x.png")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_start_project_is_the_last_one_or_the_example(tmp_path, monkeypatch, project_file):
+    monkeypatch.setenv("LAYERFLOW_HOME", str(tmp_path / "home"))
+    from app.cli_gui import _start_project
+    from app.main_window import EXAMPLE
+    from app.settings import Settings
+
+    first = _start_project(None)
+    assert first.path == (EXAMPLE if EXAMPLE.exists() else None)
+    Settings().add_recent(project_file)
+    assert _start_project(None).path.resolve() == project_file.resolve()
+    assert _start_project(str(project_file)).name == "tiny"
