@@ -69,7 +69,8 @@ def _pool(m: nn.Module) -> tuple[str, dict]:
             raise _Unsupported("AvgPool2d with count_include_pad=False or divisor_override")
         kind = "AvgPool2d"
     stride = m.stride if m.stride is not None else m.kernel_size
-    return kind, {"kernel_size": _one(m.kernel_size, "kernel_size"), "stride": _one(stride, "stride"),
+    k, st = _one(m.kernel_size, "kernel_size"), _one(stride, "stride")
+    return kind, {"kernel_size": k, "stride": None if st == k else st,
                   "padding": _one(m.padding, "padding")}
 
 

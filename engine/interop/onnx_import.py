@@ -377,12 +377,24 @@ def _conv(r: _Reader, u: _Unit):
         "kernel_size": _same(a.get("kernel_shape", w.shape[2:]), "kernel_shape"),
         "stride": _same(a.get("strides", [1] * nd), "strides"), "padding": _pads(a, nd),
         "dilation": _same(a.get("dilations", [1] * nd), "dilations"), "groups": int(a.get("group", 1)),
-        "bias": len(n.input) > 2 and bool(n.input[2]),
+        "bias": len(n.input) > 2 and bool(n.input[2]) and not _zeros(r, n.input[2]),
     }
     state = {"weight": _t(w)}
     if params["bias"]:
         state["bias"] = _t(r.const(n.input[2], "Conv bias"))
     return f"Conv{nd}d", params, state
+
+
+def _zeros(r: _Reader, v: str) -> bool:
+    """A computed all-zero tensor (torch.onnx writes bias=False as Expand(CastLike(0)))."""
+    for _ in range(4):
+        if v in r.consts:
+            return not np.any(r.consts[v])
+        p = r.producer.get(v)
+        if p is None or p.op_type not in ("Expand", "CastLike", "Cast"):
+            return False
+        v = p.input[0]
+    return False
 
 
 def _pool(r: _Reader, u: _Unit):
@@ -405,7 +417,8 @@ def _pool(r: _Reader, u: _Unit):
         raise _Unsupported("AveragePool with padding and count_include_pad=0 (torch counts the padding)")
     k = _same(a["kernel_shape"], "kernel_shape")
     s = _same(a.get("strides", [1, 1]), "strides")
-    return ("MaxPool2d" if n.op_type == "MaxPool" else "AvgPool2d"), {"kernel_size": k, "stride": s, "padding": pad}, {}
+    # stride None is the catalog's "same as the window", as in torch
+    return ("MaxPool2d" if n.op_type == "MaxPool" else "AvgPool2d"), {"kernel_size": k, "stride": None if s == k else s, "padding": pad}, {}
 
 
 def _global_pool(r: _Reader, u: _Unit, n=None):

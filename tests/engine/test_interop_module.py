@@ -1,0 +1,136 @@
+"""Import of PyTorch modules through torch.fx: structure, weights, counts, refusals."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.compile import compile_graph
+from engine.interop import InteropError, import_module, save_imported
+from engine.interop.module_import import from_module
+from engine.project import load_project
+from engine.runtime.model import load_weights
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        h = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(h)) + x)  # skip connection
+
+
+class ResNetish(nn.Module):
+    def __init__(self, width=8, classes=5):
+        super().__init__()
+        self.stem = nn.Conv2d(3, width, 3, padding=1)
+        self.layer1 = nn.Sequential(Block(width), Block(width))
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(width, classes)
+
+    def forward(self, x):
+        x = self.pool(self.layer1(self.stem(x)))
+        return self.fc(x.view(x.size(0), -1))
+
+
+class TinyEncoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(30, 16)
+        self.enc = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, tokens):
+        h = self.enc(self.emb(tokens))
+        return self.head(torch.cat([h.mean(dim=1), h.mean(dim=1)], dim=1)[:, :16])
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow: fx cannot trace it
+            return self.fc(x)
+        return x
+
+
+def _randomize_bn(m: nn.Module) -> None:
+    g = torch.Generator().manual_seed(1)
+    for mod in m.modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_mean.copy_(torch.randn(mod.num_features, generator=g) * 0.2)
+            mod.running_var.copy_(torch.rand(mod.num_features, generator=g) + 0.5)
+
+
+def test_resnet_module_with_weights(tmp_path):
+    torch.manual_seed(0)
+    m = ResNetish().eval()
+    _randomize_bn(m)
+    imp = from_module(m, [[3, 8, 8]])
+    ids = list(imp.project.graph.nodes)
+    assert "layer1_0_conv1" in ids and "fc" in ids and ids[0] == "x"
+    types = [n.type for n in imp.project.graph.nodes.values()]
+    assert types.count("Add") == 2 and types.count("BatchNorm2d") == 4 and "Reshape" in types
+    result = compile_graph(imp.project.graph)
+    assert result.total_params == sum(p.numel() for p in m.parameters())  # exactly
+    path = save_imported(imp, tmp_path / "res.lflow")
+    project = load_project(path)
+    gm = compile_graph(project.graph).build()
+    load_weights(gm, str(tmp_path / project.weights))
+    x = torch.randn(3, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(gm.eval()(x), m(x), rtol=1e-5, atol=1e-5)
+
+
+def test_transformer_module_unsupported_slice_is_listed():
+    with pytest.raises(InteropError) as e:
+        from_module(TinyEncoder(), [[6]], ["int64"])
+    assert "getitem" in str(e.value)  # the [:, :16] slice has no catalog layer
+
+
+def test_transformer_module_by_import_path_and_kwargs():
+    imp = import_module("torch.nn:TransformerEncoderLayer",
+                        {"d_model": 16, "nhead": 2, "dim_feedforward": 24, "batch_first": True, "norm_first": True},
+                        [[5, 16]])
+    node = next(n for n in imp.project.graph.nodes.values() if n.type == "TransformerEncoderLayer")
+    assert node.params["nhead"] == 2 and node.params["norm_first"] is True
+    assert compile_graph(imp.project.graph).total_params == sum(
+        p.numel() for p in nn.TransformerEncoderLayer(16, 2, 24, batch_first=True).parameters())
+
+
+def test_untraceable_module_is_reported_with_the_reason():
+    with pytest.raises(InteropError) as e:
+        from_module(Branchy(), [[4]])
+    msg = str(e.value)
+    assert "cannot be traced by torch.fx" in msg and "control flow" in msg
+
+
+def test_unsupported_layers_are_listed(tmp_path):
+    from app.cli import main
+
+    rc = main(["import", "module:torch.nn:LSTM", "-o", str(tmp_path / "l.lflow"),
+               "--kwargs", '{"input_size": 4, "hidden_size": 3}', "--input-shape", "5,4"])
+    assert rc == 2 and not any(tmp_path.iterdir())
+    with pytest.raises(InteropError, match="LSTM has no catalog layer"):
+        import_module("torch.nn:LSTM", {"input_size": 4, "hidden_size": 3}, [[5, 4]])
+    with pytest.raises(InteropError, match="--input-shape"):
+        import_module("torch.nn:Linear", {"in_features": 4, "out_features": 2}, None)
+    with pytest.raises(InteropError, match="cannot import"):
+        import_module("torch.nn:NoSuchLayer", {}, [[4]])
+
+
+def test_cli_module_import(tmp_path):
+    from app.cli import main
+
+    rc = main(["import", "module:torch.nn:Linear", "-o", str(tmp_path / "lin.lflow"),
+               "--kwargs", '{"in_features": 6, "out_features": 2}', "--input-shape", "6"])
+    assert rc == 0
+    project = load_project(tmp_path / "lin.lflow")
+    assert [n.type for n in project.graph.nodes.values()] == ["Input", "Linear", "Output"]
+    assert (tmp_path / "lin.weights.pt").exists()

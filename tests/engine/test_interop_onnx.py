@@ -1,0 +1,207 @@
+"""ONNX export (checked by onnxruntime) and import (diagram + weights), round trips.
+
+Each model is exported once per module (the dynamo exporter takes seconds)."""
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from engine.compile import compile_graph
+from engine.interop import InteropError, export_onnx, import_onnx, save_imported
+from engine.project import load_project
+from engine.runtime.model import load_weights
+
+from interop_models import MODELS, project_with_weights, sample
+
+ort = pytest.importorskip("onnxruntime")
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """name -> (project, reference module in eval mode, path of the .onnx)."""
+    folder = tmp_path_factory.mktemp("onnx")
+    out = {}
+    for name in MODELS:
+        project = project_with_weights(name, folder)
+        gm = compile_graph(project.graph).build(seed=0)
+        load_weights(gm, str(folder / project.weights))
+        out[name] = (project, gm.eval(), export_onnx(project, folder / f"{name}.onnx"))
+    return out
+
+
+def run_ort(path, x: torch.Tensor) -> np.ndarray:
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+
+
+def forward(gm, x):
+    with torch.no_grad():
+        return gm(x).numpy()
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_onnxruntime_equals_torch_for_any_batch(exported, name):
+    project, gm, path = exported[name]
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model, full_check=True)
+    batch_dim = model.graph.input[0].type.tensor_type.shape.dim[0]
+    assert batch_dim.dim_param and not batch_dim.HasField("dim_value")  # dynamic batch
+    for batch in (1, 5):
+        x = sample(project.graph, batch, seed=batch)
+        np.testing.assert_allclose(run_ort(path, x), forward(gm, x), **TOL)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_import_gives_the_same_function_names_and_parameter_count(exported, name):
+    project, gm, path = exported[name]
+    imp = import_onnx(path)
+    src, got = compile_graph(project.graph), compile_graph(imp.project.graph)
+    assert got.ok, got.errors
+    assert got.total_params == src.total_params  # exactly
+    # Every layer comes back under its own name and type (Dropout's p from the embedded diagram).
+    for nid, node in project.graph.nodes.items():
+        assert imp.project.graph.nodes[nid].type == node.type
+        assert {k: v for k, v in imp.project.graph.nodes[nid].params.items() if v is not None} == \
+            {k: v for k, v in got.nodes[nid].params.items() if v is not None}
+    for nid, info in src.nodes.items():
+        assert got.nodes[nid].params == info.params, nid
+    new = got.build(seed=1)
+    new.load_state_dict(imp.state)
+    new.eval()
+    x = sample(project.graph, 3, seed=11)
+    np.testing.assert_allclose(forward(new, x), forward(gm, x), **TOL)
+
+
+@pytest.mark.parametrize("name", ["resnet", "transformer"])
+def test_export_import_export_round_trip(exported, name, tmp_path):
+    project, gm, path = exported[name]
+    first = import_onnx(path)
+    saved = save_imported(first, tmp_path / f"{name}.lflow")
+    assert (tmp_path / f"{name}.weights.pt").exists()
+    again = load_project(saved)
+    assert again.weights == f"{name}.weights.pt"
+    path2 = export_onnx(again, tmp_path / f"{name}2.onnx")
+    x = sample(project.graph, 4, seed=5)
+    np.testing.assert_allclose(run_ort(path2, x), forward(gm, x), **TOL)
+    second = import_onnx(path2)
+    assert second.project.graph.to_dict() == first.project.graph.to_dict()
+    assert set(second.state) == set(first.state)
+    for k in first.state:
+        torch.testing.assert_close(second.state[k], first.state[k], rtol=0, atol=0)
+
+
+def test_import_without_torch_metadata_reads_ops(tmp_path):
+    """A foreign file (optimized export, opset 18, no module scopes): Gemm, MatMul+Add,
+    the Erf form of GELU, Sigmoid*x, ReduceMean pooling and BatchNorm folded into Conv."""
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.bn = nn.BatchNorm2d(4)
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(4, 8)
+            self.fc2 = nn.Linear(8, 3)
+
+        def forward(self, x):
+            h = torch.relu(self.bn(self.conv(x)))
+            h = torch.flatten(self.pool(h), 1)
+            return self.fc2(nn.functional.silu(nn.functional.gelu(self.fc(h))))
+
+    torch.manual_seed(0)
+    m = Net().eval()
+    m.bn.running_mean.uniform_(-0.5, 0.5)
+    x = torch.randn(2, 3, 6, 6)
+    prog = torch.onnx.export(m, (x,), dynamo=True, opset_version=18,
+                             dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+    model = prog.model_proto
+    for n in model.graph.node:
+        del n.metadata_props[:]
+    onnx.save(model, str(tmp_path / "foreign.onnx"))
+    imp = import_onnx(tmp_path / "foreign.onnx")
+    types = [n.type for n in imp.project.graph.nodes.values()]
+    assert types == ["Input", "Conv2d", "ReLU", "AdaptiveAvgPool2d", "Reshape", "Linear", "GELU", "SiLU", "Linear", "Output"]
+    gm = compile_graph(imp.project.graph).build()
+    gm.load_state_dict(imp.state)
+    gm.eval()
+    torch.testing.assert_close(gm(x), m(x), **TOL)
+    # laid out left to right, one column per layer
+    xs = [n.pos[0] for n in imp.project.graph.nodes.values()]
+    assert xs == sorted(xs) and len(set(xs)) == len(xs)
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_unsupported_operators_are_listed_at_once_and_nothing_is_written(tmp_path):
+    f = TensorProto.FLOAT
+    w = helper.make_tensor("w", f, [4, 4], np.eye(4, dtype=np.float32).ravel().tolist())
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t1"], perm=[0, 2, 1], name="t1"),
+        helper.make_node("Transpose", ["t1"], ["t2"], perm=[0, 2, 1], name="t2"),
+        helper.make_node("Cos", ["t2"], ["c"], name="cos"),
+        helper.make_node("MatMul", ["c", "w"], ["y"], name="mm"),
+    ]
+    model = _model(nodes, [helper.make_tensor_value_info("x", f, ["N", 3, 4])],
+                   [helper.make_tensor_value_info("y", f, ["N", 3, 4])], [w])
+    onnx.save(model, str(tmp_path / "bad.onnx"))
+    with pytest.raises(InteropError) as e:
+        import_onnx(tmp_path / "bad.onnx")
+    assert "Transpose x2" in str(e.value) and "Cos x1" in str(e.value)
+
+    from app.cli import main
+
+    assert main(["import", str(tmp_path / "bad.onnx"), "-o", str(tmp_path / "bad.lflow")]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.onnx"]
+
+
+def test_onnx_names_become_unique_identifiers(tmp_path):
+    f = TensorProto.FLOAT
+    inits, nodes, prev = [], [], "input"
+    for i, name in enumerate(["layer.0/fc-1", "class", "1x", "layer.0:fc-1"]):
+        inits += [helper.make_tensor(f"w{i}", f, [4, 4], np.random.rand(16).astype(np.float32).tolist()),
+                  helper.make_tensor(f"b{i}", f, [4], np.random.rand(4).astype(np.float32).tolist())]
+        nodes.append(helper.make_node("Gemm", [prev, f"w{i}", f"b{i}"], [f"y{i}"], transB=1, name=name))
+        prev = f"y{i}"
+    nodes.append(helper.make_node("Relu", [prev], ["out put"], name="forward"))
+    model = _model(nodes, [helper.make_tensor_value_info("input", f, ["N", 4])],
+                   [helper.make_tensor_value_info("out put", f, ["N", 4])], inits)
+    onnx.save(model, str(tmp_path / "names.onnx"))
+    imp = import_onnx(tmp_path / "names.onnx")
+    ids = list(imp.project.graph.nodes)
+    assert all(i.isidentifier() for i in ids) and len(set(ids)) == len(ids)
+    assert "class" not in ids and "input" not in ids and "forward" not in ids
+    x = np.random.rand(2, 4).astype(np.float32)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    gm = compile_graph(imp.project.graph).build()
+    gm.load_state_dict(imp.state)
+    np.testing.assert_allclose(gm(torch.from_numpy(x)).detach().numpy(), sess.run(None, {"input": x})[0], **TOL)
+
+
+def test_cli_export_then_import(exported, tmp_path):
+    from app.cli import main
+
+    project, gm, _ = exported["mlp"]
+    from engine.project import save_project
+
+    # the weights file travels as a path relative to the project
+    (tmp_path / project.weights).write_bytes((project.directory / project.weights).read_bytes())
+    save_project(project.copy(), tmp_path / "mlp.lflow")
+    assert main(["export", str(tmp_path / "mlp.lflow"), "--onnx", str(tmp_path / "m.onnx")]) == 0
+    assert main(["import", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "back.lflow")]) == 0
+    back = load_project(tmp_path / "back.lflow")
+    assert back.weights == "back.weights.pt"
+    assert json.loads(back.dumps())["diagram"]["nodes"][1]["id"] == "fc1"
+    new = compile_graph(back.graph).build()
+    load_weights(new, str(tmp_path / back.weights))
+    x = sample(project.graph, 3)
+    np.testing.assert_allclose(forward(new.eval(), x), forward(gm, x), **TOL)
+    assert main(["import", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "back.lflow")]) == 2  # exists
+    assert main(["export", str(tmp_path / "mlp.lflow")]) == 2  # nothing asked
