@@ -130,8 +130,28 @@ class Tracker:
                 except SSHError as exc:
                     v = self.nodes[n.index]
                     v.reachable, v.error, v.since_unreachable = False, str(exc), v.since_unreachable or now
-        self._update_state(now)
+        if self.job.backend == "slurm":
+            self._update_slurm_state()
+        else:
+            self._update_state(now)
         return self.job
+
+    def _update_slurm_state(self) -> None:
+        """Slurm knows the state of its jobs: ask sacct (on the login node)."""
+        from remote.launch_slurm import slurm_state, state_command
+
+        if not self.nodes[0].reachable or self.job.done:
+            return
+        try:
+            res = self.conn(0).run(state_command(self.job.extra["slurm_id"]), timeout=self.status_timeout)
+        except SSHError:
+            return
+        state = slurm_state(res.stdout)
+        if state and state != self.job.state:
+            self.job.state = state
+            self.db.save(self.job)
+            if self.on_state:
+                self.on_state(self.job)
 
     def _stream(self, i: int) -> None:
         sizes = self.nodes[i].info.get("sizes", {})
@@ -204,8 +224,7 @@ class Tracker:
                 job.state, job.error = "running", None
             else:
                 job.state = "pending"
-        if (job.state, job.error) != old or True:
-            self.db.save(job)
+        self.db.save(job)  # also records step and metrics_node
         if (job.state, job.error) != old and self.on_state:
             self.on_state(job)
 
@@ -245,6 +264,13 @@ class Tracker:
 
     def cancel(self, grace: float = 15.0) -> Job:
         """TERM every node's job processes, wait `grace` s, KILL what is left, verify none remain."""
+        if self.job.backend == "slurm":
+            from remote.launch_slurm import cancel_command
+            self.conn(0).run(cancel_command(self.job.extra["slurm_id"]))
+            self.job.state = "cancelled"
+            self.db.save(self.job)
+            return self.job
+
         def one(n):
             return self._ctl(n.index, "cancel", f"{grace:g}", timeout=grace + 30)
 
@@ -263,10 +289,8 @@ class Tracker:
         self.poll()
         if errors or left:
             raise CancelError("cancel incomplete: " + "; ".join(errors + left))
-        if self.job.state not in TERMINAL:
+        if self.job.state not in TERMINAL:  # (a job that finished before the TERM keeps its state)
             self.job.state = "cancelled"
-        if self.job.state == "succeeded":
-            pass  # it finished before the TERM arrived
         self.db.save(self.job)
         return self.job
 

@@ -1,0 +1,49 @@
+"""The Slurm backend, checked by the text it generates (no Slurm on this machine)."""
+from __future__ import annotations
+
+import subprocess
+import time
+
+from remote.cluster import parse_cluster
+from remote.jobs import Job
+from remote.launch_slurm import cancel_command, sbatch_script, slurm_state, state_command
+
+
+def make(**kw):
+    c = parse_cluster({"name": "hpc", "hosts": [{"address": "login.example.org", "user": "me"}], "backend": "slurm",
+                       "python": "/opt/my env/bin/python", "env": {"NCCL_DEBUG": "WARN", "NOTE": "a b; $(x)"},
+                       "partition": "gpu", "time_limit": "02:00:00", "gpus_per_node": 4, "rdzv_port": 29500,
+                       "max_restarts": 2, **kw})
+    job = Job(id="j-1", name="my run; rm -rf ~", cluster=c.model_dump(), created=time.time(), token="abc123")
+    return c, job
+
+
+def test_sbatch_script_text():
+    c, job = make()
+    text = sbatch_script(job, c, nnodes=2, nproc=4)
+    lines = text.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    for d in ["--job-name=my_run__rm_-rf__", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=4",
+              "--partition=gpu", "--time=02:00:00"]:
+        assert f"#SBATCH {d}" in lines
+    srun = next(ln for ln in lines if ln.startswith("srun "))
+    assert "'/opt/my env/bin/python' -m torch.distributed.run" in srun
+    assert '--nnodes="$SLURM_NNODES"' in srun and "--nproc-per-node=4" in srun
+    assert '--rdzv-endpoint="$head:29500"' in srun and '--rdzv-id="$SLURM_JOB_ID"' in srun
+    assert "--max-restarts=2" in srun and srun.endswith("-m engine.runtime.train run")
+    assert "export NOTE='a b; $(x)'" in lines and "export LAYERFLOW_JOB_TOKEN=abc123" in lines
+    assert 'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in lines
+    # the script is valid shell
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
+def test_slurm_states_and_commands():
+    assert slurm_state("RUNNING\n") == "running"
+    assert slurm_state("PENDING") == "pending"
+    assert slurm_state("COMPLETED\n") == "succeeded"
+    assert slurm_state("CANCELLED by 1000\n") == "cancelled"
+    assert slurm_state("TIMEOUT") == "failed" and slurm_state("OUT_OF_MEMORY") == "failed"
+    assert slurm_state("NODE_FAIL") == "lost"
+    assert slurm_state("") is None
+    assert state_command("123; reboot") == "sacct -j '123; reboot' -X -n -P -o State"
+    assert cancel_command("77") == "scancel 77"
