@@ -224,6 +224,13 @@ class Trainer:
                     "scheduler": self.sched.state_dict(), "rng": rng_state(), **extra}, path / "state.pt")
 
     def load_checkpoint(self, path: Path) -> dict:
+        if (path / ".metadata").exists():  # written by the distributed trainer (any layout)
+            from .dist_checkpoint import load
+
+            state = load(path, self.model, self.opt)
+            self.sched.load_state_dict(state["scheduler"])
+            set_rng_state(state["rng"])
+            return state
         state = torch.load(path / "state.pt", map_location=self.device, weights_only=False)
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
@@ -306,13 +313,14 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
                 status.update(step=step)
             if progress:
                 progress(step, total, rec)
-            if stop.requested:
+            # ranks must agree on stopping (each gets SIGTERM at its own moment)
+            if (trainer.agree_stop(stop.requested) if hasattr(trainer, "agree_stop") else stop.requested):
                 checkpoint(step)
                 state_name = "cancelled"
                 break
         else:
             state_name = "succeeded"
-            if writes_metrics:
+            if writes_metrics or hasattr(trainer, "agree_stop"):  # distributed: a collective; rank 0 writes
                 trainer.save_final(run_dir / "model.pt")
     except KeyboardInterrupt:
         state_name = "cancelled"
@@ -370,7 +378,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run_dir")
     ap.add_argument("--resume", action="store_true")
     args = ap.parse_args(argv)
-    status = run(args.run_dir, resume=args.resume)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: the distributed trainer
+        from .parallel import run_distributed
+
+        status = run_distributed(args.run_dir, resume=args.resume)
+    else:
+        status = run(args.run_dir, resume=args.resume)
     return 0 if status["state"] in ("succeeded", "cancelled") else 1
 
 

@@ -1,0 +1,95 @@
+"""plan: where each layer runs, what each device holds, what moves between them."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from engine.project import load_project
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="distributed plan: mesh, stages, TP layouts, communication, memory per device")
+    p.add_argument("project")
+    p.add_argument("--nproc", type=int, help="processes/devices (default: the placement's dp*tp*pp)")
+    p.add_argument("--auto", action="store_true", help="choose pp/dp/tp, stage cuts and TP styles for --nproc devices")
+    p.add_argument("--device", default="cpu", help="device kind for memory/time: cpu, a100-80gb, h100-80gb, h200, rtx4090")
+    p.add_argument("--memory-gb", type=float, help="memory per device in GiB (overrides the device kind's)")
+    p.add_argument("--accept", action="store_true", help="with --auto: write the chosen placement into the project file")
+    p.add_argument("--json", action="store_true", help="machine-readable output (the plan document)")
+    p.set_defaults(func=cmd_plan)
+
+
+def _device(args, nproc: int):
+    from dataclasses import replace
+
+    from app.cli import CliError
+    from engine.cost import device_from_name
+
+    try:
+        dev = device_from_name(args.device, nproc)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if args.memory_gb is not None:
+        if args.memory_gb <= 0:
+            raise CliError(f"--memory-gb must be positive, not {args.memory_gb}")
+        dev = replace(dev, memory_bytes=int(args.memory_gb * 2**30))
+    return dev
+
+
+def cmd_plan(args) -> int:
+    from app.cli import CliError
+    from engine.autoplace import apply_to_project, auto_place
+    from engine.compile import compile_graph
+    from engine.planner import format_plan, make_plan
+    from engine.project import save_project
+
+    if args.nproc is not None and args.nproc < 1:
+        raise CliError(f"--nproc must be at least 1, not {args.nproc}")
+    project = load_project(args.project)
+    compiled = compile_graph(project.graph)
+    if not compiled.ok:
+        raise CliError("the diagram has errors:\n" + "\n".join(f"  {e}" for e in compiled.errors))
+    pl = project.placement
+    nproc = args.nproc or pl.pp * pl.dp * pl.tp
+    device = _device(args, nproc)
+    reasons: list[str] = []
+    if args.auto:
+        try:
+            auto = auto_place(project, nproc, device, compiled)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        plan, reasons = auto.plan, auto.reasons
+        if args.accept:
+            apply_to_project(project, auto)
+            save_project(project)
+            reasons.append(f"written into {args.project}")
+    elif args.accept:
+        raise CliError("--accept needs --auto")
+    else:
+        plan = make_plan(project, nproc, device, compiled)
+    if args.json:
+        doc = plan.to_dict()
+        if reasons:
+            doc["reasons"] = reasons
+        print(json.dumps(doc, indent=1))
+    else:
+        print(format_plan(plan))
+        for r in reasons:
+            print(f"why: {r}")
+    return 1 if plan.errors else 0
+
+
+def plan_for_run(project, nproc: int | None, overrides: dict):
+    """The runtime plan for `train`: the project's placement with the command's
+    overrides. Returns (plan dict for run.json, warnings); raises CliError listing
+    the validation errors."""
+    from app.cli import CliError
+    from engine.planner import make_plan
+
+    plan = make_plan(project, nproc, placement=overrides)
+    if plan.errors:
+        raise CliError("the placement cannot run:\n" + "\n".join(f"  {e}" for e in plan.errors))
+    for w in plan.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    return plan.runtime_plan()

@@ -1,0 +1,230 @@
+"""Auto-placement: choose pp x dp x tp, the stage cuts and TP styles, and say why.
+
+Like PipeDream's partitioner and torchgpipe's balance, stages are contiguous runs
+of the topological order chosen to even out per-stage compute; unlike them, a cut
+is only accepted when every stage's predicted memory (engine/planner.py) fits the
+device. Every candidate layout is planned in full and scored by the cost model's
+step time; the reasons list says what was chosen and what was ruled out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from engine.compile import CompileResult, compile_graph
+from engine.cost import FLOAT_BYTES, DeviceSpec, local_cpu
+from engine.project import Project
+
+OPT_STATES = {"adam": 2, "adamw": 2, "sgd": 1}
+
+
+def _node_cost(compiled: CompileResult, n: str, batch: int, optimizer: str) -> tuple[float, int]:
+    """(FLOPs per step, bytes of params + grads + optimizer state + activations) of one node."""
+    info = compiled.nodes[n]
+    flops = 3.0 * info.flops * batch
+    per_param = FLOAT_BYTES * (2 + OPT_STATES.get(optimizer, 2))
+    act = info.out.nbytes() * batch if info.out else 0
+    return flops, info.n_params * per_param + act
+
+
+def balanced_stages(compiled: CompileResult, pp: int, device: DeviceSpec, *, dp: int = 1, tp: int = 1,
+                    microbatches: int = 1, batch_size: int = 64, optimizer: str = "adam") -> tuple[list[list[str]], list[str]]:
+    """Contiguous cut of the compute nodes into pp stages minimising the slowest
+    stage's FLOPs, with each stage's memory under the device's capacity.
+    Dynamic programming over (first node, stages left): O(n^2 p)."""
+    graph = compiled.graph
+    ids = [n for n in compiled.order if graph.nodes[n].type not in ("Input", "Output")]
+    if pp > len(ids):
+        raise ValueError(f"pp={pp} stages but the model has only {len(ids)} layers; lower pp")
+    local_b = max(1, batch_size // max(1, dp))
+    costs = [_node_cost(compiled, n, local_b, optimizer) for n in ids]
+    flops = [c[0] / tp + 1.0 for c in costs]  # +1: even FLOP-free layers weigh something
+    mem = [c[1] / tp for c in costs]
+    cap = device.memory_bytes
+    INF = float("inf")
+
+    @lru_cache(maxsize=None)
+    def best(i: int, k: int) -> tuple[float, tuple[int, ...]]:
+        """Best cut of ids[i:] into k stages: (max stage FLOPs, cut positions)."""
+        if k == 1:
+            return (sum(flops[i:]), ()) if sum(mem[i:]) <= cap else (INF, ())
+        out = (INF, ())
+        f = mm = 0.0
+        for j in range(i, len(ids) - k + 1):  # stage = ids[i..j]
+            f += flops[j]
+            mm += mem[j]
+            if mm > cap:
+                break
+            rest, cuts = best(j + 1, k - 1)
+            score = max(f, rest)
+            if score < out[0]:
+                out = (score, (j + 1, *cuts))
+        return out
+
+    score, cuts = best(0, pp)
+    reasons: list[str] = []
+    if score == INF:
+        raise ValueError(f"no cut into {pp} stages fits {device.memory_bytes / 2**30:.2f} GiB per device; "
+                         f"raise pp or tp, or use fsdp")
+    bounds = [0, *cuts, len(ids)]
+    stages = [ids[bounds[s]:bounds[s + 1]] for s in range(pp)]
+    per = [sum(flops[bounds[s]:bounds[s + 1]]) for s in range(pp)]
+    reasons.append(f"cut into {pp} stages balancing FLOPs per stage: " +
+                   ", ".join(f"stage {s} {per[s] / 1e6:.1f} MFLOP" for s in range(pp)) +
+                   f" (slowest/mean {max(per) / (sum(per) / pp):.2f})")
+    return stages, reasons
+
+
+def auto_tp_styles(compiled: CompileResult, tp: int) -> dict[str, str]:
+    """Megatron's pattern where it applies: Linear -> elementwise* -> Linear becomes
+    colwise then rowwise (one all-reduce per pair); attention is split by heads.
+    Only layers whose split dimension tp divides take part."""
+    if tp == 1:
+        return {}
+    from engine.planner import ELEMENTWISE
+
+    graph = compiled.graph
+    styles: dict[str, str] = {}
+    for n in compiled.order:
+        node = graph.nodes[n]
+        p = compiled.nodes[n].params
+        if node.type == "MultiheadAttention" and p.get("num_heads", 1) % tp == 0:
+            styles[n] = "colwise"
+        if node.type != "Linear" or n in styles or p.get("out_features", 1) % tp:
+            continue
+        cur = n
+        while True:
+            outs = graph.outgoing(cur)
+            if len(outs) != 1:
+                break
+            nxt = outs[0].dst
+            t = graph.nodes[nxt].type
+            if t == "Linear" and nxt not in styles and compiled.nodes[nxt].params.get("in_features", 1) % tp == 0:
+                styles[n], styles[nxt] = "colwise", "rowwise"
+                break
+            if t not in ELEMENTWISE:
+                break
+            cur = nxt
+    return styles
+
+
+@dataclass
+class AutoPlacement:
+    placement: dict  # pp, dp, tp, data_parallel, microbatches, schedule
+    stages: list[list[str]]
+    styles: dict[str, str]
+    plan: object  # engine.planner.Plan
+    reasons: list[str] = field(default_factory=list)
+    candidates: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"placement": self.placement, "stages": self.stages, "tp_styles": self.styles,
+                "reasons": self.reasons, "candidates": self.candidates}
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def auto_place(project: Project, nproc: int, device: DeviceSpec | None = None,
+               compiled: CompileResult | None = None) -> AutoPlacement:
+    from engine.planner import make_plan
+
+    compiled = compiled or compile_graph(project.graph)
+    if not compiled.ok:
+        raise ValueError("the diagram has errors: " + "; ".join(map(str, compiled.errors)))
+    device = device or local_cpu(nproc)
+    B = project.training.batch_size
+    opt = project.training.optimizer.name
+    n_layers = sum(1 for n in compiled.order if compiled.graph.nodes[n].type not in ("Input", "Output"))
+    cands: list[dict] = []
+    best = None
+    for tp in _divisors(nproc):
+        styles = auto_tp_styles(compiled, tp)
+        if tp > 1 and not styles:
+            cands.append({"pp": 0, "dp": 0, "tp": tp, "feasible": False,
+                          "why": f"tp={tp}: no layer of the model splits evenly {tp} ways"})
+            continue
+        for pp in _divisors(nproc // tp):
+            dp = nproc // (tp * pp)
+            c = {"pp": pp, "dp": dp, "tp": tp}
+            if pp > n_layers:
+                cands.append({**c, "feasible": False, "why": f"pp={pp} is more stages than the {n_layers} layers"})
+                continue
+            m = _microbatches(B, dp, pp)
+            if m is None:
+                cands.append({**c, "feasible": False,
+                              "why": f"batch_size {B} does not split into dp={dp} replicas x >= {pp} micro-batches"})
+                continue
+            kind = "fsdp" if _replica_bytes(compiled, opt, tp) > device.memory_bytes // 2 else "ddp"
+            pl = {"pp": pp, "dp": dp, "tp": tp, "microbatches": m, "schedule": "1f1b", "data_parallel": kind,
+                  "reshard_after_forward": pp == 1}
+            try:
+                stages = balanced_stages(compiled, pp, device, dp=dp, tp=tp, microbatches=m, batch_size=B,
+                                         optimizer=opt)[0] if pp > 1 else None
+            except ValueError as exc:
+                cands.append({**c, "feasible": False, "why": str(exc)})
+                continue
+            plan = make_plan(project, nproc, device, compiled, placement=pl, stages=stages, styles=styles)
+            c.update(microbatches=m, data_parallel=kind, step_s=plan.doc.get("predicted", {}).get("step_s"),
+                     peak_bytes=plan.doc.get("predicted", {}).get("peak_bytes_max"), feasible=plan.ok,
+                     bubble=plan.doc.get("bubble_fraction"))
+            if not plan.ok:
+                c["why"] = plan.errors[0]
+            cands.append(c)
+            # simpler layouts win ties: fewer stages, then less tensor parallelism
+            key = (c["step_s"] * 1.02 ** (pp - 1 + tp - 1),)
+            if plan.ok and (best is None or key < best[0]):
+                best = (key, pl, plan.doc["stages"], styles, plan, c)
+    if best is None:
+        raise ValueError(f"no layout of {nproc} devices fits: " + "; ".join(c.get("why", "") for c in cands if not c["feasible"]))
+    _, pl, stages, styles, plan, c = best
+    reasons = [f"chose pp={pl['pp']} x dp={pl['dp']} x tp={pl['tp']} ({pl['data_parallel']}, {pl['microbatches']} "
+               f"micro-batches): predicted {c['step_s'] * 1e3:.2f} ms/step, at most "
+               f"{c['peak_bytes'] / 2**20:.1f} MiB of {device.memory_bytes / 2**30:.1f} GiB per device"]
+    if pl["pp"] == 1:
+        reasons.append("the model fits on one device, so no pipeline: pipelining would idle "
+                       "(p-1)/(m+p-1) of every step in its bubble")
+    else:
+        reasons.append(f"pipeline bubble {plan.doc['bubble_fraction']:.1%} with {pl['microbatches']} micro-batches")
+    if pl["data_parallel"] == "fsdp":
+        reasons.append("FSDP2: a full replica's parameters, gradients and optimizer state take more than half the device")
+    for other in sorted((x for x in cands if x is not c), key=lambda x: (not x["feasible"], x.get("step_s") or 0))[:5]:
+        if other["feasible"]:
+            reasons.append(f"pp={other['pp']} x dp={other['dp']} x tp={other['tp']}: {other['step_s'] * 1e3:.2f} ms/step")
+        else:
+            reasons.append(f"ruled out: {other.get('why')}")
+    if pl["pp"] > 1:
+        reasons += balanced_stages(compiled, pl["pp"], device, dp=pl["dp"], tp=pl["tp"],
+                                   microbatches=pl["microbatches"], batch_size=B, optimizer=opt)[1]
+    return AutoPlacement(pl, stages, styles, plan, reasons, cands)
+
+
+def _microbatches(B: int, dp: int, pp: int) -> int | None:
+    """Smallest m >= pp (1F1B needs it; 2*pp halves the bubble again) dividing the replica batch."""
+    if B % dp:
+        return None
+    if pp == 1:
+        return 1
+    local = B // dp
+    for m in (2 * pp, pp, *range(pp + 1, local + 1)):
+        if m <= local and local % m == 0:
+            return m
+    return None
+
+
+def _replica_bytes(compiled: CompileResult, optimizer: str, tp: int) -> int:
+    return compiled.total_params * FLOAT_BYTES * (2 + OPT_STATES.get(optimizer, 2)) // tp
+
+
+def apply_to_project(project: Project, auto: AutoPlacement) -> None:
+    """Accept a placement into the diagram (each node's stage and tp style) and the
+    project's placement; the user edits from there."""
+    g = project.graph
+    for s, ids in enumerate(auto.stages):
+        for n in ids:
+            g.set_placement(n, stage=s if auto.placement["pp"] > 1 else None, tp=auto.styles.get(n))
+    project.placement = project.placement.model_copy(update=auto.placement)
+
+
+__all__ = ["auto_place", "balanced_stages", "auto_tp_styles", "apply_to_project", "AutoPlacement"]

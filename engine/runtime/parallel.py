@@ -1,0 +1,380 @@
+"""The distributed trainer: one process per rank under torchrun.
+
+    parallelize():  mesh (pp x dp x tp)  ->  this rank's pipeline stage (an fx graph
+                    cut from the model, skips carried through)  ->  tensor parallel
+                    (DTensor styles per layer)  ->  data parallel (FSDP2 or DDP)
+                    ->  PipelineStage + GPipe / 1F1B schedule
+
+The order matters: TP turns parameters into DTensors over the tp sub-mesh, and
+FSDP2/DDP must wrap what TP produced (FSDP2 then shards those DTensors on the dp
+axis too: 2-D parallelism). The pipeline stage wraps the finished module last,
+since PipelineStage knows how to defer DDP/FSDP gradient sync to the last
+micro-batch.
+
+Everything here is PyTorch's own engine (DeviceMesh, DTensor, tensor.parallel,
+fully_shard, DDP, distributed.pipelining); this file only decides what goes where,
+reading the plan that engine/planner.py wrote into run.json. ParallelTrainer offers
+the single-process Trainer's methods (train.py), so the same `fit` loop drives both.
+"""
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import Replicate, Shard
+
+from . import dist_checkpoint
+from .data import Batches, eval_batches, load_npz
+from .model import build_graph_module, load_weights
+from .stages import apply_checkpointing, build_stage_module, even_stages
+
+
+# ----- the mesh ---------------------------------------------------------------
+@dataclass(frozen=True)
+class ParallelDims:
+    pp: int
+    dp: int
+    tp: int
+    world: int
+
+    def __post_init__(self) -> None:
+        n = self.pp * self.dp * self.tp
+        if n != self.world:
+            raise ValueError(f"placement pp={self.pp} x dp={self.dp} x tp={self.tp} needs {n} processes but "
+                             f"{self.world} were started; launch with --nproc {n} or change placement.pp/dp/tp")
+
+
+def build_mesh(dims: ParallelDims, device_type: str) -> DeviceMesh:
+    """Ranks are laid out pp-major, tp-minor (rank = (pp_i * dp + dp_i) * tp + tp_i), so
+    tensor-parallel peers, which talk most, are neighbours (same host on clusters)."""
+    return init_device_mesh(device_type, (dims.pp, dims.dp, dims.tp), mesh_dim_names=("pp", "dp", "tp"))
+
+
+# ----- tensor parallel ----------------------------------------------------------
+def _layout(name: str | None):
+    """'Shard(-1)' / 'Replicate()' (what the plan writes) -> a DTensor placement."""
+    if not name or name.startswith("Replicate"):
+        return Replicate()
+    if name.startswith("Shard"):
+        return Shard(int(name[name.index("(") + 1:name.index(")")]))
+    raise ValueError(f"layout '{name}' is not one the runtime applies (Shard(d) or Replicate())")
+
+
+def tp_module_plan(tp_plan: dict, present: set[str]) -> dict:
+    """The plan's per-node styles -> a parallelize_module plan for the layers this
+    stage holds. MultiheadAttention 'colwise' shards heads: q/k/v column-wise, out
+    row-wise (one all-reduce per attention)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    out: dict = {}
+    for nid, e in tp_plan.items():
+        if nid not in present or e["style"] == "replicate":
+            continue
+        if e.get("type") == "MultiheadAttention":
+            for sub in ("q", "k", "v"):
+                out[f"{nid}.{sub}"] = ColwiseParallel()
+            out[f"{nid}.out"] = RowwiseParallel()
+        elif e["style"] == "colwise":
+            out[nid] = ColwiseParallel(output_layouts=_layout(e.get("output")))
+        elif e["style"] == "rowwise":
+            out[nid] = RowwiseParallel(input_layouts=_layout(e.get("input")))
+        else:
+            raise ValueError(f"node '{nid}': tensor-parallel style '{e['style']}' is not run by this runtime; "
+                             f"set it to colwise, rowwise or replicate")
+    return out
+
+
+def apply_tp(module: nn.Module, tp_mesh: DeviceMesh, tp_plan: dict) -> None:
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    plan = tp_module_plan(tp_plan, {n for n, _ in module.named_children()})
+    if plan:
+        parallelize_module(module, tp_mesh, plan)
+
+
+# ----- data parallel ------------------------------------------------------------
+def apply_dp(module: nn.Module, dp_mesh: DeviceMesh, kind: str, reshard_after_forward: bool = True,
+             mixed_precision: str = "none") -> nn.Module:
+    if kind == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+            if mixed_precision == "bf16" else MixedPrecisionPolicy()
+        # One FSDP unit per layer: its parameters are gathered just before it runs
+        # and freed after, so only one layer is ever whole at a time.
+        for child in module.children():
+            if any(True for _ in child.parameters()):
+                fully_shard(child, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+        fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+        return module
+    if kind == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        if any(hasattr(p, "device_mesh") for p in module.parameters()):
+            raise ValueError("data_parallel ddp does not combine with tensor parallel (DDP swaps DTensor "
+                             "parameters for local ones, breaking checkpoints); set placement.data_parallel to fsdp")
+        # gradients live in DDP's buckets: no second copy of them
+        return DDP(module, process_group=dp_mesh.get_group(), gradient_as_bucket_view=True)
+    raise ValueError(f"data_parallel '{kind}' is not ddp or fsdp")
+
+
+def parallelize(full: nn.Module, plan: dict, mesh: DeviceMesh, device: torch.device) -> nn.Module:
+    """This rank's part of the model, parallelized as the plan says."""
+    pp_rank = mesh["pp"].get_local_rank()
+    ckpt = set(plan.get("checkpoint") or [])
+    if plan["pp"] > 1:
+        mod = build_stage_module(full, plan["stages"], pp_rank, ckpt)
+    else:
+        mod = apply_checkpointing(full, ckpt)
+    mod.to(device).train()
+    if plan["tp"] > 1:
+        apply_tp(mod, mesh["tp"], plan.get("tp_plan") or {})
+    if plan["dp"] > 1:
+        mod = apply_dp(mod, mesh["dp"], plan.get("data_parallel", "ddp"),
+                       plan.get("reshard_after_forward", True), plan.get("mixed_precision", "none"))
+    return mod
+
+
+def default_plan(spec: dict, gm: nn.Module, world: int) -> dict:
+    """run.json without a plan: the placement's degrees, an even cut, no TP styles."""
+    pl = spec.get("placement") or {}
+    plan = {"pp": int(pl.get("pp", 1)), "dp": int(pl.get("dp", 1)), "tp": int(pl.get("tp", 1)),
+            "data_parallel": pl.get("data_parallel", "ddp"), "schedule": pl.get("schedule", "1f1b"),
+            "microbatches": int(pl.get("microbatches", 1)), "reshard_after_forward": pl.get("reshard_after_forward", True),
+            "mixed_precision": pl.get("mixed_precision", "none"), "tp_plan": {}, "checkpoint": []}
+    if plan["pp"] * plan["dp"] * plan["tp"] == 1 and world > 1:
+        plan["dp"] = world  # plain `--nproc N` with nothing else said: data parallel
+    if plan["pp"] > 1:
+        plan["stages"] = even_stages(gm, plan["pp"])
+    return plan
+
+
+# ----- the trainer ----------------------------------------------------------------
+class ParallelTrainer:
+    """Same methods as train.Trainer; every rank builds one."""
+
+    def __init__(self, run_dir: Path, spec: dict, device: torch.device):
+        from .train import compute_loss, lr_lambda, make_optimizer
+
+        self.run_dir, self.spec, self.device = run_dir, spec, device
+        tr = spec["training"]
+        self.total_steps = int(spec["total_steps"])
+        self.batch_size = int(tr["batch_size"])  # the global batch: what samples_per_s counts
+        self.loss_kind = spec["loss"]
+        self.compute_loss = compute_loss
+        full = build_graph_module(spec["model"], device="cpu", seed=int(tr["seed"]))
+        if spec.get("weights"):
+            load_weights(full, str(run_dir / spec["weights"]))
+        self.rank, world = dist.get_rank(), dist.get_world_size()
+        self.plan = plan = spec.get("plan") or default_plan(spec, full, world)
+        dims = ParallelDims(plan["pp"], plan["dp"], plan["tp"], world)
+        self.dims = dims
+        self.mesh = build_mesh(dims, device.type)
+        self.pp_rank = self.mesh["pp"].get_local_rank()
+        self.dp_rank = self.mesh["dp"].get_local_rank()
+        self.tp_rank = self.mesh["tp"].get_local_rank()
+        m = int(plan.get("microbatches", 1)) if dims.pp > 1 else 1
+        if self.batch_size % (dims.dp * m):
+            raise ValueError(f"training.batch_size {self.batch_size} is not divisible by dp={dims.dp} x "
+                             f"microbatches={m}; change batch_size or placement.microbatches")
+        self.local_batch = self.batch_size // dims.dp
+        self.model = parallelize(full, plan, self.mesh, device)
+        self.opt = make_optimizer(self.model.parameters(), tr["optimizer"])
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(tr["schedule"], self.total_steps))
+        arrays = load_npz(run_dir)
+        self.batches = Batches(arrays["x_train"], arrays["y_train"], self.batch_size, int(tr["seed"]))
+        self.val = (arrays["x_val"], arrays["y_val"])
+        self.grad_clip = tr.get("grad_clip")
+        self.schedule = None
+        self.is_first = self.pp_rank == 0
+        self.is_last = self.pp_rank == dims.pp - 1
+        if dims.pp > 1:
+            from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+            name = plan.get("schedule", "1f1b")
+            if name not in ("gpipe", "1f1b"):
+                raise ValueError(f"placement.schedule '{name}' needs several stages per rank, which this runtime "
+                                 f"does not build; choose gpipe or 1f1b")
+            stage = PipelineStage(self.model, self.pp_rank, dims.pp, device, group=self.mesh["pp"].get_group())
+            cls = ScheduleGPipe if name == "gpipe" else Schedule1F1B
+            self.schedule = cls(stage, m, loss_fn=lambda out, y: compute_loss(self.loss_kind, out, y))
+        self.microbatches = m
+
+    # ---- one step ----
+    def _local(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This replica's slice of the global batch (tp peers take the same one)."""
+        lo = self.dp_rank * self.local_batch
+        return x[lo:lo + self.local_batch].to(self.device), y[lo:lo + self.local_batch].to(self.device)
+
+    def train_step(self, step: int) -> float:
+        x, y = self._local(*self.batches.batch(step))
+        self.opt.zero_grad(set_to_none=True)
+        local = 0.0
+        if self.schedule is None:
+            loss = self.compute_loss(self.loss_kind, self.model(x), y)
+            loss.backward()
+            local = loss.item()
+        else:
+            losses: list[torch.Tensor] = []
+            args = (x,) if self.is_first else ()
+            self.schedule.step(*args, target=y if self.is_last else None, losses=losses, return_outputs=False)
+            if self.is_last:  # equal micro-batches: the mean of their means is the batch mean
+                local = torch.stack([loss.detach() for loss in losses]).mean().item()
+        if self.grad_clip:
+            self._clip(float(self.grad_clip))
+        self.opt.step()
+        self.sched.step()
+        return self._from_last_stage(local) / self.dims.dp
+
+    def _from_last_stage(self, value: float) -> float:
+        """Every rank gets the sum of `value` over the last stage's tp-rank-0 ranks (one per replica)."""
+        t = torch.tensor([value if self.is_last and self.tp_rank == 0 else 0.0], dtype=torch.float64,
+                         device=self.device)
+        dist.all_reduce(t)
+        return float(t.item())
+
+    def _clip(self, max_norm: float) -> None:
+        """Clip by the norm over the whole model: DTensor grads give their global
+        norm; stages add their squares over the pp group."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        if self.dims.pp > 1:
+            sq = norm.pow(2)
+            dist.all_reduce(sq, group=self.mesh["pp"].get_group())
+            norm = sq.sqrt()
+        torch.nn.utils.clip_grads_with_norm_(list(self.model.parameters()), max_norm, norm)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        self.model.eval()
+        total, n, correct = 0.0, 0, 0
+        cls = self.loss_kind == "cross_entropy"
+        bs = self.local_batch if self.schedule is not None else max(self.batch_size, 256)
+        for x, y in eval_batches(*self.val, batch_size=bs):
+            k = len(x)
+            if self.schedule is not None and k < bs:  # the pipeline was shaped for bs rows: pad, then drop
+                pad = bs - k
+                x = torch.cat([x, x[:1].expand(pad, *x.shape[1:])])
+                y = torch.cat([y, y[:1].expand(pad, *y.shape[1:])])
+            x, y = x.to(self.device), y.to(self.device)
+            if self.schedule is None:
+                out = self.model(x)
+            else:  # the last stage computes the schedule's loss too, so it needs targets
+                args = (x,) if self.is_first else ()
+                out = self.schedule.eval(*args, target=y if self.is_last else None)
+            y = y[:k]
+            if out is not None and (self.schedule is None or self.is_last):
+                out = out[:k]
+                total += self.compute_loss(self.loss_kind, out, y).item() * k
+                if cls:
+                    from .train import correct_count
+
+                    correct += correct_count(out, y)
+            n += k
+        self.model.train()
+        # every replica evaluated the whole set: take one replica's numbers
+        sums = torch.tensor([total if self.is_last and self.tp_rank == 0 and self.dp_rank == 0 else 0.0,
+                             correct if self.is_last and self.tp_rank == 0 and self.dp_rank == 0 else 0.0],
+                            dtype=torch.float64, device=self.device)
+        dist.all_reduce(sums)
+        rec = {"val_loss": float(sums[0]) / max(n, 1)}
+        if cls:
+            rec["val_acc"] = float(sums[1]) / max(n, 1)
+        return rec
+
+    def agree_stop(self, requested: bool) -> bool:
+        """Stop after this step if any rank was asked to (SIGTERM reaches ranks at different moments)."""
+        t = torch.tensor([1.0 if requested else 0.0], device=self.device)
+        dist.all_reduce(t)
+        return bool(t.item() > 0)
+
+    def lr(self) -> float:
+        return self.opt.param_groups[0]["lr"]
+
+    def peak_mem_per_rank(self) -> list[float]:
+        from .train import peak_mem_mb
+
+        t = torch.zeros(dist.get_world_size(), dtype=torch.float64, device=self.device)
+        t[self.rank] = peak_mem_mb(self.device)
+        dist.all_reduce(t)
+        return [round(float(v), 1) for v in t]
+
+    # ---- checkpoints (torch.distributed.checkpoint: any layout resumes any other) ----
+    def save_checkpoint(self, path: Path, extra: dict) -> None:
+        from .train import rng_state
+
+        dist_checkpoint.save(path, self.model, self.opt,
+                             {"scheduler": self.sched.state_dict(), "rng": rng_state(), **extra},
+                             write_extra=self.rank == 0)
+
+    def load_checkpoint(self, path: Path) -> dict:
+        state = dist_checkpoint.load(path, self.model, self.opt)
+        self.sched.load_state_dict(state["scheduler"])
+        return state
+
+    def save_final(self, path: Path) -> None:
+        full = dist_checkpoint.full_model_state(self.model)
+        if self.rank == 0:
+            torch.save(full, path)
+
+
+# ----- entry under torchrun ---------------------------------------------------------
+def init_distributed() -> torch.device:
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+        backend = "cpu:gloo,cuda:nccl"  # nccl for tensors, gloo for the CPU-side objects
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return device
+
+
+def run_distributed(run_dir: str | Path, *, resume: bool = False) -> dict:
+    """Every rank runs this; rank 0 writes metrics and status (train.fit)."""
+    from .train import Status, fit, load_spec, seed_all
+
+    run_dir = Path(run_dir)
+    rank = int(os.environ.get("RANK", 0))
+    (run_dir / "logs").mkdir(exist_ok=True)
+    spec = load_spec(run_dir)
+    with open(run_dir / "logs" / f"rank{rank}.log", "a") as logf:
+        def log(msg: str) -> None:
+            logf.write(msg.rstrip() + "\n")
+            logf.flush()
+
+        try:
+            device = init_distributed()
+            seed_all(int(spec["training"]["seed"]))
+            trainer = ParallelTrainer(run_dir, spec, device)
+            log(f"rank {rank}: pp {trainer.pp_rank}/{trainer.dims.pp} dp {trainer.dp_rank}/{trainer.dims.dp} "
+                f"tp {trainer.tp_rank}/{trainer.dims.tp} on {device}")
+            status = fit(trainer, run_dir, spec, resume=resume, writes_metrics=rank == 0, log=log)
+            peaks = trainer.peak_mem_per_rank()
+            if rank == 0:
+                log("peak memory per rank (MB): " + ", ".join(map(str, peaks)))
+                (run_dir / "peak_mem_per_rank.json").write_text(str(peaks))
+            return status
+        except BaseException as exc:
+            log(traceback.format_exc())
+            # the launcher reports the first rank that failed: the time says which
+            err = {"rank": rank, "time": time.time(), "error": f"{type(exc).__name__}: {exc}"}
+            (run_dir / "logs" / f"rank{rank}.error").write_text(repr(err))
+            if rank == 0:
+                Status(run_dir, int(spec.get("total_steps", 0))).update(
+                    state="failed", ended=time.time(), error=err["error"])
+            raise
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
