@@ -120,6 +120,15 @@ def pin_host_key(path: Path, hostname: str, key: paramiko.PKey) -> None:
             f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
+def _transport(sock, **kw) -> paramiko.Transport:
+    """Prefer AES-GCM: one pass for cipher and MAC, measurably faster uploads in paramiko."""
+    t = paramiko.Transport(sock, **kw)
+    opts = t.get_security_options()
+    fast = [c for c in ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com") if c in opts.ciphers]
+    opts.ciphers = tuple(fast + [c for c in opts.ciphers if c not in fast])
+    return t
+
+
 def known_name(host: Host) -> str:
     return host.address if host.port == 22 else f"[{host.address}]:{host.port}"
 
@@ -145,6 +154,12 @@ class Connection:
         pin, ro = cluster.known_hosts_files()
         return cls(host, known_hosts=pin, read_only_known_hosts=ro, accept=accept,
                    connect_timeout=cluster.connect_timeout, command_timeout=cluster.command_timeout)
+
+    def clone(self) -> "Connection":
+        """Another connection to the same host (one per thread: parallel uploads)."""
+        return Connection(self.host, known_hosts=self.known_hosts, read_only_known_hosts=self.read_only_known_hosts,
+                          accept=self.accept, connect_timeout=self.connect_timeout,
+                          command_timeout=self.command_timeout)
 
     # ----- lifecycle ---------------------------------------------------------
     def __enter__(self) -> "Connection":
@@ -193,7 +208,8 @@ class Connection:
             client.connect(h.address, port=h.port, username=h.user, key_filename=h.identity_file,
                            allow_agent=True, look_for_keys=h.identity_file is None, sock=sock,
                            timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
-                           auth_timeout=self.connect_timeout, channel_timeout=self.connect_timeout)
+                           auth_timeout=self.connect_timeout, channel_timeout=self.connect_timeout,
+                           transport_factory=_transport)
         except SSHError:
             client.close()
             raise
@@ -353,6 +369,26 @@ class Connection:
     def put(self, local: str | os.PathLike, remote: str, progress: Callable[[int, int], None] | None = None) -> None:
         """Upload with pipelined writes (paramiko's put: ~200x faster than unpipelined)."""
         self._sftp_call(f"upload {remote}", lambda s: s.put(str(local), remote, callback=progress, confirm=True))
+
+    def put_range(self, local: str | os.PathLike, remote: str, offset: int, length: int,
+                  progress: Callable[[int], None] | None = None, chunk: int = 1 << 18) -> None:
+        """Write bytes [offset, offset+length) of a local file into an existing remote file
+        at the same offset, with pipelined writes (replies are checked at close)."""
+        def go(s):
+            with open(local, "rb") as src, s.open(remote, "r+b") as out:
+                out.set_pipelined(True)
+                src.seek(offset)
+                out.seek(offset)
+                left = length
+                while left:
+                    data = src.read(min(chunk, left))
+                    if not data:
+                        raise OSError(f"{local} is shorter than expected")
+                    out.write(data)
+                    left -= len(data)
+                    if progress:
+                        progress(len(data))
+        self._sftp_call(f"upload {remote}", go)
 
     def get(self, remote: str, local: str | os.PathLike, progress: Callable[[int, int], None] | None = None) -> None:
         self._sftp_call(f"download {remote}", lambda s: s.get(remote, str(local), callback=progress))
