@@ -67,10 +67,11 @@ def parse_nvidia_smi(text: str) -> tuple[list[GPU], list[str]]:
 
 # One command per host; each section is labelled so a missing tool only blanks its section.
 PROBE = r"""
-echo "@@python"; {py} -c 'import json, sys, os, platform
+echo "@@python"; {py} -c 'import json, os, platform
+from importlib import metadata
+# the version from the package metadata: importing torch takes seconds on a busy node
 try:
-    import torch
-    t = {{"torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}}
+    t = {{"torch": metadata.version("torch")}}
 except Exception as e:
     t = {{"torch": None, "torch_error": "%s: %s" % (type(e).__name__, e)}}
 t.update(python=platform.python_version(), cpus=os.cpu_count(), hostname=platform.node())
