@@ -110,7 +110,15 @@ def cmd_train(args) -> int:
             _extend_run(run_dir, args.steps)
     else:
         try:
-            run_dir = prepare_run(project, args.out, steps=args.steps, seed=args.seed, placement=overrides)
+            plan = None
+            pl = project.placement.model_copy(update=overrides)
+            if (args.nproc or 1) > 1 or pl.pp * pl.dp * pl.tp > 1:  # distributed: plan it (checks, stages, TP)
+                from app.cli_dist import plan_for_run
+
+                if args.nproc and args.nproc > 1 and pl.pp * pl.dp * pl.tp == 1:
+                    overrides["dp"] = args.nproc  # `--nproc N` alone: data parallel over N processes
+                plan = plan_for_run(project, args.nproc, overrides)
+            run_dir = prepare_run(project, args.out, steps=args.steps, seed=args.seed, placement=overrides, plan=plan)
         except RunError as exc:
             raise CliError(str(exc)) from None
     spec = json.loads((run_dir / "run.json").read_text())

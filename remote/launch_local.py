@@ -101,10 +101,11 @@ class LocalJob:
             raise
         return self.returncode  # type: ignore[return-value]
 
-    def wait_with_progress(self, out=sys.stderr) -> int:
+    def wait_with_progress(self, out=None) -> int:
         """wait(), printing each logged step: what `python main.py train --nproc N` shows."""
         from engine.tail import MetricsTail
 
+        out = out or sys.stderr
         tail = MetricsTail(self.run_dir / "metrics.jsonl")
 
         def show() -> None:

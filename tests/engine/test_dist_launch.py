@@ -1,0 +1,97 @@
+"""Local torchrun launch: `train --nproc N`, the failing rank's traceback, and
+Ctrl-C ending every process (torchrun and each worker in its own session)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from engine.project import load_project, save_project
+from engine.run import prepare_run
+from remote.launch_local import _alive, launch_local
+
+ROOT = Path(__file__).resolve().parents[2]
+MLP = ROOT / "resources" / "examples" / "mlp_digits.lflow"
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("torchrun")]
+
+
+def _pids_mentioning(text: str) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmd and _alive(int(entry)):
+                out.append(int(entry))
+    return out
+
+
+def test_train_nproc_2_runs_data_parallel(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", str(MLP), "--nproc", "2", "--steps", "4", "--out", str(out)]) == 0
+    spec = json.loads((out / "run.json").read_text())
+    assert spec["plan"]["dp"] == 2 and spec["placement"]["dp"] == 2
+    steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if "loss" in r] == [1, 2, 3, 4]
+    assert json.loads((out / "status.json").read_text())["state"] == "succeeded"
+    assert (out / "model.pt").exists() and (out / "logs" / "rank1.log").exists()
+    assert "succeeded on 2 processes" in capsys.readouterr().err
+
+
+def test_train_refuses_a_placement_that_cannot_run(tmp_path, capsys):
+    rc = main(["train", str(MLP), "--nproc", "2", "--pp", "2", "--schedule", "1f1b", "--microbatches", "1",
+               "--out", str(tmp_path / "r")])
+    assert rc == 2
+    assert "microbatches is 1 and pp is 2" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_failing_rank_traceback_is_reported(tmp_path):
+    p = load_project(MLP)
+    p.graph.add_node("Custom", {"path": "tests.engine._dist_fail:FailsOnRank1"}, id="bug")
+    e = p.graph.outgoing("act1")[0]
+    p.graph.disconnect(e)
+    p.graph.connect("act1", "out", "bug", "in")
+    p.graph.connect("bug", "out", e.dst, e.dst_port)
+    d = prepare_run(p, tmp_path / "run", steps=3, placement={"dp": 2})
+    job = launch_local(d, 2)
+    assert job.wait(timeout=300) != 0
+    rank, tb = job.failure
+    assert rank == 1 and "custom layer broke on rank 1" in tb and tb.startswith("Traceback")
+    assert "rank 1 failed first" in job.describe_failure()
+    assert not [p for p in [job.pid, *job.seen] if _alive(p)]
+
+
+def test_ctrl_c_ends_every_process_and_checkpoints(tmp_path):
+    proj = tmp_path / "mlp.lflow"
+    p = load_project(MLP)
+    p.training.checkpoint_interval = 100000
+    save_project(p, proj)
+    out = tmp_path / "run"
+    cli = subprocess.Popen([sys.executable, "main.py", "train", str(proj), "--nproc", "2", "--steps", "100000",
+                            "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           start_new_session=True)
+    metrics = out / "metrics.jsonl"
+    end = time.monotonic() + 240
+    while time.monotonic() < end and (not metrics.exists() or metrics.read_text().count("\n") < 3):
+        assert cli.poll() is None, cli.communicate()
+        time.sleep(0.5)
+    assert len(_pids_mentioning(str(out))) >= 3  # torchrun and two workers
+    cli.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal delivers
+    _, err = cli.communicate(timeout=120)
+    assert cli.returncode == 130, err
+    time.sleep(0.5)
+    assert _pids_mentioning(str(out)) == []
+    status = json.loads((out / "status.json").read_text())
+    assert status["state"] == "cancelled"
+    assert (out / "checkpoints" / "latest").exists()
