@@ -1,2 +1,409 @@
-"""placeholder"""
-def export_script(*a, **k): raise NotImplementedError
+"""Project -> a standalone, readable PyTorch training script (torch and numpy only).
+
+The script holds the model as an nn.Module class whose attributes are the diagram's
+node ids and whose forward runs in topological order with shape comments, the data
+set, and the training loop. It trains exactly like Layerflow's runtime: modules are
+built in the same order after the same torch.manual_seed (so the initial weights
+equal build_graph_module(spec, seed)'s), batches come from the same seeded
+permutations, and the optimizer, schedule and loss are the runtime's own functions,
+copied into the script from engine/runtime by inspect.getsource so they cannot drift.
+Synthetic data sets are generated inside the script with the code of engine/data.py;
+digits, npz and csv data sets travel as an .npz file beside the script.
+
+Parallelism: the plan's data parallelism (DDP or FSDP2 fully_shard over a device
+mesh, the calls engine/runtime/parallel.py makes) is written out; pipeline and
+tensor parallel plans are noted in the docstring and run with `python main.py train`.
+"""
+from __future__ import annotations
+
+import inspect
+import io
+import textwrap
+from pathlib import Path
+
+from engine import data as edata
+from engine.compile import compile_graph
+from engine.interop.common import InteropError
+from engine.project import Digits, NpzFile, CsvFile, Project, atomic_write
+from engine.runtime import data as rdata
+from engine.runtime import layers as rl
+from engine.runtime import train as rtrain
+
+# Layerflow's own layer classes, copied into the script when the diagram uses them.
+OWN_CLASSES = {"Reshape": rl.Reshape, "Mean": rl.Mean, "PositionalEmbedding": rl.PositionalEmbedding,
+               "MultiheadAttention": rl.SelfAttention}
+_LOCAL_CLASH = {"self", "torch", "nn", "F", "np", "math", "x"}
+_GENERATORS = {"synthetic_classification": edata._classification, "synthetic_regression": edata._regression,
+               "synthetic_sequence": edata._sequence, "synthetic_images": edata._images}
+
+
+def _ctor(ntype: str, p: dict) -> str:
+    """The constructor call engine/runtime/layers.py MODULE_BUILDERS makes, as code."""
+    r = repr
+    if ntype == "Linear":
+        return f"nn.Linear({p['in_features']}, {p['out_features']}, bias={p['bias']})"
+    if ntype in ("Conv1d", "Conv2d"):
+        return (f"nn.{ntype}({p['in_channels']}, {p['out_channels']}, {p['kernel_size']}, stride={p['stride']}, "
+                f"padding={p['padding']}, dilation={p['dilation']}, groups={p['groups']}, bias={p['bias']})")
+    if ntype in ("MaxPool2d", "AvgPool2d"):
+        return f"nn.{ntype}({p['kernel_size']}, stride={p['stride'] or p['kernel_size']}, padding={p['padding']})"
+    if ntype == "AdaptiveAvgPool2d":
+        return f"nn.AdaptiveAvgPool2d({p['output_size']})"
+    if ntype in ("BatchNorm1d", "BatchNorm2d"):
+        return f"nn.{ntype}({p['num_features']}, eps={r(p['eps'])}, momentum={r(p['momentum'])})"
+    if ntype == "LayerNorm":
+        return f"nn.LayerNorm({p['normalized_shape']}, eps={r(p['eps'])}, elementwise_affine={p['elementwise_affine']})"
+    if ntype == "Dropout":
+        return f"nn.Dropout({r(p['p'])})"
+    if ntype in ("ReLU", "SiLU", "Tanh", "Sigmoid", "Identity"):
+        return f"nn.{ntype}()"
+    if ntype == "GELU":
+        return f"nn.GELU(approximate={r(p['approximate'])})"
+    if ntype == "Softmax":
+        return f"nn.Softmax(dim={p['dim']})"
+    if ntype == "Flatten":
+        return f"nn.Flatten({p['start_dim']}, {p['end_dim']})"
+    if ntype == "Reshape":
+        return f"Reshape({list(p['shape'])})"
+    if ntype == "Embedding":
+        return f"nn.Embedding({p['num_embeddings']}, {p['embedding_dim']})"
+    if ntype == "PositionalEmbedding":
+        return f"PositionalEmbedding({p['max_len']}, {p['dim']})"
+    if ntype == "MultiheadAttention":
+        return (f"SelfAttention({p['embed_dim']}, {p['num_heads']}, dropout={r(p['dropout'])}, bias={p['bias']}, "
+                f"causal={p['causal']})")
+    if ntype == "TransformerEncoderLayer":
+        return (f"nn.TransformerEncoderLayer({p['d_model']}, {p['nhead']}, dim_feedforward={p['dim_feedforward']}, "
+                f"dropout={r(p['dropout'])}, activation={r(p['activation'])}, batch_first=True, "
+                f"norm_first={p['norm_first']})")
+    if ntype == "Mean":
+        return f"Mean({p['dim']}, {p['keepdim']})"
+    if ntype == "Custom":
+        return f"import_object({r(p['path'])})(**{r(p.get('kwargs') or {})})"
+    raise InteropError(f"layer type '{ntype}' has no script form; this exporter needs an update")
+
+
+def _var(nid: str) -> str:
+    return nid + "_" if nid in _LOCAL_CLASH else nid
+
+
+def _model_code(result) -> tuple[str, list[str]]:
+    spec = result.spec
+    nodes = spec["nodes"]
+    used = {n["type"] for n in nodes}
+    pre = [inspect.getsource(OWN_CLASSES[t]) for t in OWN_CLASSES if t in used]
+    if "Custom" in used:
+        pre.append(inspect.getsource(rl.import_object))
+    init, fwd = [], []
+    for n in nodes:
+        nid, t, p = n["id"], n["type"], n["params"]
+        if t in ("Input", "Output") or t in ("Add", "Mul", "Concat"):
+            continue
+        init.append(f"self.{nid} = {_ctor(t, p)}")
+    inputs = spec["inputs"]
+    for n in nodes:
+        nid, t, p, args = n["id"], n["type"], n["params"], [_var(a) for a in n.get("args", [])]
+        if t in ("Input", "Output"):
+            continue
+        if t == "Add":
+            code = f"{_var(nid)} = {args[0]} + {args[1]}"
+        elif t == "Mul":
+            code = f"{_var(nid)} = {args[0]} * {args[1]}"
+        elif t == "Concat":
+            code = f"{_var(nid)} = torch.cat(({', '.join(args)},), dim={p['dim']})"
+        else:
+            code = f"{_var(nid)} = self.{nid}({', '.join(args)})"
+        fwd.append((code, result.nodes[nid].out.label()))
+    outs = [_var(next(n["args"][0] for n in nodes if n["id"] == o)) for o in spec["outputs"]]
+    width = max([len(c) for c, _ in fwd] + [20]) + 2
+    sig = ", ".join(_var(i) for i in inputs)
+    in_shapes = ", ".join(f"{_var(i)}: {result.nodes[i].out.label()} {result.nodes[i].out.dtype}" for i in inputs)
+    lines = ["class Model(nn.Module):",
+             f'    """{len(nodes)} nodes, {result.total_params:,} parameters. Layers are created in '
+             'topological order,\n    as Layerflow builds them, so torch.manual_seed(SEED) gives the same initial weights."""',
+             "", "    def __init__(self):", "        super().__init__()"]
+    lines += [f"        {s}" for s in init] or ["        pass"]
+    lines += ["", f"    def forward(self, {sig}):  # {in_shapes}"]
+    lines += [f"        {c.ljust(width)}# {s}" for c, s in fwd]
+    lines.append(f"        return {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ',)'}")
+    return "\n".join(lines), pre
+
+
+def _data_code(project: Project, data_file: str | None) -> str:
+    d = project.training.dataset
+    if data_file:
+        return textwrap.dedent(f'''\
+            def load_data():
+                """The data set as Layerflow prepared it ({d.kind}), saved beside this script."""
+                with np.load(Path(__file__).with_name({data_file!r}), allow_pickle=False) as z:
+                    return z["x_train"], z["y_train"], z["x_val"], z["y_val"]
+            ''')
+    gen = _GENERATORS[d.kind]
+    fields = d.model_dump(mode="json")
+    parts = [
+        "class ProjectError(ValueError):\n    pass\n",
+        inspect.getsource(edata.Arrays),
+        inspect.getsource(edata._split),
+        inspect.getsource(gen),
+        textwrap.dedent(f'''\
+            def load_data():
+                """{d.kind}, generated exactly as Layerflow's engine/data.py does."""
+                a = {gen.__name__}(SimpleNamespace(**{fields!r}))
+                return a.x_train, a.y_train, a.x_val, a.y_val
+            '''),
+    ]
+    return "\n\n".join(parts)
+
+
+def _plan_of(project: Project, plan: dict | None) -> dict:
+    pl = project.placement
+    base = {"pp": pl.pp, "dp": pl.dp, "tp": pl.tp, "data_parallel": pl.data_parallel,
+            "reshard_after_forward": pl.reshard_after_forward, "mixed_precision": pl.mixed_precision}
+    if plan:
+        base.update({k: plan[k] for k in base if k in plan})
+    return base
+
+
+DIST_CODE = '''\
+def init_distributed(dp: int):
+    """torchrun sets RANK/WORLD_SIZE; the calls are engine/runtime/parallel.py's."""
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        device, backend = torch.device("cuda", local), "cpu:gloo,cuda:nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    dist.init_process_group(backend=backend)
+    if dist.get_world_size() != dp:
+        raise SystemExit(f"this script is planned for dp={dp} processes but {dist.get_world_size()} were "
+                         f"started: run torchrun --nproc_per_node={dp}")
+    mesh = init_device_mesh(device.type, (1, dp, 1), mesh_dim_names=("pp", "dp", "tp"))
+    return device, mesh
+
+
+def apply_dp(module: nn.Module, dp_mesh, kind: str, reshard_after_forward: bool, mixed_precision: str) -> nn.Module:
+    if kind == "fsdp":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \\
+            if mixed_precision == "bf16" else MixedPrecisionPolicy()
+        # one FSDP unit per layer: only one layer's parameters are whole at a time
+        for child in module.children():
+            if any(True for _ in child.parameters()):
+                fully_shard(child, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+        fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+        return module
+    return DDP(module, process_group=dp_mesh.get_group(), gradient_as_bucket_view=True)
+'''
+
+
+MAIN_CODE = '''\
+def evaluate(model, x_val, y_val, device) -> dict:
+    model.eval()
+    total, n, correct = 0.0, 0, 0
+    with torch.no_grad():
+        for x, y in eval_batches(x_val, y_val, batch_size=max(BATCH_SIZE, 256)):
+            x, y = x.to(device), y.to(device)
+            out = model(x)
+            total += compute_loss(LOSS, out, y).item() * len(x)
+            n += len(x)
+            if LOSS == "cross_entropy":
+                correct += correct_count(out, y)
+    model.train()
+    rec = {"val_loss": total / max(n, 1)}
+    if LOSS == "cross_entropy":
+        rec["val_acc"] = correct / max(n, 1)
+    return rec
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=STEPS, help=f"optimizer steps (default {STEPS})")
+    ap.add_argument("--out", default=".", help="folder for metrics.jsonl and model.pt")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed:
+        device, mesh = init_distributed(PLAN["dp"])
+        rank, dp_rank, dp = dist.get_rank(), mesh["dp"].get_local_rank(), PLAN["dp"]
+    else:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        rank, dp_rank, dp = 0, 0, 1
+
+    seed_all(SEED)
+    torch.manual_seed(SEED)  # the same initial weights as Layerflow's runtime for this seed
+    model = Model()
+    if WEIGHTS:
+        state = torch.load(Path(__file__).with_name(WEIGHTS), map_location="cpu", weights_only=True)
+        model.load_state_dict(state, strict=False)
+    model.to(device).train()
+    if distributed:
+        model = apply_dp(model, mesh["dp"], PLAN["data_parallel"], PLAN["reshard_after_forward"],
+                         PLAN["mixed_precision"])
+    opt = make_optimizer(model.parameters(), OPTIMIZER)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(SCHEDULE, args.steps))
+    x_train, y_train, x_val, y_val = load_data()
+    batches = Batches(x_train, y_train, BATCH_SIZE, SEED)
+    if BATCH_SIZE % dp:
+        raise SystemExit(f"batch size {BATCH_SIZE} is not divisible by dp={dp}")
+    local = BATCH_SIZE // dp
+
+    metrics = open(out / "metrics.jsonl", "w") if rank == 0 else None
+    t0 = time.perf_counter()
+    for step in range(args.steps):
+        x, y = batches.batch(step)  # the global batch; each replica takes its slice
+        x, y = x[dp_rank * local:(dp_rank + 1) * local].to(device), y[dp_rank * local:(dp_rank + 1) * local].to(device)
+        opt.zero_grad(set_to_none=True)
+        loss = compute_loss(LOSS, model(x), y)
+        loss.backward()
+        if GRAD_CLIP:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+        opt.step()
+        sched.step()
+        value = loss.item()
+        if distributed:  # the mean over replicas: the loss of the global batch
+            t = torch.tensor([value], dtype=torch.float64, device=device)
+            dist.all_reduce(t)
+            value = float(t.item()) / dp
+        rec = {"step": step + 1, "epoch": batches.epoch_of(step), "time": round(time.perf_counter() - t0, 4),
+               "loss": value, "lr": opt.param_groups[0]["lr"]}
+        if (step + 1) % EVAL_INTERVAL == 0 or step + 1 == args.steps:
+            rec.update(evaluate(model, x_val, y_val, device))
+        if metrics:
+            metrics.write(json.dumps(rec) + "\\n")
+            metrics.flush()
+            print(" ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in rec.items()))
+    if distributed:
+        if PLAN["data_parallel"] == "fsdp":
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+            state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        else:
+            state = model.module.state_dict()
+        if rank == 0:
+            torch.save(state, out / "model.pt")
+        dist.destroy_process_group()
+    else:
+        torch.save(model.state_dict(), out / "model.pt")
+    if metrics:
+        metrics.close()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def script_text(project: Project, plan: dict | None = None, data_file: str | None = None,
+                weights_file: str | None = None) -> str:
+    result = compile_graph(project.graph)
+    if not result.ok:
+        raise InteropError("the diagram has errors; fix them before exporting:\n"
+                           + "\n".join(f"  {e}" for e in result.errors))
+    if len(result.spec["inputs"]) != 1 or len(result.spec["outputs"]) != 1:
+        raise InteropError("the training script needs exactly one Input and one Output node")
+    loss = result.loss()
+    if loss == "none":
+        raise InteropError(f"node '{result.output_node()}' (Output): loss is none; choose cross_entropy or mse to train")
+    tr = project.training
+    arrays = edata.load_arrays(project)
+    from engine.run import total_steps
+
+    steps = total_steps(project, len(arrays.x_train))
+    pl = _plan_of(project, plan)
+    model_code, pre = _model_code(result)
+    name = Path(project.path).stem if project.path else project.name
+    script = f"{name}.py"
+    notes = ""
+    if pl["pp"] > 1 or pl["tp"] > 1:
+        notes = (f"\nThe plan also has pp={pl['pp']} x tp={pl['tp']}; this script writes out its data parallelism "
+                 f"only.\nRun the whole plan with Layerflow: python main.py train {name}.lflow\n")
+    doc = textwrap.dedent(f'''\
+        """{project.name}: a standalone PyTorch training script written by Layerflow.
+
+        Model: {len(result.spec["nodes"])} nodes, {result.total_params:,} parameters, {result.total_flops:,} FLOPs per sample.
+        Data: {tr.dataset.kind}. Training: {tr.optimizer.name} (lr {tr.optimizer.lr:g}), {tr.schedule.name} schedule,
+        {steps} steps of batch {tr.batch_size}, seed {tr.seed}, loss {loss}.
+        The losses equal those of Layerflow's runtime for the same seed.
+
+        Run on one device:
+            python {script} [--steps N] [--out DIR]
+        Data parallel ({pl["data_parallel"].upper()}) over {max(pl["dp"], 2)} processes (gloo on CPU, nccl on GPUs):
+            torchrun --standalone --nproc_per_node={max(pl["dp"], 2)} {script}
+        {notes}"""''')
+    if pl["dp"] < 2:  # a single-device plan: still runnable under torchrun as dp=WORLD_SIZE
+        plan_line = f'PLAN = {dict(pl, dp=0)!r}\nPLAN["dp"] = int(os.environ.get("WORLD_SIZE", "1"))'
+    else:
+        plan_line = f"PLAN = {pl!r}"
+    settings = "\n".join([
+        f"SEED = {tr.seed}",
+        f"BATCH_SIZE = {tr.batch_size}",
+        f"STEPS = {steps}",
+        f"EVAL_INTERVAL = {tr.eval_interval}",
+        f"GRAD_CLIP = {tr.grad_clip!r}",
+        f"LOSS = {loss!r}",
+        f"OPTIMIZER = {tr.optimizer.model_dump(mode='json')!r}",
+        f"SCHEDULE = {tr.schedule.model_dump(mode='json')!r}",
+        f"WEIGHTS = {weights_file!r}  # initial weights beside this script (an imported model), or None",
+        plan_line,
+    ])
+    imports = textwrap.dedent('''\
+        from __future__ import annotations
+
+        import argparse
+        import importlib
+        import json
+        import math
+        import os
+        import random
+        import time
+        from dataclasses import dataclass
+        from pathlib import Path
+        from types import SimpleNamespace
+        from typing import Callable
+
+        import numpy as np
+        import torch
+        import torch.distributed as dist
+        import torch.nn.functional as F
+        from torch import nn
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        ''')
+    runtime = "\n\n".join(inspect.getsource(f) for f in (
+        rtrain.seed_all, rtrain.lr_lambda, rtrain.make_optimizer, rtrain.compute_loss, rtrain.correct_count,
+        rdata.Batches, rdata.eval_batches))
+    sections = [
+        doc, imports, settings,
+        "# ----- the model " + "-" * 60, *pre, model_code,
+        "# ----- the data " + "-" * 61, _data_code(project, data_file),
+        "# ----- training: the functions of Layerflow's engine/runtime (train.py, data.py) " + "-" * 2, runtime,
+        "# ----- data parallelism " + "-" * 53, DIST_CODE,
+        "# ----- the loop " + "-" * 61, MAIN_CODE,
+    ]
+    return "\n\n".join(s.rstrip() + "\n" for s in sections)
+
+
+def export_script(project: Project, path: str | Path, plan: dict | None = None) -> Path:
+    """Write NAME.py (and NAME.data.npz / NAME.weights.pt beside it when the data set
+    or the weights cannot be generated inside the script)."""
+    path = Path(path)
+    d = project.training.dataset
+    stem = path.name[:-3] if path.name.endswith(".py") else path.name
+    data_file = f"{stem}.data.npz" if isinstance(d, (Digits, NpzFile, CsvFile)) else None
+    weights_file = f"{stem}.weights.pt" if project.weights else None
+    text = script_text(project, plan, data_file, weights_file)
+    compile(text, str(path), "exec")  # a generated syntax error is our bug: never write it
+    if data_file:
+        buf = io.BytesIO()
+        a = edata.load_arrays(project)
+        import numpy as np
+
+        np.savez(buf, x_train=a.x_train, y_train=a.y_train, x_val=a.x_val, y_val=a.y_val)
+        atomic_write(path.with_name(data_file), buf.getvalue())
+    if weights_file:
+        src = project.resolve_path(project.weights)
+        if not src.exists():
+            raise InteropError(f"weights: {src} does not exist")
+        atomic_write(path.with_name(weights_file), src.read_bytes())
+    atomic_write(path, text.encode("utf-8"))
+    return path

@@ -1,0 +1,118 @@
+"""The exported PyTorch script: readable, standalone, and it trains with the same
+losses as Layerflow's runtime for the same seed (single process and DDP)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.graph import Graph
+from engine.interop import export_script
+from engine.project import Project, SyntheticClassification, SyntheticImages, Training, load_project
+from engine.run import prepare_run
+from engine.runtime.train import run
+from engine.tail import read_metrics
+
+from interop_models import project_with_weights
+
+ROOT = Path(__file__).resolve().parents[2]
+EX = ROOT / "resources" / "examples"
+STEPS = 6
+
+
+def dropout_mlp(folder: Path) -> Project:
+    g = Graph()
+    g.add_node("Input", {"shape": [16]}, id="x")
+    g.add_node("Linear", {"out_features": 32}, id="fc1")
+    g.add_node("Dropout", {"p": 0.3}, id="drop")  # uses the RNG while training
+    g.add_node("ReLU", {}, id="relu")
+    g.add_node("Linear", {"out_features": 32}, id="fc2")
+    g.add_node("Add", {}, id="skip")
+    g.add_node("Linear", {"out_features": 3}, id="head")
+    g.add_node("Output", {"loss": "cross_entropy"}, id="out")
+    for s, d, port in [("x", "fc1", "in"), ("fc1", "drop", "in"), ("drop", "relu", "in"), ("relu", "fc2", "in"),
+                       ("fc2", "skip", "a"), ("relu", "skip", "b"), ("skip", "head", "in"), ("head", "out", "in")]:
+        g.connect(s, "out", d, port)
+    tr = Training(dataset=SyntheticClassification(kind="synthetic_classification", n_samples=256, n_features=16,
+                                                  n_classes=3),
+                  batch_size=16, steps=STEPS, eval_interval=3, seed=5,
+                  optimizer={"name": "sgd", "lr": 0.05, "momentum": 0.9}, schedule={"name": "cosine", "warmup_steps": 2},
+                  grad_clip=1.0)
+    return Project(g, name="dropout_mlp", training=tr, path=folder / "dropout_mlp.lflow")
+
+
+def runtime_losses(project: Project, run_dir: Path) -> list[float]:
+    rd = prepare_run(project, run_dir, steps=STEPS)
+    assert run(rd)["state"] == "succeeded"
+    return [r["loss"] for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
+
+
+def script_losses(script: Path, out: Path, launcher: list[str] | None = None) -> list[float]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("PYTHONPATH", None)  # standalone: nothing from Layerflow on the path
+    cmd = (launcher or [sys.executable]) + [str(script), "--steps", str(STEPS), "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=script.parent, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_script_reads_like_pytorch(tmp_path):
+    path = export_script(dropout_mlp(tmp_path), tmp_path / "dropout_mlp.py")
+    text = path.read_text()
+    assert "class Model(nn.Module):" in text
+    assert "self.fc1 = nn.Linear(16, 32, bias=True)" in text and "self.drop = nn.Dropout(0.3)" in text
+    assert "skip = fc2 + relu" in text and "# (B, 32)" in text
+    assert "torchrun --standalone --nproc_per_node=2 dropout_mlp.py" in text
+    assert "import engine" not in text and "from engine" not in text  # standalone
+    assert "GraphModule" not in text
+
+
+@pytest.mark.parametrize("which", ["dropout_mlp", "transformer_synthetic"])
+def test_script_losses_equal_the_runtime(which, tmp_path):
+    project = dropout_mlp(tmp_path) if which == "dropout_mlp" else load_project(EX / f"{which}.lflow")
+    want = runtime_losses(project, tmp_path / "run")
+    script = export_script(project, tmp_path / f"{which}.py")
+    got = script_losses(script, tmp_path / "script_out")
+    assert len(got) == len(want) == STEPS
+    assert got == pytest.approx(want, rel=1e-6, abs=1e-7)
+
+
+def test_script_starts_from_imported_weights(tmp_path):
+    """A project with a weights file (as an import leaves it): the file travels
+    beside the script and training starts from it, as in the runtime."""
+    project = project_with_weights("cnn_bn", tmp_path)
+    project.training = Training(dataset=SyntheticImages(kind="synthetic_images", n_samples=128, channels=3, height=12,
+                                                        width=12, n_classes=5),
+                                batch_size=16, steps=STEPS, eval_interval=3, seed=3)
+    want = runtime_losses(project, tmp_path / "run")
+    out = tmp_path / "export"
+    script = export_script(project, out / "cnn.py")
+    assert (out / "cnn.weights.pt").exists()
+    assert script_losses(script, tmp_path / "script_out") == pytest.approx(want, rel=1e-6, abs=1e-7)
+
+
+def test_script_of_digits_brings_its_data(tmp_path):
+    project = load_project(EX / "mlp_digits.lflow")
+    script = export_script(project, tmp_path / "digits.py")
+    assert (tmp_path / "digits.data.npz").exists()
+    want = runtime_losses(project, tmp_path / "run")
+    assert script_losses(script, tmp_path / "out") == pytest.approx(want, rel=1e-6, abs=1e-7)
+
+
+@pytest.mark.slow
+def test_script_under_torchrun_ddp_equals_the_distributed_runtime(tmp_path):
+    project = dropout_mlp(tmp_path)
+    project.graph.set_param("drop", "p", 0.0)  # DDP replicas draw their own dropout masks
+    rd = prepare_run(project, tmp_path / "run", steps=STEPS)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    proc = subprocess.run(torchrun + ["-m", "engine.runtime.train", str(rd)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    want = [r["loss"] for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
+    script = export_script(project, tmp_path / "ddp.py")
+    got = script_losses(script, tmp_path / "out", launcher=torchrun)
+    assert len(got) == STEPS
+    assert got == pytest.approx(want, rel=1e-6, abs=1e-7)
