@@ -156,7 +156,8 @@ def auto_place(project: Project, nproc: int, device: DeviceSpec | None = None,
                 cands.append({**c, "feasible": False,
                               "why": f"batch_size {B} does not split into dp={dp} replicas x >= {pp} micro-batches"})
                 continue
-            kind = "fsdp" if _replica_bytes(compiled, opt, tp) > device.memory_bytes // 2 else "ddp"
+            # FSDP2 when a replica would fill half the device, and always beside TP (DDP cannot hold DTensors)
+            kind = "fsdp" if tp > 1 or _replica_bytes(compiled, opt, tp) > device.memory_bytes // 2 else "ddp"
             pl = {"pp": pp, "dp": dp, "tp": tp, "microbatches": m, "schedule": "1f1b", "data_parallel": kind,
                   "reshard_after_forward": pp == 1}
             try:
@@ -179,11 +180,13 @@ def auto_place(project: Project, nproc: int, device: DeviceSpec | None = None,
     if best is None:
         raise ValueError(f"no layout of {nproc} devices fits: " + "; ".join(c.get("why", "") for c in cands if not c["feasible"]))
     _, pl, stages, styles, plan, c = best
+    from engine.planner import _gib
+
     reasons = [f"chose pp={pl['pp']} x dp={pl['dp']} x tp={pl['tp']} ({pl['data_parallel']}, {pl['microbatches']} "
                f"micro-batches): predicted {c['step_s'] * 1e3:.2f} ms/step, at most "
-               f"{c['peak_bytes'] / 2**20:.1f} MiB of {device.memory_bytes / 2**30:.1f} GiB per device"]
+               f"{_gib(c['peak_bytes'])} of {_gib(device.memory_bytes)} per device"]
     if pl["pp"] == 1:
-        reasons.append("the model fits on one device, so no pipeline: pipelining would idle "
+        reasons.append("no pipeline: each rank holds its whole replica within memory, and a pipeline would idle "
                        "(p-1)/(m+p-1) of every step in its bubble")
     else:
         reasons.append(f"pipeline bubble {plan.doc['bubble_fraction']:.1%} with {pl['microbatches']} micro-batches")
