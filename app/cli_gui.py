@@ -4,6 +4,8 @@ renders the real main window offscreen and exits (how docs and checks see the ap
 """
 from __future__ import annotations
 
+import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains None)
+
 import argparse
 import os
 import sys
@@ -108,6 +110,8 @@ def cmd_screenshot(args) -> int:
         w.apply_theme(args.theme)
         w.resize(w_px, h_px)
         w.show()
+        app.processEvents()
+        w.default_dock_sizes()
         app.processEvents()
         w.controller.flush()
         if args.select:

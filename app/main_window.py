@@ -7,6 +7,8 @@ Other areas extend the window without editing this file: append a callable
 """
 from __future__ import annotations
 
+import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains None)
+
 import json
 import os
 import time
@@ -89,8 +91,6 @@ class MainWindow(QMainWindow):
         self.summary_dock = self.add_dock("Summary", self.summary, Qt.BottomDockWidgetArea)
         self.tabifyDockWidget(self.problems_dock, self.summary_dock)
         self.problems_dock.raise_()
-        self.resizeDocks([self.palette_dock, self.inspector_dock], [210, 330], Qt.Horizontal)
-        self.resizeDocks([self.problems_dock], [170], Qt.Vertical)
         self.zoom_label = QLabel()
         self.statusBar().addPermanentWidget(self.zoom_label)
         self._wire()
@@ -111,6 +111,13 @@ class MainWindow(QMainWindow):
             except Exception as exc:  # noqa: BLE001 - an extension must not take the editor down
                 self.statusBar().showMessage(f"extension {getattr(ext, '__name__', ext)} failed: {exc}")
         self.run_toolbar.setVisible(bool(self.run_toolbar.actions()))
+        if not isinstance(state, QByteArray):
+            self.default_dock_sizes()
+
+    def default_dock_sizes(self) -> None:
+        """The canvas gets most of the window; side panels a readable width."""
+        self.resizeDocks([self.palette_dock, self.inspector_dock], [200, 320], Qt.Horizontal)
+        self.resizeDocks([self.problems_dock], [max(140, self.height() // 5)], Qt.Vertical)
 
     # ----- public API for other areas ------------------------------------------
     @property
@@ -137,7 +144,9 @@ class MainWindow(QMainWindow):
         a = QAction(text, self)
         if shortcut is not None:
             a.setShortcuts(shortcut if isinstance(shortcut, list) else [QKeySequence(shortcut)])
-        if icon is not None:
+        if isinstance(icon, str):
+            a.setIcon(QIcon(str(RESOURCES / "icons" / f"{icon}.svg")))
+        elif icon is not None:
             a.setIcon(self.style().standardIcon(icon))
         a.setCheckable(checkable)
         a.setStatusTip(tip)
@@ -150,17 +159,17 @@ class MainWindow(QMainWindow):
     def _build_actions(self) -> None:
         c = self.controller
         S = QStyle
-        self._act("new", "&New", self.new_project, QKeySequence.New, S.SP_FileIcon)
-        self._act("open", "&Open…", lambda: self.open_project(), QKeySequence.Open, S.SP_DialogOpenButton)
-        self._act("save", "&Save", self.save, QKeySequence.Save, S.SP_DialogSaveButton)
+        self._act("new", "&New", self.new_project, QKeySequence.New, "new")
+        self._act("open", "&Open…", lambda: self.open_project(), QKeySequence.Open, "open")
+        self._act("save", "&Save", self.save, QKeySequence.Save, "save")
         self._act("save_as", "Save &As…", lambda: self.save_as(), QKeySequence.SaveAs)
         self._act("quit", "&Quit", self.close, QKeySequence.Quit)
         undo = c.stack.createUndoAction(self, "&Undo")
         undo.setShortcut(QKeySequence.Undo)
-        undo.setIcon(self.style().standardIcon(S.SP_ArrowBack))
+        undo.setIcon(QIcon(str(RESOURCES / "icons" / "undo.svg")))
         redo = c.stack.createRedoAction(self, "&Redo")
         redo.setShortcuts([QKeySequence("Ctrl+Shift+Z"), QKeySequence("Ctrl+Y")])
-        redo.setIcon(self.style().standardIcon(S.SP_ArrowForward))
+        redo.setIcon(QIcon(str(RESOURCES / "icons" / "redo.svg")))
         self.addAction(undo)
         self.addAction(redo)
         self.actions["undo"], self.actions["redo"] = undo, redo
@@ -171,14 +180,14 @@ class MainWindow(QMainWindow):
         self._act("delete", "&Delete", c.delete_selected, [QKeySequence(QKeySequence.Delete), QKeySequence("Backspace")])
         self._act("select_all", "Select &All", c.select_all, QKeySequence.SelectAll)
         self._act("rename", "Re&name…", self.rename_selected, "F2")
-        self._act("group", "&Group into Block…", self.group_selected, "Ctrl+G")
+        self._act("group", "&Group into Block…", self.group_selected, "Ctrl+G", "group")
         self._act("ungroup", "&Ungroup", c.ungroup_selected, "Ctrl+Shift+G")
         self._act("repeat", "&Repeat Block…", self.repeat_selected, "Ctrl+R")
-        self._act("fit", "&Fit View", lambda: self.view.fit(), "F", S.SP_TitleBarMaxButton)
+        self._act("fit", "&Fit View", lambda: self.view.fit(), "F", "fit")
         self._act("zoom_in", "Zoom &In", lambda: self.view.set_zoom(self.view.zoom() * 1.25), QKeySequence.ZoomIn)
         self._act("zoom_out", "Zoom &Out", lambda: self.view.set_zoom(self.view.zoom() / 1.25), QKeySequence.ZoomOut)
         self._act("zoom_reset", "&Actual Size", lambda: self.view.set_zoom(1.0), "Ctrl+0")
-        self._act("layout", "Auto-&Layout", lambda: c.auto_layout(), "Ctrl+L")
+        self._act("layout", "Auto-&Layout", lambda: c.auto_layout(), "Ctrl+L", "layout")
         self._act("layout_sel", "Auto-Layout &Selection", lambda: c.auto_layout(True), "Ctrl+Shift+L")
         snap = self._act("snap", "Snap to &Grid", self._toggle_snap, checkable=True)
         snap.setChecked(True)
@@ -539,6 +548,8 @@ class MainWindow(QMainWindow):
                               (QPalette.ToolTipText, "#e6e9ef"), (QPalette.PlaceholderText, "#7d8797"),
                               (QPalette.Mid, "#3a404b"), (QPalette.Dark, "#15171b")):
                 pal.setColor(role, QColor(col))
+            for role in (QPalette.WindowText, QPalette.Text, QPalette.ButtonText):
+                pal.setColor(QPalette.Disabled, role, QColor("#6b7280"))
         else:
             pal = app.style().standardPalette()
             pal.setColor(QPalette.Highlight, QColor("#3b82c4"))

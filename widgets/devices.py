@@ -5,6 +5,8 @@ engine/planner.py, when one exists, is shown as text lines the controller hands 
 """
 from __future__ import annotations
 
+import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains None)
+
 from PySide6.QtCore import QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QFontMetricsF, QPainter
 from PySide6.QtWidgets import (QComboBox, QFormLayout, QGridLayout, QHBoxLayout, QLabel, QPlainTextEdit,

@@ -8,6 +8,8 @@ inspector never changes the model itself.
 """
 from __future__ import annotations
 
+import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains None)
+
 import json
 from typing import Any
 
@@ -104,6 +106,10 @@ class Inspector(QWidget):
             doc.setWordWrap(True)
             doc.setObjectName("doc")
             lay.addWidget(doc)
+        self.info = QLabel()
+        self.info.setObjectName("hint")
+        self.info.setWordWrap(True)
+        lay.addWidget(self.info)
         self.node_errors = QLabel()
         self.node_errors.setObjectName("error")
         self.node_errors.setWordWrap(True)
@@ -279,6 +285,16 @@ class Inspector(QWidget):
         self.node_errors.setText("\n".join(general))
         self.node_errors.setVisible(bool(general))
         info = result.nodes.get(self.node_id) if result else None
+        from widgets.style import human
+
+        parts = []
+        if info is not None and info.out is not None:
+            parts.append(f"out {info.out.label()} {info.out.dtype}")
+        if info is not None and info.n_params:
+            parts.append(f"{info.n_params:,} params")
+        if info is not None and info.flops:
+            parts.append(f"{human(info.flops)} FLOPs/sample")
+        self.info.setText("  ·  ".join(parts))
         spec = get_layer(self.graph.nodes[self.node_id].type)
         for ps in (spec.params if spec else ()):
             if not ps.inferred:

@@ -8,6 +8,8 @@ change the model, whose events come back here.
 """
 from __future__ import annotations
 
+import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains None)
+
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QGraphicsItem, QGraphicsPathItem, QGraphicsScene
@@ -21,6 +23,7 @@ BODY_TOP = 48.0  # first port row starts here (header + type line)
 ROW_H = 18.0
 PORT_R = 5.0
 GRID = 20.0
+LOD_DETAIL = 0.35  # below this zoom nodes are plain cards and ports are hidden
 
 _TITLE_FONT = QFont()
 _TITLE_FONT.setPointSizeF(9.5)
@@ -29,6 +32,8 @@ _TEXT_FONT = QFont()
 _TEXT_FONT.setPointSizeF(8.5)
 _SMALL_FONT = QFont()
 _SMALL_FONT.setPointSizeF(7.5)
+_NO_BRUSH = QBrush()
+_NO_PEN = QPen(Qt.NoPen)
 
 
 def node_height(n_in: int, n_out: int) -> float:
@@ -36,7 +41,10 @@ def node_height(n_in: int, n_out: int) -> float:
 
 
 class PortItem(QGraphicsItem):
-    """A connection point. Knows only which node/port it stands for."""
+    """A connection point: hit area and hover only; its node paints it (one
+    paint call per node instead of one per port keeps big diagrams fast)."""
+
+    _RECT = QRectF(-PORT_R - 4, -PORT_R - 4, 2 * PORT_R + 8, 2 * PORT_R + 8)
 
     def __init__(self, parent: "NodeItem", name: str, is_input: bool, y: float):
         super().__init__(parent)
@@ -44,30 +52,25 @@ class PortItem(QGraphicsItem):
         self.name = name
         self.is_input = is_input
         self.setPos(0.0 if is_input else NODE_W, y)
+        self.setFlag(QGraphicsItem.ItemHasNoContents)
         self.setAcceptHoverEvents(True)
-        self._hover = False
+        self.hover = False
         self.setZValue(2)
         self.setCursor(Qt.CrossCursor)
 
     def boundingRect(self) -> QRectF:
-        r = PORT_R + 4
-        return QRectF(-r, -r, 2 * r, 2 * r)
+        return self._RECT
 
-    def paint(self, p: QPainter, opt, widget=None) -> None:
-        t = self.scene().theme if self.scene() else LIGHT
-        p.setRenderHint(QPainter.Antialiasing)
-        r = PORT_R + (1.5 if self._hover else 0)
-        p.setPen(QPen(QColor(t.node_body), 1.5))
-        p.setBrush(QColor(t.selected if self._hover else (t.port_in if self.is_input else t.port_out)))
-        p.drawEllipse(QPointF(0, 0), r, r)
+    def paint(self, p: QPainter, opt, widget=None) -> None:  # never called (no contents)
+        pass
 
     def hoverEnterEvent(self, e) -> None:
-        self._hover = True
-        self.update()
+        self.hover = True
+        self.parentItem().update()
 
     def hoverLeaveEvent(self, e) -> None:
-        self._hover = False
-        self.update()
+        self.hover = False
+        self.parentItem().update()
 
 
 class Badge(QGraphicsItem):
@@ -101,6 +104,7 @@ class NodeItem(QGraphicsItem):
         self.setZValue(1)
         self.ports: dict[tuple[str, bool], PortItem] = {}
         self._h = node_height(1, 1)
+        self._rect = QRectF()
         self.badge: Badge | None = None
         scene.addItem(self)
         self.rebuild_ports()
@@ -120,10 +124,14 @@ class NodeItem(QGraphicsItem):
         self.ports = {}
         self.prepareGeometryChange()
         self._h = node_height(len(ins), len(outs))
+        self._rect = QRectF(-PORT_R - 3, -2, NODE_W + 2 * PORT_R + 6, self._h + 4)
+        detail = self.scene().detail if self.scene() else True
         for i, name in enumerate(ins):
             self.ports[(name, True)] = PortItem(self, name, True, BODY_TOP + (i + 0.5) * ROW_H)
         for i, name in enumerate(outs):
             self.ports[(name, False)] = PortItem(self, name, False, BODY_TOP + (i + 0.5) * ROW_H)
+        for port in self.ports.values():
+            port.setVisible(detail)
 
     def set_problems(self, errors: list, warnings: list) -> None:
         if self.badge is not None:
@@ -137,7 +145,7 @@ class NodeItem(QGraphicsItem):
         self.update()
 
     def boundingRect(self) -> QRectF:
-        return QRectF(-2, -2, NODE_W + 4, self._h + 4)
+        return self._rect
 
     def paint(self, p: QPainter, opt, widget=None) -> None:
         scene: NodeScene = self.scene()
@@ -148,24 +156,22 @@ class NodeItem(QGraphicsItem):
         rect = QRectF(0, 0, NODE_W, self._h)
         head = stage_color(node.stage, t)
         sel = self.isSelected()
-        if lod < 0.35:  # far away: a coloured card is all one can see
+        if lod < LOD_DETAIL:  # far away (and not in overview mode): a coloured card
             p.fillRect(rect, QColor(t.selected) if sel else head)
             return
         p.setRenderHint(QPainter.Antialiasing)
-        path = QPainterPath()
-        path.addRoundedRect(rect, 7, 7)
         p.setPen(QPen(QColor(t.selected), 2.2) if sel else QPen(QColor(t.node_border), 1))
         p.setBrush(QColor(t.node_body))
-        p.drawPath(path)
-        # header band in the stage colour, clipped to the card's rounded corners
-        p.save()
-        p.setClipPath(path)
-        p.fillRect(QRectF(0, 0, NODE_W, HEADER_H), head)
-        p.restore()
+        p.drawRoundedRect(rect, 7, 7)
+        # header band in the stage colour: rounded on top, square where it meets the body
+        p.setPen(_NO_PEN)
+        p.setBrush(head)
+        p.drawRoundedRect(QRectF(0, 0, NODE_W, HEADER_H), 7, 7)
+        p.fillRect(QRectF(0, HEADER_H - 8, NODE_W, 8), head)
         if sel:
             p.setPen(QPen(QColor(t.selected), 2.2))
-            p.setBrush(Qt.NoBrush)
-            p.drawPath(path)
+            p.setBrush(_NO_BRUSH)
+            p.drawRoundedRect(rect, 7, 7)
         # title, then a parameter-count badge on the right of the header
         badge = human(info.n_params) if info and info.n_params else ""
         bw = 0.0
@@ -173,7 +179,7 @@ class NodeItem(QGraphicsItem):
             p.setFont(_SMALL_FONT)
             bw = QFontMetricsF(_SMALL_FONT).horizontalAdvance(badge) + 10
             br = QRectF(NODE_W - bw - 6, 6, bw, HEADER_H - 12)
-            p.setPen(Qt.NoPen)
+            p.setPen(_NO_PEN)
             p.setBrush(QColor(255, 255, 255, 60))
             p.drawRoundedRect(br, 6, 6)
             p.setPen(QColor(t.header_text))
@@ -197,12 +203,17 @@ class NodeItem(QGraphicsItem):
             p.drawText(QRectF(10, HEADER_H, NODE_W - 20, BODY_TOP - HEADER_H - 2), Qt.AlignVCenter | Qt.AlignRight, " · ".join(tags))
         p.setPen(QPen(QColor(t.node_border), 0.8))
         p.drawLine(QPointF(1, BODY_TOP - 2), QPointF(NODE_W - 1, BODY_TOP - 2))
-        # port names
+        # port names and dots
         p.setPen(QColor(t.text))
         for (name, is_input), port in self.ports.items():
             y = port.pos().y()
             r = QRectF(12, y - ROW_H / 2, NODE_W / 2 - 12, ROW_H) if is_input else QRectF(NODE_W / 2, y - ROW_H / 2, NODE_W / 2 - 12, ROW_H)
             p.drawText(r, Qt.AlignVCenter | (Qt.AlignLeft if is_input else Qt.AlignRight), name)
+        p.setPen(QPen(QColor(t.node_body), 1.5))
+        for (name, is_input), port in self.ports.items():
+            rad = PORT_R + (1.5 if port.hover else 0)
+            p.setBrush(QColor(t.selected if port.hover else (t.port_in if is_input else t.port_out)))
+            p.drawEllipse(port.pos(), rad, rad)
 
     def itemChange(self, change, value):
         scene = self.scene()
@@ -224,8 +235,21 @@ class EdgeItem(QGraphicsPathItem):
         self.label = ""
         self.note = ""  # communication inserted by the plan
         self._label_rect = QRectF()
+        self._brect = QRectF()
+        self._hover = False
+        self.setAcceptHoverEvents(True)
         scene.addItem(self)
         self.update_path()
+
+    def hoverEnterEvent(self, e) -> None:
+        self._hover = True
+        self.setZValue(1.5)  # the label above the nodes while pointed at
+        self.update()
+
+    def hoverLeaveEvent(self, e) -> None:
+        self._hover = False
+        self.setZValue(0)
+        self.update()
 
     def update_path(self) -> None:
         scene: NodeScene = self.scene()
@@ -240,14 +264,22 @@ class EdgeItem(QGraphicsPathItem):
     def set_label(self, label: str, note: str = "") -> None:
         if (label, note) != (self.label, self.note):
             self.label, self.note = label, note
+            self.setToolTip("\n".join(t for t in (label, note) if t))
             self._update_label_rect()
             self.update()
+
+    def label_fits(self) -> bool:
+        """A label wider than the gap between two close nodes would sit on them:
+        then it shows only on hover/selection (and always as the tooltip)."""
+        a, b = self.path().elementAt(0), self.path().elementAt(self.path().elementCount() - 1)
+        return b.x - a.x >= self._label_rect.width() + 16
 
     def _update_label_rect(self) -> None:
         self.prepareGeometryChange()
         text = self.label if not self.note else f"{self.label}\n{self.note}"
         if not text:
             self._label_rect = QRectF()
+            self._brect = self.path().controlPointRect().adjusted(-3, -3, 3, 3)
             return
         fm = QFontMetricsF(_SMALL_FONT)
         lines = text.split("\n")
@@ -255,9 +287,14 @@ class EdgeItem(QGraphicsPathItem):
         h = fm.height() * len(lines) + 4
         mid = self.path().pointAtPercent(0.5)
         self._label_rect = QRectF(mid.x() - w / 2, mid.y() - h / 2, w, h)
+        self._brect = self.path().controlPointRect().adjusted(-3, -3, 3, 3).united(self._label_rect)
 
     def boundingRect(self) -> QRectF:
-        return super().boundingRect().adjusted(-3, -3, 3, 3).united(self._label_rect)
+        return self._brect
+
+    def setPath(self, path: QPainterPath) -> None:  # noqa: N802 (Qt API)
+        super().setPath(path)
+        self._brect = path.controlPointRect().adjusted(-3, -3, 3, 3).united(self._label_rect)
 
     def shape(self) -> QPainterPath:
         from PySide6.QtGui import QPainterPathStroker
@@ -268,14 +305,14 @@ class EdgeItem(QGraphicsPathItem):
 
     def paint(self, p: QPainter, opt, widget=None) -> None:
         t = self.scene().theme
-        p.setRenderHint(QPainter.Antialiasing)
+        lod = opt.levelOfDetailFromTransform(p.worldTransform())
+        p.setRenderHint(QPainter.Antialiasing, lod >= LOD_DETAIL)
         sel = self.isSelected()
         color = QColor(t.edge_selected if sel else (t.comm_text if self.note else t.edge))
         p.setPen(QPen(color, 2.4 if sel else 1.6))
-        p.setBrush(Qt.NoBrush)
+        p.setBrush(_NO_BRUSH)
         p.drawPath(self.path())
-        lod = opt.levelOfDetailFromTransform(p.worldTransform())
-        if self._label_rect.isNull() or lod < 0.5:
+        if self._label_rect.isNull() or lod < 0.5 or not (sel or self._hover or self.label_fits()):
             return
         p.setPen(QPen(QColor(t.node_border), 0.8))
         p.setBrush(QColor(t.label_bg))
@@ -324,6 +361,61 @@ class GroupItem(QGraphicsItem):
         p.drawText(self._rect.adjusted(12, 6, -12, 0), Qt.AlignLeft | Qt.AlignTop, f"▣ {self.name}")
 
 
+class OverviewItem(QGraphicsItem):
+    """Far out, the whole diagram in one paint call: node cards and edges as one
+    cached path. Node items stay (selectable, movable) but paint nothing, edge
+    items are hidden; a thousand Python paint calls per frame would be slow."""
+
+    def __init__(self, scene: "NodeScene"):
+        super().__init__()
+        self.setZValue(-0.5)
+        self.setAcceptedMouseButtons(Qt.NoButton)
+        self._path: QPainterPath | None = None
+        self._rect = QRectF()
+        scene.addItem(self)
+
+    def invalidate(self) -> None:
+        if self._path is not None or self._rect.isNull():
+            self.prepareGeometryChange()
+        self._path = None
+        self.update()
+
+    def _build(self) -> None:
+        scene: NodeScene = self.scene()
+        path = QPainterPath()
+        for e in scene.edge_items:
+            a = scene.port_pos(e.src, e.src_port, False)
+            b = scene.port_pos(e.dst, e.dst_port, True)
+            path.moveTo(a)
+            path.lineTo(b)
+        rect = path.boundingRect()
+        for item in scene.node_items.values():
+            rect = rect.united(item.sceneBoundingRect())
+        self._path, self._rect = path, rect.adjusted(-4, -4, 4, 4)
+
+    def boundingRect(self) -> QRectF:
+        if self._path is None:
+            self._build()
+        return self._rect
+
+    def paint(self, p: QPainter, opt, widget=None) -> None:
+        scene: NodeScene = self.scene()
+        if scene.detail:
+            return
+        if self._path is None:
+            self._build()
+        t = scene.theme
+        p.setRenderHint(QPainter.Antialiasing, False)
+        p.setPen(QPen(QColor(t.edge), 0))  # cosmetic: one pixel at any zoom
+        p.setBrush(_NO_BRUSH)
+        p.drawPath(self._path)
+        sel = QColor(t.selected)
+        for item in scene.node_items.values():
+            node = item.node
+            p.fillRect(QRectF(item.pos(), item._rect.size()).adjusted(PORT_R + 3, 2, -PORT_R - 3, -2),
+                       sel if item.isSelected() else stage_color(node.stage, t))
+
+
 class NodeScene(QGraphicsScene):
     connect_requested = Signal(str, str, str, str)  # src, src_port, dst, dst_port
     nodes_moved = Signal(dict)  # {id: ((x0, y0), (x1, y1))}, one user drag
@@ -341,9 +433,12 @@ class NodeScene(QGraphicsScene):
         self.group_items: dict[str, GroupItem] = {}
         self._edges_of: dict[str, set[Edge]] = {}
         self._syncing = False
+        self.detail = True  # zoomed in enough for ports, labels and text
+        self.overview: OverviewItem | None = None
         self._drag_port: PortItem | None = None
         self._drag_path: QGraphicsPathItem | None = None
         self.setSceneRect(-50000, -50000, 100000, 100000)  # pan freely
+        self.selectionChanged.connect(lambda: self.overview is not None and not self.detail and self.overview.update())
         self.setItemIndexMethod(QGraphicsScene.BspTreeIndex)
         if graph is not None:
             self.set_graph(graph)
@@ -366,6 +461,7 @@ class NodeScene(QGraphicsScene):
         self._drag_path = None
         self.clear()
         self.node_items, self.edge_items, self.group_items, self._edges_of = {}, {}, {}, {}
+        self.overview = OverviewItem(self)
         for nid in self.graph.nodes:
             self._add_node(nid)
         for e in self.graph.edges:
@@ -375,6 +471,7 @@ class NodeScene(QGraphicsScene):
 
     def _add_node(self, nid: str) -> None:
         item = NodeItem(nid, self)
+        item.setFlag(QGraphicsItem.ItemHasNoContents, not self.detail)
         self._syncing = True
         item.setPos(*self.graph.nodes[nid].pos)
         self._syncing = False
@@ -384,7 +481,8 @@ class NodeScene(QGraphicsScene):
     def _add_edge(self, e: Edge) -> None:
         if e.src not in self.node_items or e.dst not in self.node_items:
             return
-        self.edge_items[e] = EdgeItem(e, self)
+        self.edge_items[e] = item = EdgeItem(e, self)
+        item.setVisible(self.detail)
         self._edges_of.setdefault(e.src, set()).add(e)
         self._edges_of.setdefault(e.dst, set()).add(e)
 
@@ -397,6 +495,8 @@ class NodeScene(QGraphicsScene):
 
     def _on_event(self, ev: GraphEvent) -> None:
         k = ev.kind
+        if not self.detail and k not in ("reset", "param_changed"):
+            self.overview.invalidate()
         if k == "reset":
             self._rebuild()
         elif k == "node_added":
@@ -448,6 +548,8 @@ class NodeScene(QGraphicsScene):
             self._refit_groups()
 
     def _item_moved(self, nid: str) -> None:
+        if not self.detail:
+            self.overview.invalidate()
         for e in self._edges_of.get(nid, ()):
             item = self.edge_items.get(e)
             if item is not None:
@@ -481,6 +583,19 @@ class NodeScene(QGraphicsScene):
         for e, item in self.edge_items.items():
             info = r.edge_info(e) if r else None
             item.set_label(info.label() if info else "", self.edge_notes.get(e, ""))
+
+    def set_detail_for_zoom(self, zoom: float) -> None:
+        """Hide the port items when zoomed far out: thousands fewer items to visit."""
+        detail = zoom >= LOD_DETAIL
+        if detail != self.detail:
+            self.detail = detail
+            for item in self.node_items.values():
+                item.setFlag(QGraphicsItem.ItemHasNoContents, not detail)
+                for port in item.ports.values():
+                    port.setVisible(detail)
+            for item in self.edge_items.values():
+                item.setVisible(detail)
+            self.overview.invalidate()
 
     def set_theme(self, t: SceneTheme) -> None:
         self.theme = t

@@ -2,6 +2,8 @@
 grid, a minimap, palette drops and Tab search-to-add."""
 from __future__ import annotations
 
+import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains None)
+
 import math
 
 from PySide6.QtCore import QEvent, QPointF, QRectF, Qt, Signal
@@ -27,6 +29,8 @@ class NodeView(QGraphicsView):
         self.setRubberBandSelectionMode(Qt.IntersectsItemShape)
         self.setTransformationAnchor(QGraphicsView.AnchorUnderMouse)
         self.setViewportUpdateMode(QGraphicsView.SmartViewportUpdate)
+        # every item sets the pen/brush/hints it uses, so Qt need not save and restore them
+        self.setOptimizationFlags(QGraphicsView.DontSavePainterState)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.setFrameShape(QFrame.NoFrame)
@@ -52,6 +56,7 @@ class NodeView(QGraphicsView):
             self.setTransformationAnchor(QGraphicsView.AnchorViewCenter)
         self.scale(f, f)
         self.setTransformationAnchor(QGraphicsView.AnchorUnderMouse)
+        self.scene().set_detail_for_zoom(self.zoom())
         self.viewport_moved.emit()
 
     def visible_scene_rect(self) -> QRectF:
@@ -70,6 +75,7 @@ class NodeView(QGraphicsView):
         elif self.zoom() < MIN_ZOOM:
             self.set_zoom(MIN_ZOOM)
             self.centerOn(r.center())
+        self.scene().set_detail_for_zoom(self.zoom())
         self.viewport_moved.emit()
 
     def resizeEvent(self, e) -> None:

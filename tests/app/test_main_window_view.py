@@ -106,8 +106,10 @@ def test_rubber_band_selects_and_delete_removes_with_undo(qtbot, w):
     qtbot.keyClick(v, Qt.Key_A, Qt.ControlModifier)
     assert len(w.scene.selected_ids()) == 5
     qtbot.keyClick(v, Qt.Key_Delete)
-    assert not w.project.graph.nodes and not w.scene.items() or all(
-        type(i).__name__ in ("QGraphicsPathItem",) for i in w.scene.items())
+    from widgets.node_scene import EdgeItem, NodeItem
+
+    assert not w.project.graph.nodes
+    assert not [i for i in w.scene.items() if isinstance(i, (NodeItem, EdgeItem))]
     w.controller.stack.undo()
     assert w.project.graph.to_dict() == before
 

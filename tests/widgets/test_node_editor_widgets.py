@@ -189,3 +189,40 @@ def test_node_item_is_a_view_of_the_model(qtbot):
     assert item.node is g.nodes["fc"]
     g.set_placement("fc", stage=2)
     assert item.node.stage == 2  # read at paint time, not copied
+
+
+def test_far_zoom_switches_to_one_overview_item_and_back(qtbot):
+    from PySide6.QtWidgets import QGraphicsItem
+
+    from widgets.node_view import NodeView
+
+    g = mlp()
+    s = NodeScene(g)
+    v = NodeView(s)
+    qtbot.addWidget(v)
+    v.set_zoom(0.2)
+    assert not s.detail
+    assert all(not e.isVisible() for e in s.edge_items.values())
+    assert all(i.flags() & QGraphicsItem.ItemHasNoContents for i in s.node_items.values())
+    assert s.overview.boundingRect().contains(s.node_items["y"].sceneBoundingRect())
+    g.add_node("ReLU", pos=(0, 900), id="late")  # added while far out: follows the mode
+    g.connect("fc", "out", "late", "in")
+    assert not s.edge_items[Edge("fc", "out", "late", "in")].isVisible()
+    assert s.overview.boundingRect().contains(s.node_items["late"].sceneBoundingRect())
+    v.grab()  # paints
+    v.set_zoom(1.0)
+    assert s.detail and all(e.isVisible() for e in s.edge_items.values())
+    assert all(p.isVisible() for p in s.node_items["late"].ports.values())
+
+
+def test_qt_fix_keeps_void_calls_from_draining_none():
+    import sys
+
+    from PySide6.QtCore import QPointF
+
+    import widgets.qt_fix  # noqa: F401
+
+    p = QPointF()
+    for _ in range(200_000):  # without the fix: "Fatal Python error: none_dealloc" on 3.11
+        p.setX(1.0)
+    assert sys.getrefcount(None) > 1_000_000 or sys.version_info >= (3, 12)
