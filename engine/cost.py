@@ -37,9 +37,10 @@ def _meminfo_bytes() -> int:
 
 
 def local_cpu(nproc: int = 1) -> DeviceSpec:
-    """One CPU process of this machine: memory shared by nproc processes; a few
-    GFLOP/s per core; loopback gloo at roughly 1 GB/s."""
-    return DeviceSpec("cpu", _meminfo_bytes() // max(1, nproc), flops_per_s=5e9, link_bytes_per_s=1e9, latency_s=50e-6)
+    """One CPU process of this machine: memory shared by nproc processes; about 15
+    GFLOP/s for one thread on fp32 matmuls (bench/dist_overhead.py measured it);
+    loopback gloo at roughly 1 GB/s."""
+    return DeviceSpec("cpu", _meminfo_bytes() // max(1, nproc), flops_per_s=1.5e10, link_bytes_per_s=1e9, latency_s=50e-6)
 
 
 GPUS = {  # name -> (memory, dense bf16/tf32 FLOP/s at a realistic 40% of peak, NVLink/PCIe bandwidth)

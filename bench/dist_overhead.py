@@ -1,0 +1,208 @@
+"""Layerflow's distributed runtime against a hand-written torch.distributed script.
+
+    python bench/dist_overhead.py [--hidden 1024] [--batch 256] [--steps 60]
+
+Same model (an MLP: 256 -> H -> H -> 10), same seed, same data batches, same
+optimizer, both under torchrun with gloo on this machine's CPUs:
+  1. DDP on 2 processes
+  2. 1F1B pipeline with 2 stages (4 micro-batches)
+Layerflow runs through the product path (prepare_run with the planner's plan ->
+remote.launch_local -> engine.runtime.train); the hand-written script is what a
+person would write with DDP / PipelineStage + Schedule1F1B by hand. Prints the
+throughput ratio (goal >= 0.95), the planner's predicted step time against the
+measured one, and predicted tensor memory against each rank's measured peak RSS
+(RSS includes the torch runtime itself: the baseline column is a rank's RSS just
+before the model is built). Not a test: timings depend on the machine's load.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+WARMUP = 10
+
+
+# ----- the hand-written script (runs under torchrun: --worker) -------------------------
+def _rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def worker(kind: str, run_dir: Path, out: Path) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+
+    from engine.runtime.data import Batches, load_npz
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    base = _rss_mb()
+    spec = json.loads((run_dir / "run.json").read_text())
+    tr = spec["training"]
+    H = spec["model"]["nodes"][1]["params"]["out_features"]
+    n_in = spec["model"]["nodes"][0]["params"]["shape"][0]
+    torch.manual_seed(tr["seed"])
+    model = nn.Sequential(nn.Linear(n_in, H), nn.ReLU(), nn.Linear(H, H), nn.ReLU(), nn.Linear(H, 10))
+    arrays = load_npz(run_dir)
+    B, steps = tr["batch_size"], spec["total_steps"]
+    batches = Batches(arrays["x_train"], arrays["y_train"], B, tr["seed"])
+    times, losses = [], []
+    if kind == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(model, gradient_as_bucket_view=True)
+        opt = torch.optim.Adam(model.parameters(), lr=tr["optimizer"]["lr"])
+        per = B // world
+        for step in range(steps):
+            t0 = time.perf_counter()
+            x, y = batches.batch(step)
+            x, y = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            times.append(time.perf_counter() - t0)
+    else:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+        part = model[:3] if rank == 0 else model[3:]  # the same cut as the Layerflow plan
+        stage = PipelineStage(part, rank, world, torch.device("cpu"))
+        sched = Schedule1F1B(stage, 4, loss_fn=F.cross_entropy)
+        opt = torch.optim.Adam(part.parameters(), lr=tr["optimizer"]["lr"])
+        for step in range(steps):
+            t0 = time.perf_counter()
+            x, y = batches.batch(step)
+            opt.zero_grad(set_to_none=True)
+            mb_losses: list = []
+            if rank == 0:
+                sched.step(x)
+            else:
+                sched.step(target=y, losses=mb_losses)
+                losses.append(torch.stack(mb_losses).mean().item())
+            opt.step()
+            times.append(time.perf_counter() - t0)
+    res = {"rank": rank, "times": times, "losses": losses, "peak_rss_mb": _rss_mb(), "baseline_rss_mb": base}
+    allr: list = [None] * world
+    dist.all_gather_object(allr, res)
+    if rank == 0:
+        out.write_text(json.dumps(allr))
+    dist.destroy_process_group()
+
+
+# ----- the driver ----------------------------------------------------------------------
+def project(hidden: int, batch: int, steps: int, pp: bool):
+    from engine.graph import Graph
+    from engine.project import Optimizer, Project, SyntheticClassification, Training
+
+    g = Graph()
+    g.add_node("Input", {"shape": [256]}, id="x")
+    prev = "x"
+    for nid, typ, params in [("fc1", "Linear", {"out_features": hidden}), ("act1", "ReLU", {}),
+                             ("fc2", "Linear", {"out_features": hidden}), ("act2", "ReLU", {}),
+                             ("head", "Linear", {"out_features": 10})]:
+        g.add_node(typ, params, id=nid, stage=(0 if nid in ("fc1", "act1", "fc2") else 1) if pp else None)
+        g.connect(prev, "out", nid, "in")
+        prev = nid
+    g.add_node("Output", {"loss": "cross_entropy"}, id="out")
+    g.connect(prev, "out", "out", "in")
+    tr = Training(dataset=SyntheticClassification(kind="synthetic_classification", n_samples=max(4096, batch * 8),
+                                                   n_features=256, n_classes=10, noise=4.0),
+                  batch_size=batch, steps=steps, eval_interval=steps, checkpoint_interval=steps,
+                  optimizer=Optimizer(name="adam", lr=1e-3))
+    return Project(g, name="bench_mlp", training=tr)
+
+
+def layerflow_run(tmp: Path, name: str, proj, placement: dict) -> tuple[Path, object]:
+    from engine.planner import make_plan
+    from engine.run import prepare_run
+    from remote.launch_local import launch_local
+
+    plan = make_plan(proj, 2, placement=placement)
+    assert plan.ok, plan.errors
+    d = prepare_run(proj, tmp / name, placement=placement, plan=plan.runtime_plan())
+    job = launch_local(d, 2)
+    if job.wait(timeout=900) != 0:
+        raise SystemExit(f"Layerflow run failed: {job.describe_failure()}")
+    return d, plan
+
+
+def handwritten(tmp: Path, kind: str, run_dir: Path) -> list[dict]:
+    out = tmp / f"hand_{kind}.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                    __file__, "--worker", kind, str(run_dir), str(out)], cwd=ROOT, env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())
+
+
+def layerflow_times(run_dir: Path) -> tuple[list[float], list[float]]:
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    recs = [r for r in recs if "loss" in r]
+    t = [r["time"] for r in recs]
+    return [b - a for a, b in zip(t, t[1:])], [r["loss"] for r in recs]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--worker", nargs=3, metavar=("KIND", "RUN_DIR", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args.worker[0], Path(args.worker[1]), Path(args.worker[2]))
+        return 0
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="lf_dist_bench_") as tmpdir:
+        tmp = Path(tmpdir)
+        for kind, placement in (("ddp", {"dp": 2, "data_parallel": "ddp"}),
+                                ("1f1b", {"pp": 2, "schedule": "1f1b", "microbatches": 4})):
+            proj = project(args.hidden, args.batch, args.steps, pp=kind == "1f1b")
+            d, plan = layerflow_run(tmp, kind, proj, placement)
+            lf_dt, lf_loss = layerflow_times(d)
+            hand = handwritten(tmp, "ddp" if kind == "ddp" else "pp", d)
+            hand_dt = [max(r["times"][i] for r in hand) for i in range(len(hand[0]["times"]))]
+            with_loss = [r["losses"] for r in hand if r["losses"]]  # DDP: each replica's half; PP: last stage
+            hand_loss = [sum(v) / len(v) for v in zip(*with_loss)]
+            lf_med = statistics.median(lf_dt[WARMUP:])
+            hd_med = statistics.median(hand_dt[WARMUP:])
+            peaks = json.loads((d / "peak_mem_per_rank.json").read_text())
+            rows.append({
+                "config": f"{kind} x2", "lf_sps": args.batch / lf_med, "hand_sps": args.batch / hd_med,
+                "ratio": hd_med / lf_med, "pred_ms": plan.doc["predicted"]["step_s"] * 1e3, "meas_ms": lf_med * 1e3,
+                "loss_diff": max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(lf_loss, hand_loss)),
+                "mem": [(dv["memory"]["total_bytes"] / 2**20, peaks[dv["rank"]], hand[dv["rank"]]["baseline_rss_mb"])
+                        for dv in plan.doc["devices"]],
+            })
+    print(f"MLP 256-{args.hidden}-{args.hidden}-10, global batch {args.batch}, {args.steps} steps "
+          f"(median step after {WARMUP} warm-up steps), gloo on CPU, 2 processes")
+    print(f"{'config':<9} {'Layerflow/s':>12} {'hand/s':>10} {'ratio':>6} {'pred ms':>8} {'meas ms':>8} {'pred/meas':>9} {'loss rel diff':>13}")
+    for r in rows:
+        print(f"{r['config']:<9} {r['lf_sps']:>12.0f} {r['hand_sps']:>10.0f} {r['ratio']:>6.3f} {r['pred_ms']:>8.2f} "
+              f"{r['meas_ms']:>8.2f} {r['pred_ms'] / r['meas_ms']:>9.2f} {r['loss_diff']:>13.1e}")
+    print("\nmemory per rank: predicted tensors (params+grads+optimizer+activations) vs measured peak RSS")
+    print(f"{'config':<9} {'rank':>4} {'pred MiB':>9} {'peak RSS MiB':>13} {'baseline MiB':>13} {'RSS-baseline':>13}")
+    for r in rows:
+        for rank, (pred, peak, base) in enumerate(r["mem"]):
+            print(f"{r['config']:<9} {rank:>4} {pred:>9.1f} {peak:>13.1f} {base:>13.1f} {peak - base:>13.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
