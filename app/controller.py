@@ -35,37 +35,52 @@ def _fresh(base: str, taken: set[str]) -> str:
     return f"{stem}_{i}"
 
 
-def plan_notes(plan) -> tuple[dict[Edge, str], list[tuple[str, int, str]], list[str]]:
-    """(edge labels, device memory rows, text lines) from an engine.planner Plan.
+def plan_notes(plan, graph=None) -> tuple[dict[Edge, str], list[tuple[str, int, str]], list[str]]:
+    """(edge labels, device memory rows, text lines) from an engine.planner.Plan.
 
-    The planner is written in parallel with this file; read only what exists."""
-    notes: dict[Edge, str] = {}
+    Edges show what the plan inserts on them: send/recv where they cross a stage
+    cut, and a tensor-parallel layer's forward collective on its outputs and
+    backward collective on its inputs, each with bytes per step."""
+    notes: dict[Edge, list[str]] = {}
     rows: list[tuple[str, int, str]] = []
-    lines: list[str] = []
     if plan is None:
-        return notes, rows, lines
+        return {}, rows, []
     from widgets.style import human_bytes
 
-    for c in getattr(plan, "comms", None) or getattr(plan, "edges", None) or []:
-        get = (lambda k, c=c: c.get(k)) if isinstance(c, dict) else (lambda k, c=c: getattr(c, k, None))
-        src, dst = get("src"), get("dst")
-        kind = get("kind") or get("op") or "comm"
-        nbytes = get("bytes") or get("bytes_per_step") or 0
-        e = Edge(src, get("src_port") or "out", dst, get("dst_port") or "in")
-        text = f"{kind} {human_bytes(nbytes)}/step" if nbytes else str(kind)
-        notes[e] = (notes[e] + ", " + text) if e in notes else text
-    for d in getattr(plan, "devices", None) or []:
-        get = (lambda k, d=d: d.get(k)) if isinstance(d, dict) else (lambda k, d=d: getattr(d, k, None))
-        name = str(get("name") or get("rank") or len(rows))
-        mem = get("memory_bytes") or get("memory") or 0
-        rows.append((f"device {name}", int(mem), str(get("stage") if get("stage") is not None else "")))
-    summary = getattr(plan, "summary", None)
-    if callable(summary):
-        try:
-            lines = str(summary()).splitlines()
-        except Exception:  # noqa: BLE001 - a broken plan must not break the editor
-            lines = []
-    return notes, rows, lines
+    doc = getattr(plan, "doc", None) or {}
+    edges = list(graph.edges) if graph is not None else []
+
+    def add(e: Edge, text: str) -> None:
+        if text not in notes.setdefault(e, []):
+            notes[e].append(text)
+
+    per_replica = (doc.get("batch") or {}).get("per_replica", 1)
+    for rec in doc.get("layouts", []):
+        if rec.get("crosses"):
+            nbytes = 2 * rec.get("bytes_per_sample", 0) * per_replica  # forward value + its gradient
+            for e in edges:
+                if (e.src, e.dst) == (rec.get("src"), rec.get("dst")):
+                    add(e, f"send/recv {human_bytes(nbytes)}/step")
+    for c in doc.get("communication", []):
+        where = str(c.get("where", ""))
+        if not where.startswith("node "):
+            continue
+        node = where[5:]
+        backward = str(c.get("why", "")).startswith("backward")
+        text = f"{c.get('op')} {human_bytes(c.get('bytes_per_step', 0))}/step"
+        for e in edges:
+            if (e.dst if backward else e.src) == node:
+                add(e, text)
+    for dv in doc.get("devices", []):
+        mem = (dv.get("memory") or {}).get("total_bytes", 0)
+        rows.append((f"rank {dv.get('rank')} (dp {dv.get('dp_rank')}, tp {dv.get('tp_rank')})", int(mem), f"stage {dv.get('stage')}"))
+    try:
+        from engine.planner import format_plan
+
+        lines = format_plan(plan).splitlines()
+    except Exception:  # noqa: BLE001 - a plan we cannot format is shown by its errors
+        lines = [f"error: {e}" for e in getattr(plan, "errors", [])]
+    return {e: ", ".join(v) for e, v in notes.items()}, rows, lines
 
 
 class EditorController(QObject):
@@ -126,10 +141,13 @@ class EditorController(QObject):
             self.plan_info = ({}, [], [])
             return
         try:
-            self.plan = make(self.project)
+            try:
+                self.plan = make(self.project, compiled=self.result)  # reuse this compile
+            except TypeError:
+                self.plan = make(self.project)
         except Exception as exc:  # noqa: BLE001 - shown to the user, never a crash
             self.plan_error = str(exc)
-        self.plan_info = plan_notes(self.plan)
+        self.plan_info = plan_notes(self.plan, self.graph)
         if self.plan_error:
             self.plan_info = (self.plan_info[0], self.plan_info[1], [f"plan: {self.plan_error}"])
         self.plan_changed.emit(self.plan_info)

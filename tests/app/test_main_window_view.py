@@ -150,6 +150,20 @@ def test_devices_panel_places_nodes_on_stages(qtbot, w):
     assert [n.stage for n in w.project.graph.nodes.values()] == [0, 0, 1, 1, 1]
     assert [(title.split()[0:2], ids) for title, s, ids in d.lanes.lanes] == [
         (["stage", "0"], ["x", "ln"]), (["stage", "1"], ["lin", "res", "out"])]
+    # the plan (engine/planner.py) puts its communication on the edges that cross the cut
+    d.micro.setValue(2)
+    w.controller.flush()
+    import importlib.util
+
+    if importlib.util.find_spec("engine.planner") is not None:
+        assert w.controller.plan is not None, w.controller.plan_error
+        from engine.graph import Edge
+
+        assert "send/recv" in w.scene.edge_items[Edge("ln", "out", "lin", "in")].note
+        assert w.scene.edge_items[Edge("lin", "out", "res", "a")].note == ""
+        assert not w.summary.devices.isHidden() and w.summary.devices.rowCount() == 2
+        assert any("stage 1" in line for line in d.plan_view.toPlainText().splitlines())
+    w.controller.stack.undo()  # micro-batches
     # the node's colour is its stage's colour
     from widgets.style import stage_color
     img = w.scene.node_items["lin"]
