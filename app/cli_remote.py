@@ -222,18 +222,14 @@ class _Bar:
 @_guard
 def cmd_deploy(args) -> int:
     from engine.project import load_project
-    from engine.run import RunError, prepare_run
     from remote.cluster import ClusterStore
-    from remote.launch_ssh import deploy
+    from remote.launch_ssh import deploy, prepare
 
     cluster = ClusterStore().get(args.cluster)
     if args.steps is not None and args.steps < 1:
         raise CliError(f"--steps must be at least 1, not {args.steps}")
     project = load_project(args.project)
-    try:
-        run_dir = prepare_run(project, args.out, steps=args.steps)
-    except RunError as exc:
-        raise CliError(str(exc)) from None
+    run_dir = prepare(project, args.out, steps=args.steps)
     print(f"run folder: {run_dir}", file=sys.stderr)
 
     def show(rep):

@@ -7,7 +7,7 @@
 
 The tar is deterministic (sorted names, zero mtimes and owners), so equal content
 gives an equal SHA-256 and a host that already holds `bundles/<hash>.tar` is not
-sent it again. Uploads go to `<hash>.tar.part` with pipelined SFTP writes and are
+sent it again. Uploads go to `<hash>.tar.part-<random>` with pipelined SFTP writes and are
 renamed when complete and verified by size, so an interrupted upload never passes
 for a finished one.
 """
@@ -17,6 +17,7 @@ import hashlib
 import io
 import os
 import tarfile
+import secrets
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -114,7 +115,8 @@ def upload(conn: Connection, bundle: Bundle, remote_dir: str, progress: Progress
         if progress:
             progress(bundle.size, bundle.size)
         return dest, False
-    part = dest + ".part"
+    # a name of our own: nodes that share a file system (NFS homes) may upload at once
+    part = f"{dest}.part-{secrets.token_hex(4)}"
     if streams <= 1 or bundle.size < (32 << 20):
         conn.put(bundle.path, part, progress)
     else:

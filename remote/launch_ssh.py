@@ -3,7 +3,7 @@
     deploy(cluster, run_dir) -> Job
       1. preflight every host (parallel, timeouts); any failure -> DeployError, nothing launched
       2. bundle the run folder + runtime (content hash); upload where that hash is missing
-      3. per node: extract into WORKDIR/jobs/<job id>/, write token + nodeN.sh
+      3. per node: extract into WORKDIR/jobs/<job id>/node<N>/, write token + nodeN.sh
       4. per node: `setsid nohup sh nodeN.sh </dev/null >nodeN.out 2>&1 &`
          the script records its pid (== its process group: setsid made it a leader),
          runs torchrun (c10d rendezvous on the first node, --max-restarts), and writes
@@ -64,14 +64,43 @@ def layout(cluster: Cluster, world: int) -> tuple[int, int]:
     return n, world // n
 
 
-def node_script(job: Job, cluster: Cluster, i: int, nnodes: int, nproc: int) -> str:
-    env = {TOKEN_VAR: job.token, "PYTHONUNBUFFERED": "1", **cluster.env}
-    exports = "\n".join(f"export {k}={quote(v)}" for k, v in env.items())
-    torchrun = " ".join(quote(a) for a in [
+def prepare(project, out_dir: str | Path | None = None, *, steps: int | None = None,
+            placement: dict | None = None) -> Path:
+    """A run folder for a remote deploy: engine.run.prepare_run, plus the distributed
+    plan (engine/planner.py) when the placement needs more than one process."""
+    from engine.run import RunError, prepare_run
+
+    pl = {**project.placement.model_dump(), **(placement or {})}
+    plan = None
+    if int(pl["pp"]) * int(pl["dp"]) * int(pl["tp"]) > 1:
+        from engine.planner import make_plan
+
+        p = make_plan(project, None, placement=placement)
+        if p.errors:
+            raise DeployError("the placement cannot run:\n" + "\n".join(f"  {e}" for e in p.errors))
+        plan = p.runtime_plan()
+    try:
+        return prepare_run(project, out_dir, steps=steps, placement=placement, plan=plan)
+    except RunError as exc:
+        raise DeployError(str(exc)) from None
+
+
+def _torchrun(job: Job, cluster: Cluster, i: int, nnodes: int, nproc: int) -> str:
+    return " ".join(quote(a) for a in [
         cluster.python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
         f"--node-rank={i}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_address(cluster)}:{cluster.rdzv_port}",
         f"--rdzv-id={job.token}", f"--max-restarts={cluster.max_restarts}", "--monitor-interval=1",
         "-m", "engine.runtime.train", "run"])
+
+
+def node_script(job: Job, cluster: Cluster, i: int, nnodes: int, nproc: int) -> str:
+    env = {TOKEN_VAR: job.token, "PYTHONUNBUFFERED": "1", **cluster.env}
+    exports = "\n".join(f"export {k}={quote(v)}" for k, v in env.items())
+    if nnodes * nproc == 1 and cluster.max_restarts == 0:
+        # one process and no restarts: torchrun would only add an agent (and a second torch import)
+        torchrun = " ".join(quote(a) for a in [cluster.python, "-m", "engine.runtime.train", "run"])
+    else:
+        torchrun = _torchrun(job, cluster, i, nnodes, nproc)
     return f"""#!/bin/sh
 # Layerflow job {job.id}, node {i} of {nnodes}. Started by `setsid nohup`, stdin closed:
 # this shell leads its own session, so its pid is the job's process group on this node.
@@ -117,7 +146,9 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
         def stage(i: int) -> Node:
             c = conns[i]
             workdir = c.abspath(cluster.workdir)
-            jobdir = f"{workdir}/jobs/{job.id}"
+            # one folder per node: on a shared file system the nodes must not extract into,
+            # or write their pid/exit files into, the same place
+            jobdir = f"{workdir}/jobs/{job.id}/node{i}"
             tar, _ = upload(c, bundle, f"{workdir}/bundles",
                             (lambda d, t: progress(c.label, d, t)) if progress else None)
             extract(c, tar, jobdir)

@@ -2,7 +2,7 @@
 machine, so the tests can also look at the remote files and processes directly."""
 from __future__ import annotations
 
-import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 
 from engine.project import load_project
-from engine.run import prepare_run
 from remote.cluster import parse_cluster
 from remote.jobctl import job_pids
 from remote.jobs import JobDB
-from remote.launch_ssh import DeployError, deploy
+from remote.launch_ssh import DeployError, deploy, prepare
 from remote.tracker import Tracker
 
 from sshd_helpers import free_port
@@ -23,11 +22,22 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "resources" / "examples"
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("remote-deploy")]
 
 
-def make_run(tmp_path: Path, steps: int, name: str = "run") -> Path:
-    project = load_project(EXAMPLES / "mlp_digits.lflow")
-    project.training.checkpoint_interval = max(50, steps // 2)
-    project.training.eval_interval = max(25, steps // 4)
-    return prepare_run(project, tmp_path / name, steps=steps)
+_RUNS: dict = {}
+
+
+def make_run(tmp_path: Path, steps: int, name: str = "run", dp: int = 1) -> Path:
+    """A prepared run folder (prepared once per process and copied: preparing takes seconds)."""
+    key = (steps, dp)
+    if key not in _RUNS:
+        project = load_project(EXAMPLES / "mlp_digits.lflow")
+        project.training.checkpoint_interval = max(50, steps // 2)
+        project.training.eval_interval = max(25, steps // 4)
+        import tempfile
+        _RUNS[key] = prepare(project, Path(tempfile.mkdtemp(prefix="lf-run-")) / "run", steps=steps,
+                             placement={"dp": dp})
+    dest = tmp_path / name
+    shutil.copytree(_RUNS[key], dest)
+    return dest
 
 
 def remote_file(job, rel: str, node: int | None = None) -> bytes:
@@ -53,17 +63,18 @@ def assert_no_process_left(job):
         assert [ln for ln in ps.splitlines() if "Z" not in ln.split()[1]] == []  # zombies are dead already
 
 
-@pytest.fixture
-def cluster1(sshd_pair, tmp_path, config_dir):
-    return parse_cluster(sshd_pair.cluster("one", tmp_path / "work", n_hosts=1,
-                                           rdzv_port=free_port("127.0.0.2")))
+EVIL = "we ird; $(touch PWNED) `touch PWNED2` 'q' \"d\" \\ & |"
 
 
-def test_deploy_one_node_streams_metrics_complete(cluster1, tmp_path):
-    run_dir = make_run(tmp_path, 60)
+def test_deploy_one_node_streams_metrics_complete_with_hostile_names(sshd_pair, tmp_path, config_dir):
+    """Hostile text in the work dir, the job name and an env value is data, never code."""
+    work = tmp_path / f"work {EVIL}"
+    cluster = parse_cluster(sshd_pair.cluster("evil", work, n_hosts=1, rdzv_port=free_port("127.0.0.2"),
+                                              env={"OMP_NUM_THREADS": "1", "LF_NOTE": EVIL}))
     uploads = []
-    job = deploy(cluster1, run_dir, progress=lambda h, d, t: uploads.append((h, d, t)))
+    job = deploy(cluster, make_run(tmp_path, 60), name=EVIL, progress=lambda h, d, t: uploads.append((h, d, t)))
     assert job.state == "running" and uploads[-1][1] == uploads[-1][2]
+    assert job.name == EVIL and JobDB().get(job.id).name == EVIL and job.nodes[0].jobdir.startswith(str(work))
     with Tracker(job.id) as tr:
         seen = []
         tr.on_metrics = seen.extend
@@ -77,28 +88,44 @@ def test_deploy_one_node_streams_metrics_complete(cluster1, tmp_path):
     with Tracker(job.id) as tr:
         tr.fetch(out)
     assert (out / "model.pt").is_file() and (out / "checkpoints" / "latest").is_file()
-    assert (out / "logs" / "rank0.log").is_file() and (out / "logs" / "node0.out").is_file()
-    # the same bundle again: its hash is on the host already, so nothing is uploaded
-    uploads.clear()
-    job2 = deploy(cluster1, run_dir, progress=lambda h, d, t: uploads.append((h, d, t)))
-    assert len(uploads) == 1 and job2.extra["bundle"] == job.extra["bundle"]
-    with Tracker(job2.id) as tr:
-        assert tr.follow(interval=0.3).state == "succeeded"
+    assert (out / "logs" / "rank0.log").is_file() and EVIL in (out / "logs" / "node0.out").read_text()
+    for root in (tmp_path, Path.home(), Path(job.nodes[0].jobdir), Path.cwd(), Path("/")):
+        assert not list(root.glob("PWNED*"))
+
+
+def test_deploy_two_nodes_ddp(sshd_pair, tmp_path, config_dir):
+    """2 nodes x 1 process, gloo, c10d rendezvous on 127.0.0.2: trains to the end and
+    every metric line comes back."""
+    c = parse_cluster(sshd_pair.cluster("two", tmp_path / "work", rdzv_port=free_port("127.0.0.2")))
+    job = deploy(c, make_run(tmp_path, 30, dp=2))
+    assert [n.host.split("@")[1].split(":")[0] for n in job.nodes] == ["127.0.0.2", "127.0.0.3"]
+    seen = []
+    with Tracker(job.id, on_metrics=seen.extend) as tr:
+        job = tr.follow(interval=0.5)
+    assert job.state == "succeeded", job.error
+    assert [r["step"] for r in seen if "loss" in r] == list(range(1, 31)) and seen[-1]["event"] == "end"
+    assert (JobDB().mirror_dir(job.id) / "metrics.jsonl").read_bytes() == remote_file(job, "run/metrics.jsonl")
+    for n in job.nodes:  # torchrun ran on both nodes and exited cleanly
+        assert Path(n.jobdir, f"node{n.index}.exit").read_text().strip() == "0"
+    logs = sorted(p.name for p in (JobDB().mirror_dir(job.id) / "logs").glob("rank*.log"))
+    assert logs[0] == "rank0.log"
 
 
 def test_unreachable_host_fails_preflight_and_launches_nothing(sshd_pair, tmp_path, config_dir):
     data = sshd_pair.cluster("two", tmp_path / "work", rdzv_port=free_port("127.0.0.2"))
     data["hosts"][1]["port"] = free_port("127.0.0.3")
-    project = load_project(EXAMPLES / "mlp_digits.lflow")
-    run_dir = prepare_run(project, tmp_path / "run", steps=5, placement={"dp": 2})
+    run_dir = make_run(tmp_path, 5, dp=2)
     with pytest.raises(DeployError, match=r"(?s)preflight failed.*127\.0\.0\.3") as ei:
         deploy(parse_cluster(data), run_dir)
     assert ei.value.report is not None and not ei.value.report.ok
     assert not (tmp_path / "work" / "jobs").exists() and JobDB().list() == []
 
 
-def test_connection_cut_mid_run_resumes_without_loss(sshd_pair, tmp_path, config_dir, relay_factory):
-    """The tracker's link goes through a relay; stopping it cuts every connection."""
+def test_cut_link_then_app_restart_lose_and_repeat_nothing(sshd_pair, tmp_path, config_dir, relay_factory):
+    """The tracker's link goes through a relay. Stopping the relay cuts every connection
+    mid-run; the same tracker resumes when it is back. Then the app "quits" (with half a
+    line in its mirror, as a crash mid-append leaves it) and a new tracker reattaches
+    from the job database. Every metric line arrives exactly once."""
     s = sshd_pair.servers[0]
     relay = relay_factory((s.addr, s.port))
     kh = tmp_path / "kh"
@@ -111,65 +138,33 @@ def test_connection_cut_mid_run_resumes_without_loss(sshd_pair, tmp_path, config
     seen = []
     tr = Tracker(job.id, on_metrics=seen.extend, lost_after=600)
     wait_for(lambda: tr.poll() and seen)
-    cut_at = len(seen)
-    relay.stop()
+    relay.stop()  # --- cut
     job = tr.poll()
     assert not tr.nodes[0].reachable and job.state == "running"  # not lost: only briefly unreachable
-    wait_for(lambda: Path(job.nodes[0].jobdir, "node0.exit").exists())  # the run went on without us
-    relay.start()
-    job = tr.follow(interval=0.2)
-    tr.close()
-    assert job.state == "succeeded", job.error
-    mirror = JobDB().mirror_dir(job.id) / "metrics.jsonl"
-    assert mirror.read_bytes() == remote_file(job, "run/metrics.jsonl")
-    steps = [r["step"] for r in seen if "loss" in r]
-    assert steps == list(range(1, 1501)) and cut_at < len(seen)
-
-
-def test_app_restart_reattaches_from_the_job_database(cluster1, tmp_path):
-    job = deploy(cluster1, make_run(tmp_path, 1500))
-    first = []
-    tr = Tracker(job.id, on_metrics=first.extend)
-    wait_for(lambda: tr.poll() and first)
-    tr.close()
-    del tr  # "the app quits"; a crash mid-append leaves half a line in the mirror:
+    n_cut = len(seen)
+    time.sleep(1.0)  # the run goes on without us
+    relay.start()  # --- back: the same tracker reconnects and resumes from its offset
+    wait_for(lambda: tr.poll() and len(seen) > n_cut)
+    tr.close()  # --- the app quits, leaving half a line behind
     mirror = JobDB().mirror_dir(job.id) / "metrics.jsonl"
     with open(mirror, "ab") as f:
         f.write(b'{"step": 12345, "lo')
-    db = JobDB()  # "the app starts again"
+    db = JobDB()  # --- the app starts again and reattaches to the running job
     assert [j.id for j in db.active()] == [job.id]
-    rest = []
-    with Tracker(db.active()[0].id, db, on_metrics=rest.extend) as tr:
-        job = tr.follow(interval=0.3)
-    assert job.state == "succeeded"
+    with Tracker(db.active()[0].id, db, on_metrics=seen.extend) as tr2:
+        job = tr2.follow(interval=0.3)
+    assert job.state == "succeeded", job.error
     assert mirror.read_bytes() == remote_file(job, "run/metrics.jsonl")
-    steps = [r["step"] for r in first + rest if "loss" in r]
-    assert steps == list(range(1, 1501))  # none lost, none twice
+    assert [r["step"] for r in seen if "loss" in r] == list(range(1, 1501))  # none lost, none twice
     assert db.active() == []
 
 
-def test_cancel_leaves_no_process(cluster1, tmp_path):
-    job = deploy(cluster1, make_run(tmp_path, 200000))
+def test_cancel_leaves_no_process_on_either_node(sshd_pair, tmp_path, config_dir):
+    c = parse_cluster(sshd_pair.cluster("two", tmp_path / "work", rdzv_port=free_port("127.0.0.2")))
+    job = deploy(c, make_run(tmp_path, 200000, dp=2))
     with Tracker(job.id) as tr:
         wait_for(lambda: tr.poll().state == "running" and tr.job.step)
         job = tr.cancel(grace=10)
     assert job.state == "cancelled"
     assert_no_process_left(job)
-    assert Path(job.nodes[0].jobdir, "cancelled").exists()
-
-
-def test_hostile_names_round_trip(sshd_pair, tmp_path, config_dir):
-    evil = "we ird; $(touch PWNED) `touch PWNED2` 'q' \"d\" \\ & |"
-    work = tmp_path / f"work {evil}"
-    data = sshd_pair.cluster("evil", work, n_hosts=1, rdzv_port=free_port("127.0.0.2"),
-                             env={"OMP_NUM_THREADS": "1", "LF_NOTE": evil})
-    job = deploy(parse_cluster(data), make_run(tmp_path, 5), name=evil)
-    assert job.name == evil and JobDB().get(job.id).name == evil
-    assert job.nodes[0].jobdir.startswith(str(work))
-    with Tracker(job.id) as tr:
-        assert tr.follow(interval=0.3).state == "succeeded"
-    out = Path(job.nodes[0].jobdir, "node0.out").read_text()
-    assert evil in out
-    for root in (tmp_path, Path.home(), Path(job.nodes[0].jobdir)):
-        assert not list(root.glob("PWNED*"))
-    assert not Path("PWNED").exists() and not Path("/PWNED").exists()
+    assert all(Path(n.jobdir, "cancelled").exists() for n in job.nodes) and len(job.nodes) == 2
