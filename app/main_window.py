@@ -259,7 +259,7 @@ class MainWindow(QMainWindow):
         c.stack.cleanChanged.connect(self._update_title)
         c.stack.indexChanged.connect(self._update_title)
         self.scene.selectionChanged.connect(self._on_selection)
-        self.view.add_requested.connect(lambda t, pos: c.add_node(t, pos))
+        self.view.add_requested.connect(self._add_from_view)
         self.view.viewport_moved.connect(lambda: self.zoom_label.setText(f"{self.view.zoom() * 100:.0f}%"))
         self.palette.add_requested.connect(lambda t: c.add_node(t, self.view.visible_scene_rect().center()))
         self.inspector.param_edited.connect(c.set_param)
@@ -269,6 +269,26 @@ class MainWindow(QMainWindow):
         self.devices.mesh_edited.connect(c.set_mesh)
         self.devices.assign_requested.connect(lambda s: c.set_placement(self.scene.selected_ids(), "stage", s))
         self.devices.tp_requested.connect(self._set_tp)
+
+    def _add_from_view(self, layer_type: str, pos) -> None:
+        """A drop, a Tab search, or a wire dropped on empty canvas (then connect it)."""
+        c = self.controller
+        pending, self.view.pending_port = self.view.pending_port, None
+        if pending is None:
+            c.add_node(layer_type, pos)
+            return
+        from engine.graph import ports_of
+
+        node, port, is_input = pending
+        c.stack.beginMacro(f"Add {layer_type} and connect")
+        nid = c.add_node(layer_type, pos)
+        if nid is not None:
+            ins, outs = ports_of(layer_type, self.project.graph.nodes[nid].params)
+            if is_input and outs:
+                c.connect_ports(nid, outs[0], node, port)
+            elif not is_input and ins:
+                c.connect_ports(node, port, nid, ins[0])
+        c.stack.endMacro()
 
     def _set_tp(self, style) -> None:
         from engine.layers import get_layer

@@ -41,6 +41,8 @@ class NodeView(QGraphicsView):
         self.search = SearchPopup(self)
         self.search.chosen.connect(self._search_chosen)
         self._search_pos = QPointF()
+        self.pending_port: tuple[str, str, bool] | None = None  # a port dragged onto empty canvas
+        scene.port_released_on_empty.connect(self._port_dropped)
         self.minimap = Minimap(self)
         self.horizontalScrollBar().valueChanged.connect(self.viewport_moved)
         self.verticalScrollBar().valueChanged.connect(self.viewport_moved)
@@ -150,7 +152,16 @@ class NodeView(QGraphicsView):
             return True
         return super().event(e)
 
+    def _port_dropped(self, node: str, port: str, is_input: bool, pos: QPointF) -> None:
+        """A wire dropped on empty canvas: pick the layer to put there, connected."""
+        from widgets.node_scene import BODY_TOP, NODE_W, ROW_H
+
+        self.pending_port = (node, port, is_input)
+        self._search_pos = QPointF(pos.x() - (NODE_W if is_input else 0), pos.y() - BODY_TOP - ROW_H / 2)
+        self.search.open_at(self.viewport().mapTo(self, self.mapFromScene(pos)))
+
     def open_search(self) -> None:
+        self.pending_port = None
         vp = self.viewport().mapFromGlobal(self.cursor().pos())
         if not self.viewport().rect().contains(vp):
             vp = self.viewport().rect().center()

@@ -279,3 +279,18 @@ def test_group_ungroup_and_repeat_a_block(qtbot, asked):
     assert snapshot(w) == grouped
     w.controller.stack.undo()
     assert snapshot(w) == start
+
+
+def test_a_wire_dropped_on_empty_canvas_adds_a_connected_layer(qtbot, asked):
+    w = make_window(qtbot, chain_project("Input", "Linear", params={"Input": {"shape": [8]}}))
+    g = w.project.graph
+    before = snapshot(w)
+    a = port_point(w, "linear1", "out", False)
+    drag(w, a, a + QPoint(150, 0))
+    assert w.view.search.isVisible()
+    qtbot.keyClicks(w.view.search.edit, "relu")
+    qtbot.keyClick(w.view.search.edit, Qt.Key_Return)
+    assert Edge("linear1", "out", "relu1", "in") in g.edges
+    assert w.scene.port_pos("relu1", "in", True).x() == pytest.approx(w.scene.port_pos("linear1", "out", False).x() + 150, abs=20)
+    w.controller.stack.undo()  # one step: the node and its wire
+    assert snapshot(w) == before
