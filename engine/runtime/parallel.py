@@ -18,6 +18,7 @@ the single-process Trainer's methods (train.py), so the same `fit` loop drives b
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import traceback
@@ -134,6 +135,9 @@ def parallelize(full: nn.Module, plan: dict, mesh: DeviceMesh, device: torch.dev
     else:
         mod = apply_checkpointing(full, ckpt)
     mod.to(device).train()
+    if plan.get("sync_batchnorm") and plan["dp"] > 1 and device.type == "cuda":
+        # batch statistics over the whole data-parallel batch (torch's SyncBatchNorm runs on GPUs only)
+        mod = nn.SyncBatchNorm.convert_sync_batchnorm(mod, process_group=mesh["dp"].get_group())
     if plan["tp"] > 1:
         apply_tp(mod, mesh["tp"], plan.get("tp_plan") or {})
     if plan["dp"] > 1:
@@ -206,6 +210,9 @@ class ParallelTrainer:
             cls = ScheduleGPipe if name == "gpipe" else Schedule1F1B
             self.schedule = cls(stage, m, loss_fn=lambda out, y: compute_loss(self.loss_kind, out, y))
         self.microbatches = m
+        # bf16: FSDP2 casts through its MixedPrecisionPolicy; everything else autocasts the forward
+        bf16 = plan.get("mixed_precision") == "bf16" and not (dims.dp > 1 and plan.get("data_parallel") == "fsdp")
+        self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
 
     # ---- one step ----
     def _local(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -218,13 +225,15 @@ class ParallelTrainer:
         self.opt.zero_grad(set_to_none=True)
         local = 0.0
         if self.schedule is None:
-            loss = self.compute_loss(self.loss_kind, self.model(x), y)
+            with self.autocast():
+                loss = self.compute_loss(self.loss_kind, self.model(x), y)
             loss.backward()
             local = loss.item()
         else:
             losses: list[torch.Tensor] = []
             args = (x,) if self.is_first else ()
-            self.schedule.step(*args, target=y if self.is_last else None, losses=losses, return_outputs=False)
+            with self.autocast():
+                self.schedule.step(*args, target=y if self.is_last else None, losses=losses, return_outputs=False)
             if self.is_last:  # equal micro-batches: the mean of their means is the batch mean
                 local = torch.stack([loss.detach() for loss in losses]).mean().item()
         if self.grad_clip:

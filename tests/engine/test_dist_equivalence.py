@@ -40,12 +40,14 @@ TRANSFORMER_TP = {"attn": "colwise", "fc_in": "colwise", "fc_out": "rowwise"}
 # name: (example, placement, stages, tp styles)
 LAYOUTS_2 = {
     "ddp": ("mlp_digits", {"dp": 2, "data_parallel": "ddp"}, None, None),
-    "fsdp": ("mlp_digits", {"dp": 2, "data_parallel": "fsdp"}, None, None),
+    "fsdp": ("mlp_digits", {"dp": 2, "data_parallel": "fsdp"}, None, None, ["fc2"]),  # + activation checkpointing
     "tp": ("mlp_digits", {"tp": 2}, None, MLP_TP),
     "tp_attention": ("transformer_synthetic", {"tp": 2}, None, TRANSFORMER_TP),
     "pp_gpipe": ("resnet_synthetic", {"pp": 2, "schedule": "gpipe", "microbatches": 2}, RESNET_2, None),
     "pp_1f1b": ("resnet_synthetic", {"pp": 2, "schedule": "1f1b", "microbatches": 4}, RESNET_2, None),
 }
+BF16 = {"fsdp_bf16": ("mlp_digits", {"dp": 2, "data_parallel": "fsdp", "mixed_precision": "bf16"}, None, None),
+        "pp_bf16": ("resnet_synthetic", {"pp": 2, "microbatches": 2, "mixed_precision": "bf16"}, RESNET_2, None)}
 LAYOUTS_4 = {
     "pp_x_dp": ("resnet_synthetic", {"pp": 2, "dp": 2, "data_parallel": "fsdp", "microbatches": 2,
                                      "reshard_after_forward": False}, RESNET_2, None),
@@ -72,8 +74,10 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 
 def _prepare(tmp: Path, name: str, layout, nproc: int):
-    example, placement, stages, styles = layout
+    example, placement, stages, styles, *ckpt = layout
     project = _project(example)
+    for n in (ckpt[0] if ckpt else []):
+        project.graph.set_placement(n, checkpoint=True)
     plan = make_plan(project, nproc, placement=placement, stages=stages, styles=styles)
     assert plan.ok, plan.errors
     run_dir = prepare_run(project, tmp / name, steps=STEPS, placement=placement, plan=plan.runtime_plan())
@@ -103,7 +107,7 @@ def runs(tmp_path_factory):
         refs[example] = losses(d)
     out = {}
     jobs2 = []
-    for name, layout in LAYOUTS_2.items():
+    for name, layout in {**LAYOUTS_2, **BF16}.items():
         d, plan = _prepare(tmp, name, layout, 2)
         out[name] = (layout[0], d, plan)
         jobs2.append({"run_dir": str(d)})
@@ -135,7 +139,7 @@ def test_losses_match_single_process(runs, name):
     assert (run_dir / "model.pt").exists()
 
 
-@pytest.mark.parametrize("name", [*LAYOUTS_2, *LAYOUTS_4, "resume_pp"])
+@pytest.mark.parametrize("name", [*LAYOUTS_2, *LAYOUTS_4, *BF16, "resume_pp"])
 def test_predicted_memory_is_what_ranks_allocate(runs, name):
     _, out, _ = runs
     _, run_dir, plan = out[name]
@@ -143,6 +147,22 @@ def test_predicted_memory_is_what_ranks_allocate(runs, name):
     for dev, real in zip(plan.doc["devices"], measured):
         for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
             assert dev["memory"][key] == real[key], f"{name} rank {dev['rank']} {key}"
+
+
+@pytest.mark.parametrize("name", list(BF16))
+def test_bf16_trains_close_to_float32(runs, name):
+    refs, out, _ = runs
+    example, run_dir, plan = out[name]
+    assert plan.doc["mixed_precision"] == "bf16" and plan.doc["checkpoint"] == []
+    got, want = losses(run_dir), refs[example]
+    assert sorted(got) == list(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):  # bf16 keeps about 3 significant digits
+        assert got[step] == pytest.approx(want[step], rel=5e-2), f"{name} step {step}"
+    assert any(got[s] != want[s] for s in got)  # it really ran in bf16
+
+
+def test_checkpointed_layers_are_in_the_plan(runs):
+    assert runs[1]["fsdp"][2].doc["checkpoint"] == ["fc2"]
 
 
 def test_dp2_checkpoint_resumes_as_a_pipeline(runs):
