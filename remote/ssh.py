@@ -239,7 +239,8 @@ class Connection:
 
     def _lost(self, exc: BaseException, what: str) -> ConnectionLost:
         self.close()  # a half-dead transport must not be reused: the next call reconnects
-        cls = CommandTimeout if isinstance(exc, (socket.timeout, TimeoutError)) else ConnectionLost
+        timed_out = isinstance(exc, (socket.timeout, TimeoutError)) or "timeout" in str(exc).lower()
+        cls = CommandTimeout if timed_out else ConnectionLost
         return cls(self.label, f"{what}: {exc or type(exc).__name__}")
 
     # ----- commands ----------------------------------------------------------

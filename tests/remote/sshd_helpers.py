@@ -88,6 +88,7 @@ class Relay:
         self._lock = threading.Lock()
         self._socks: list[socket.socket] = []
         self._server: socket.socket | None = None
+        self.frozen = threading.Event()  # set: bytes stop flowing, sockets stay open (a silent dead link)
 
     def start(self) -> "Relay":
         srv = socket.socket()
@@ -114,13 +115,14 @@ class Relay:
             for x, y in ((a, b), (b, a)):
                 threading.Thread(target=self._pump, args=(x, y), daemon=True).start()
 
-    @staticmethod
-    def _pump(x: socket.socket, y: socket.socket) -> None:
+    def _pump(self, x: socket.socket, y: socket.socket) -> None:
         try:
             while True:
                 data = x.recv(65536)
                 if not data:
                     break
+                while self.frozen.is_set():  # hold the bytes: the peer sees silence, not a reset
+                    time.sleep(0.05)
                 y.sendall(data)
         except OSError:
             pass

@@ -7,8 +7,8 @@ import subprocess
 import pytest
 
 from remote.cluster import ClusterError, ClusterStore, hosts_from_ssh_config, parse_cluster, parse_host
-from remote.ssh import (AuthFailed, CommandFailed, CommandTimeout, Connection, HostKeyChanged, UnknownHostKey,
-                        Unreachable)
+from remote.ssh import (AuthFailed, CommandFailed, CommandTimeout, Connection, ConnectionLost, HostKeyChanged,
+                        UnknownHostKey, Unreachable)
 
 from sshd_helpers import Relay, keygen
 
@@ -141,3 +141,28 @@ def test_jump_host(sshd_pair):
     bad = parse_cluster(sshd_pair.cluster("t", sshd_pair.root)).hosts[0].model_copy(update={"port": 1})
     with pytest.raises(Unreachable, match="cannot connect"):
         conn(sshd_pair, i=1, jump=bad).run("true")
+
+
+def test_silent_dead_link_times_out_instead_of_hanging(sshd_pair, tmp_path, relay_factory):
+    """paramiko's keepalive never notices a link that just goes quiet; every call here has
+    a timeout, and after one the connection is dropped and the next call reconnects."""
+    s = sshd_pair.servers[0]
+    relay = relay_factory((s.addr, s.port))
+    kh = tmp_path / "kh"
+    kh.write_text(s.public_key_line().replace(f"[{s.addr}]:{s.port}", f"[127.0.0.1]:{relay.port}") + "\n")
+    c = parse_cluster(sshd_pair.cluster("t", tmp_path, n_hosts=1, known_hosts=str(kh), command_timeout=2))
+    with Connection.to(c, c.hosts[0].model_copy(update={"address": "127.0.0.1", "port": relay.port})) as conn:
+        assert conn.run("echo hi").stdout == "hi\n"
+        (tmp_path / "f").write_bytes(b"a\nb\n")
+        relay.frozen.set()
+        with pytest.raises(CommandTimeout):
+            conn.run("echo hi", timeout=1.5)
+        assert not conn.connected
+        assert not conn.alive(timeout=1.5)
+        relay.frozen.clear()
+        assert conn.alive()  # a fresh connection
+        relay.frozen.set()
+        with pytest.raises(ConnectionLost):
+            conn.read_range(str(tmp_path / "f"), 0)  # SFTP calls time out too
+        relay.frozen.clear()
+        assert conn.read_range(str(tmp_path / "f"), 2) == b"b\n"

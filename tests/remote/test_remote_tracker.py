@@ -1,0 +1,110 @@
+"""Tracker states and streaming on hand-made job folders (real sshd, no training):
+pending, running, succeeded, failed, lost (vanished / unreachable); half lines wait."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from remote.cluster import parse_cluster
+from remote.jobctl import TOKEN_VAR
+from remote.jobs import Job, JobDB, Node
+from remote.tracker import Tracker
+
+from sshd_helpers import free_port
+
+JOBCTL = Path(__file__).resolve().parents[2] / "remote" / "jobctl.py"
+
+
+def fake_job(env, tmp_path, *, port=None, nodes=1):
+    c = parse_cluster(env.cluster("fake", tmp_path / "work", n_hosts=nodes, command_timeout=5))
+    if port:
+        c.hosts[0].port = port
+    job = Job(id=f"fake-{time.time_ns()}", name="fake", cluster=c.model_dump(mode="json"), created=time.time(),
+              token=os.urandom(6).hex(), state="running", total_steps=3)
+    for i, h in enumerate(c.hosts):
+        d = tmp_path / "work" / "jobs" / job.id / f"node{i}"
+        (d / "run").mkdir(parents=True)
+        shutil.copy(JOBCTL, d / "layerflow_jobctl.py")
+        (d / "token").write_text(job.token)
+        job.nodes.append(Node(i, h.label, str(d)))
+    JobDB().add(job)
+    return job
+
+
+def start_node(job, i=0, command="sleep 60"):
+    d = job.nodes[i].jobdir
+    return subprocess.Popen(["setsid", "sh", "-c", f"echo $$ > node{i}.pid; exec {command}"], cwd=d,
+                            env={**os.environ, TOKEN_VAR: job.token})
+
+
+def test_states_and_half_lines(sshd_pair, tmp_path, config_dir):
+    job = fake_job(sshd_pair, tmp_path)
+    d = Path(job.nodes[0].jobdir)
+    got = []
+    with Tracker(job.id, on_metrics=got.extend) as tr:
+        assert tr.poll().state == "pending"  # launched, no pid yet
+        p = start_node(job)
+        for _ in range(100):
+            if (d / "node0.pid").exists():
+                break
+            time.sleep(0.05)
+        (d / "run" / "metrics.jsonl").write_bytes(b'{"step": 1, "loss": 1.0}\n{"step": 2, "lo')
+        assert tr.poll().state == "running" and [r["step"] for r in got] == [1]  # the half line waits
+        with open(d / "run" / "metrics.jsonl", "ab") as f:
+            f.write(b'ss": 0.5}\n')
+        tr.poll()
+        assert [r["step"] for r in got] == [1, 2] and tr.job.step == 2
+        os.killpg(p.pid, signal.SIGKILL)  # the processes vanish without an exit code
+        p.wait()
+        assert tr.poll().state == "lost" and "vanished" in tr.job.error
+    # the same folder, ended properly this time
+    job2 = fake_job(sshd_pair, tmp_path)
+    d2 = Path(job2.nodes[0].jobdir)
+    (d2 / "node0.pid").write_text("999999")
+    (d2 / "run" / "status.json").write_text(json.dumps({"state": "succeeded"}))
+    (d2 / "run" / "metrics.jsonl").write_text('{"step": 1}\n')
+    (d2 / "node0.exit").write_text("0\n")
+    with Tracker(job2.id) as tr:
+        assert tr.poll().state == "succeeded" and tr.job.metrics_node == 0
+    job3 = fake_job(sshd_pair, tmp_path)
+    d3 = Path(job3.nodes[0].jobdir)
+    (d3 / "node0.pid").write_text("999999")
+    (d3 / "run" / "logs").mkdir()
+    (d3 / "run" / "logs" / "rank0.log").write_text("Traceback ...\nValueError: bad shape\n")
+    (d3 / "node0.exit").write_text("1\n")
+    logs = []
+    with Tracker(job3.id, on_log=lambda name, lines: logs.append((name, lines))) as tr:
+        job3 = tr.poll()
+    assert job3.state == "failed" and "exited with 1" in job3.error and "bad shape" in job3.error
+    assert ("rank0.log", ["Traceback ...", "ValueError: bad shape"]) in logs
+    assert JobDB().get(job3.id).state == "failed"  # persisted
+
+
+def test_one_failed_node_fails_the_job_and_stops_the_others(sshd_pair, tmp_path, config_dir):
+    job = fake_job(sshd_pair, tmp_path, nodes=2)
+    p = start_node(job, 1)
+    d0, d1 = (Path(n.jobdir) for n in job.nodes)
+    (d0 / "node0.pid").write_text("999999")
+    (d0 / "node0.exit").write_text("3\n")
+    for _ in range(100):
+        if (d1 / "node1.pid").exists():
+            break
+        time.sleep(0.05)
+    with Tracker(job.id) as tr:
+        assert tr.poll().state == "failed"
+    assert p.wait(timeout=30) != 0  # node 1's processes were ended, not left waiting on a rendezvous
+
+
+def test_unreachable_node_becomes_lost_after_the_grace(sshd_pair, tmp_path, config_dir):
+    job = fake_job(sshd_pair, tmp_path, port=free_port("127.0.0.2"))
+    with Tracker(job.id, lost_after=3600) as tr:
+        assert tr.poll().state == "running" and not tr.nodes[0].reachable
+    with Tracker(job.id, lost_after=0) as tr:
+        tr.poll()
+        assert tr.poll().state == "lost" and "unreachable" in tr.job.error
+
