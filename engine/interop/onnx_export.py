@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 import warnings
 from pathlib import Path
 
@@ -113,13 +114,16 @@ def to_onnx_model(project: Project, opset: int = DEFAULT_OPSET):
             prog = torch.onnx.export(gm, inputs, dynamo=True, dynamic_shapes=dynamic, opset_version=opset,
                                      optimize=False, verbose=False, input_names=list(spec["inputs"]),
                                      output_names=[_out_name(o) for o in spec["outputs"]])
-    except Exception as exc:  # torch raises many types; the first line says which op
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        named = [n["id"] for n in spec["nodes"] if n["id"] in str(exc)]
+    except Exception as exc:  # torch raises many types; find the line that names the op
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+        op = re.search(r"No ONNX function found for <OpOverload\(op='([^']+)'", text)
+        first = f"the operator {op.group(1)} has no ONNX translation" if op else \
+            f"{type(exc).__name__}: {(text.strip().splitlines() or [''])[0]}"
+        named = [n["id"] for n in spec["nodes"] if re.search(rf"\b{re.escape(n['id'])}\b", text)]
         hint = f" (nodes named in the error: {', '.join(named[:5])})" if named else ""
         if custom:
             hint += f"; Custom layers ({', '.join(custom)}) are the usual cause: replace them by catalog layers"
-        raise InteropError(f"the diagram cannot be exported to ONNX: {type(exc).__name__}: {first}{hint}") from None
+        raise InteropError(f"the diagram cannot be exported to ONNX: {first}{hint}") from None
     model = prog.model_proto
     entry = model.metadata_props.add()
     entry.key, entry.value = DIAGRAM_KEY, json.dumps(project.graph.to_dict(), sort_keys=True)

@@ -605,6 +605,48 @@ def _by_prefix(u: _Unit, r: _Reader, keys: list[str]) -> dict[str, torch.Tensor]
     return state
 
 
+def _linears(r: _Reader, u: _Unit) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """(weight, bias) of every linear map by a constant inside a unit, in graph order:
+    Gemm, or MatMul by a constant with an Add of a constant after it."""
+    out = []
+    for n in u.nodes:
+        if n.op_type == "Gemm" and n.input[1] in r.consts:
+            a = _attrs(n)
+            w = r.consts[n.input[1]] if a.get("transB", 0) else r.consts[n.input[1]].T
+            b = r.consts.get(n.input[2]) if len(n.input) > 2 and n.input[2] else None
+        elif n.op_type == "MatMul" and n.input[1] in r.consts and r.consts[n.input[1]].ndim == 2:
+            w, b = r.consts[n.input[1]].T, None
+        else:
+            continue
+        if b is None:  # a bias added after the product (an optimizer drops an all-zero one)
+            c = r.consumers.get(n.output[0], [])
+            if len(c) == 1 and c[0].op_type == "Add":
+                b = next((r.consts[i] for i in c[0].input if i in r.consts), None)
+        out.append((w, b))
+    return out
+
+
+def _by_role(u: _Unit, r: _Reader, linears: list[str], norms: list[str]) -> dict[str, torch.Tensor]:
+    """Weights of a composite layer from an optimized export (renamed, transposed,
+    shared constants): its linear maps and LayerNorms in the order forward runs them."""
+    lins = _linears(r, u)
+    lns = [n for n in u.nodes if n.op_type == "LayerNormalization"]
+    if len(lins) != len(linears) or len(lns) != len(norms):
+        raise _Unsupported(f"expected {len(linears)} linear maps and {len(norms)} LayerNorms, found {len(lins)} "
+                           f"and {len(lns)}")
+    state = {}
+    for name, (w, b) in zip(linears, lins):
+        wkey = name if name.endswith("_weight") else name + ".weight"
+        bkey = name.replace("_weight", "_bias") if name.endswith("_weight") else name + ".bias"
+        state[wkey] = _t(w)
+        state[bkey] = _t(np.zeros(w.shape[0], dtype=np.float32) if b is None else np.asarray(b).reshape(-1))
+    for name, n in zip(norms, lns):
+        scale = r.const(n.input[1], "LayerNormalization scale")
+        bias = r.consts.get(n.input[2]) if len(n.input) > 2 and n.input[2] else np.zeros_like(scale)
+        state[name + ".weight"], state[name + ".bias"] = _t(scale), _t(bias)
+    return state
+
+
 def _heads(r: _Reader, u: _Unit) -> int:
     sm = u.find("Softmax")
     s = r.shape(sm.output[0]) if sm is not None else None
@@ -614,7 +656,10 @@ def _heads(r: _Reader, u: _Unit) -> int:
 
 
 def _attention(r: _Reader, u: _Unit):
-    state = _by_prefix(u, r, ["q.weight", "k.weight", "v.weight", "out.weight"])
+    try:
+        state = _by_prefix(u, r, ["q.weight", "k.weight", "v.weight", "out.weight"])
+    except _Unsupported:
+        state = _by_role(u, r, ["q", "k", "v", "out"], [])
     params = {"embed_dim": int(state["q.weight"].shape[1]), "num_heads": _heads(r, u), "dropout": 0.0,
               "bias": "q.bias" in state, "causal": "Trilu" in u.ops}
     return "MultiheadAttention", params, state
@@ -624,7 +669,11 @@ def _encoder(r: _Reader, u: _Unit):
     keys = ["self_attn.in_proj_weight", "self_attn.in_proj_bias", "self_attn.out_proj.weight", "self_attn.out_proj.bias",
             "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias", "norm1.weight", "norm1.bias",
             "norm2.weight", "norm2.bias"]
-    state = _by_prefix(u, r, keys)
+    try:
+        state = _by_prefix(u, r, keys)
+    except _Unsupported:
+        state = _by_role(u, r, ["self_attn.in_proj_weight", "self_attn.out_proj", "linear1", "linear2"],
+                         ["norm1", "norm2"])
     x = u.inputs[0] if u.inputs else None
     norm_first = any(n.op_type == "LayerNormalization" and n.input[0] == x for n in u.nodes)
     for n in u.nodes:

@@ -118,3 +118,10 @@ def project_with_weights(name: str, folder) -> Project:
     project = Project(graph, name=name, training=Training(seed=3), weights=f"{name}.weights.pt",
                       path=folder / f"{name}.lflow")
     return project
+
+
+class BesselLayer(torch.nn.Module):
+    """A Custom layer whose operator ONNX has no translation for."""
+
+    def forward(self, x):
+        return torch.special.bessel_j0(x)

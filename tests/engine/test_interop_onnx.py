@@ -17,6 +17,8 @@ from engine.runtime.model import load_weights
 from interop_models import MODELS, project_with_weights, sample
 
 ort = pytest.importorskip("onnxruntime")
+# one worker runs the whole file, so the module fixture exports each model once
+pytestmark = pytest.mark.xdist_group("interop_onnx")
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
@@ -205,3 +207,54 @@ def test_cli_export_then_import(exported, tmp_path):
     np.testing.assert_allclose(forward(new.eval(), x), forward(gm, x), **TOL)
     assert main(["import", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "back.lflow")]) == 2  # exists
     assert main(["export", str(tmp_path / "mlp.lflow")]) == 2  # nothing asked
+
+
+def test_import_of_an_optimized_torch_transformer(tmp_path):
+    """torch.onnx's default export folds and renames weights (a transposed in_proj
+    becomes `val_2`, equal LayerNorm weights are shared): the encoder layer is still
+    read whole, its weights taken by role."""
+    from torch import nn
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(30, 16)
+            self.enc = nn.TransformerEncoderLayer(16, 2, 32, 0.0, batch_first=True)
+            self.head = nn.Linear(16, 3)
+
+        def forward(self, x):
+            return self.head(self.enc(self.emb(x)).mean(dim=1))
+
+    torch.manual_seed(0)
+    m = Tiny().eval()
+    x = torch.randint(0, 30, (2, 6))
+    prog = torch.onnx.export(m, (x,), dynamo=True, opset_version=18,
+                             dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+    onnx.save(prog.model_proto, str(tmp_path / "tiny.onnx"))
+    imp = import_onnx(tmp_path / "tiny.onnx")
+    assert [n.type for n in imp.project.graph.nodes.values()] == \
+        ["Input", "Embedding", "TransformerEncoderLayer", "Mean", "Linear", "Output"]
+    result = compile_graph(imp.project.graph)
+    assert result.total_params == sum(p.numel() for p in m.parameters())
+    gm = result.build()
+    gm.load_state_dict(imp.state)
+    torch.testing.assert_close(gm.eval()(x), m(x), **TOL)
+
+
+def test_export_refusals_name_the_cause(tmp_path):
+    from engine.graph import Graph
+    from engine.project import Project
+
+    g = Graph()
+    g.add_node("Input", {"shape": [4]}, id="x")
+    g.add_node("Linear", {"out_features": 4}, id="fc")
+    g.add_node("Custom", {"path": "interop_models:BesselLayer"}, id="np_layer")
+    g.add_node("Output", {}, id="out")
+    g.connect("fc", "out", "np_layer", "in")
+    g.connect("np_layer", "out", "out", "in")
+    with pytest.raises(InteropError, match="fix them before exporting"):  # x is not connected
+        export_onnx(Project(g), tmp_path / "a.onnx")
+    g.connect("x", "out", "fc", "in")
+    with pytest.raises(InteropError, match="bessel_j0 has no ONNX translation.*Custom layers \\(np_layer\\)"):
+        export_onnx(Project(g), tmp_path / "a.onnx")
+    assert not any(tmp_path.iterdir())
