@@ -311,10 +311,13 @@ def cmd_logs(args) -> int:
     with _tracker(args.job, db=db) as tr:
         job = tr.poll() if not tr.job.done else tr.job
         show()
-        while args.follow and not job.done:
+        while args.follow and not job.done and job.state != "lost":
             time.sleep(1.0)
             job = tr.poll()
             show()
+    if args.follow and job.state == "lost":
+        print(f"job {job.id} is lost: {job.error}", file=sys.stderr)
+        return 1
     if not path.exists():
         print(f"(no {path.name} yet; logs: {', '.join(p.name for p in path.parent.glob('*')) or 'none'})",
               file=sys.stderr)

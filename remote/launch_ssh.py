@@ -79,6 +79,9 @@ def prepare(project, out_dir: str | Path | None = None, *, steps: int | None = N
         if p.errors:
             raise DeployError("the placement cannot run:\n" + "\n".join(f"  {e}" for e in p.errors))
         plan = p.runtime_plan()
+        peak = (p.doc.get("predicted") or {}).get("peak_bytes_max")
+        if peak:
+            plan["predicted_peak_bytes"] = int(peak)  # checked against the GPUs' free memory at deploy
     try:
         return prepare_run(project, out_dir, steps=steps, placement=placement, plan=plan)
     except RunError as exc:
@@ -133,7 +136,8 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
             on_preflight(report)
         if not report.ok:
             raise DeployError("preflight failed, nothing was launched:\n" + "\n".join(report.failures), report)
-        errs = check_devices(report, world, nproc)
+        plan = json.loads((run_dir / "run.json").read_text()).get("plan") or {}
+        errs = check_devices(report, world, nproc, plan.get("predicted_peak_bytes"))
         if errs:
             raise DeployError("the plan does not fit the cluster, nothing was launched:\n" + "\n".join(errs), report)
 
@@ -165,9 +169,23 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
             db.save(job)
             raise DeployError(job.error) from None
         # All nodes staged: only now start anything.
-        for n in job.nodes:
-            conns[n.index].run(f"cd {quote(n.jobdir)} && (setsid nohup sh node{n.index}.sh "
-                               f"</dev/null >node{n.index}.out 2>&1 &)")
+        started = []
+        try:
+            for n in job.nodes:
+                conns[n.index].run(f"cd {quote(n.jobdir)} && (setsid nohup sh node{n.index}.sh "
+                                   f"</dev/null >node{n.index}.out 2>&1 &)")
+                started.append(n)
+        except SSHError as exc:
+            for n in started:  # a half-launched job would wait on its rendezvous: end it
+                try:
+                    conns[n.index].run(" ".join(quote(a) for a in [cluster.python, f"{n.jobdir}/layerflow_jobctl.py",
+                                                                   "cancel", n.jobdir, str(n.index), "10"]),
+                                       timeout=60)
+                except SSHError:
+                    pass
+            job.state, job.error = "failed", f"launch failed on {exc.host}: {exc.reason}"
+            db.save(job)
+            raise DeployError(job.error) from None
         job.state = "running"
         db.save(job)
         return job

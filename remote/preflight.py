@@ -258,8 +258,10 @@ def preflight(cluster: Cluster, *, accept: Iterable[str] = (), timeout: float | 
                 c.close()
 
 
-def check_devices(report: PreflightReport, world_size: int, nproc_per_node: int) -> list[str]:
-    """The plan against the real devices: enough GPUs on every node (or CPU processes)."""
+def check_devices(report: PreflightReport, world_size: int, nproc_per_node: int,
+                  peak_bytes: int | None = None) -> list[str]:
+    """The plan against the real devices: enough GPUs on every node (or CPU processes),
+    and, when the planner predicted a peak per rank, enough free memory on each GPU used."""
     errs = []
     nnodes = len(report.hosts)
     if nproc_per_node * nnodes != world_size:
@@ -268,6 +270,15 @@ def check_devices(report: PreflightReport, world_size: int, nproc_per_node: int)
     for h in report.hosts:
         if h.gpus and len(h.gpus) < nproc_per_node:
             errs.append(f"{h.host}: {nproc_per_node} processes per node but only {len(h.gpus)} GPU(s)")
+        if h.gpus and peak_bytes:
+            # ranks take the GPUs with the most free memory first (CUDA_VISIBLE_DEVICES aside)
+            free = sorted((g for g in h.gpus if g.memory_free_mb is not None), key=lambda g: -g.memory_free_mb)
+            need_mb = peak_bytes / 2 ** 20
+            short = [g for g in free[:nproc_per_node] if g.memory_free_mb < need_mb]
+            if short:
+                g = short[0]
+                errs.append(f"{h.host}: GPU {g.index} ({g.name}) has {g.memory_free_mb:.0f} MiB free but the plan "
+                            f"needs {need_mb:.0f} MiB per rank; raise pp or tp, lower batch_size, or free the GPU")
     kinds = {bool(h.gpus) for h in report.hosts}
     if len(kinds) > 1:
         errs.append("some nodes have GPUs and some do not; use nodes of one kind")

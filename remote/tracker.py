@@ -336,3 +336,33 @@ class Tracker:
 def mirror_metrics(db: JobDB, job_id: str) -> Path:
     """The local metrics.jsonl of a job (what the dashboard tails like a local run's)."""
     return db.mirror_dir(job_id) / "metrics.jsonl"
+
+
+class Follower:
+    """Follow a job on a background thread (the GUI's way: never block the event loop).
+
+    Callbacks run on that thread; a Qt caller forwards them with a queued signal.
+    stop() returns promptly (the loop waits on an Event) and closes the connections.
+    """
+
+    def __init__(self, job_id: str, db: JobDB | None = None, *, interval: float = 1.0, **callbacks):
+        self.job_id, self.db, self.interval, self.callbacks = job_id, db, interval, callbacks
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+        self.job: Job | None = None
+        self.thread = threading.Thread(target=self._run, name=f"follow-{job_id}", daemon=True)
+
+    def start(self) -> "Follower":
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            with Tracker(self.job_id, self.db, **self.callbacks) as tr:
+                self.job = tr.follow(self.stop_event, interval=self.interval)
+        except BaseException as exc:  # reported to the caller, never lost in a thread
+            self.error = exc
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.stop_event.set()
+        self.thread.join(timeout)

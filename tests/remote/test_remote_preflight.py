@@ -43,6 +43,12 @@ def test_check_devices():
     errs = check_devices(rep, 4, 2)
     assert any("only 1 GPU" in e for e in errs)
     assert "needs 3 processes" in check_devices(rep, 3, 1)[0]
+    busy = GPU(0, "x", 100.0, 90.0, 50.0)
+    rep = PreflightReport([HostReport("a", ok=True, gpus=[gpu]), HostReport("b", ok=True, gpus=[busy])])
+    assert check_devices(rep, 2, 1, peak_bytes=50 * 2 ** 20) == [
+        "b: GPU 0 (x) has 10 MiB free but the plan needs 50 MiB per rank; raise pp or tp, lower batch_size, "
+        "or free the GPU"]
+    assert check_devices(rep, 2, 1, peak_bytes=5 * 2 ** 20) == []
 
 
 def test_preflight_two_hosts(sshd_pair, tmp_path):

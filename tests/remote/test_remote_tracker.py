@@ -13,7 +13,7 @@ from pathlib import Path
 from remote.cluster import parse_cluster
 from remote.jobctl import TOKEN_VAR
 from remote.jobs import Job, JobDB, Node
-from remote.tracker import Tracker
+from remote.tracker import Follower, Tracker
 
 from sshd_helpers import free_port
 
@@ -108,3 +108,26 @@ def test_unreachable_node_becomes_lost_after_the_grace(sshd_pair, tmp_path, conf
         tr.poll()
         assert tr.poll().state == "lost" and "unreachable" in tr.job.error
 
+
+
+def test_follower_thread_streams_and_stops(sshd_pair, tmp_path, config_dir):
+    job = fake_job(sshd_pair, tmp_path)
+    d = Path(job.nodes[0].jobdir)
+    p = start_node(job)
+    got, states = [], []
+    f = Follower(job.id, interval=0.1, on_metrics=got.extend, on_state=lambda j: states.append(j.state)).start()
+    (d / "run" / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    for _ in range(200):
+        if got:
+            break
+        time.sleep(0.05)
+    (d / "run" / "status.json").write_text(json.dumps({"state": "succeeded"}))
+    (d / "node0.exit").write_text("0\n")
+    os.killpg(p.pid, signal.SIGTERM)
+    p.wait()
+    f.thread.join(30)
+    assert not f.thread.is_alive() and f.error is None
+    assert f.job.state == "succeeded" and got == [{"step": 1, "loss": 1.0}] and states[-1] == "succeeded"
+    f2 = Follower(fake_job(sshd_pair, tmp_path).id, interval=0.1).start()  # pending forever
+    f2.stop()
+    assert not f2.thread.is_alive()
