@@ -155,10 +155,15 @@ def _data_code(project: Project, data_file: str | None) -> str:
     return "\n\n".join(parts)
 
 
-def _plan_of(project: Project, plan: dict | None) -> dict:
+def _plan_of(project: Project, plan) -> dict:
+    """The parallelism to write out: engine/planner.py's Plan (or its runtime dict),
+    else the project's placement."""
     pl = project.placement
     base = {"pp": pl.pp, "dp": pl.dp, "tp": pl.tp, "data_parallel": pl.data_parallel,
-            "reshard_after_forward": pl.reshard_after_forward, "mixed_precision": pl.mixed_precision}
+            "reshard_after_forward": pl.reshard_after_forward, "mixed_precision": pl.mixed_precision,
+            "sync_batchnorm": pl.sync_batchnorm}
+    if hasattr(plan, "runtime_plan"):
+        plan = plan.runtime_plan()
     if plan:
         base.update({k: plan[k] for k in base if k in plan})
     return base
@@ -236,6 +241,9 @@ def main() -> None:
         state = torch.load(Path(__file__).with_name(WEIGHTS), map_location="cpu", weights_only=True)
         model.load_state_dict(state, strict=False)
     model.to(device).train()
+    if distributed and PLAN["sync_batchnorm"] and device.type == "cuda":
+        # batch statistics over the whole data-parallel batch (SyncBatchNorm runs on GPUs only)
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=mesh["dp"].get_group())
     if distributed:
         model = apply_dp(model, mesh["dp"], PLAN["data_parallel"], PLAN["reshard_after_forward"],
                          PLAN["mixed_precision"])

@@ -116,3 +116,17 @@ def test_script_under_torchrun_ddp_equals_the_distributed_runtime(tmp_path):
     got = script_losses(script, tmp_path / "out", launcher=torchrun)
     assert len(got) == STEPS
     assert got == pytest.approx(want, rel=1e-6, abs=1e-7)
+
+
+def test_cli_export_script_with_a_plan(tmp_path):
+    """`export --script` writes the project's data parallelism (placement dp=2, FSDP)."""
+    from app.cli import main
+    from engine.project import save_project
+
+    project = dropout_mlp(tmp_path)
+    project.placement.dp, project.placement.data_parallel = 2, "fsdp"
+    save_project(project, tmp_path / "p.lflow")
+    assert main(["export", str(tmp_path / "p.lflow"), "--script", str(tmp_path / "p.py")]) == 0
+    text = (tmp_path / "p.py").read_text()
+    assert "'dp': 2" in text and "'data_parallel': 'fsdp'" in text and "fully_shard(" in text
+    assert "torchrun --standalone --nproc_per_node=2 p.py" in text
