@@ -4,7 +4,8 @@
 
 1. Upload throughput of a bundle of --mb MB (incompressible) with Layerflow's upload
    (pipelined SFTP, 1 and 2 streams) against OpenSSH's scp of the same file, same host
-   key checking. Ratio = Layerflow MB/s / scp MB/s (goal >= 0.9). Best of --repeats.
+   key checking. Ratio = Layerflow MB/s / scp MB/s (goal >= 0.9). Best of --repeats,
+   the three methods interleaved.
 2. Time from Deploy (prepare_run excluded; preflight + bundle + upload + launch) to
    the first metric line back through the tracker, for the mlp_digits example.
 Prints tables; not a test (timings depend on the machine's load).
@@ -79,12 +80,17 @@ def main() -> int:
                             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-P", str(server.port),
                             str(bundle.path), f"root@{server.addr}:{tmp / 'remote' / 'scp.tar'}"], check=True)
 
-        t_scp = best(scp, args.repeats)
-        for streams in (1, 2):
-            t = best(ours(streams), args.repeats)
-            rows.append((f"layerflow upload, {streams} stream(s)", mb / t, t_scp / t))
+        # interleaved, best of each: the machine's load drifts, and that hits all three alike
+        methods = {"OpenSSH scp": scp, "layerflow upload, 1 stream": ours(1), "layerflow upload, 2 streams": ours(2)}
+        best_t = {k: float("inf") for k in methods}
+        for _ in range(args.repeats):
+            for k, fn in methods.items():
+                best_t[k] = min(best_t[k], best(fn, 1))
+        t_scp = best_t["OpenSSH scp"]
+        for k in list(methods)[1:]:
+            rows.append((k, mb / best_t[k], t_scp / best_t[k]))
         rows.append(("OpenSSH scp", mb / t_scp, 1.0))
-        print(f"\nupload of a {mb:.0f} MB bundle to {server.addr} (best of {args.repeats})")
+        print(f"\nupload of a {mb:.0f} MB bundle to {server.addr} (best of {args.repeats}, interleaved)")
         print(f"{'method':<32} {'MB/s':>8} {'ratio vs scp':>13}")
         for name, rate, ratio in rows:
             print(f"{name:<32} {rate:8.1f} {ratio:13.2f}")

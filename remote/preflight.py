@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
 from remote.cluster import Cluster
-from remote.ssh import Connection, SSHError, quote
+from remote.ssh import Connection, SSHError, UnknownHostKey, quote
 
 NVIDIA_QUERY = ("nvidia-smi --query-gpu=index,name,memory.total,memory.used,utilization.gpu "
                 "--format=csv,noheader,nounits")
@@ -95,6 +95,8 @@ class HostReport:
     free_disk_gb: float | None = None
     rdzv_ok: bool | None = None
     warnings: list[str] = field(default_factory=list)
+    unknown_key: str | None = None  # the fingerprint to show the user when the host key is not known yet
+    unknown_key_type: str | None = None
 
     def fail(self, why: str) -> "HostReport":
         self.ok, self.error = False, self.error or why
@@ -135,6 +137,9 @@ def probe_host(conn: Connection, cluster: Cluster, timeout: float) -> HostReport
         wd = conn.abspath(cluster.workdir)
         res = conn.run(PROBE.format(py=quote(cluster.python), nvq=NVIDIA_QUERY, wd=quote(wd)),
                        timeout=timeout, check=False)
+    except UnknownHostKey as exc:
+        rep.unknown_key, rep.unknown_key_type = exc.fingerprint, exc.key_type
+        return rep.fail(exc.reason)
     except SSHError as exc:
         return rep.fail(exc.reason)
     sections, cur = {}, None

@@ -51,6 +51,8 @@ def test_check_shows_unknown_fingerprint_then_accepts_it(sshd_pair, config_dir, 
     assert code == 1 and "unknown host key" in err
     fp = err.split("--accept-host-key ")[1].split()[0]
     assert fp.startswith("SHA256:") and not kh.exists()
+    code, out, _ = run(capsys, "cluster", "check", "new", "--json")
+    assert json.loads(out)["hosts"][0]["unknown_key"] == fp  # what the GUI shows in its dialog
     code, out, err = run(capsys, "cluster", "check", "new", "--accept-host-key", fp)
     assert code == 0, err
     assert kh.read_text().startswith(f"[127.0.0.2]:{sshd_pair.servers[0].port} ssh-ed25519 ")

@@ -1,0 +1,116 @@
+"""The clusters dialog and the jobs panel (Qt offscreen) against the real sshd."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("PySide6")
+
+from app.cluster_dialog import ClusterDialog  # noqa: E402
+from app.jobs_panel import JobsController, JobsPanel  # noqa: E402
+from remote.cluster import ClusterStore  # noqa: E402
+from remote.jobs import JobDB  # noqa: E402
+
+from sshd_helpers import REMOTE_PYTHON  # noqa: E402
+from test_remote_tracker import fake_job, start_node  # noqa: E402
+
+pytestmark = pytest.mark.gui
+
+
+def fill(dlg, env, tmp_path, known_hosts):
+    dlg.new_cluster()
+    dlg.name.setText("lab")
+    dlg.hosts.setRowCount(0)
+    for s in env.servers:
+        dlg.add_host_row(s.addr, s.port, "root", str(env.client_key))
+    dlg.workdir.setText(str(tmp_path / "work"))
+    dlg.python.setText(REMOTE_PYTHON)
+    dlg.env.setPlainText("OMP_NUM_THREADS=1")
+    dlg.known_hosts.setText(str(known_hosts))
+
+
+def test_cluster_dialog_save_test_and_trust_a_key(qtbot, sshd_pair, config_dir, tmp_path):
+    dlg = ClusterDialog()
+    qtbot.addWidget(dlg)
+    kh = tmp_path / "kh"  # empty: both hosts unknown
+    fill(dlg, sshd_pair, tmp_path, kh)
+    assert dlg.save()
+    c = ClusterStore().get("lab")
+    assert [h.port for h in c.hosts] == [s.port for s in sshd_pair.servers] and c.env == {"OMP_NUM_THREADS": "1"}
+    asked = []
+    dlg.ask_trust = lambda parent, host, kind, fp: asked.append(fp) or True
+    dlg.test_connection()
+    qtbot.waitUntil(lambda: not dlg.busy and "all hosts ready" in dlg.report.toPlainText(), timeout=60000)
+    assert len(asked) == 2  # one question per unknown host, each with its own fingerprint
+    assert len(kh.read_text().splitlines()) == 2
+    # refusing leaves known_hosts alone and the table says why
+    kh2 = tmp_path / "kh2"
+    dlg.known_hosts.setText(str(kh2))
+    dlg.accepted_keys.clear()
+    dlg.ask_trust = lambda *a: False
+    dlg.test_connection()
+    qtbot.waitUntil(lambda: not dlg.busy and "unknown host key" in dlg.report.toPlainText(), timeout=60000)
+    assert not kh2.exists()
+
+
+def test_cluster_dialog_bad_input_is_an_error_line(qtbot, sshd_pair, config_dir, tmp_path):
+    dlg = ClusterDialog()
+    qtbot.addWidget(dlg)
+    fill(dlg, sshd_pair, tmp_path, tmp_path / "kh")
+    dlg.hosts.item(0, 1).setText("abc")
+    assert not dlg.save() and "port 'abc'" in dlg.error.text()
+    dlg.hosts.item(0, 1).setText("22")
+    dlg.name.setText("bad name;")
+    assert not dlg.save() and "name" in dlg.error.text()
+    assert ClusterStore().names() == []
+    cfg = tmp_path / "ssh_config"
+    s = sshd_pair.servers[1]
+    cfg.write_text(f"Host gpu\n  HostName {s.addr}\n  Port {s.port}\n  User root\n")
+    dlg.name.setText("")
+    dlg.import_ssh_config(cfg, ["gpu"])
+    assert dlg.hosts.rowCount() == 1 and dlg.hosts.item(0, 0).text() == s.addr and dlg.name.text() == "gpu"
+
+
+def test_jobs_panel_reattaches_follows_and_cancels(qtbot, sshd_pair, config_dir, tmp_path):
+    done_job = fake_job(sshd_pair, tmp_path)
+    d = Path(done_job.nodes[0].jobdir)
+    p1 = start_node(done_job)
+    running = fake_job(sshd_pair, tmp_path)
+    p2 = start_node(running)
+    controller = JobsController(db=JobDB())
+    panel = JobsPanel(controller)
+    qtbot.addWidget(panel)
+    try:
+        controller.reattach()  # both are "running" in the database: followed again
+        assert set(controller.followers) == {done_job.id, running.id}
+        assert set(panel.job_ids()) == {done_job.id, running.id}
+        (d / "run" / "metrics.jsonl").write_text('{"step": 2, "loss": 1.0}\n')
+        (d / "run" / "status.json").write_text(json.dumps({"state": "succeeded"}))
+        (d / "node0.exit").write_text("0\n")
+        os.killpg(p1.pid, signal.SIGTERM)
+        p1.wait()
+
+        def state_of(jid):
+            for r in range(panel.table.rowCount()):
+                if panel.table.item(r, 0).text() == jid:
+                    return panel.table.item(r, 3).text(), panel.table.item(r, 4).text()
+        qtbot.waitUntil(lambda: state_of(done_job.id) == ("succeeded", "2/3"), timeout=60000)
+        panel.select_job(running.id)
+        assert panel.buttons["Cancel"].isEnabled()
+        panel.buttons["Cancel"].click()
+        qtbot.waitUntil(lambda: state_of(running.id)[0] == "cancelled", timeout=60000)
+        assert p2.wait(timeout=30) is not None
+        opened = []
+        panel.open_requested.connect(opened.append)
+        panel.buttons["Open"].click()
+        assert opened == [str(JobDB().mirror_dir(running.id))]
+    finally:
+        controller.shutdown()
+        for p in (p1, p2):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
