@@ -100,6 +100,7 @@ def cmd_screenshot(args) -> int:
     except ValueError:
         raise CliError(f"--size must look like 1600x1000, not '{args.size}'") from None
     project = load_project(args.project)
+    # offscreen unless QT_QPA_PLATFORM says otherwise (xcb under Xvfb needs libxcb-cursor0)
     app = _app(offscreen=True)
     from app.main_window import MainWindow
     from app.settings import Settings

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from engine.graph import Graph, ports_of
 
-COL_W = 230.0
+COL_W = 250.0
 ROW_GAP = 40.0
 NODE_H_BASE = 54.0  # matches widgets.node_scene.node_height: BODY_TOP + 6
 ROW_H = 18.0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains None)
 
 from PySide6.QtCore import QRectF, Qt, Signal
-from PySide6.QtGui import QColor, QFontMetricsF, QPainter
+from PySide6.QtGui import QColor, QFontDatabase, QFontMetricsF, QPainter
 from PySide6.QtWidgets import (QComboBox, QFormLayout, QGridLayout, QHBoxLayout, QLabel, QPlainTextEdit,
                                QPushButton, QSizePolicy, QSpinBox, QVBoxLayout, QWidget)
 
@@ -126,10 +126,15 @@ class DevicesPanel(QWidget):
         self.selection_label.setObjectName("hint")
         lay.addWidget(self.selection_label)
         self.plan_view = QPlainTextEdit(readOnly=True)
-        self.plan_view.setMaximumHeight(140)
+        self.plan_view.setLineWrapMode(QPlainTextEdit.NoWrap)
+        font = QFontDatabase.systemFont(QFontDatabase.FixedFont)
+        font.setPointSizeF(max(7.0, font.pointSizeF() - 1))
+        self.plan_view.setFont(font)
+        self.plan_view.setMinimumHeight(120)
         self.plan_view.hide()
-        lay.addWidget(self.plan_view)
-        lay.addStretch(1)
+        lay.addWidget(self.plan_view, 1)
+        self._stretch = QWidget()
+        lay.addWidget(self._stretch, 0)
 
     def _mesh(self, key: str, value) -> None:
         if not self._updating:
@@ -157,10 +162,13 @@ class DevicesPanel(QWidget):
         self.tp_btn.setEnabled(bool(selected))
         self.selection_label.setText(f"{len(selected)} node(s) selected" if selected else "select nodes to place them")
         if plan_lines:
-            self.plan_view.setPlainText("\n".join(plan_lines))
+            text = "\n".join(plan_lines)
+            if text != self.plan_view.toPlainText():
+                self.plan_view.setPlainText(text)
             self.plan_view.show()
         else:
             self.plan_view.hide()
+        self._stretch.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Ignored if plan_lines else QSizePolicy.Expanding)
 
     def set_theme(self, t) -> None:
         self.lanes.theme = t

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains None)
 
+import shiboken6
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QGraphicsItem, QGraphicsPathItem, QGraphicsScene
@@ -191,16 +192,21 @@ class NodeItem(QGraphicsItem):
         # type line: type on the left, stage/TP on the right
         p.setFont(_TEXT_FONT)
         p.setPen(QColor(t.subtext))
-        p.drawText(QRectF(10, HEADER_H, NODE_W - 20, BODY_TOP - HEADER_H - 2), Qt.AlignVCenter | Qt.AlignLeft, node.type)
         tags = []
         if node.stage is not None:
-            tags.append(f"stage {node.stage}")
+            tags.append(f"S{node.stage}")  # the header colour says it too
         if node.tp:
-            tags.append(f"tp:{node.tp}")
+            tags.append(node.tp)
         if node.checkpoint:
             tags.append("ckpt")
+        line = QRectF(10, HEADER_H, NODE_W - 20, BODY_TOP - HEADER_H - 2)
+        fm = QFontMetricsF(_TEXT_FONT)
+        tag_w = 0.0
         if tags:
-            p.drawText(QRectF(10, HEADER_H, NODE_W - 20, BODY_TOP - HEADER_H - 2), Qt.AlignVCenter | Qt.AlignRight, " · ".join(tags))
+            tag_text = " · ".join(tags)
+            tag_w = fm.horizontalAdvance(tag_text) + 8
+            p.drawText(line, Qt.AlignVCenter | Qt.AlignRight, tag_text)
+        p.drawText(line, Qt.AlignVCenter | Qt.AlignLeft, fm.elidedText(node.type, Qt.ElideRight, line.width() - tag_w))
         p.setPen(QPen(QColor(t.node_border), 0.8))
         p.drawLine(QPointF(1, BODY_TOP - 2), QPointF(NODE_W - 1, BODY_TOP - 2))
         # port names and dots
@@ -248,7 +254,7 @@ class EdgeItem(QGraphicsPathItem):
 
     def hoverLeaveEvent(self, e) -> None:
         self._hover = False
-        self.setZValue(0)
+        self.setZValue(1.5 if self.note else 0)
         self.update()
 
     def update_path(self) -> None:
@@ -265,14 +271,16 @@ class EdgeItem(QGraphicsPathItem):
         if (label, note) != (self.label, self.note):
             self.label, self.note = label, note
             self.setToolTip("\n".join(t for t in (label, note) if t))
+            self.setZValue(1.5 if note else 0)
             self._update_label_rect()
             self.update()
 
     def label_fits(self) -> bool:
-        """A label wider than the gap between two close nodes would sit on them:
-        then it shows only on hover/selection (and always as the tooltip)."""
+        """A shape label wider than the gap between two close nodes would sit on
+        them: then it shows only on hover/selection (and always as the tooltip).
+        Communication notes always show, above the nodes."""
         a, b = self.path().elementAt(0), self.path().elementAt(self.path().elementCount() - 1)
-        return b.x - a.x >= self._label_rect.width() + 16
+        return bool(self.note) or b.x - a.x >= self._label_rect.width() + 16
 
     def _update_label_rect(self) -> None:
         self.prepareGeometryChange()
@@ -438,7 +446,7 @@ class NodeScene(QGraphicsScene):
         self._drag_port: PortItem | None = None
         self._drag_path: QGraphicsPathItem | None = None
         self.setSceneRect(-50000, -50000, 100000, 100000)  # pan freely
-        self.selectionChanged.connect(lambda: self.overview is not None and not self.detail and self.overview.update())
+        self.selectionChanged.connect(self._repaint_overview)
         self.setItemIndexMethod(QGraphicsScene.BspTreeIndex)
         if graph is not None:
             self.set_graph(graph)
@@ -456,9 +464,14 @@ class NodeScene(QGraphicsScene):
         if self.graph is not None:
             self.graph.unsubscribe(self._on_event)
 
+    def _repaint_overview(self) -> None:
+        if self.overview is not None and not self.detail and shiboken6.isValid(self.overview):
+            self.overview.update()
+
     def _rebuild(self) -> None:
         self._drag_port = None
         self._drag_path = None
+        self.overview = None
         self.clear()
         self.node_items, self.edge_items, self.group_items, self._edges_of = {}, {}, {}, {}
         self.overview = OverviewItem(self)

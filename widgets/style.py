@@ -37,7 +37,7 @@ class SceneTheme:
     warning: str
     badge_bg: str
     badge_text: str
-    group_fill: str
+    group_fill: str  # #AARRGGBB (Qt's order for 8 hex digits)
     group_border: str
     group_text: str
 
@@ -45,18 +45,18 @@ class SceneTheme:
 LIGHT = SceneTheme(
     name="light", background="#f4f5f7", grid_minor="#e6e8ec", grid_major="#d5d9e0",
     node_body="#ffffff", node_border="#c3c8d0", node_header="#5b6677", header_text="#ffffff",
-    text="#1f2430", subtext="#667085", selected="#f5a524", port_in="#6b7a90", port_out="#6b7a90",
-    edge="#7d8797", edge_selected="#f5a524", label_bg="#ffffff", label_text="#344054", comm_text="#b42318",
+    text="#1f2430", subtext="#667085", selected="#111827", port_in="#6b7a90", port_out="#6b7a90",
+    edge="#7d8797", edge_selected="#111827", label_bg="#ffffff", label_text="#344054", comm_text="#b42318",
     error="#d92d20", warning="#dc8a00", badge_bg="#eef1f5", badge_text="#344054",
-    group_fill="#1d4ed810", group_border="#7b93c9", group_text="#3b4f7a",
+    group_fill="#141d4ed8", group_border="#7b93c9", group_text="#3b4f7a",
 )
 DARK = SceneTheme(
     name="dark", background="#1e2127", grid_minor="#262a31", grid_major="#30353e",
     node_body="#2b3038", node_border="#434a56", node_header="#4a5363", header_text="#ffffff",
-    text="#e6e9ef", subtext="#98a2b3", selected="#f5b942", port_in="#9aa4b5", port_out="#9aa4b5",
-    edge="#8a94a6", edge_selected="#f5b942", label_bg="#2b3038", label_text="#d0d5dd", comm_text="#ff8a80",
+    text="#e6e9ef", subtext="#98a2b3", selected="#f8fafc", port_in="#9aa4b5", port_out="#9aa4b5",
+    edge="#8a94a6", edge_selected="#f8fafc", label_bg="#2b3038", label_text="#d0d5dd", comm_text="#ff8a80",
     error="#f04438", warning="#f5b942", badge_bg="#3a404b", badge_text="#d0d5dd",
-    group_fill="#6e8cd018", group_border="#6e8cd0", group_text="#b7c6ea",
+    group_fill="#206e8cd0", group_border="#6e8cd0", group_text="#b7c6ea",
 )
 THEMES = {"light": LIGHT, "dark": DARK}
 

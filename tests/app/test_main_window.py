@@ -52,7 +52,7 @@ def win(qtbot, asked):
 def activate(qtbot, w: MainWindow) -> None:
     """Window shortcuts (Ctrl+C ...) fire in the active window only."""
     w.activateWindow()
-    qtbot.waitUntil(lambda: QApplication.activeWindow() is w, timeout=3000)
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is w, timeout=15000)
     w.view.setFocus()
 
 
@@ -182,7 +182,7 @@ def test_inspector_edit_changes_the_shape_on_the_next_edge(qtbot, asked):
     qtbot.keyClicks(spin.lineEdit(), "32")
     qtbot.keyClick(spin.lineEdit(), Qt.Key_Return)
     assert g.nodes["linear1"].params["out_features"] == 32
-    qtbot.waitUntil(lambda: w.scene.edge_label(out_edge) == "(B, 32)", timeout=3000)
+    qtbot.waitUntil(lambda: w.scene.edge_label(out_edge) == "(B, 32)", timeout=15000)
     assert "32" in w.summary.fields["params"].text() or w.controller.result.total_params == 16 * 32 + 32
     # a bad value in a text field is shown inline and changes nothing
     w.scene.select_nodes(["input1"])

@@ -35,7 +35,7 @@ def w(qtbot, monkeypatch, tmp_path):
     qtbot.waitExposed(win)
     QApplication.processEvents()
     win.activateWindow()
-    qtbot.waitUntil(lambda: QApplication.activeWindow() is win, timeout=3000)
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is win, timeout=15000)
     win.view.setFocus()
     return win
 
