@@ -95,24 +95,48 @@ _STATIC = {
 _MEM = re.compile(r"^(peak_)?mem(ory)?(_\w*?)?(_rank(?P<rank>\d+))?$")
 
 
-def series_values(record: dict) -> dict[str, tuple[SeriesSpec, float]]:
-    """The plottable numbers of one metrics record, by series key."""
-    out = {}
-    for k, v in record.items():
-        spec = _STATIC.get(k)
-        if spec is None:
-            m = _MEM.match(k)
-            if not m:
-                continue
-            if isinstance(v, list):
-                for r, x in enumerate(v):
-                    if _num(x):
-                        out[f"{k}[{r}]"] = (SeriesSpec(f"{k}[{r}]", "memory", f"rank {r}", rank=r), float(x))
-                continue
+_SPEC_CACHE: dict[str, SeriesSpec | None] = {}
+_RANK_CACHE: dict[tuple[str, int], SeriesSpec] = {}
+
+
+def _spec_for(key: str) -> SeriesSpec | None:
+    """The series a record key feeds (None: not plotted); cached, records repeat keys."""
+    try:
+        return _SPEC_CACHE[key]
+    except KeyError:
+        pass
+    spec = _STATIC.get(key)
+    if spec is None:
+        m = _MEM.match(key)
+        if m:
             r = int(m.group("rank") or 0)
-            spec = SeriesSpec(k, "memory", f"rank {r}", rank=r)
-        if _num(v):
-            out[spec.key] = (spec, float(v))
+            spec = SeriesSpec(key, "memory", f"rank {r}", rank=r)
+    _SPEC_CACHE[key] = spec
+    return spec
+
+
+def _rank_spec(key: str, rank: int) -> SeriesSpec:
+    spec = _RANK_CACHE.get((key, rank))
+    if spec is None:
+        spec = _RANK_CACHE[(key, rank)] = SeriesSpec(f"{key}[{rank}]", "memory", f"rank {rank}", rank=rank)
+    return spec
+
+
+def series_values(record: dict) -> list[tuple[SeriesSpec, float]]:
+    """The plottable finite numbers of one metrics record."""
+    out = []
+    for k, v in record.items():
+        spec = _spec_for(k)
+        if spec is None:
+            continue
+        tv = type(v)
+        if tv is float or tv is int:
+            if math.isfinite(v):
+                out.append((spec, float(v)))
+        elif tv is list and spec.plot == "memory":  # one value per rank
+            for r, x in enumerate(v):
+                if (type(x) is float or type(x) is int) and math.isfinite(x):
+                    out.append((_rank_spec(k, r), float(x)))
     return out
 
 
@@ -120,22 +144,43 @@ def _num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+BLOCK = 64  # points per min/max block of the envelope (see Dashboard._display_data)
+
+
+def _grow(a: np.ndarray, need: int, keep: int) -> np.ndarray:
+    if need <= len(a):
+        return a
+    grown = np.empty(max(need, 2 * len(a)), dtype=np.float64)
+    grown[:keep] = a[:keep]
+    return grown
+
+
 class _Buffer:
-    """A float64 array that grows by doubling; `view()` is the filled part (no copy)."""
+    """A float64 array that grows by doubling; `view()` is the filled part (no copy).
+    It also keeps the min and max of every complete block of BLOCK values, updated
+    as values arrive, so a long series' envelope costs O(new points) per update."""
 
     def __init__(self, capacity: int = 256):
         self.a = np.empty(capacity, dtype=np.float64)
         self.n = 0
+        self.bmin = np.empty(capacity // BLOCK + 1, dtype=np.float64)
+        self.bmax = np.empty(capacity // BLOCK + 1, dtype=np.float64)
+        self.nb = 0  # complete blocks summarised
 
     def extend(self, values) -> None:
         values = np.asarray(values, dtype=np.float64)
         need = self.n + len(values)
-        if need > len(self.a):
-            grown = np.empty(max(need, 2 * len(self.a)), dtype=np.float64)
-            grown[: self.n] = self.a[: self.n]
-            self.a = grown
+        self.a = _grow(self.a, need, self.n)
         self.a[self.n: need] = values
         self.n = need
+        full = need // BLOCK
+        if full > self.nb:
+            seg = self.a[self.nb * BLOCK: full * BLOCK].reshape(-1, BLOCK)
+            self.bmin = _grow(self.bmin, full, self.nb)
+            self.bmax = _grow(self.bmax, full, self.nb)
+            self.bmin[self.nb: full] = seg.min(axis=1)
+            self.bmax[self.nb: full] = seg.max(axis=1)
+            self.nb = full
 
     def view(self) -> np.ndarray:
         return self.a[: self.n]
@@ -180,6 +225,7 @@ class _Run:
         self.visible = True
         self.records: list[dict] = []
         self.t0: float | None = None
+        self.t_last = 0.0
         self.series: dict[str, _Series] = {}
 
 
@@ -279,6 +325,9 @@ class Dashboard(QtWidgets.QWidget):
                 pi.getAxis(ax).enableAutoSIPrefix(False)  # "accuracy (x0.001)" reads badly
             pi.setClipToView(True)
             pi.setDownsampling(auto=True, mode="peak")
+            pi.hideButtons()  # the bar's Fit does it for all plots
+            # Zoom/pan by the user switches between envelope and raw data: redraw.
+            pi.vb.sigRangeChangedManually.connect(self._mark_all_dirty)
             legend = pi.addLegend(offset=(-8, 8), labelTextColor=fg, labelTextSize="8pt")
             legend.setBrush(pg.mkBrush(bg.red(), bg.green(), bg.blue(), 200))
             vline = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen(fg, width=1, style=Qt.DotLine))
@@ -379,16 +428,19 @@ class Dashboard(QtWidgets.QWidget):
         cols: dict[str, tuple[SeriesSpec, list, list, list]] = {}
         for r in records:
             step = r.get("step")
-            if not _num(step):
+            if type(step) is not int and type(step) is not float:
                 continue  # event lines (start/end) carry no point
             t = r.get("time")
-            t = float(t) if _num(t) else math.nan
-            if run.t0 is None and math.isfinite(t):
-                run.t0 = t
-            rel = t - run.t0 if run.t0 is not None else math.nan
-            for skey, (spec, v) in series_values(r).items():
-                c = cols.setdefault(skey, (spec, [], [], []))
-                c[1].append(float(step))
+            if (type(t) is float or type(t) is int) and math.isfinite(t):
+                if run.t0 is None:
+                    run.t0 = t
+                run.t_last = t - run.t0
+            rel = run.t_last  # a record without a time sits at the previous one's
+            for spec, v in series_values(r):
+                c = cols.get(spec.key)
+                if c is None:
+                    c = cols[spec.key] = (spec, [], [], [])
+                c[1].append(step)
                 c[2].append(rel)
                 c[3].append(v)
         for skey, (spec, steps, times, ys) in cols.items():
@@ -398,12 +450,11 @@ class Dashboard(QtWidgets.QWidget):
             prev = s.smoothed.a[s.smoothed.n - 1] if s.smoothed.n else None
             s.step.extend(steps)
             s.time.extend(times)
+            ys = np.asarray(ys, dtype=np.float64)  # finite only: series_values drops the rest
             s.y.extend(ys)
-            fin = [v for v in ys if math.isfinite(v)]
-            if fin:
-                s.ymin, s.ymax = min(s.ymin, min(fin)), max(s.ymax, max(fin))
+            s.ymin, s.ymax = min(s.ymin, float(ys.min())), max(s.ymax, float(ys.max()))
             if spec.smooth:
-                s.smoothed.extend(ema(np.asarray(ys), self._smoothing, prev))
+                s.smoothed.extend(ema(ys, self._smoothing, prev))
             s.dirty = True
 
     def set_records(self, key: str, records: list[dict], label: str | None = None) -> None:
@@ -490,8 +541,9 @@ class Dashboard(QtWidgets.QWidget):
     def auto_range(self) -> None:
         for pw in self.plots.values():
             pw.getPlotItem().enableAutoRange()
+        self._mark_all_dirty()
 
-    def _mark_all_dirty(self) -> None:
+    def _mark_all_dirty(self, *_) -> None:
         for run in self._runs.values():
             for s in run.series.values():
                 s.dirty = True
@@ -499,9 +551,34 @@ class Dashboard(QtWidgets.QWidget):
     # ----- drawing ----------------------------------------------------------------
     def series_data(self, key: str, series: str) -> tuple[np.ndarray, np.ndarray]:
         """(x, y) a curve shows: x per the x mode, y smoothed where the slider applies."""
-        s = self._runs[key].series[series]
-        x = s.step.view() if self._x_mode == "step" else s.time.view()
-        y = s.smoothed.view() if s.spec.smooth and self._smoothing > 0 else s.y.view()
+        xb, yb = self._buffers(self._runs[key].series[series])
+        return xb.view(), yb.view()
+
+    def _buffers(self, s: _Series) -> tuple[_Buffer, _Buffer]:
+        xb = s.step if self._x_mode == "step" else s.time
+        yb = s.smoothed if s.spec.smooth and self._smoothing > 0 else s.y
+        return xb, yb
+
+    def _display_data(self, s: _Series) -> tuple[np.ndarray, np.ndarray]:
+        """What the curve gets. While the plot follows its data (x auto-range, the
+        live case) and a pixel spans two blocks or more, that is the per-block
+        min/max envelope plus the raw tail: the same picture as peak downsampling,
+        without pyqtgraph re-reducing the whole series every tick. Zoomed in by the
+        user, it is the raw series, which pyqtgraph clips to the view first."""
+        xb, yb = self._buffers(s)
+        vb = self.plots[s.spec.plot].getPlotItem().vb
+        nb = yb.nb
+        if not vb.autoRangeEnabled()[0] or yb.n < 2 * BLOCK * max(vb.width(), 200.0):
+            return xb.view(), yb.view()
+        cut = nb * BLOCK
+        x = np.empty(2 * nb + yb.n - cut, dtype=np.float64)
+        y = np.empty_like(x)
+        x[0: 2 * nb: 2] = xb.a[0:cut:BLOCK]
+        x[1: 2 * nb: 2] = xb.a[BLOCK - 1:cut:BLOCK]
+        y[0: 2 * nb: 2] = yb.bmin[:nb]
+        y[1: 2 * nb: 2] = yb.bmax[:nb]
+        x[2 * nb:] = xb.a[cut: yb.n]
+        y[2 * nb:] = yb.a[cut: yb.n]
         return x, y
 
     def curve(self, key: str, series: str) -> pg.PlotDataItem | None:
@@ -516,7 +593,8 @@ class Dashboard(QtWidgets.QWidget):
         if spec.eval:
             kw = dict(symbol="o", symbolSize=5, symbolBrush=run.color, symbolPen=None)
         name = spec.label if len(self._runs) == 1 else f"{run.label}: {spec.label}"
-        curve = pg.PlotDataItem(pen=pen, name=name, connect="finite", **kw)
+        # Only finite values reach the buffers, so pyqtgraph may skip its own scan.
+        curve = pg.PlotDataItem(pen=pen, name=name, skipFiniteCheck=True, **kw)
         curve.setClipToView(True)
         curve.setDownsampling(auto=True, method="peak")
         curve.setVisible(run.visible)
@@ -533,8 +611,7 @@ class Dashboard(QtWidgets.QWidget):
                     continue
                 if s.curve is None:
                     s.curve = self._make_curve(run, s)
-                x, y = self.series_data(run.key, s.spec.key)
-                s.curve.setData(x, y)
+                s.curve.setData(*self._display_data(s))
                 s.dirty = False
                 touched.add(s.spec.plot)
         for plot_id in touched:
