@@ -859,7 +859,9 @@ def import_onnx(path: str | Path, name: str | None = None) -> Imported:
 
 
 def _alias_ok(u: _Unit) -> bool:
-    return len(u.inputs) == 1 and all(n.op_type == "Identity" for n in u.nodes)
+    """torch.onnx writes clone()/contiguous() as Identity: plumbing, not a layer. An
+    Identity in a file without torch's metadata was put there on purpose: keep it."""
+    return len(u.inputs) == 1 and all(n.op_type == "Identity" and _scopes(n)[0] for n in u.nodes)
 
 
 def _resolve(value_node: dict, v: str):

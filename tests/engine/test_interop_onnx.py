@@ -258,3 +258,64 @@ def test_export_refusals_name_the_cause(tmp_path):
     with pytest.raises(InteropError, match="bessel_j0 has no ONNX translation.*Custom layers \\(np_layer\\)"):
         export_onnx(Project(g), tmp_path / "a.onnx")
     assert not any(tmp_path.iterdir())
+
+
+def test_every_listed_operator_imports_from_a_plain_onnx_graph(tmp_path):
+    """A hand-written ONNX graph (no torch metadata) with each operator the importer
+    promises: Conv, BatchNormalization, Relu, MaxPool, AveragePool, Mul, Concat,
+    GlobalAveragePool, Flatten, Gemm, MatMul+Add, Gelu, Sigmoid, Tanh, Dropout,
+    Identity, LayerNormalization, Reshape, Softmax, Add; outputs equal onnxruntime's."""
+    rng = np.random.default_rng(0)
+    f = TensorProto.FLOAT
+    inits = []
+
+    def const(name, shape, scale=0.3, positive=False):
+        a = rng.random(shape) + 0.5 if positive else rng.normal(size=shape) * scale
+        inits.append(onnx.numpy_helper.from_array(a.astype(np.float32), name))
+        return name
+
+    N = helper.make_node
+    nodes = [
+        N("Conv", ["x", const("cw", [4, 2, 3, 3]), const("cb", [4])], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        N("BatchNormalization", ["c", const("s", [4], positive=True), const("b", [4]), const("m", [4]),
+                                 const("v", [4], positive=True)], ["bn"], epsilon=1e-3, name="bn"),
+        N("Relu", ["bn"], ["r"], name="relu"),
+        N("MaxPool", ["r"], ["mp"], kernel_shape=[2, 2], strides=[2, 2], name="maxpool"),
+        N("AveragePool", ["mp"], ["ap"], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1],
+          count_include_pad=1, name="avgpool"),
+        N("Mul", ["ap", "mp"], ["mu"], name="mul"),
+        N("Concat", ["mu", "mp"], ["cat"], axis=1, name="concat"),
+        N("GlobalAveragePool", ["cat"], ["gap"], name="gap"),
+        N("Flatten", ["gap"], ["fl"], axis=1, name="flatten"),
+        N("Gemm", ["fl", const("gw", [12, 8]), const("gb", [12])], ["g"], transB=1, name="gemm"),
+        N("Gelu", ["g"], ["ge"], name="gelu"),
+        N("MatMul", ["ge", const("mw", [12, 12])], ["mm"], name="matmul"),
+        N("Add", ["mm", const("mb", [12])], ["lin"], name="bias"),
+        N("Sigmoid", ["lin"], ["sg"], name="sigmoid"),
+        N("Tanh", ["sg"], ["th"], name="tanh"),
+        N("Dropout", ["th"], ["dr"], name="dropout"),
+        N("Identity", ["dr"], ["idn"], name="identity"),
+        N("Add", ["idn", "lin"], ["res"], name="residual"),
+        N("LayerNormalization", ["res", const("lw", [12], positive=True), const("lb", [12])], ["ln"],
+          axis=-1, epsilon=1e-5, name="layernorm"),
+        N("Reshape", ["ln", "shape"], ["rs"], name="reshape"),
+        N("Softmax", ["rs"], ["y"], axis=-1, name="softmax"),
+    ]
+    inits.append(onnx.numpy_helper.from_array(np.array([0, 3, 4], dtype=np.int64), "shape"))
+    graph = helper.make_graph(nodes, "plain", [helper.make_tensor_value_info("x", f, ["N", 2, 8, 8])],
+                              [helper.make_tensor_value_info("y", f, ["N", 3, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    onnx.checker.check_model(model)
+    onnx.save(model, str(tmp_path / "plain.onnx"))
+    imp = import_onnx(tmp_path / "plain.onnx")
+    types = {n.type for n in imp.project.graph.nodes.values()}
+    assert types == {"Input", "Conv2d", "BatchNorm2d", "ReLU", "MaxPool2d", "AvgPool2d", "Mul", "Concat",
+                     "AdaptiveAvgPool2d", "Flatten", "Linear", "GELU", "Sigmoid", "Tanh", "Dropout", "Identity",
+                     "Add", "LayerNorm", "Reshape", "Softmax", "Output"}
+    result = compile_graph(imp.project.graph)
+    assert result.total_params == sum(int(np.prod(t.dims)) for t in inits if t.name not in ("m", "v", "shape"))
+    x = rng.normal(size=(3, 2, 8, 8)).astype(np.float32)
+    gm = result.build()
+    gm.load_state_dict(imp.state)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(forward(gm.eval(), torch.from_numpy(x)), want, **TOL)
