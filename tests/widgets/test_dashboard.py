@@ -43,7 +43,7 @@ def dash(qtbot):
 
 
 def curve_xy(d, key, series):
-    x, y = d.curve(key, series).getData()  # what the curve holds (before clipping/downsampling)
+    x, y = d.curve(key, series).getOriginalDataset()  # what it was given (getData: after clipping)
     return np.asarray(x), np.asarray(y)
 
 
@@ -175,14 +175,32 @@ def test_confusion_matrix_widget(qtbot):
     assert w.empty.isVisible() and not w.image.isVisible()
 
 
-def test_a_long_series_stays_exact(dash):
-    """Buffers grow by doubling; every appended value lands once, in order."""
-    n, chunk = 200_000, 20_000
+def test_a_long_series_stays_exact_and_is_drawn_as_its_envelope(dash, qtbot):
+    """Buffers grow by doubling; every appended value lands once, in order. A long
+    series reaches the curve as per-block min/max (what peak downsampling would
+    draw); zoomed in by the user, the curve gets the raw points again."""
+    n, chunk = 200_003, 20_000
+    rng = np.random.default_rng(1)
+    values = rng.standard_normal(n)
     for i in range(0, n, chunk):
-        steps = np.arange(i, i + chunk)
-        dash.append("big", [{"step": int(s), "time": float(s) / 100, "loss": float(s % 97)} for s in steps])
+        dash.append("big", [{"step": s, "time": s / 100, "loss": float(values[s])} for s in range(i, min(n, i + chunk))])
         dash.flush()
-    x, y = curve_xy(dash, "big", "loss")
-    assert len(x) == n and x[-1] == n - 1 and np.array_equal(y, np.arange(n) % 97)
+    x, y = dash.series_data("big", "loss")
+    assert x.dtype == np.float64 and len(x) == n and x[-1] == n - 1 and np.array_equal(y, values)
+    cx, cy = curve_xy(dash, "big", "loss")
+    blocks = n // 64
+    assert len(cx) == 2 * blocks + n % 64
+    assert np.array_equal(cy[0:2 * blocks:2], values[: blocks * 64].reshape(-1, 64).min(axis=1))
+    assert np.array_equal(cy[1:2 * blocks:2], values[: blocks * 64].reshape(-1, 64).max(axis=1))
+    assert np.array_equal(cy[2 * blocks:], values[blocks * 64:]) and cx[-1] == n - 1
+    assert cy.max() == values.max() and cy.min() == values.min()
+    vb = dash.plots["loss"].getPlotItem().vb
+    vb.setXRange(1000, 2000)
+    vb.sigRangeChangedManually.emit(vb.state["mouseEnabled"])  # what a mouse zoom emits
+    dash.flush()
+    assert len(curve_xy(dash, "big", "loss")[0]) == n
+    dash.auto_range()
+    dash.flush()
+    assert len(curve_xy(dash, "big", "loss")[0]) == 2 * blocks + n % 64
     c = dash.curve("big", "loss")
     assert c.opts["clipToView"] and c.opts["autoDownsample"] and c.opts["downsampleMethod"] == "peak"
