@@ -102,9 +102,11 @@ def test_script_of_digits_brings_its_data(tmp_path):
 
 
 @pytest.mark.slow
-def test_script_under_torchrun_ddp_equals_the_distributed_runtime(tmp_path):
+@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+def test_script_under_torchrun_equals_the_distributed_runtime(kind, tmp_path):
     project = dropout_mlp(tmp_path)
-    project.graph.set_param("drop", "p", 0.0)  # DDP replicas draw their own dropout masks
+    project.graph.set_param("drop", "p", 0.0)  # replicas draw their own dropout masks
+    project.placement.dp, project.placement.data_parallel = 2, kind
     rd = prepare_run(project, tmp_path / "run", steps=STEPS)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
@@ -112,7 +114,7 @@ def test_script_under_torchrun_ddp_equals_the_distributed_runtime(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     want = [r["loss"] for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
-    script = export_script(project, tmp_path / "ddp.py")
+    script = export_script(project, tmp_path / f"{kind}.py")
     got = script_losses(script, tmp_path / "out", launcher=torchrun)
     assert len(got) == STEPS
     assert got == pytest.approx(want, rel=1e-6, abs=1e-7)
