@@ -2,9 +2,10 @@
 
 A run is the CLI's own `python main.py train PROJECT --out RUN_DIR [--nproc N]`
 (or `--resume RUN_DIR`) in a child process that leads its own process group
-(start_new_session): Stop sends SIGTERM to the whole group (the trainer saves a
-checkpoint and marks the run cancelled; torchrun forwards it to its workers), and
-SIGKILL after a grace period to whatever is left. Nothing runs in the GUI thread
+(start_new_session). Stop asks it to end after the current step (SIGTERM to the
+group for one process: the trainer checkpoints and marks the run cancelled; SIGINT
+to the CLI for several, whose launcher stops torchrun and its workers), then
+SIGKILLs, after a grace period, the group and every descendant it has seen. Nothing runs in the GUI thread
 but a 5 Hz poll: the process's exit code and the new lines of metrics.jsonl
 (engine/tail.py, by byte offset).
 """
@@ -46,6 +47,36 @@ def group_pids(pgid: int) -> list[int]:
     return pids
 
 
+def descendants(pid: int) -> set[int]:
+    """Children, grandchildren... of pid (torchrun puts its workers in sessions of
+    their own, so the process group alone does not find them)."""
+    kids: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                rest = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        kids.setdefault(int(rest[1]), []).append(int(entry.name))
+    out, stack = set(), [pid]
+    while stack:
+        for c in kids.get(stack.pop(), []):
+            if c not in out:
+                out.add(c)
+                stack.append(c)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _fmt_eta(seconds: float) -> str:
     if not math.isfinite(seconds) or seconds < 0:
         return "…"
@@ -62,6 +93,7 @@ class ActiveRun:
     run_dir: Path
     proc: subprocess.Popen
     command: list[str]
+    nproc: int = 1
     resume: bool = False
     snapshot: Path | None = None  # temporary project file, removed at the end
     tail: MetricsTail | None = None
@@ -72,6 +104,16 @@ class ActiveRun:
     rate_ref: tuple[float, int] | None = None  # (metrics time, step) of the first record seen
     step: int = 0
     eta: float = math.nan
+    seen: set = field(default_factory=set)  # every descendant pid observed
+    last_scan: float = 0.0
+
+    def scan(self) -> None:
+        self.seen |= descendants(self.proc.pid)
+        self.last_scan = time.monotonic()
+
+    def leftovers(self) -> list[int]:
+        """Processes of this run still alive: its group, and every descendant seen."""
+        return sorted(set(group_pids(self.pgid)) | {p for p in self.seen if alive(p)})
 
     @property
     def pgid(self) -> int:
@@ -129,7 +171,7 @@ class RunController(QObject):
         if steps:
             cmd += ["--steps", str(steps)]
         self.node_ids = tuple(project.graph.nodes)
-        return self.launch(run_dir, cmd, snapshot=snapshot)
+        return self.launch(run_dir, cmd, snapshot=snapshot, nproc=nproc)
 
     def resume(self, run_dir: str | Path, *, nproc: int = 1, node_ids=()) -> Path:
         """Continue a stopped run from its latest checkpoint."""
@@ -142,13 +184,14 @@ class RunController(QObject):
         if nproc > 1:
             cmd += ["--nproc", str(nproc)]
         self.node_ids = tuple(node_ids)
-        return self.launch(run_dir, cmd, resume=True)
+        return self.launch(run_dir, cmd, resume=True, nproc=nproc)
 
     def _refuse_if_running(self) -> None:
         if self.active is not None:
             raise RuntimeError(f"a run is already going ({self.active.run_dir.name}); stop it first")
 
-    def launch(self, run_dir: Path, cmd: list[str], *, snapshot: Path | None = None, resume: bool = False) -> Path:
+    def launch(self, run_dir: Path, cmd: list[str], *, snapshot: Path | None = None, resume: bool = False,
+               nproc: int = 1) -> Path:
         logs = run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -158,26 +201,31 @@ class RunController(QObject):
             proc = subprocess.Popen(cmd, cwd=str(ROOT), env=env, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         tail = MetricsTail(run_dir / "metrics.jsonl")
-        self.active = ActiveRun(run_dir=run_dir, proc=proc, command=cmd, resume=resume, snapshot=snapshot, tail=tail)
+        self.active = ActiveRun(run_dir=run_dir, proc=proc, command=cmd, nproc=nproc, resume=resume,
+                                snapshot=snapshot, tail=tail)
         self._timer.start()
         self.started.emit(str(run_dir))
         return run_dir
 
     # ----- stopping ---------------------------------------------------------------
     def stop(self) -> None:
-        """SIGTERM to the run's process group now, SIGKILL after `grace_s` if needed."""
+        """Ask the run to stop after its current step; SIGKILL after `grace_s`.
+        One process: SIGTERM to the group (the trainer checkpoints, then exits).
+        Several: SIGINT to the CLI, whose launcher then stops torchrun and every
+        worker (they live in sessions of their own) and kills them after its grace."""
         a = self.active
         if a is None:
             return
         a.stop_requested = True
-        a.kill_at = time.monotonic() + self.grace_s
-        self._signal_group(a, signal.SIGTERM)
+        a.kill_at = time.monotonic() + self.grace_s * (2 if a.nproc > 1 else 1)
+        a.scan()
+        self._signal_group(a, signal.SIGINT if a.nproc > 1 else signal.SIGTERM)
 
     def kill(self) -> None:
         a = self.active
         if a is not None:
             a.stop_requested = True
-            self._signal_group(a, signal.SIGKILL)
+            self._kill_all(a)
 
     def _signal_group(self, a: ActiveRun, sig) -> None:
         try:
@@ -185,17 +233,28 @@ class RunController(QObject):
         except (ProcessLookupError, PermissionError):
             pass
 
+    def _kill_all(self, a: ActiveRun) -> None:
+        if a.proc.poll() is None:
+            a.scan()
+        self._signal_group(a, signal.SIGKILL)
+        for pid in a.leftovers():
+            for send in (os.killpg, os.kill):
+                try:
+                    send(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the run and wait for its processes (the app is closing)."""
         a = self.active
         if a is None:
             return
         self.stop()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and (a.proc.poll() is None or group_pids(a.pgid)):
+        deadline = time.monotonic() + timeout_s * (2 if a.nproc > 1 else 1)
+        while time.monotonic() < deadline and (a.proc.poll() is None or a.leftovers()):
             time.sleep(0.05)
-        if group_pids(a.pgid):
-            self._signal_group(a, signal.SIGKILL)
+        if a.leftovers():
+            self._kill_all(a)
         a.proc.wait()
         self.poll()
 
@@ -207,14 +266,20 @@ class RunController(QObject):
             return
         self._read_metrics(a)
         code = a.proc.poll()
-        if a.kill_at is not None and time.monotonic() > a.kill_at and group_pids(a.pgid):
-            self._signal_group(a, signal.SIGKILL)
+        if code is None and time.monotonic() - a.last_scan > 1.0:
+            a.scan()
+        if a.kill_at is not None and time.monotonic() > a.kill_at and a.leftovers():
+            self._kill_all(a)
         if code is None:
             return
-        left = group_pids(a.pgid)
+        left = a.leftovers()
         if left:  # the leader is gone but a worker is not: end it before calling the run over
-            self._signal_group(a, signal.SIGTERM if a.kill_at is None else signal.SIGKILL)
             if a.kill_at is None:
+                for pid in left:
+                    try:
+                        os.kill(pid, signal.SIGTERM)
+                    except (ProcessLookupError, PermissionError):
+                        pass
                 a.kill_at = time.monotonic() + self.grace_s
             return
         self._read_metrics(a)

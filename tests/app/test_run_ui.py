@@ -70,7 +70,7 @@ def processes_mentioning(text: str) -> list[int]:
 
 def loss_points(ui, run_dir) -> int:
     c = ui.dashboard.curve(str(run_dir), "loss")
-    return 0 if c is None or c.getData()[0] is None else len(c.getData()[0])
+    return 0 if c is None or c.getOriginalDataset()[0] is None else len(c.getOriginalDataset()[0])
 
 
 def test_run_from_the_toolbar_stop_and_resume(qtbot, open_window, project_path):
@@ -110,6 +110,24 @@ def test_run_from_the_toolbar_stop_and_resume(qtbot, open_window, project_path):
     assert steps == list(range(1, len(steps) + 1)) and len(steps) > stopped_at  # resumed, no step twice
 
 
+def test_two_process_run_from_the_toolbar_then_stop(qtbot, open_window, project_path):
+    """torchrun puts its workers in sessions of their own: Stop must still leave none."""
+    w = open_window(project_path)
+    ui = w.run_ui
+    ui.toolbar.procs.setValue(2)
+    ui.toolbar.run_action.trigger()
+    active = ui.controller.active
+    run_dir, pgid = active.run_dir, active.pgid
+    assert active.command[-2:] == ["--nproc", "2"]
+    qtbot.waitUntil(lambda: loss_points(ui, run_dir) >= 2, timeout=150_000)
+    workers = [p for p in active.seen if p in processes_mentioning(str(run_dir))]
+    assert len(workers) >= 3  # torchrun and its two ranks
+    ui.toolbar.stop_action.trigger()
+    qtbot.waitUntil(lambda: not ui.controller.running, timeout=90_000)
+    assert group_pids(pgid) == [] and processes_mentioning(str(run_dir)) == []
+    assert summarize_run(run_dir).state == "cancelled"
+
+
 def two_finished_runs(project_path):
     project = load_project(project_path)
     project.training.eval_interval = 3
@@ -142,7 +160,7 @@ def test_history_restart_overlay_csv_delete_and_screenshot(qtbot, open_window, p
     ui.runs_panel.compare_button.click()
     assert sorted(ui.dashboard.run_keys()) == sorted([str(a), str(b)])
     ca, cb = ui.dashboard.curve(str(a), "loss"), ui.dashboard.curve(str(b), "loss")
-    assert len(ca.getData()[0]) == len(cb.getData()[0]) == 6
+    assert len(ca.getOriginalDataset()[0]) == len(cb.getOriginalDataset()[0]) == 6
     assert ca.opts["pen"].color() != cb.opts["pen"].color()
 
     out = ui.dashboard.export_csv(tmp_path / "a.csv", keys=[str(a)])
