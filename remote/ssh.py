@@ -216,6 +216,11 @@ class Connection:
         except paramiko.BadHostKeyException as exc:
             client.close()
             raise HostKeyChanged(self.label, exc.expected_key, exc.key, str(self.known_hosts)) from None
+        except paramiko.PasswordRequiredException:
+            client.close()
+            raise AuthFailed(self.label, f"key {h.identity_file} is protected by a passphrase; Layerflow never "
+                                         f"stores one: add the key to your ssh-agent (ssh-add {h.identity_file})"
+                             ) from None
         except paramiko.AuthenticationException as exc:
             client.close()
             how = f"key {h.identity_file}" if h.identity_file else "the ssh-agent and default keys"
@@ -353,8 +358,11 @@ class Connection:
             return b""
 
     def read_text(self, path: str) -> str | None:
+        def go(s):
+            with s.open(path, "rb") as f:
+                return f.read()
         try:
-            return self._sftp_call(f"read {path}", lambda s: s.open(path, "rb").read()).decode("utf-8", "replace")
+            return self._sftp_call(f"read {path}", go).decode("utf-8", "replace")
         except FileNotFoundError:
             return None
 

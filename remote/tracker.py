@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from engine.project import atomic_write
 from engine.tail import parse_jsonl, split_complete
 from remote.jobs import TERMINAL, Job, JobDB
 from remote.ssh import Connection, SSHError, quote
@@ -158,6 +159,13 @@ class Tracker:
         if self.job.metrics_node is None and "run/metrics.jsonl" in sizes:
             self.job.metrics_node = i
             self.db.save(self.job)
+        status = self.nodes[i].info.get("status")
+        if i == self.job.metrics_node and isinstance(status, dict):
+            # mirrored without the pid: that process lives on the node, not here
+            text = json.dumps({k: v for k, v in status.items() if k != "pid"}, sort_keys=True)
+            path = self.mirror / "status.json"
+            if not path.exists() or path.read_text() != text:
+                atomic_write(path, text.encode())
         for rel, size in sizes.items():
             if rel == "run/metrics.jsonl":
                 if i != self.job.metrics_node:

@@ -84,6 +84,9 @@ def test_deploy_one_node_streams_metrics_complete_with_hostile_names(sshd_pair, 
     assert mirror.read_bytes() == remote_file(job, "run/metrics.jsonl")  # byte for byte
     assert seen[-1]["event"] == "end" and [r["step"] for r in seen if "loss" in r] == list(range(1, 61))
     assert job.step == 60
+    from engine.runs import summarize_run  # the mirror reads like a local run folder
+    summary = summarize_run(mirror.parent)
+    assert (summary.state, summary.step, summary.total_steps) == ("succeeded", 60, 60)
     out = tmp_path / "fetched"
     with Tracker(job.id) as tr:
         tr.fetch(out)

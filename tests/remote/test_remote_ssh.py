@@ -130,6 +130,10 @@ def test_unreachable_and_bad_key(sshd_pair, tmp_path):
         conn(sshd_pair, port=port).run("true")
     with pytest.raises(AuthFailed, match="authentication failed"):
         conn(sshd_pair, identity_file=str(keygen(tmp_path / "stranger"))).run("true")
+    locked = tmp_path / "locked"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "secret", "-f", str(locked)], check=True)
+    with pytest.raises(AuthFailed, match="passphrase.*ssh-add"):
+        conn(sshd_pair, identity_file=str(locked)).run("true")
 
 
 def test_jump_host(sshd_pair):
@@ -150,7 +154,8 @@ def test_silent_dead_link_times_out_instead_of_hanging(sshd_pair, tmp_path, rela
     relay = relay_factory((s.addr, s.port))
     kh = tmp_path / "kh"
     kh.write_text(s.public_key_line().replace(f"[{s.addr}]:{s.port}", f"[127.0.0.1]:{relay.port}") + "\n")
-    c = parse_cluster(sshd_pair.cluster("t", tmp_path, n_hosts=1, known_hosts=str(kh), command_timeout=2))
+    c = parse_cluster(sshd_pair.cluster("t", tmp_path, n_hosts=1, known_hosts=str(kh), command_timeout=2,
+                                        connect_timeout=2))
     with Connection.to(c, c.hosts[0].model_copy(update={"address": "127.0.0.1", "port": relay.port})) as conn:
         assert conn.run("echo hi").stdout == "hi\n"
         (tmp_path / "f").write_bytes(b"a\nb\n")
