@@ -52,9 +52,20 @@ class Concat(nn.Module):
         return torch.cat(xs, dim=self.dim)
 
 
+class Identity(nn.Module):
+    """nn.Identity leaves no trace in ONNX; a clone becomes an Identity op, so the
+    node survives a round trip."""
+
+    def forward(self, x):
+        return x.clone()
+
+
 def _wrap_functions(gm: fx.GraphModule, spec: dict) -> fx.GraphModule:
     """Turn the call_function nodes of Add/Mul/Concat into call_module nodes."""
     types = {n["id"]: (n["type"], n["params"]) for n in spec["nodes"]}
+    for nid, (ntype, _) in types.items():
+        if ntype == "Identity":
+            setattr(gm, nid, Identity())
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.name not in types:
             continue

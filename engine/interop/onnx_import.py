@@ -64,6 +64,7 @@ CLASS_TYPES = {
     "engine.interop.onnx_export.Add": "Add",
     "engine.interop.onnx_export.Mul": "Mul",
     "engine.interop.onnx_export.Concat": "Concat",
+    "engine.interop.onnx_export.Identity": "Identity",
 }
 
 # ONNX op -> catalog type when there is no module scope to go by

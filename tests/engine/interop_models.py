@@ -25,6 +25,7 @@ def mlp() -> Graph:
     h = b.add("Linear", {"out_features": 32}, x, id="fc1")
     h = b.add("ReLU", {}, h, id="act1")
     h = b.add("Dropout", {"p": 0.2}, h, id="drop")
+    h = b.add("Identity", {}, h, id="tap")  # nn.Identity leaves no ONNX op of its own
     h = b.add("Linear", {"out_features": 16}, h, id="fc2")
     h = b.add("GELU", {}, h, id="act2")
     h = b.add("Linear", {"out_features": 4}, h, id="head")
