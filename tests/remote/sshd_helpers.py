@@ -8,7 +8,6 @@ forwarder a test puts in front of sshd and stops to cut a connection mid-run.
 """
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import threading

@@ -3,8 +3,6 @@
 memory.used,utilization.gpu --format=csv,noheader,nounits` prints on real machines)."""
 from __future__ import annotations
 
-import pytest
-
 from remote.cluster import parse_cluster
 from remote.preflight import check_devices, parse_nvidia_smi, preflight
 
