@@ -183,6 +183,7 @@ class MainWindow(QMainWindow):
         self._act("group", "&Group into Block…", self.group_selected, "Ctrl+G", "group")
         self._act("ungroup", "&Ungroup", c.ungroup_selected, "Ctrl+Shift+G")
         self._act("repeat", "&Repeat Block…", self.repeat_selected, "Ctrl+R")
+        self._act("collapse", "Collapse/&Expand Block", self.toggle_collapse, "Ctrl+E")
         self._act("fit", "&Fit View", lambda: self.view.fit(), "F", "fit")
         self._act("zoom_in", "Zoom &In", lambda: self.view.set_zoom(self.view.zoom() * 1.25), QKeySequence.ZoomIn)
         self._act("zoom_out", "Zoom &Out", lambda: self.view.set_zoom(self.view.zoom() / 1.25), QKeySequence.ZoomOut)
@@ -215,7 +216,7 @@ class MainWindow(QMainWindow):
         m.addAction(a["quit"])
         m = self.menuBar().addMenu("&Edit")
         for k in ("undo", "redo", None, "cut", "copy", "paste", "duplicate", "delete", None, "select_all", "rename",
-                  None, "group", "ungroup", "repeat"):
+                  None, "group", "ungroup", "repeat", "collapse"):
             m.addSeparator() if k is None else m.addAction(a[k])
         self.edit_menu = m
         m = self.menuBar().addMenu("&View")
@@ -366,6 +367,13 @@ class MainWindow(QMainWindow):
         name, ok = QInputDialog.getText(self, "Group into block", "Block name:", text=default)
         if ok and name.strip():
             self.controller.group_selected(name.strip())
+
+    def toggle_collapse(self) -> None:
+        groups = self.scene.selected_groups()
+        if not groups:
+            self.statusBar().showMessage("Select (a node of) a block to collapse or expand it", 5000)
+        for g in groups:
+            self.scene.toggle_collapsed(g)
 
     def repeat_selected(self) -> None:
         groups = {self.project.graph.nodes[n].group for n in self.scene.selected_ids()} - {None}

@@ -32,6 +32,8 @@ class Minimap(QWidget):
         return r.adjusted(-40, -40, 40, 40)
 
     def _render(self) -> None:
+        if self.view.scene() is None:  # the scene went away before the timer fired
+            return
         self._src = self.scene_rect()
         pix = QPixmap(self.size())
         pix.fill(QColor(self.view.scene().theme.background))
@@ -57,6 +59,8 @@ class Minimap(QWidget):
         return QPointF((p.x() - off.x()) / k + self._src.x(), (p.y() - off.y()) / k + self._src.y())
 
     def paintEvent(self, e) -> None:
+        if self.view.scene() is None:
+            return
         if self._pix is None or self._src.isNull():
             self._render()
         p = QPainter(self)
@@ -67,9 +71,9 @@ class Minimap(QWidget):
         k, off = self._scale()
         v = self.view.visible_scene_rect()
         r = QRectF(off.x() + (v.x() - self._src.x()) * k, off.y() + (v.y() - self._src.y()) * k, v.width() * k, v.height() * k)
-        p.setPen(QPen(QColor(t.selected), 1.5))
-        c = QColor(t.selected)
-        c.setAlpha(30)
+        p.setPen(QPen(QColor("#3b82c4"), 1.5))
+        c = QColor("#3b82c4")
+        c.setAlpha(40)
         p.setBrush(c)
         p.drawRect(r.intersected(QRectF(self.rect())))
         p.setPen(QPen(QColor(t.node_border), 1))

@@ -258,9 +258,7 @@ class EdgeItem(QGraphicsPathItem):
         self.update()
 
     def update_path(self) -> None:
-        scene: NodeScene = self.scene()
-        a = scene.port_pos(self.edge.src, self.edge.src_port, False)
-        b = scene.port_pos(self.edge.dst, self.edge.dst_port, True)
+        a, b = self.scene().edge_ends(self.edge)
         dx = max(40.0, abs(b.x() - a.x()) * 0.5)
         path = QPainterPath(a)
         path.cubicTo(QPointF(a.x() + dx, a.y()), QPointF(b.x() - dx, b.y()), b)
@@ -336,37 +334,115 @@ class EdgeItem(QGraphicsPathItem):
 
 
 class GroupItem(QGraphicsItem):
-    """A frame around the nodes of one named block, drawn behind them."""
+    """One named block. Expanded: a frame around its nodes, drawn behind them.
+    Collapsed (double-click the title): a card in place of its nodes, with one
+    input port per value entering the block and one output per value leaving it;
+    dragging the card moves every node of the block (one undo step)."""
 
     def __init__(self, name: str, scene: "NodeScene"):
         super().__init__()
         self.name = name
         self.setZValue(-1)
         self._rect = QRectF()
+        self.ins: list[tuple[str, str]] = []  # values (node, port) entering the block
+        self.outs: list[tuple[str, str]] = []  # values leaving it
         scene.addItem(self)
+
+    @property
+    def collapsed(self) -> bool:
+        return self.name in self.scene().collapsed
+
+    def members(self) -> list[str]:
+        scene: NodeScene = self.scene()
+        return [n for n, node in scene.graph.nodes.items() if node.group == self.name and n in scene.node_items]
 
     def refit(self) -> None:
         scene: NodeScene = self.scene()
+        members = set(self.members())
         rect = QRectF()
-        for nid, node in scene.graph.nodes.items():
-            if node.group == self.name and nid in scene.node_items:
-                rect = rect.united(scene.node_items[nid].sceneBoundingRect())
+        for nid in members:
+            item = scene.node_items[nid]
+            rect = rect.united(QRectF(item.pos(), item._rect.size()).adjusted(PORT_R + 3, 0, 0, 0))
         self.prepareGeometryChange()
-        self._rect = rect.adjusted(-16, -34, 16, 16) if not rect.isNull() else QRectF()
+        self.setPos(0, 0)
+        if self.collapsed and not rect.isNull():
+            g = scene.graph
+            self.ins = list(dict.fromkeys((e.src, e.src_port) for e in g.edges if e.dst in members and e.src not in members))
+            self.outs = list(dict.fromkeys((e.src, e.src_port) for e in g.edges if e.src in members and e.dst not in members))
+            self._rect = QRectF(rect.x(), rect.y(), NODE_W, node_height(len(self.ins), len(self.outs)))
+            self.setZValue(1)
+            self.setFlags(QGraphicsItem.ItemIsMovable | QGraphicsItem.ItemIsSelectable | QGraphicsItem.ItemSendsGeometryChanges)
+        else:
+            self._rect = rect.adjusted(-16, -34, 16, 16) if not rect.isNull() else QRectF()
+            self.setZValue(-1)
+            self.setFlags(QGraphicsItem.GraphicsItemFlag(0))
         self.update()
 
+    def port_pos(self, value: tuple[str, str], is_input: bool) -> QPointF:
+        values = self.ins if is_input else self.outs
+        i = values.index(value) if value in values else 0
+        x = self._rect.left() if is_input else self._rect.right()
+        return self.mapToScene(QPointF(x, self._rect.top() + BODY_TOP + (i + 0.5) * ROW_H))
+
     def boundingRect(self) -> QRectF:
-        return self._rect
+        return self._rect.adjusted(-PORT_R - 3, -2, PORT_R + 3, 2) if self.collapsed else self._rect
+
+    def itemChange(self, change, value):
+        scene = self.scene()
+        if change == QGraphicsItem.ItemPositionChange and scene is not None and scene.snap:
+            return QPointF(round(value.x() / GRID) * GRID, round(value.y() / GRID) * GRID)
+        if change == QGraphicsItem.ItemPositionHasChanged and scene is not None:
+            for nid in self.members():
+                scene._item_moved(nid, refit=False)
+        return super().itemChange(change, value)
+
+    def mouseDoubleClickEvent(self, e) -> None:
+        if self.collapsed or e.pos().y() < self._rect.top() + 30:  # the title bar
+            self.scene().toggle_collapsed(self.name)
+            e.accept()
+            return
+        super().mouseDoubleClickEvent(e)
 
     def paint(self, p: QPainter, opt, widget=None) -> None:
         t = self.scene().theme
         p.setRenderHint(QPainter.Antialiasing)
-        p.setPen(QPen(QColor(t.group_border), 1.2, Qt.DashLine))
-        p.setBrush(QColor(t.group_fill))
-        p.drawRoundedRect(self._rect, 10, 10)
-        p.setPen(QColor(t.group_text))
+        if not self.collapsed:
+            p.setPen(QPen(QColor(t.group_border), 1.2, Qt.DashLine))
+            p.setBrush(QColor(t.group_fill))
+            p.drawRoundedRect(self._rect, 10, 10)
+            p.setPen(QColor(t.group_text))
+            p.setFont(_TITLE_FONT)
+            p.drawText(self._rect.adjusted(12, 6, -12, 0), Qt.AlignLeft | Qt.AlignTop, f"▾ {self.name}")
+            return
+        r = self._rect
+        sel = self.isSelected()
+        p.setPen(QPen(QColor(t.selected), 2.2) if sel else QPen(QColor(t.group_border), 1.4, Qt.DashLine))
+        p.setBrush(QColor(t.node_body))
+        p.drawRoundedRect(r, 7, 7)
+        p.setPen(_NO_PEN)
+        p.setBrush(QColor(t.group_border))
+        p.drawRoundedRect(QRectF(r.x(), r.y(), r.width(), HEADER_H), 7, 7)
+        p.fillRect(QRectF(r.x(), r.y() + HEADER_H - 8, r.width(), 8), QColor(t.group_border))
         p.setFont(_TITLE_FONT)
-        p.drawText(self._rect.adjusted(12, 6, -12, 0), Qt.AlignLeft | Qt.AlignTop, f"▣ {self.name}")
+        p.setPen(QColor(t.header_text))
+        p.drawText(QRectF(r.x() + 10, r.y(), r.width() - 20, HEADER_H), Qt.AlignVCenter | Qt.AlignLeft, f"▸ {self.name}")
+        p.setFont(_TEXT_FONT)
+        p.setPen(QColor(t.subtext))
+        p.drawText(QRectF(r.x() + 10, r.y() + HEADER_H, r.width() - 20, BODY_TOP - HEADER_H - 2),
+                   Qt.AlignVCenter | Qt.AlignLeft, f"block · {len(self.members())} layers")
+        p.setPen(QColor(t.text))
+        for values, is_input in ((self.ins, True), (self.outs, False)):
+            for i, (src, _) in enumerate(values):
+                y = r.top() + BODY_TOP + (i + 0.5) * ROW_H
+                box = QRectF(r.x() + 12, y - ROW_H / 2, r.width() / 2 - 12, ROW_H) if is_input else \
+                    QRectF(r.center().x(), y - ROW_H / 2, r.width() / 2 - 12, ROW_H)
+                p.drawText(box, Qt.AlignVCenter | (Qt.AlignLeft if is_input else Qt.AlignRight), src)
+        p.setPen(QPen(QColor(t.node_body), 1.5))
+        p.setBrush(QColor(t.port_in))
+        for values, is_input in ((self.ins, True), (self.outs, False)):
+            for i in range(len(values)):
+                x = r.left() if is_input else r.right()
+                p.drawEllipse(QPointF(x, r.top() + BODY_TOP + (i + 0.5) * ROW_H), PORT_R, PORT_R)
 
 
 class OverviewItem(QGraphicsItem):
@@ -392,8 +468,10 @@ class OverviewItem(QGraphicsItem):
         scene: NodeScene = self.scene()
         path = QPainterPath()
         for e in scene.edge_items:
-            a = scene.port_pos(e.src, e.src_port, False)
-            b = scene.port_pos(e.dst, e.dst_port, True)
+            gs, gd = scene._collapsed_group(e.src), scene._collapsed_group(e.dst)
+            if gs is not None and gs is gd:
+                continue  # inside a collapsed block
+            a, b = scene.edge_ends(e)
             path.moveTo(a)
             path.lineTo(b)
         rect = path.boundingRect()
@@ -419,6 +497,8 @@ class OverviewItem(QGraphicsItem):
         p.drawPath(self._path)
         sel = QColor(t.selected)
         for item in scene.node_items.values():
+            if not item.isVisible():
+                continue
             node = item.node
             p.fillRect(QRectF(item.pos(), item._rect.size()).adjusted(PORT_R + 3, 2, -PORT_R - 3, -2),
                        sel if item.isSelected() else stage_color(node.stage, t))
@@ -439,6 +519,7 @@ class NodeScene(QGraphicsScene):
         self.node_items: dict[str, NodeItem] = {}
         self.edge_items: dict[Edge, EdgeItem] = {}
         self.group_items: dict[str, GroupItem] = {}
+        self.collapsed: set[str] = set()  # blocks shown as one card (view state)
         self._edges_of: dict[str, set[Edge]] = {}
         self._syncing = False
         self.detail = True  # zoomed in enough for ports, labels and text
@@ -538,8 +619,12 @@ class NodeScene(QGraphicsScene):
             self._refit_groups()
         elif k == "edge_added":
             self._add_edge(ev.edge)
+            if self.collapsed:
+                self.apply_collapse()
         elif k == "edge_removed":
             self._remove_edge(ev.edge)
+            if self.collapsed:
+                self.apply_collapse()
         elif k == "param_changed":
             item = self.node_items.get(ev.node)
             if item is not None:
@@ -553,6 +638,8 @@ class NodeScene(QGraphicsScene):
                 self._syncing = True
                 item.setPos(*ev.new)
                 self._syncing = False
+            elif item is not None and self._collapsed_group(ev.node) is not None:
+                self._item_moved(ev.node)
         elif k in ("placement_changed",):
             item = self.node_items.get(ev.node)
             if item is not None:
@@ -560,7 +647,7 @@ class NodeScene(QGraphicsScene):
         elif k == "group_changed":
             self._refit_groups()
 
-    def _item_moved(self, nid: str) -> None:
+    def _item_moved(self, nid: str, refit: bool = True) -> None:
         if not self.detail:
             self.overview.invalidate()
         for e in self._edges_of.get(nid, ()):
@@ -568,7 +655,7 @@ class NodeScene(QGraphicsScene):
             if item is not None:
                 item.update_path()
         node = self.graph.nodes.get(nid)
-        if node is not None and node.group in self.group_items:
+        if refit and node is not None and node.group in self.group_items:
             self.group_items[node.group].refit()
 
     def _refit_groups(self) -> None:
@@ -580,6 +667,8 @@ class NodeScene(QGraphicsScene):
             if name not in self.group_items:
                 self.group_items[name] = GroupItem(name, self)
             self.group_items[name].refit()
+        if self.collapsed:
+            self.apply_collapse()
 
     # ----- compile results ----------------------------------------------------
     def set_result(self, result, edge_notes: dict[Edge, str] | None = None) -> None:
@@ -608,6 +697,8 @@ class NodeScene(QGraphicsScene):
                     port.setVisible(detail)
             for item in self.edge_items.values():
                 item.setVisible(detail)
+            if self.collapsed:
+                self.apply_collapse()
             self.overview.invalidate()
 
     def set_theme(self, t: SceneTheme) -> None:
@@ -615,6 +706,39 @@ class NodeScene(QGraphicsScene):
         self.update()
 
     # ----- queries ------------------------------------------------------------
+    def _collapsed_group(self, nid: str) -> GroupItem | None:
+        g = self.graph.nodes[nid].group if nid in self.graph.nodes else None
+        return self.group_items.get(g) if g in self.collapsed else None
+
+    def edge_ends(self, e: Edge) -> tuple[QPointF, QPointF]:
+        """Where an edge starts and ends: at its ports, or at the card of a
+        collapsed block that holds one end."""
+        gs, gd = self._collapsed_group(e.src), self._collapsed_group(e.dst)
+        a = gs.port_pos((e.src, e.src_port), False) if gs is not None and gs is not gd else \
+            self.port_pos(e.src, e.src_port, False)
+        b = gd.port_pos((e.src, e.src_port), True) if gd is not None and gs is not gd else \
+            self.port_pos(e.dst, e.dst_port, True)
+        return a, b
+
+    def toggle_collapsed(self, name: str) -> None:
+        self.collapsed.symmetric_difference_update({name})
+        self.apply_collapse()
+
+    def apply_collapse(self) -> None:
+        """Show or hide block members, internal edges and cards per self.collapsed."""
+        self.collapsed &= set(self.group_items)
+        for item in self.group_items.values():
+            item.refit()
+        for nid, item in self.node_items.items():
+            hidden = self._collapsed_group(nid) is not None
+            item.setVisible(not hidden)
+            if hidden:
+                item.setSelected(False)
+        for e, item in self.edge_items.items():
+            gs, gd = self._collapsed_group(e.src), self._collapsed_group(e.dst)
+            item.setVisible(self.detail and not (gs is not None and gs is gd))
+            item.update_path()
+
     def port_pos(self, nid: str, port: str, is_input: bool) -> QPointF:
         item = self.node_items[nid]
         p = item.ports.get((port, is_input))
@@ -624,10 +748,19 @@ class NodeScene(QGraphicsScene):
 
     def selected_ids(self) -> list[str]:
         sel = {i.node_id for i in self.selectedItems() if isinstance(i, NodeItem)}
+        for i in self.selectedItems():
+            if isinstance(i, GroupItem) and i.collapsed:
+                sel.update(i.members())
         return [n for n in self.graph.nodes if n in sel]  # model order: stable
 
     def selected_edges(self) -> list[Edge]:
         return [i.edge for i in self.selectedItems() if isinstance(i, EdgeItem)]
+
+    def selected_groups(self) -> list[str]:
+        """Blocks of the selection: selected cards and the blocks of selected nodes."""
+        names = {i.name for i in self.selectedItems() if isinstance(i, GroupItem)}
+        names |= {self.graph.nodes[n].group for n in self.selected_ids()} - {None}
+        return sorted(names)
 
     def select_nodes(self, ids) -> None:
         ids = set(ids)
@@ -692,7 +825,15 @@ class NodeScene(QGraphicsScene):
             return
         super().mouseReleaseEvent(e)
         moves = {}
+        for g in self.group_items.values():
+            if g.collapsed and g.pos() != QPointF(0, 0):
+                d = g.pos()
+                for nid in g.members():
+                    x, y = self.graph.nodes[nid].pos
+                    moves[nid] = ((x, y), (x + d.x(), y + d.y()))
         for nid, item in self.node_items.items():
+            if nid in moves:
+                continue
             model = self.graph.nodes[nid].pos
             now = (item.pos().x(), item.pos().y())
             if now != model:

@@ -294,3 +294,33 @@ def test_a_wire_dropped_on_empty_canvas_adds_a_connected_layer(qtbot, asked):
     assert w.scene.port_pos("relu1", "in", True).x() == pytest.approx(w.scene.port_pos("linear1", "out", False).x() + 150, abs=20)
     w.controller.stack.undo()  # one step: the node and its wire
     assert snapshot(w) == before
+
+
+def test_a_collapsed_block_is_one_card_that_moves_its_nodes(qtbot, asked):
+    from widgets.node_scene import GroupItem
+
+    w = make_window(qtbot, transformer_block_project())
+    g = w.project.graph
+    w.scene.select_nodes(["ln", "lin", "res"])
+    w.controller.group_selected("layer")
+    qtbot.keyClick(w.view, Qt.Key_E, Qt.ControlModifier)  # collapse
+    card: GroupItem = w.scene.group_items["layer"]
+    assert card.collapsed and not w.scene.node_items["lin"].isVisible()
+    assert card.ins == [("x", "out")] and card.outs == [("res", "out")]  # one value in, one out
+    assert not w.scene.edge_items[Edge("ln", "out", "lin", "in")].isVisible()
+    ext = w.scene.edge_items[Edge("res", "out", "out", "in")]
+    assert ext.path().elementAt(0).x == pytest.approx(card.sceneBoundingRect().right() - 8, abs=1)
+    before = snapshot(w)
+    # drag the card by its title: every node of the block moves, one undo step
+    title = vp_pos(w, card.mapToScene(card.boundingRect().topLeft()) + QPointF(60, 12))
+    drag(w, title, title + QPoint(0, 100))
+    assert [g.nodes[n].pos[1] for n in ("ln", "lin", "res")] == [100.0, 100.0, 100.0]
+    assert g.nodes["x"].pos == (0.0, 0.0)
+    w.controller.stack.undo()
+    assert snapshot(w) == before
+    # a selected card acts for its nodes (copy, delete); double-click the title expands it
+    card.setSelected(True)
+    assert w.scene.selected_ids() == ["ln", "lin", "res"]
+    QTest.mouseDClick(w.view.viewport(), Qt.LeftButton, Qt.NoModifier, title)
+    assert not card.collapsed and w.scene.node_items["lin"].isVisible()
+    assert w.scene.edge_items[Edge("ln", "out", "lin", "in")].isVisible()
