@@ -319,3 +319,20 @@ def test_every_listed_operator_imports_from_a_plain_onnx_graph(tmp_path):
     gm.load_state_dict(imp.state)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(forward(gm.eval(), torch.from_numpy(x)), want, **TOL)
+
+
+def test_training_starts_from_the_imported_weights(exported, tmp_path):
+    from engine.project import SyntheticImages, Training
+    from engine.run import prepare_run
+    from engine.runtime.train import Trainer, load_spec
+
+    imp = import_onnx(exported["cnn_bn"][2])
+    imp.project.training = Training(dataset=SyntheticImages(kind="synthetic_images", n_samples=64, channels=3,
+                                                            height=12, width=12, n_classes=5),
+                                    batch_size=16, steps=2, seed=9)
+    project = load_project(save_imported(imp, tmp_path / "cnn.lflow"))
+    rd = prepare_run(project, tmp_path / "run")
+    trainer = Trainer(rd, load_spec(rd), torch.device("cpu"))  # builds the model as a run does
+    for k, v in imp.state.items():
+        torch.testing.assert_close(trainer.model.state_dict()[k], v, rtol=0, atol=0)
+    assert all(np.isfinite(trainer.train_step(s)) for s in range(2))
