@@ -726,6 +726,8 @@ def _load(path: Path):
         raise InteropError(f"{path}: no such file") from None
     except Exception as exc:  # protobuf decode errors have many types
         raise InteropError(f"{path}: not an ONNX model ({type(exc).__name__}: {str(exc)[:200]})") from None
+    if not model.graph.output or not model.graph.node:
+        raise InteropError(f"{path}: holds no ONNX graph (no nodes or no outputs); is it an ONNX model?")
     try:
         model = onnx.shape_inference.infer_shapes(model)
     except Exception:  # shapes are a help, not a must: keep what the file says

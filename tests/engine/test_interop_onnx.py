@@ -336,3 +336,12 @@ def test_training_starts_from_the_imported_weights(exported, tmp_path):
     for k, v in imp.state.items():
         torch.testing.assert_close(trainer.model.state_dict()[k], v, rtol=0, atol=0)
     assert all(np.isfinite(trainer.train_step(s)) for s in range(2))
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00\xffnot a model at all" * 10, b'{"format_version": 1}'])
+def test_a_file_that_is_not_onnx_gets_a_clear_error(tmp_path, content):
+    (tmp_path / "x.onnx").write_bytes(content)
+    with pytest.raises(InteropError, match="x.onnx"):
+        import_onnx(tmp_path / "x.onnx")
+    with pytest.raises(InteropError, match="no such file"):
+        import_onnx(tmp_path / "missing.onnx")
