@@ -57,6 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", help="job name (default: the run folder's name)")
     p.add_argument("--out", help="local run folder to prepare (default: <project>/runs/<name>-<time>)")
     p.add_argument("--accept-host-key", action="append", default=[], metavar="FINGERPRINT")
+    p.add_argument("--remote-data", metavar="PATH", help="the data set (.npz) is already at PATH on every node: "
+                   "do not upload it")
     p.set_defaults(func=cmd_deploy)
 
     p = sub.add_parser("jobs", help="list remote jobs (refreshes the ones still running)")
@@ -235,7 +237,8 @@ def cmd_deploy(args) -> int:
     def show(rep):
         print(rep.table(), file=sys.stderr)
 
-    job = deploy(cluster, run_dir, name=args.name, accept=args.accept_host_key, progress=_Bar(), on_preflight=show)
+    job = deploy(cluster, run_dir, name=args.name, accept=args.accept_host_key, progress=_Bar(), on_preflight=show,
+                 remote_data=args.remote_data)
     print(job.id)
     return 0
 

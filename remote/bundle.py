@@ -23,7 +23,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from remote.ssh import Connection, quote
 
@@ -45,12 +45,14 @@ class Bundle:
         return f"{self.sha256[:32]}.tar"
 
 
-def bundle_files(run_dir: Path) -> Iterator[tuple[str, Path]]:
-    """(name inside the bundle, local file), sorted."""
+def bundle_files(run_dir: Path, exclude: Iterable[str] = ()) -> Iterator[tuple[str, Path]]:
+    """(name inside the bundle, local file), sorted. `exclude`: run-folder files left out
+    (data.npz when the data set is already on the cluster)."""
     items = []
+    skip = RUN_OUTPUTS | set(exclude)
     for p in sorted(run_dir.rglob("*")):
         rel = p.relative_to(run_dir)
-        if rel.parts[0] in RUN_OUTPUTS or not p.is_file():
+        if rel.parts[0] in skip or not p.is_file():
             continue
         items.append(("run/" + rel.as_posix(), p))
     items.append(("engine/__init__.py", ROOT / "engine" / "__init__.py"))
@@ -74,7 +76,7 @@ class _HashingWriter(io.RawIOBase):
         return self.f.write(b)
 
 
-def make_bundle(run_dir: str | os.PathLike, cache_dir: str | os.PathLike) -> Bundle:
+def make_bundle(run_dir: str | os.PathLike, cache_dir: str | os.PathLike, exclude: Iterable[str] = ()) -> Bundle:
     """Write the bundle of `run_dir` into `cache_dir` (named by its hash) and return it."""
     run_dir, cache_dir = Path(run_dir), Path(cache_dir)
     if not (run_dir / "run.json").is_file():
@@ -85,7 +87,7 @@ def make_bundle(run_dir: str | os.PathLike, cache_dir: str | os.PathLike) -> Bun
         with os.fdopen(fd, "wb") as raw:
             w = _HashingWriter(raw)
             with tarfile.open(fileobj=w, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                for name, path in bundle_files(run_dir):
+                for name, path in bundle_files(run_dir, exclude):
                     info = tarfile.TarInfo(name)
                     info.size = path.stat().st_size
                     info.mode = 0o644

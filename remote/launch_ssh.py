@@ -97,6 +97,12 @@ def _torchrun(job: Job, cluster: Cluster, i: int, nnodes: int, nproc: int) -> st
         "-m", "engine.runtime.train", "run"])
 
 
+def _link_data(job: Job) -> str:
+    """A data set already on the cluster: the run folder's data.npz points at it."""
+    path = job.extra.get("remote_data")
+    return f"ln -sfn {quote(path)} run/data.npz\n" if path else ""
+
+
 def node_script(job: Job, cluster: Cluster, i: int, nnodes: int, nproc: int) -> str:
     env = {TOKEN_VAR: job.token, "PYTHONUNBUFFERED": "1", **cluster.env}
     exports = "\n".join(f"export {k}={quote(v)}" for k, v in env.items())
@@ -110,7 +116,7 @@ def node_script(job: Job, cluster: Cluster, i: int, nnodes: int, nproc: int) -> 
 # this shell leads its own session, so its pid is the job's process group on this node.
 echo $$ > node{i}.pid.tmp && mv node{i}.pid.tmp node{i}.pid
 printf 'layerflow job %s (%s) node {i} of {nnodes}\\n' {quote(job.id)} {quote(job.name)}
-{exports}
+{_link_data(job)}{exports}
 {torchrun}
 rc=$?
 echo $rc > node{i}.exit.tmp && mv node{i}.exit.tmp node{i}.exit
@@ -120,8 +126,11 @@ exit $rc
 
 def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, accept: Iterable[str] = (),
            db: JobDB | None = None, progress: Progress | None = None,
-           on_preflight: Callable[[PreflightReport], None] | None = None) -> Job:
-    """Launch the prepared run folder on the cluster; returns the job (state running)."""
+           on_preflight: Callable[[PreflightReport], None] | None = None, remote_data: str | None = None) -> Job:
+    """Launch the prepared run folder on the cluster; returns the job (state running).
+
+    remote_data: a data set (.npz with x_train, y_train, x_val, y_val) already on every
+    node at this path; the bundle then leaves data.npz out and the nodes link to it."""
     run_dir = Path(run_dir)
     db = db or JobDB()
     accept = list(accept)
@@ -142,11 +151,20 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
         if errs:
             raise DeployError("the plan does not fit the cluster, nothing was launched:\n" + "\n".join(errs), report)
 
-        bundle = make_bundle(run_dir, config_dir() / "bundles")
+        if remote_data:
+            missing = []
+            for c in conns:
+                if c.run(f"test -r {quote(remote_data)}", check=False).exit_status != 0:
+                    missing.append(c.label)
+            if missing:
+                raise DeployError(f"remote data {remote_data} is not readable on {', '.join(missing)}; "
+                                  "nothing was launched")
+        bundle = make_bundle(run_dir, config_dir() / "bundles", exclude=["data.npz"] if remote_data else ())
         job = Job(id=new_job_id(name or run_dir.name), name=name or run_dir.name,
                   cluster=cluster_used.model_dump(mode="json"), created=time.time(), token=secrets.token_hex(12),
                   total_steps=json.loads((run_dir / "run.json").read_text()).get("total_steps"))
-        job.extra = {"world_size": world, "nproc_per_node": nproc, "bundle": bundle.sha256}
+        job.extra = {"world_size": world, "nproc_per_node": nproc, "bundle": bundle.sha256,
+                     "remote_data": remote_data}
 
         def stage(i: int) -> Node:
             c = conns[i]

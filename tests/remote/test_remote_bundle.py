@@ -32,6 +32,9 @@ def test_bundle_is_deterministic_and_complete(tmp_path):
     assert "engine/__init__.py" in names and "engine/runtime/train.py" in names
     assert not any(n.startswith(("run/metrics", "run/logs")) or "__pycache__" in n for n in names)
     assert hashlib.sha256(a.path.read_bytes()).hexdigest() == a.sha256
+    lean = make_bundle(tmp_path / "a", tmp_path / "cache", exclude=["data.npz"])  # data already on the cluster
+    with tarfile.open(lean.path) as t:
+        assert "run/data.npz" not in t.getnames() and "run/run.json" in t.getnames()
 
 
 def test_upload_once_and_in_parallel_ranges(sshd_pair, tmp_path):

@@ -83,7 +83,15 @@ def test_deploy_jobs_status_logs_fetch(sshd_pair, config_dir, tmp_path, capsys):
     proj = tmp_path / "proj" / "mlp.lflow"
     proj.parent.mkdir()
     shutil.copy(EXAMPLES / "mlp_digits.lflow", proj)
-    code, out, err = run(capsys, "deploy", proj, "--cluster", "one", "--steps", "20", "--out", tmp_path / "rd")
+    code, _, err = run(capsys, "deploy", proj, "--cluster", "one", "--steps", "20", "--out", tmp_path / "rd0",
+                       "--remote-data", tmp_path / "nowhere.npz")
+    assert code == 2 and "nowhere.npz is not readable" in err
+    # the data set already "on the cluster": the bundle leaves it out, the node links to it
+    from engine.project import load_project
+    from engine.run import prepare_run
+    shutil.copy(prepare_run(load_project(proj), tmp_path / "src", steps=1) / "data.npz", tmp_path / "big data.npz")
+    code, out, err = run(capsys, "deploy", proj, "--cluster", "one", "--steps", "20", "--out", tmp_path / "rd",
+                         "--remote-data", tmp_path / "big data.npz")
     assert code == 0, err
     job_id = out.strip()
     assert "upload" in err and "rendezvous" in err  # progress bar and the preflight table
@@ -94,6 +102,9 @@ def test_deploy_jobs_status_logs_fetch(sshd_pair, config_dir, tmp_path, capsys):
     assert st["state"] == "succeeded" and st["step"] == 20
     code, out, _ = run(capsys, "jobs")
     assert job_id in out and "succeeded" in out and "20/20" in out
+    from remote.jobs import JobDB
+    jobdir = Path(JobDB().get(job_id).nodes[0].jobdir)
+    assert (jobdir / "run" / "data.npz").resolve() == (tmp_path / "big data.npz").resolve()
     code, out, _ = run(capsys, "fetch", job_id, "-o", tmp_path / "got")
     assert code == 0 and (tmp_path / "got" / "model.pt").is_file()
     metrics = (tmp_path / "got" / "metrics.jsonl").read_text().splitlines()
