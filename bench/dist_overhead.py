@@ -1,6 +1,6 @@
 """Layerflow's distributed runtime against a hand-written torch.distributed script.
 
-    python bench/dist_overhead.py [--hidden 1024] [--batch 256] [--steps 60]
+    python bench/dist_overhead.py [--hidden 1024] [--batch 256] [--steps 60] [--repeats 2]
 
 Same model (an MLP: 256 -> H -> H -> 10), same seed, same data batches, same
 optimizer, both under torchrun with gloo on this machine's CPUs:
@@ -48,7 +48,11 @@ def worker(kind: str, run_dir: Path, out: Path) -> None:
     from engine.runtime.data import Batches, load_npz
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    cuda = torch.cuda.is_available()  # bench/gpu_check.py runs this same script on GPUs
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=dev if cuda else None)
     rank, world = dist.get_rank(), dist.get_world_size()
     base = _rss_mb()
     spec = json.loads((run_dir / "run.json").read_text())
@@ -60,33 +64,49 @@ def worker(kind: str, run_dir: Path, out: Path) -> None:
     arrays = load_npz(run_dir)
     B, steps = tr["batch_size"], spec["total_steps"]
     batches = Batches(arrays["x_train"], arrays["y_train"], B, tr["seed"])
+    model.to(dev)
     times, losses = [], []
-    if kind == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
 
-        model = DDP(model, gradient_as_bucket_view=True)
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    if kind in ("ddp", "tp"):
+        if kind == "ddp":
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            model = DDP(model, gradient_as_bucket_view=True)
+            per, lo = B // world, rank * (B // world)
+        else:  # Megatron MLP: fc1 column-wise, fc2 row-wise, head replicated
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+            mesh = init_device_mesh(dev.type, (world,))
+            parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+            per, lo = B, 0
         opt = torch.optim.Adam(model.parameters(), lr=tr["optimizer"]["lr"])
-        per = B // world
         for step in range(steps):
             t0 = time.perf_counter()
             x, y = batches.batch(step)
-            x, y = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+            x, y = x[lo:lo + per].to(dev), y[lo:lo + per].to(dev)
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x), y)
             loss.backward()
             opt.step()
             losses.append(loss.item())
+            sync()
             times.append(time.perf_counter() - t0)
     else:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
         part = model[:3] if rank == 0 else model[3:]  # the same cut as the Layerflow plan
-        stage = PipelineStage(part, rank, world, torch.device("cpu"))
+        stage = PipelineStage(part, rank, world, dev)
         sched = Schedule1F1B(stage, 4, loss_fn=F.cross_entropy)
         opt = torch.optim.Adam(part.parameters(), lr=tr["optimizer"]["lr"])
         for step in range(steps):
             t0 = time.perf_counter()
             x, y = batches.batch(step)
+            x, y = x.to(dev), y.to(dev)
             opt.zero_grad(set_to_none=True)
             mb_losses: list = []
             if rank == 0:
@@ -95,8 +115,10 @@ def worker(kind: str, run_dir: Path, out: Path) -> None:
                 sched.step(target=y, losses=mb_losses)
                 losses.append(torch.stack(mb_losses).mean().item())
             opt.step()
+            sync()
             times.append(time.perf_counter() - t0)
-    res = {"rank": rank, "times": times, "losses": losses, "peak_rss_mb": _rss_mb(), "baseline_rss_mb": base}
+    res = {"rank": rank, "times": times, "losses": losses, "peak_rss_mb": _rss_mb(), "baseline_rss_mb": base,
+           "peak_cuda_mb": torch.cuda.max_memory_allocated(dev) / 2**20 if cuda else None}
     allr: list = [None] * world
     dist.all_gather_object(allr, res)
     if rank == 0:
@@ -127,24 +149,24 @@ def project(hidden: int, batch: int, steps: int, pp: bool):
     return Project(g, name="bench_mlp", training=tr)
 
 
-def layerflow_run(tmp: Path, name: str, proj, placement: dict) -> tuple[Path, object]:
+def layerflow_run(tmp: Path, name: str, proj, placement: dict, nproc: int = 2, device=None, styles=None) -> tuple[Path, object]:
     from engine.planner import make_plan
     from engine.run import prepare_run
     from remote.launch_local import launch_local
 
-    plan = make_plan(proj, 2, placement=placement)
+    plan = make_plan(proj, nproc, device, placement=placement, styles=styles)
     assert plan.ok, plan.errors
     d = prepare_run(proj, tmp / name, placement=placement, plan=plan.runtime_plan())
-    job = launch_local(d, 2)
+    job = launch_local(d, nproc)
     if job.wait(timeout=900) != 0:
         raise SystemExit(f"Layerflow run failed: {job.describe_failure()}")
     return d, plan
 
 
-def handwritten(tmp: Path, kind: str, run_dir: Path) -> list[dict]:
+def handwritten(tmp: Path, kind: str, run_dir: Path, nproc: int = 2) -> list[dict]:
     out = tmp / f"hand_{kind}.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                     __file__, "--worker", kind, str(run_dir), str(out)], cwd=ROOT, env=env, check=True,
                    stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
@@ -162,6 +184,7 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--worker", nargs=3, metavar=("KIND", "RUN_DIR", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -174,14 +197,17 @@ def main() -> int:
         for kind, placement in (("ddp", {"dp": 2, "data_parallel": "ddp"}),
                                 ("1f1b", {"pp": 2, "schedule": "1f1b", "microbatches": 4})):
             proj = project(args.hidden, args.batch, args.steps, pp=kind == "1f1b")
-            d, plan = layerflow_run(tmp, kind, proj, placement)
-            lf_dt, lf_loss = layerflow_times(d)
-            hand = handwritten(tmp, "ddp" if kind == "ddp" else "pp", d)
-            hand_dt = [max(r["times"][i] for r in hand) for i in range(len(hand[0]["times"]))]
+            lf_meds, hd_meds = [], []
+            for rep in range(args.repeats):  # alternate the two, keep each one's best: the machine is shared
+                d, plan = layerflow_run(tmp, f"{kind}{rep}", proj, placement)
+                lf_dt, lf_loss = layerflow_times(d)
+                lf_meds.append(statistics.median(lf_dt[WARMUP:]))
+                hand = handwritten(tmp, "ddp" if kind == "ddp" else "pp", d)
+                hand_dt = hand[0]["times"]  # rank 0's step periods, as Layerflow's are timed on rank 0
+                hd_meds.append(statistics.median(hand_dt[WARMUP:]))
             with_loss = [r["losses"] for r in hand if r["losses"]]  # DDP: each replica's half; PP: last stage
             hand_loss = [sum(v) / len(v) for v in zip(*with_loss)]
-            lf_med = statistics.median(lf_dt[WARMUP:])
-            hd_med = statistics.median(hand_dt[WARMUP:])
+            lf_med, hd_med = min(lf_meds), min(hd_meds)
             peaks = json.loads((d / "peak_mem_per_rank.json").read_text())
             rows.append({
                 "config": f"{kind} x2", "lf_sps": args.batch / lf_med, "hand_sps": args.batch / hd_med,
@@ -191,7 +217,7 @@ def main() -> int:
                         for dv in plan.doc["devices"]],
             })
     print(f"MLP 256-{args.hidden}-{args.hidden}-10, global batch {args.batch}, {args.steps} steps "
-          f"(median step after {WARMUP} warm-up steps), gloo on CPU, 2 processes")
+          f"(median step after {WARMUP} warm-up steps, best of {args.repeats}), gloo on CPU, 2 processes")
     print(f"{'config':<9} {'Layerflow/s':>12} {'hand/s':>10} {'ratio':>6} {'pred ms':>8} {'meas ms':>8} {'pred/meas':>9} {'loss rel diff':>13}")
     for r in rows:
         print(f"{r['config']:<9} {r['lf_sps']:>12.0f} {r['hand_sps']:>10.0f} {r['ratio']:>6.3f} {r['pred_ms']:>8.2f} "

@@ -117,6 +117,16 @@ def runs(tmp_path_factory):
     jobs2.append({"run_dir": str(tmp / "resume_pp"), "copy_from": {"src": str(out["ddp"][1]), "step": 10},
                   "plan": mlp_pp.runtime_plan(), "resume": True})
     out["resume_pp"] = ("mlp_digits", tmp / "resume_pp", mlp_pp)
+    # ... and under tensor parallel (DCP reads column/row shards of the saved whole tensors)
+    mlp_tp = make_plan(_project("mlp_digits"), 2, placement={"tp": 2}, styles=MLP_TP)
+    jobs2.append({"run_dir": str(tmp / "resume_tp"), "copy_from": {"src": str(out["ddp"][1]), "step": 10},
+                  "plan": mlp_tp.runtime_plan(), "resume": True})
+    out["resume_tp"] = ("mlp_digits", tmp / "resume_tp", mlp_tp)
+    # a single-process checkpoint (train.Trainer's state.pt) resumed by FSDP2 on 2 ranks
+    mlp_fsdp = make_plan(_project("mlp_digits"), 2, placement={"dp": 2, "data_parallel": "fsdp"})
+    jobs2.append({"run_dir": str(tmp / "resume_from_single"), "copy_from": {"src": str(tmp / "ref_mlp_digits"), "step": 10},
+                  "plan": mlp_fsdp.runtime_plan(), "resume": True})
+    out["resume_from_single"] = ("mlp_digits", tmp / "resume_from_single", mlp_fsdp)
     _torchrun(2, jobs2, tmp)
     jobs4 = []
     for name, layout in LAYOUTS_4.items():
@@ -139,7 +149,7 @@ def test_losses_match_single_process(runs, name):
     assert (run_dir / "model.pt").exists()
 
 
-@pytest.mark.parametrize("name", [*LAYOUTS_2, *LAYOUTS_4, *BF16, "resume_pp"])
+@pytest.mark.parametrize("name", [*LAYOUTS_2, *LAYOUTS_4, *BF16, "resume_pp", "resume_tp", "resume_from_single"])
 def test_predicted_memory_is_what_ranks_allocate(runs, name):
     _, out, _ = runs
     _, run_dir, plan = out[name]
@@ -165,12 +175,14 @@ def test_checkpointed_layers_are_in_the_plan(runs):
     assert runs[1]["fsdp"][2].doc["checkpoint"] == ["fc2"]
 
 
-def test_dp2_checkpoint_resumes_as_a_pipeline(runs):
+@pytest.mark.parametrize("name", ["resume_pp", "resume_tp", "resume_from_single"])
+def test_checkpoint_resumes_under_another_layout(runs, name):
+    """dp=2 (DDP) -> pp=2, dp=2 -> tp=2, one process -> FSDP2 dp=2, from step 10."""
     refs, out, _ = runs
-    got = losses(out["resume_pp"][1])
-    assert sorted(got) == list(range(1, STEPS + 1))  # steps 1-10 kept from the dp=2 run, 11-20 as pp=2
+    got = losses(out[name][1])
+    assert sorted(got) == list(range(1, STEPS + 1))  # steps 1-10 kept from the first run, 11-20 resumed
     for step in range(11, STEPS + 1):
-        assert got[step] == pytest.approx(refs["mlp_digits"][step], rel=RTOL), step
+        assert got[step] == pytest.approx(refs["mlp_digits"][step], rel=RTOL), f"{name} step {step}"
 
 
 def test_dp2_checkpoint_resumes_in_one_process(runs):
