@@ -5,7 +5,9 @@ our own liveness check, since paramiko's keepalive never declares a dead peer),
 then reads metrics.jsonl and the logs from their byte offsets over SFTP and appends
 the complete lines to the job's local mirror (JobDB.mirror_dir). The mirror's size
 *is* the offset, so after a cut link, a crashed app or a restart the next read
-starts exactly after the last line kept: nothing lost, nothing repeated.
+starts exactly after the last line kept: nothing lost, nothing repeated. Several
+trackers of one job (the GUI, and `status` in a terminal) share the mirror under a
+file lock; each hands out the mirror's new lines to its own callbacks.
 
 States: pending (launched, no pid yet), running, succeeded, failed, cancelled, lost
 (a node unreachable for longer than `lost_after` seconds, or its processes gone
@@ -15,6 +17,8 @@ node, waits, KILLs, and checks that nothing is left. `fetch()` downloads results
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import stat
@@ -26,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from engine.project import atomic_write
-from engine.tail import parse_jsonl, split_complete
+from engine.tail import parse_jsonl, read_from, split_complete
 from remote.jobs import TERMINAL, Job, JobDB
 from remote.ssh import Connection, SSHError, quote
 
@@ -70,7 +74,7 @@ class Tracker:
     def __init__(self, job_id: str, db: JobDB | None = None, *, accept: Iterable[str] = (),
                  on_metrics: MetricsFn | None = None, on_log: LogFn | None = None,
                  on_state: Callable[[Job], None] | None = None, lost_after: float = 120.0,
-                 status_timeout: float = 20.0):
+                 status_timeout: float = 20.0, replay: bool = False):
         self.db = db or JobDB()
         self.job = self.db.get(job_id)
         self.cluster = self.job.cluster_profile()
@@ -81,8 +85,23 @@ class Tracker:
         self.mirror.mkdir(parents=True, exist_ok=True)
         self.nodes = {n.index: NodeView() for n in self.job.nodes}
         self._conns: dict[int, Connection] = {}
-        for p in [self.mirror / "metrics.jsonl", *self.mirror.glob("logs/*")]:
-            _truncate_partial(p)
+        with self._mirror_lock():
+            for p in [self.mirror / "metrics.jsonl", *self.mirror.glob("logs/*")]:
+                _truncate_partial(p)
+            # what is in the mirror already was handed out before (replay=True: hand it out again)
+            self._delivered = {} if replay else {
+                p.name: p.stat().st_size for p in [self.mirror / "metrics.jsonl", *self.mirror.glob("logs/*")]
+                if p.exists()}
+
+    @contextlib.contextmanager
+    def _mirror_lock(self):
+        """An exclusive lock on the job's mirror (flock: across processes and threads)."""
+        with open(self.mirror / ".lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
     # ----- connections -------------------------------------------------------
     def conn(self, i: int) -> Connection:
@@ -124,13 +143,15 @@ class Tracker:
                 view.since_unreachable = view.since_unreachable or now
         # Read output *after* the status: if a node reported its exit code, everything
         # the run wrote is already on disk and this read gets all of it.
-        for n in self.job.nodes:
-            if self.nodes[n.index].reachable:
-                try:
-                    self._stream(n.index)
-                except SSHError as exc:
-                    v = self.nodes[n.index]
-                    v.reachable, v.error, v.since_unreachable = False, str(exc), v.since_unreachable or now
+        with self._mirror_lock():
+            for n in self.job.nodes:
+                if self.nodes[n.index].reachable:
+                    try:
+                        self._stream(n.index)
+                    except SSHError as exc:
+                        v = self.nodes[n.index]
+                        v.reachable, v.error, v.since_unreachable = False, str(exc), v.since_unreachable or now
+        self._deliver()
         if self.job.backend == "slurm":
             self._update_slurm_state()
         else:
@@ -173,10 +194,12 @@ class Tracker:
                 local = self.mirror / "metrics.jsonl"
             else:
                 local = self.mirror / "logs" / (Path(rel).name if rel.startswith("run/logs/") else rel)
+            # The mirror's size is the offset, read under the lock: another tracker of the
+            # same job (the GUI and a `status` in a terminal) may append meanwhile.
             offset = local.stat().st_size if local.exists() else 0
             while size > offset:
                 data = self.conn(i).read_range(f"{self.job.nodes[i].jobdir}/{rel}", offset)
-                lines, used = split_complete(data)
+                _, used = split_complete(data)
                 if not used:
                     break  # only a half-written line so far
                 local.parent.mkdir(parents=True, exist_ok=True)
@@ -185,15 +208,28 @@ class Tracker:
                     f.flush()
                     os.fsync(f.fileno())
                 offset += used
-                if rel == "run/metrics.jsonl":
-                    recs = parse_jsonl(lines)
-                    steps = [r["step"] for r in recs if isinstance(r.get("step"), int)]
-                    if steps:
-                        self.job.step = max(steps)
-                    if self.on_metrics and recs:
-                        self.on_metrics(recs)
-                elif self.on_log:
-                    self.on_log(local.name, [ln.decode("utf-8", "replace") for ln in lines])
+
+    def _deliver(self) -> None:
+        """Hand out the mirror's lines this tracker has not handed out yet (whoever wrote them)."""
+        files = [self.mirror / "metrics.jsonl", *sorted((self.mirror / "logs").glob("*"))]
+        for path in files:
+            start = self._delivered.get(path.name, 0)
+            try:
+                if path.stat().st_size <= start:
+                    continue
+            except FileNotFoundError:
+                continue
+            with open(path, "rb") as f:
+                lines, self._delivered[path.name] = read_from(f, start)
+            if path.name == "metrics.jsonl":
+                recs = parse_jsonl(lines)
+                steps = [r["step"] for r in recs if isinstance(r.get("step"), int)]
+                if steps:
+                    self.job.step = max([self.job.step or 0, *steps])
+                if self.on_metrics and recs:
+                    self.on_metrics(recs)
+            elif self.on_log and lines:
+                self.on_log(path.name, [ln.decode("utf-8", "replace") for ln in lines])
 
     def _update_state(self, now: float) -> None:
         job, old = self.job, (self.job.state, self.job.error)

@@ -131,3 +131,43 @@ def test_follower_thread_streams_and_stops(sshd_pair, tmp_path, config_dir):
     f2 = Follower(fake_job(sshd_pair, tmp_path).id, interval=0.1).start()  # pending forever
     f2.stop()
     assert not f2.thread.is_alive()
+
+
+def test_two_trackers_share_the_mirror_without_duplicates(sshd_pair, tmp_path, config_dir):
+    """The GUI and a terminal follow the same job at once: the mirror gets each line once,
+    and each tracker hands every line to its own callbacks once."""
+    import threading
+
+    job = fake_job(sshd_pair, tmp_path)
+    d = Path(job.nodes[0].jobdir)
+    p = start_node(job)
+    got = {0: [], 1: []}
+    stop = threading.Event()
+
+    trackers = [Tracker(job.id, on_metrics=got[k].extend) for k in (0, 1)]  # both from the start
+
+    def follow(k):
+        with trackers[k] as tr:
+            while not stop.is_set():
+                tr.poll()
+            tr.poll()
+
+    threads = [threading.Thread(target=follow, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    with open(d / "run" / "metrics.jsonl", "ab") as f:
+        for step in range(1, 201):
+            f.write(json.dumps({"step": step, "loss": 1.0 / step}).encode() + b"\n")
+            f.flush()
+            if step % 20 == 0:
+                time.sleep(0.05)
+    time.sleep(0.5)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    mirror = JobDB().mirror_dir(job.id) / "metrics.jsonl"
+    assert mirror.read_bytes() == (d / "run" / "metrics.jsonl").read_bytes()
+    for k in (0, 1):
+        assert [r["step"] for r in got[k]] == list(range(1, 201))
