@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
-from PySide6.QtCore import QMimeData, QObject, QPointF, QTimer, Signal
+from PySide6.QtCore import QMimeData, QObject, QPointF, QRunnable, QThreadPool, QTimer, Signal
 from PySide6.QtGui import QUndoStack
 from PySide6.QtWidgets import QApplication
 
@@ -22,6 +23,7 @@ from widgets.node_scene import NodeScene
 
 CLIP_MIME = "application/x-layerflow-nodes"
 COMPILE_DELAY_MS = 60
+SLOW_S = 0.15  # compiles slower than this move to a worker thread
 
 
 def _fresh(base: str, taken: set[str]) -> str:
@@ -83,6 +85,53 @@ def plan_notes(plan, graph=None) -> tuple[dict[Edge, str], list[tuple[str, int, 
     return {e: ", ".join(v) for e, v in notes.items()}, rows, lines
 
 
+def _plan(project: Project, result):
+    """(plan, error) from engine/planner.py when it exists; (None, None) otherwise."""
+    try:
+        from engine import planner  # noqa: PLC0415 - optional, written in parallel
+    except ImportError:
+        return None, None
+    make = getattr(planner, "make_plan", None)
+    if make is None or not result.ok:
+        return None, None
+    try:
+        try:
+            return make(project, compiled=result), None  # reuse this compile
+        except TypeError:
+            return make(project), None
+    except Exception as exc:  # noqa: BLE001 - shown to the user, never a crash
+        return None, str(exc)
+
+
+def analyse(project: Project):
+    """Compile and plan: (result, plan, plan_error, plan_info, seconds). No Qt
+    objects are touched, so it runs on a worker thread too."""
+    t0 = time.perf_counter()
+    result = compile_graph(project.graph)
+    plan, error = _plan(project, result)
+    info = plan_notes(plan, project.graph)
+    if error:
+        info = (info[0], info[1], [f"plan: {error}"])
+    return result, plan, error, info, time.perf_counter() - t0
+
+
+class _JobSignals(QObject):
+    done = Signal(int, object)  # version, analyse() tuple or the exception
+
+
+class _AnalyseJob(QRunnable):
+    def __init__(self, project: Project, version: int, signals: _JobSignals):
+        super().__init__()
+        self.project, self.version, self.signals = project, version, signals
+
+    def run(self) -> None:
+        try:
+            out = analyse(self.project)
+        except Exception as exc:  # noqa: BLE001 - reported on the GUI thread
+            out = exc
+        self.signals.done.emit(self.version, out)
+
+
 class EditorController(QObject):
     compiled = Signal(object)  # CompileResult
     status = Signal(str)
@@ -99,7 +148,15 @@ class EditorController(QObject):
         self.plan = None
         self.plan_error: str | None = None
         self.plan_info = ({}, [], [])
-        self._timer = QTimer(self, singleShot=True, interval=COMPILE_DELAY_MS, timeout=self.compile_now)
+        self._timer = QTimer(self, singleShot=True, interval=COMPILE_DELAY_MS, timeout=self._recompile)
+        self._version = 0  # bumped by every edit
+        self._applied = -1  # the version whose results the views show
+        self._busy = False  # a worker is compiling
+        self._slow = False  # the last compile took longer than SLOW_S: use the worker
+        self._pool = QThreadPool(self)
+        self._pool.setMaxThreadCount(1)
+        self._signals = _JobSignals(self)
+        self._signals.done.connect(self._job_done)
         self.project: Project | None = None
         self.set_project(project or Project())
 
@@ -108,6 +165,7 @@ class EditorController(QObject):
         if self.project is not None:
             self.project.graph.unsubscribe(self._on_graph_event)
         self.project = project
+        self._version += 1
         self.stack.clear()
         self.scene.set_graph(project.graph)
         project.graph.subscribe(self._on_graph_event)
@@ -118,43 +176,60 @@ class EditorController(QObject):
         return self.project.graph
 
     def _on_graph_event(self, ev) -> None:
+        self._version += 1
         self._timer.start()
 
-    def compile_now(self) -> None:
-        """Shapes, counts and errors for the views (10-50 ms for the examples)."""
-        self._timer.stop()
-        self.result = compile_graph(self.graph)
-        self._make_plan()
-        self.scene.set_result(self.result, self.plan_info[0])
-        self.compiled.emit(self.result)
+    def _recompile(self) -> None:
+        """After edits (debounced): here if compiling is quick, else on a worker
+        thread so the GUI never waits (a 1,000-node diagram takes about a second)."""
+        if not self._slow:
+            self.compile_now()
+            return
+        if self._busy:
+            return  # the running job sees it is stale when it ends and starts again
+        self._busy = True
+        snapshot = Project(self.graph.copy(), name=self.project.name, training=self.project.training,
+                           placement=self.project.placement, path=self.project.path)
+        self._pool.start(_AnalyseJob(snapshot, self._version, self._signals))
 
-    def _make_plan(self) -> None:
-        """The distributed plan, if engine/planner.py exists; nothing otherwise."""
-        self.plan, self.plan_error = None, None
-        try:
-            from engine import planner  # noqa: PLC0415 - optional, written in parallel
-        except ImportError:
-            self.plan_info = ({}, [], [])
+    def _job_done(self, version: int, out) -> None:
+        self._busy = False
+        if version <= self._applied:
+            return  # a synchronous compile already showed this state or a newer one
+        if version != self._version:
+            self._timer.start()  # edited meanwhile: once more with the latest
             return
-        make = getattr(planner, "make_plan", None)
-        if make is None or not self.result.ok:
-            self.plan_info = ({}, [], [])
+        if isinstance(out, BaseException):
+            self.status.emit(f"checking the diagram failed: {out}")
             return
+        self._apply(version, *out)
+
+    def compile_now(self) -> None:
+        """Compile (and plan) now, on this thread; shows the result at once."""
+        self._timer.stop()
+        self._pool.waitForDone()  # one compile at a time: the compile cache is shared
+        self._busy = False
+        t0 = time.perf_counter()
         try:
-            try:
-                self.plan = make(self.project, compiled=self.result)  # reuse this compile
-            except TypeError:
-                self.plan = make(self.project)
-        except Exception as exc:  # noqa: BLE001 - shown to the user, never a crash
-            self.plan_error = str(exc)
-        self.plan_info = plan_notes(self.plan, self.graph)
-        if self.plan_error:
-            self.plan_info = (self.plan_info[0], self.plan_info[1], [f"plan: {self.plan_error}"])
-        self.plan_changed.emit(self.plan_info)
+            out = analyse(self.project)
+        except Exception as exc:  # noqa: BLE001 - a compiler bug must not take the editor down
+            self.status.emit(f"checking the diagram failed: {exc}")
+            return
+        self._slow = time.perf_counter() - t0 > SLOW_S
+        self._apply(self._version, *out)
+
+    def _apply(self, version: int, result, plan, plan_error, plan_info, seconds: float = 0.0) -> None:
+        self._applied = version
+        if seconds:
+            self._slow = seconds > SLOW_S
+        self.result, self.plan, self.plan_error, self.plan_info = result, plan, plan_error, plan_info
+        self.scene.set_result(result, plan_info[0])
+        self.compiled.emit(result)
+        self.plan_changed.emit(plan_info)
 
     def flush(self) -> None:
-        """Run a pending compile now (before saving, screenshots, tests)."""
-        if self._timer.isActive():
+        """Show the current state's compile now (before saving, screenshots, tests)."""
+        if self._timer.isActive() or self._busy or self._applied != self._version:
             self.compile_now()
 
     def push(self, cmd) -> bool:
@@ -219,6 +294,7 @@ class EditorController(QObject):
             self.push(C.SetProjectPlacement(self.project, key, value, self._placement_changed))
 
     def _placement_changed(self) -> None:
+        self._version += 1
         self.placement_changed.emit()
         self._timer.start()
 

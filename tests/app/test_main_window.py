@@ -324,3 +324,18 @@ def test_a_collapsed_block_is_one_card_that_moves_its_nodes(qtbot, asked):
     QTest.mouseDClick(w.view.viewport(), Qt.LeftButton, Qt.NoModifier, title)
     assert not card.collapsed and w.scene.node_items["lin"].isVisible()
     assert w.scene.edge_items[Edge("ln", "out", "lin", "in")].isVisible()
+
+
+def test_slow_diagrams_compile_on_a_worker_thread(qtbot, asked):
+    w = make_window(qtbot, chain_project("Input", "Linear", "Output", params={"Input": {"shape": [16]}}))
+    c = w.controller
+    c._slow = True  # as after a compile that took longer than SLOW_S
+    out_edge = w.project.graph.edges[1]
+    with qtbot.waitSignal(c.compiled, timeout=20000):
+        c.set_param("linear1", "out_features", 12)
+        c.set_param("linear1", "out_features", 13)  # two edits, the latest wins
+    qtbot.waitUntil(lambda: w.scene.edge_label(out_edge) == "(B, 13)", timeout=20000)
+    assert c.result.graph is not w.project.graph  # it compiled a snapshot
+    c.set_param("linear1", "out_features", 14)
+    c.flush()  # waits for any worker, then shows the current state
+    assert w.scene.edge_label(out_edge) == "(B, 14)"
