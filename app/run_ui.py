@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer
-from PySide6.QtWidgets import QApplication, QMessageBox, QProgressBar, QSystemTrayIcon
+from PySide6.QtWidgets import QApplication, QMessageBox, QProgressBar, QSystemTrayIcon, QVBoxLayout, QWidget
 
 from app.main_window import EXTENSIONS
 from app.run_controller import RunController, _fmt_eta
@@ -33,7 +33,9 @@ class RunUI(QObject):
         super().__init__(window)
         self.window = window
         self.controller = RunController(self)
-        self.dashboard = Dashboard(smoothing=0.6)
+        self._dashboard: Dashboard | None = None  # built when first needed (see dashboard)
+        self._dash_holder = QWidget()
+        QVBoxLayout(self._dash_holder).setContentsMargins(0, 0, 0, 0)
         self.runs_panel = RunsPanel()
         self.toolbar = RunToolbar(window.run_toolbar)
         self.notifications: list[str] = []  # every end/failure message, newest last
@@ -42,7 +44,8 @@ class RunUI(QObject):
         self._confusion_job: tuple[str, concurrent.futures.Future] | None = None
         self._confusion_timer = QTimer(self, interval=100, timeout=self._poll_confusion)
 
-        self.dashboard_dock = window.add_dock("Dashboard", self.dashboard, Qt.BottomDockWidgetArea)
+        self.dashboard_dock = window.add_dock("Dashboard", self._dash_holder, Qt.BottomDockWidgetArea)
+        self.dashboard_dock.visibilityChanged.connect(lambda shown: shown and self.dashboard)
         self.runs_dock = window.add_dock("Runs", self.runs_panel, Qt.RightDockWidgetArea)
         # The dashboard shares the bottom with Problems/Summary, the runs list the
         # right side with Inspector/Devices; both come to the front when a run does.
@@ -81,6 +84,15 @@ class RunUI(QObject):
             app.aboutToQuit.connect(self.shutdown)
         self._on_project_changed()
 
+    @property
+    def dashboard(self) -> Dashboard:
+        """The plots; six pyqtgraph views cost a few hundred ms, so a window that
+        never shows them (most editor sessions, every editor test) never builds them."""
+        if self._dashboard is None:
+            self._dashboard = Dashboard(smoothing=0.6)
+            self._dash_holder.layout().addWidget(self._dashboard)
+        return self._dashboard
+
     # ----- project and history ----------------------------------------------------
     @property
     def runs_dir(self) -> Path:
@@ -93,8 +105,8 @@ class RunUI(QObject):
         self.toolbar.set_running(self.controller.running, can_resume)
 
     def _on_project_changed(self) -> None:
-        if not self.controller.running:
-            self.dashboard.clear()
+        if not self.controller.running and self._dashboard is not None:
+            self._dashboard.clear()
         pl = self.window.project.placement
         self.toolbar.set_processes(pl.dp * pl.tp * pl.pp)
         self.refresh()
@@ -284,7 +296,8 @@ class RunUI(QObject):
         except (OSError, ValueError) as exc:
             self._message(f"Cannot delete: {exc}")
             return False
-        self.dashboard.remove_run(str(run_dir))
+        if self._dashboard is not None:
+            self._dashboard.remove_run(str(run_dir))
         self.refresh()
         self._message(f"Deleted {run_dir.name}")
         return True

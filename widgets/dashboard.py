@@ -57,14 +57,15 @@ class PlotSpec:
     title: str
     y_label: str
     log_able: bool = False  # the log-y toggle applies to it
+    legend_at_bottom: bool = False  # rising curves: keep the legend off their end
 
 
 PLOTS = [
     PlotSpec("loss", "Loss", "loss", log_able=True),
-    PlotSpec("acc", "Accuracy", "accuracy"),
+    PlotSpec("acc", "Accuracy", "accuracy", legend_at_bottom=True),
     PlotSpec("lr", "Learning rate", "lr", log_able=True),
     PlotSpec("throughput", "Throughput", "samples/s"),
-    PlotSpec("memory", "Peak memory per rank", "MB"),
+    PlotSpec("memory", "Peak memory per rank", "MB", legend_at_bottom=True),
 ]
 
 
@@ -286,6 +287,11 @@ class Dashboard(QtWidgets.QWidget):
         self.reset_button.setToolTip("Zoom all plots to their data (mouse: drag to pan, wheel to zoom)")
         self.reset_button.clicked.connect(self.auto_range)
 
+        self.readout = QtWidgets.QLabel(" ")
+        self.readout.setTextFormat(Qt.RichText)
+        self.readout.setStyleSheet("padding: 2px 6px; color: palette(text);")
+        # Crosshair values; may be long: it must never widen the dock.
+        self.readout.setSizePolicy(QtWidgets.QSizePolicy.Ignored, QtWidgets.QSizePolicy.Preferred)
         bar = QtWidgets.QHBoxLayout()
         bar.setContentsMargins(4, 2, 4, 2)
         bar.addWidget(QtWidgets.QLabel("X"))
@@ -296,14 +302,10 @@ class Dashboard(QtWidgets.QWidget):
         bar.addWidget(self.smooth_label)
         bar.addSpacing(8)
         bar.addWidget(self.log_check)
-        bar.addStretch(1)
+        bar.addWidget(self.readout, 1)
         bar.addWidget(self.reset_button)
         bar.addWidget(self.export_button)
 
-        self.readout = QtWidgets.QLabel(" ")
-        self.readout.setTextFormat(Qt.RichText)
-        self.readout.setStyleSheet("padding: 2px 6px; color: palette(text);")
-        self.readout.setMinimumHeight(20)
 
         self.plots_area = QtWidgets.QWidget()
         grid = QtWidgets.QGridLayout(self.plots_area)
@@ -328,7 +330,8 @@ class Dashboard(QtWidgets.QWidget):
             pi.hideButtons()  # the bar's Fit does it for all plots
             # Zoom/pan by the user switches between envelope and raw data: redraw.
             pi.vb.sigRangeChangedManually.connect(self._mark_all_dirty)
-            legend = pi.addLegend(offset=(-8, 8), labelTextColor=fg, labelTextSize="8pt")
+            legend = pi.addLegend(offset=(-8, -8 if spec.legend_at_bottom else 8), labelTextColor=fg,
+                                  labelTextSize="8pt")
             legend.setBrush(pg.mkBrush(bg.red(), bg.green(), bg.blue(), 200))
             vline = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen(fg, width=1, style=Qt.DotLine))
             vline.setVisible(False)
@@ -372,7 +375,6 @@ class Dashboard(QtWidgets.QWidget):
         lay.setContentsMargins(2, 2, 2, 2)
         lay.setSpacing(2)
         lay.addLayout(bar)
-        lay.addWidget(self.readout)
         lay.addLayout(body, 1)
 
     # ----- runs -----------------------------------------------------------------

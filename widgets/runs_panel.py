@@ -67,7 +67,7 @@ class RunsPanel(QtWidgets.QWidget):
         header.setStretchLastSection(False)
         self.tree.setTextElideMode(Qt.ElideMiddle)  # run names are long; the end is the time
         header.setSectionResizeMode(0, QtWidgets.QHeaderView.Interactive)
-        header.resizeSection(0, 140)
+        header.resizeSection(0, 112)
         for i in range(1, len(COLUMNS)):
             header.setSectionResizeMode(i, QtWidgets.QHeaderView.ResizeToContents)
 
