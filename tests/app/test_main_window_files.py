@@ -152,3 +152,12 @@ def test_recovery_after_a_crash(qtbot, asked, tmp_path):
     assert window(qtbot, recover=True).project.graph.nodes == {} and len(asked["questions"]) == 1
     assert w.save()
     assert load_project(path).graph == g and not list(w.settings.autosave_dir.glob("*.lflow"))
+
+
+def test_window_and_dock_layout_are_remembered(qtbot, asked):
+    w = window(qtbot, small_project())
+    w.problems_dock.hide()
+    w.actions["minimap"].trigger()  # not part of the layout: back to the default next time
+    w.close()
+    w2 = window(qtbot)
+    assert w2.problems_dock.isHidden() and not w2.inspector_dock.isHidden()
