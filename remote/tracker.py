@@ -89,6 +89,7 @@ class Tracker:
             for p in [self.mirror / "metrics.jsonl", *self.mirror.glob("logs/*")]:
                 _truncate_partial(p)
             # what is in the mirror already was handed out before (replay=True: hand it out again)
+            self._seen_cuts = {k: v[0] for k, v in self._cuts().items()}
             self._delivered = {} if replay else {
                 p.name: p.stat().st_size for p in [self.mirror / "metrics.jsonl", *self.mirror.glob("logs/*")]
                 if p.exists()}
@@ -197,6 +198,8 @@ class Tracker:
             # The mirror's size is the offset, read under the lock: another tracker of the
             # same job (the GUI and a `status` in a terminal) may append meanwhile.
             offset = local.stat().st_size if local.exists() else 0
+            if size < offset:  # rewritten on the node (torchrun restarted the run): find where
+                offset = self._resync(i, rel, local, size)
             while size > offset:
                 data = self.conn(i).read_range(f"{self.job.nodes[i].jobdir}/{rel}", offset)
                 _, used = split_complete(data)
@@ -209,11 +212,45 @@ class Tracker:
                     os.fsync(f.fileno())
                 offset += used
 
+    def _resync(self, i: int, rel: str, local: Path, size: int) -> int:
+        """The remote file is shorter than our copy: keep the common prefix (whole lines),
+        cut the rest, and note the cut so every tracker of the job re-delivers from there."""
+        remote = b""
+        while len(remote) < size:
+            chunk = self.conn(i).read_range(f"{self.job.nodes[i].jobdir}/{rel}", len(remote))
+            if not chunk:
+                break
+            remote += chunk
+        mine = local.read_bytes()
+        n = 0
+        limit = min(len(mine), len(remote))
+        while n < limit and mine[n] == remote[n]:
+            n += 1
+        keep = mine.rfind(b"\n", 0, n) + 1 if n < len(mine) else n
+        with open(local, "r+b") as f:
+            f.truncate(keep)
+        cuts = self._cuts()
+        gen = cuts.get(local.name, [0, 0])[0] + 1
+        cuts[local.name] = [gen, keep]
+        atomic_write(self.mirror / ".cuts.json", json.dumps(cuts).encode())
+        return keep
+
+    def _cuts(self) -> dict:
+        try:
+            return json.loads((self.mirror / ".cuts.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+
     def _deliver(self) -> None:
         """Hand out the mirror's lines this tracker has not handed out yet (whoever wrote them)."""
         files = [self.mirror / "metrics.jsonl", *sorted((self.mirror / "logs").glob("*"))]
+        cuts = self._cuts()
         for path in files:
             start = self._delivered.get(path.name, 0)
+            gen, keep = cuts.get(path.name, [0, 0])
+            if gen != self._seen_cuts.get(path.name, 0):  # the file was cut since we last read it
+                self._seen_cuts[path.name] = gen
+                start = self._delivered[path.name] = min(start, keep)
             try:
                 if path.stat().st_size <= start:
                     continue

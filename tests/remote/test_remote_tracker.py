@@ -171,3 +171,31 @@ def test_two_trackers_share_the_mirror_without_duplicates(sshd_pair, tmp_path, c
     assert mirror.read_bytes() == (d / "run" / "metrics.jsonl").read_bytes()
     for k in (0, 1):
         assert [r["step"] for r in got[k]] == list(range(1, 201))
+
+
+def test_run_restarted_on_the_node_rewrites_metrics(sshd_pair, tmp_path, config_dir):
+    """torchrun --max-restarts starts the run again and its metrics.jsonl shrinks: the
+    mirror keeps the common lines, drops the rest, and the new lines follow."""
+    job = fake_job(sshd_pair, tmp_path)
+    d = Path(job.nodes[0].jobdir)
+    p = start_node(job)
+    remote = d / "run" / "metrics.jsonl"
+
+    def lines(steps, tag):
+        return b"".join(json.dumps({"step": s, "loss": 1.0, "try": tag}).encode() + b"\n" for s in steps)
+    remote.write_bytes(lines(range(1, 11), 0))
+    got = []
+    try:
+        with Tracker(job.id, on_metrics=got.extend) as tr:
+            tr.poll()
+            remote.write_bytes(lines(range(1, 3), 0) + lines(range(3, 5), 1))  # resumed after step 2
+            tr.poll()
+            with open(remote, "ab") as f:
+                f.write(lines(range(5, 12), 1))
+            tr.poll()
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    mirror = JobDB().mirror_dir(job.id) / "metrics.jsonl"
+    assert mirror.read_bytes() == remote.read_bytes()
+    assert [(r["step"], r["try"]) for r in got] == [(s, 0) for s in range(1, 11)] + [(s, 1) for s in range(3, 12)]
