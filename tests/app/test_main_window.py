@@ -184,6 +184,14 @@ def test_inspector_edit_changes_the_shape_on_the_next_edge(qtbot, asked):
     assert g.nodes["linear1"].params["out_features"] == 32
     qtbot.waitUntil(lambda: w.scene.edge_label(out_edge) == "(B, 32)", timeout=15000)
     assert "32" in w.summary.fields["params"].text() or w.controller.result.total_params == 16 * 32 + 32
+    # rename from the inspector: edges follow, one undo step
+    name = w.inspector.editors["__name__"]
+    name.setText("dense")
+    name.editingFinished.emit()
+    assert "dense" in g.nodes and Edge("dense", "out", "output1", "in") in g.edges
+    assert w.inspector.node_id == "dense"
+    w.controller.stack.undo()
+    assert "linear1" in g.nodes and w.scene.selected_ids() in ([], ["linear1"])
     # a bad value in a text field is shown inline and changes nothing
     w.scene.select_nodes(["input1"])
     shape = w.inspector.editors["shape"]
