@@ -32,7 +32,7 @@ from engine.runtime import train as rtrain
 # Layerflow's own layer classes, copied into the script when the diagram uses them.
 OWN_CLASSES = {"Reshape": rl.Reshape, "Mean": rl.Mean, "PositionalEmbedding": rl.PositionalEmbedding,
                "MultiheadAttention": rl.SelfAttention}
-_LOCAL_CLASH = {"self", "torch", "nn", "F", "np", "math", "x"}
+_LOCAL_CLASH = {"self", "torch", "nn", "F", "np", "math"}
 _GENERATORS = {"synthetic_classification": edata._classification, "synthetic_regression": edata._regression,
                "synthetic_sequence": edata._sequence, "synthetic_images": edata._images}
 
@@ -87,6 +87,32 @@ def _var(nid: str) -> str:
     return nid + "_" if nid in _LOCAL_CLASH else nid
 
 
+def _stage_code(result, fwd: dict[str, str], stages: list[list[str]]) -> str:
+    """class Stage: pipeline stage s runs the full model's layers of STAGES[s]; its
+    inputs are the values live across the previous cut, its outputs those live across
+    the next (a skip connection is carried through the stages it jumps over)."""
+    from engine.runtime.model import build_graph_module
+    from engine.runtime.stages import live_across
+
+    spec = result.spec
+    live = live_across(build_graph_module(spec, device="meta"), stages)
+    outs = [next(n["args"][0] for n in spec["nodes"] if n["id"] == o) for o in spec["outputs"]]
+    lines = ["class Stage(nn.Module):",
+             '    """Pipeline stage `s` of STAGES: the full model\'s layers of that stage (the same objects,',
+             '    so the same initial weights); values that cross a cut travel between the stages."""',
+             "", "    def __init__(self, full: Model, s: int):", "        super().__init__()", "        self.s = s",
+             "        for name in STAGES[s]:", "            if isinstance(getattr(full, name, None), nn.Module):",
+             "                self.add_module(name, getattr(full, name))",
+             "", "    def forward(self, *xs):", '        return getattr(self, f"forward_stage{self.s}")(*xs)']
+    for s_i, ids in enumerate(stages):
+        ins = spec["inputs"] if s_i == 0 else live[s_i - 1]
+        ret = outs if s_i == len(stages) - 1 else live[s_i]
+        lines += ["", f"    def forward_stage{s_i}(self, {', '.join(_var(v) for v in ins)}):"]
+        lines += [f"        {fwd[nid]}" for nid in ids if nid in fwd]
+        lines.append(f"        return {_var(ret[0]) if len(ret) == 1 else '(' + ', '.join(map(_var, ret)) + ')'}")
+    return "\n".join(lines)
+
+
 def _model_code(result) -> tuple[str, list[str]]:
     spec = result.spec
     nodes = spec["nodes"]
@@ -126,7 +152,9 @@ def _model_code(result) -> tuple[str, list[str]]:
     lines += ["", f"    def forward(self, {sig}):  # {in_shapes}"]
     lines += [f"        {c.ljust(width)}# {s}" for c, s in fwd]
     lines.append(f"        return {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ',)'}")
-    return "\n".join(lines), pre
+    fwd_by_id = {n["id"]: f"{c.ljust(width)}# {sh}" for n, (c, sh) in
+                 zip([n for n in nodes if n["type"] not in ("Input", "Output")], fwd)}
+    return "\n".join(lines), pre, fwd_by_id
 
 
 def _data_code(project: Project, data_file: str | None) -> str:
@@ -155,13 +183,23 @@ def _data_code(project: Project, data_file: str | None) -> str:
     return "\n\n".join(parts)
 
 
+def _launch_line(pl: dict) -> str:
+    dpk = pl["data_parallel"].upper()
+    if pl["pp"] > 1:
+        sched = {"gpipe": "GPipe", "1f1b": "1F1B"}.get(pl["schedule"], pl["schedule"])
+        dp = f" x {dpk} dp={pl['dp']}" if pl["dp"] > 1 else ""
+        return f"Pipeline pp={pl['pp']} ({sched}, {pl['microbatches']} micro-batches){dp}"
+    return f"Data parallel ({dpk}) over {max(pl['dp'], 2)} processes"
+
+
 def _plan_of(project: Project, plan) -> dict:
     """The parallelism to write out: engine/planner.py's Plan (or its runtime dict),
     else the project's placement."""
     pl = project.placement
     base = {"pp": pl.pp, "dp": pl.dp, "tp": pl.tp, "data_parallel": pl.data_parallel,
             "reshard_after_forward": pl.reshard_after_forward, "mixed_precision": pl.mixed_precision,
-            "sync_batchnorm": pl.sync_batchnorm}
+            "sync_batchnorm": pl.sync_batchnorm, "schedule": pl.schedule, "microbatches": pl.microbatches,
+            "stages": None}
     if hasattr(plan, "runtime_plan"):
         plan = plan.runtime_plan()
     if plan:
@@ -170,8 +208,9 @@ def _plan_of(project: Project, plan) -> dict:
 
 
 DIST_CODE = '''\
-def init_distributed(dp: int):
-    """torchrun sets RANK/WORLD_SIZE; the calls are engine/runtime/parallel.py's."""
+def init_distributed(pp: int, dp: int):
+    """torchrun sets RANK/WORLD_SIZE; the calls are engine/runtime/parallel.py's.
+    Ranks are laid out pp-major: rank = pp_i * dp + dp_i."""
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local)
@@ -179,10 +218,10 @@ def init_distributed(dp: int):
     else:
         device, backend = torch.device("cpu"), "gloo"
     dist.init_process_group(backend=backend)
-    if dist.get_world_size() != dp:
-        raise SystemExit(f"this script is planned for dp={dp} processes but {dist.get_world_size()} were "
-                         f"started: run torchrun --nproc_per_node={dp}")
-    mesh = init_device_mesh(device.type, (1, dp, 1), mesh_dim_names=("pp", "dp", "tp"))
+    if dist.get_world_size() != pp * dp:
+        raise SystemExit(f"this script is planned for pp={pp} x dp={dp} processes but {dist.get_world_size()} "
+                         f"were started: run torchrun --nproc_per_node={pp * dp}")
+    mesh = init_device_mesh(device.type, (pp, dp, 1), mesh_dim_names=("pp", "dp", "tp"))
     return device, mesh
 
 
@@ -227,12 +266,15 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    pp = PLAN["pp"] if distributed else 1
     if distributed:
-        device, mesh = init_distributed(PLAN["dp"])
+        device, mesh = init_distributed(pp, PLAN["dp"])
         rank, dp_rank, dp = dist.get_rank(), mesh["dp"].get_local_rank(), PLAN["dp"]
+        pp_rank = mesh["pp"].get_local_rank()
     else:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        rank, dp_rank, dp = 0, 0, 1
+        rank, dp_rank, dp, pp_rank = 0, 0, 1, 0
+    first, last = pp_rank == 0, pp_rank == pp - 1
 
     seed_all(SEED)
     torch.manual_seed(SEED)  # the same initial weights as Layerflow's runtime for this seed
@@ -240,19 +282,27 @@ def main() -> None:
     if WEIGHTS:
         state = torch.load(Path(__file__).with_name(WEIGHTS), map_location="cpu", weights_only=True)
         model.load_state_dict(state, strict=False)
+    if pp > 1:  # this rank's pipeline stage: the full model's layers of that stage
+        model = Stage(model, pp_rank)
     model.to(device).train()
     if distributed and PLAN["sync_batchnorm"] and device.type == "cuda":
         # batch statistics over the whole data-parallel batch (SyncBatchNorm runs on GPUs only)
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=mesh["dp"].get_group())
-    if distributed:
+    if distributed and dp > 1:
         model = apply_dp(model, mesh["dp"], PLAN["data_parallel"], PLAN["reshard_after_forward"],
                          PLAN["mixed_precision"])
+    schedule = None
+    if pp > 1:
+        stage = PipelineStage(model, pp_rank, pp, device, group=mesh["pp"].get_group())
+        cls = ScheduleGPipe if PLAN["schedule"] == "gpipe" else Schedule1F1B
+        schedule = cls(stage, PLAN["microbatches"], loss_fn=lambda out, y: compute_loss(LOSS, out, y))
     opt = make_optimizer(model.parameters(), OPTIMIZER)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(SCHEDULE, args.steps))
     x_train, y_train, x_val, y_val = load_data()
     batches = Batches(x_train, y_train, BATCH_SIZE, SEED)
-    if BATCH_SIZE % dp:
-        raise SystemExit(f"batch size {BATCH_SIZE} is not divisible by dp={dp}")
+    m = PLAN["microbatches"] if pp > 1 else 1
+    if BATCH_SIZE % (dp * m):
+        raise SystemExit(f"batch size {BATCH_SIZE} is not divisible by dp={dp} x microbatches={m}")
     local = BATCH_SIZE // dp
 
     metrics = open(out / "metrics.jsonl", "w") if rank == 0 else None
@@ -261,27 +311,47 @@ def main() -> None:
         x, y = batches.batch(step)  # the global batch; each replica takes its slice
         x, y = x[dp_rank * local:(dp_rank + 1) * local].to(device), y[dp_rank * local:(dp_rank + 1) * local].to(device)
         opt.zero_grad(set_to_none=True)
-        loss = compute_loss(LOSS, model(x), y)
-        loss.backward()
+        if schedule is None:
+            loss = compute_loss(LOSS, model(x), y)
+            loss.backward()
+            value = loss.item()
+        else:  # micro-batches flow through the stages; the last one computes their losses
+            losses = []
+            schedule.step(*((x,) if first else ()), target=y if last else None, losses=losses, return_outputs=False)
+            value = torch.stack([v.detach() for v in losses]).mean().item() if last else 0.0
         if GRAD_CLIP:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm(grads)
+            if hasattr(norm, "full_tensor"):  # FSDP: the global norm of the sharded gradients
+                norm = norm.full_tensor()
+            if pp > 1:  # stages add their squares
+                sq = norm.pow(2)
+                dist.all_reduce(sq, group=mesh["pp"].get_group())
+                norm = sq.sqrt()
+            torch.nn.utils.clip_grads_with_norm_(list(model.parameters()), GRAD_CLIP, norm)
         opt.step()
         sched.step()
-        value = loss.item()
-        if distributed:  # the mean over replicas: the loss of the global batch
-            t = torch.tensor([value], dtype=torch.float64, device=device)
+        if distributed:  # the last stage's losses, averaged over replicas: the global batch's loss
+            t = torch.tensor([value if last else 0.0], dtype=torch.float64, device=device)
             dist.all_reduce(t)
             value = float(t.item()) / dp
         rec = {"step": step + 1, "epoch": batches.epoch_of(step), "time": round(time.perf_counter() - t0, 4),
                "loss": value, "lr": opt.param_groups[0]["lr"]}
-        if (step + 1) % EVAL_INTERVAL == 0 or step + 1 == args.steps:
+        if schedule is None and ((step + 1) % EVAL_INTERVAL == 0 or step + 1 == args.steps):
             rec.update(evaluate(model, x_val, y_val, device))
         if metrics:
             metrics.write(json.dumps(rec) + "\\n")
             metrics.flush()
             print(" ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in rec.items()))
-    if distributed:
-        if PLAN["data_parallel"] == "fsdp":
+    if pp > 1:  # each stage saves its own layers (their keys are the full model's)
+        state = model.module.state_dict() if isinstance(model, DDP) else model.state_dict()
+        if dp_rank == 0 and PLAN["data_parallel"] != "fsdp":
+            torch.save(state, out / f"model.stage{pp_rank}.pt")
+        dist.destroy_process_group()
+    elif distributed:
+        if dp == 1:
+            state = model.state_dict()
+        elif PLAN["data_parallel"] == "fsdp":
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
             state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         else:
@@ -317,13 +387,23 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
 
     steps = total_steps(project, len(arrays.x_train))
     pl = _plan_of(project, plan)
-    model_code, pre = _model_code(result)
+    model_code, pre, fwd_by_id = _model_code(result)
+    if pl["pp"] > 1:
+        if not pl.get("stages"):
+            from engine.runtime.model import build_graph_module
+            from engine.runtime.stages import even_stages
+
+            pl["stages"] = even_stages(build_graph_module(result.spec, device="meta"), pl["pp"])
+        model_code += "\n\n\n" + _stage_code(result, fwd_by_id, pl["stages"])
+    else:
+        model_code += "\n\n\nclass Stage(nn.Module):  # no pipeline in this plan\n    pass"
     name = Path(project.path).stem if project.path else project.name
     script = f"{name}.py"
     notes = ""
-    if pl["pp"] > 1 or pl["tp"] > 1:
-        notes = (f"\nThe plan also has pp={pl['pp']} x tp={pl['tp']}; this script writes out its data parallelism "
-                 f"only.\nRun the whole plan with Layerflow: python main.py train {name}.lflow\n")
+    if pl["tp"] > 1:
+        notes = (f"\nThe plan also has tp={pl['tp']}; this script writes out its pipeline and data parallelism "
+                 f"only (tp=1).\nRun the whole plan with Layerflow: python main.py train {name}.lflow\n")
+    world = pl["pp"] * max(pl["dp"], 1)
     doc = textwrap.dedent(f'''\
         """{project.name}: a standalone PyTorch training script written by Layerflow.
 
@@ -334,10 +414,14 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
 
         Run on one device:
             python {script} [--steps N] [--out DIR]
-        Data parallel ({pl["data_parallel"].upper()}) over {max(pl["dp"], 2)} processes (gloo on CPU, nccl on GPUs):
-            torchrun --standalone --nproc_per_node={max(pl["dp"], 2)} {script}
+        {_launch_line(pl)} (gloo on CPU, nccl on GPUs):
+            torchrun --standalone --nproc_per_node={max(world, 2)} {script}
         {notes}"""''')
-    if pl["dp"] < 2:  # a single-device plan: still runnable under torchrun as dp=WORLD_SIZE
+    stages = pl.pop("stages", None)
+    if pl["pp"] > 1 and pl["schedule"] not in ("gpipe", "1f1b"):
+        raise InteropError(f"placement.schedule '{pl['schedule']}' needs several stages per rank; the script "
+                           "(like the runtime) builds gpipe or 1f1b")
+    if pl["dp"] < 2 and pl["pp"] == 1:  # a single-device plan: still runnable under torchrun as dp=WORLD_SIZE
         plan_line = f'PLAN = {dict(pl, dp=0)!r}\nPLAN["dp"] = int(os.environ.get("WORLD_SIZE", "1"))'
     else:
         plan_line = f"PLAN = {pl!r}"
@@ -352,6 +436,7 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
         f"SCHEDULE = {tr.schedule.model_dump(mode='json')!r}",
         f"WEIGHTS = {weights_file!r}  # initial weights beside this script (an imported model), or None",
         plan_line,
+        f"STAGES = {stages!r}  # pipeline stages: node ids per stage",
     ])
     imports = textwrap.dedent('''\
         from __future__ import annotations
@@ -375,6 +460,7 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
         from torch import nn
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
         from torch.nn.parallel import DistributedDataParallel as DDP
         ''')
     runtime = "\n\n".join(inspect.getsource(f) for f in (

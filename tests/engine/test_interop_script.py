@@ -102,11 +102,16 @@ def test_script_of_digits_brings_its_data(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+@pytest.mark.parametrize("kind", ["ddp", "fsdp", "pp"])
 def test_script_under_torchrun_equals_the_distributed_runtime(kind, tmp_path):
+    """dp=2 with DDP or FSDP2, or a 2-stage 1F1B pipeline (2 micro-batches) whose cut
+    the skip connection crosses."""
     project = dropout_mlp(tmp_path)
     project.graph.set_param("drop", "p", 0.0)  # replicas draw their own dropout masks
-    project.placement.dp, project.placement.data_parallel = 2, kind
+    if kind == "pp":
+        project.placement.pp, project.placement.microbatches = 2, 2
+    else:
+        project.placement.dp, project.placement.data_parallel = 2, kind
     rd = prepare_run(project, tmp_path / "run", steps=STEPS)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
@@ -115,6 +120,10 @@ def test_script_under_torchrun_equals_the_distributed_runtime(kind, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     want = [r["loss"] for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
     script = export_script(project, tmp_path / f"{kind}.py")
+    if kind == "pp":
+        text = script.read_text()
+        assert "STAGES = [['fc1', 'drop', 'relu', 'fc2'], ['skip', 'head']]" in text
+        assert "def forward_stage1(self, relu, fc2):" in text
     got = script_losses(script, tmp_path / "out", launcher=torchrun)
     assert len(got) == STEPS
     assert got == pytest.approx(want, rel=1e-6, abs=1e-7)
