@@ -10,10 +10,12 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from remote.cluster import parse_cluster
 from remote.jobctl import TOKEN_VAR
 from remote.jobs import Job, JobDB, Node
-from remote.tracker import Follower, Tracker
+from remote.tracker import CancelError, Follower, Tracker
 
 from sshd_helpers import free_port
 
@@ -107,6 +109,9 @@ def test_unreachable_node_becomes_lost_after_the_grace(sshd_pair, tmp_path, conf
     with Tracker(job.id, lost_after=0) as tr:
         tr.poll()
         assert tr.poll().state == "lost" and "unreachable" in tr.job.error
+        with pytest.raises(CancelError, match=r"cancel incomplete: root@127\.0\.0\.2:\d+"):
+            tr.cancel(grace=1)  # says which host it could not reach; claims nothing
+    assert JobDB().get(job.id).state == "lost"
 
 
 
