@@ -102,12 +102,28 @@ def cmd_screenshot(args) -> int:
     project = load_project(args.project)
     # offscreen unless QT_QPA_PLATFORM says otherwise (xcb under Xvfb needs libxcb-cursor0)
     app = _app(offscreen=True)
-    from app.main_window import MainWindow
     from app.settings import Settings
 
-    # A throwaway settings folder: no recovery prompt, no change to the user's recent files.
+    # A throwaway config folder: no recovery prompt, the user's recent files and job
+    # database untouched, nothing of theirs in the picture.
+    saved_env = os.environ.get("LAYERFLOW_CONFIG_DIR")
     with tempfile.TemporaryDirectory(prefix="layerflow-shot-") as tmp:
-        w = MainWindow(project, settings=Settings(Path(tmp)), recover=False)
+        os.environ["LAYERFLOW_CONFIG_DIR"] = tmp
+        try:
+            return _shoot(app, project, args, w_px, h_px, Settings(Path(tmp)))
+        finally:
+            if saved_env is None:
+                os.environ.pop("LAYERFLOW_CONFIG_DIR", None)
+            else:
+                os.environ["LAYERFLOW_CONFIG_DIR"] = saved_env
+
+
+def _shoot(app, project, args, w_px: int, h_px: int, settings) -> int:
+    from app.cli import CliError
+    from app.main_window import MainWindow
+
+    w = MainWindow(project, settings=settings, recover=False)
+    try:
         w.apply_theme(args.theme)
         w.resize(w_px, h_px)
         w.show()
@@ -133,6 +149,7 @@ def cmd_screenshot(args) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         if not w.grab().save(str(out), "PNG"):
             raise CliError(f"{out}: cannot write the PNG")
+    finally:
         w.controller.stack.setClean()  # nothing to ask about on close
         w.close()
     print(f"wrote {out} ({w_px}x{h_px}, {args.theme})")

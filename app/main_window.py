@@ -600,10 +600,18 @@ class MainWindow(QMainWindow):
         e.accept()
 
 
-# The run dashboard (issue 5) registers itself in EXTENSIONS when it exists.
-# Imported last so that it can import this module's names.
+# Other areas register themselves in EXTENSIONS when they exist: the run dashboard
+# (app/run_ui.py) and remote jobs (app/jobs_panel.py). Imported last so that they can
+# import this module's names.
 try:
     import app.run_ui  # noqa: F401,E402
 except ModuleNotFoundError as _exc:
     if _exc.name != "app.run_ui":
         raise
+try:
+    from app.jobs_panel import register as _register_jobs  # noqa: E402
+except ModuleNotFoundError as _exc:
+    if _exc.name != "app.jobs_panel":
+        raise
+else:
+    _register_jobs()

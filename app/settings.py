@@ -1,7 +1,8 @@
 """User settings (recent files, theme, window layout) and the autosave folder.
 
-Stored in an INI file under the user's config folder, or under $LAYERFLOW_HOME
-when set (tests point it at a temporary folder so they never touch the user's).
+Stored in an INI file in Layerflow's config folder (the same one remote/cluster.py
+uses): $LAYERFLOW_CONFIG_DIR when set (tests point it at a temporary folder so they
+never touch the user's), else the platform's user config folder.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ MAX_RECENT = 10
 
 
 def home() -> Path:
-    env = os.environ.get("LAYERFLOW_HOME")
+    env = os.environ.get("LAYERFLOW_CONFIG_DIR") or os.environ.get("LAYERFLOW_HOME")
     if env:
         return Path(env)
     from platformdirs import user_config_dir

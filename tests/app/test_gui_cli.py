@@ -23,7 +23,7 @@ def project_file(tmp_path):
 
 
 def test_screenshot_writes_the_window_in_both_themes(qtbot, project_file, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("LAYERFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(tmp_path / "home"))
     out = tmp_path / "shots" / "light.png"
     assert main(["screenshot", str(project_file), "-o", str(out), "--size", "1500x900", "--select", "fc"]) == 0
     img = QImage(str(out))
@@ -43,7 +43,7 @@ def test_screenshot_errors_are_one_line(project_file, tmp_path, capsys):
 
 
 def test_start_project_is_the_last_one_or_the_example(tmp_path, monkeypatch, project_file):
-    monkeypatch.setenv("LAYERFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(tmp_path / "home"))
     from app.cli_gui import _start_project
     from app.main_window import EXAMPLE
     from app.settings import Settings

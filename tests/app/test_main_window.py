@@ -20,7 +20,7 @@ B = QMessageBox.StandardButton
 @pytest.fixture
 def asked(monkeypatch, tmp_path):
     """Isolated settings; every question the window asks is recorded and answered."""
-    monkeypatch.setenv("LAYERFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(tmp_path / "home"))
     log = {"answers": [], "questions": []}
 
     def ask(self, kind, title, text, buttons, default):

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def asked(monkeypatch, tmp_path):
-    monkeypatch.setenv("LAYERFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(tmp_path / "home"))
     log = {"answers": [], "questions": []}
 
     def ask(self, kind, title, text, buttons, default):

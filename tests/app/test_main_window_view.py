@@ -18,7 +18,7 @@ B = QMessageBox.StandardButton
 
 @pytest.fixture
 def w(qtbot, monkeypatch, tmp_path):
-    monkeypatch.setenv("LAYERFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(tmp_path / "home"))
     monkeypatch.setattr(MainWindow, "ask", lambda self, *a: B.Discard)
     g = Graph()
     g.add_node("Input", {"shape": [4, 16]}, pos=(0, 0), id="x")
