@@ -8,6 +8,7 @@ forwarder a test puts in front of sshd and stops to cut a connection mid-run.
 """
 from __future__ import annotations
 
+import getpass
 import socket
 import subprocess
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 SSHD = "/usr/sbin/sshd"
 REMOTE_PYTHON = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python")
 ADDRS = ("127.0.0.2", "127.0.0.3")
+USER = getpass.getuser()  # sshd logs in the user running the tests (root here)
 
 
 def free_port(addr: str) -> int:
@@ -65,7 +67,10 @@ class Sshd:
         return f"[{self.addr}]:{self.port} {kind} {b64}"
 
     def start(self) -> None:
-        Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation dir
+        try:
+            Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation dir (needed as root)
+        except PermissionError:
+            pass  # not root: sshd runs without privilege separation
         # -D: stay in the foreground so we own the process; -e off, -E: log to our file.
         self.proc = subprocess.Popen([SSHD, "-D", "-f", str(self.config), "-E", str(self.log)],
                                      stdin=subprocess.DEVNULL)
@@ -162,7 +167,7 @@ class SshEnv:
 
     def host(self, i: int = 0, **kw) -> dict:
         s = self.servers[i]
-        return {"address": s.addr, "port": s.port, "user": "root", "identity_file": str(self.client_key), **kw}
+        return {"address": s.addr, "port": s.port, "user": USER, "identity_file": str(self.client_key), **kw}
 
     def cluster(self, name: str, workdir: Path, n_hosts: int = 2, **kw) -> dict:
         data = {"name": name, "hosts": [self.host(i) for i in range(n_hosts)], "workdir": str(workdir),

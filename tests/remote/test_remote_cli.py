@@ -9,7 +9,7 @@ import pytest
 
 from app.cli import main
 
-from sshd_helpers import REMOTE_PYTHON, free_port
+from sshd_helpers import REMOTE_PYTHON, USER, free_port
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "resources" / "examples"
 
@@ -23,7 +23,7 @@ def run(capsys, *argv):
 def add_args(env, name, tmp_path, n=2, known_hosts=None):
     args = ["cluster", "add", name]
     for s in env.servers[:n]:
-        args += ["--host", f"root@{s.addr}:{s.port}"]
+        args += ["--host", f"{USER}@{s.addr}:{s.port}"]
     return args + ["--identity", env.client_key, "--workdir", tmp_path / "work", "--python", REMOTE_PYTHON,
                    "--known-hosts", known_hosts or env.known_hosts, "--env", "OMP_NUM_THREADS=1",
                    "--rdzv-port", free_port("127.0.0.2")]

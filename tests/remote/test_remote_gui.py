@@ -15,7 +15,7 @@ from app.jobs_panel import JobsController, JobsPanel  # noqa: E402
 from remote.cluster import ClusterStore  # noqa: E402
 from remote.jobs import JobDB  # noqa: E402
 
-from sshd_helpers import REMOTE_PYTHON  # noqa: E402
+from sshd_helpers import REMOTE_PYTHON, USER  # noqa: E402
 from test_remote_tracker import fake_job, start_node  # noqa: E402
 
 pytestmark = pytest.mark.gui
@@ -26,7 +26,7 @@ def fill(dlg, env, tmp_path, known_hosts):
     dlg.name.setText("lab")
     dlg.hosts.setRowCount(0)
     for s in env.servers:
-        dlg.add_host_row(s.addr, s.port, "root", str(env.client_key))
+        dlg.add_host_row(s.addr, s.port, USER, str(env.client_key))
     dlg.workdir.setText(str(tmp_path / "work"))
     dlg.python.setText(REMOTE_PYTHON)
     dlg.env.setPlainText("OMP_NUM_THREADS=1")

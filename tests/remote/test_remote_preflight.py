@@ -6,7 +6,7 @@ from __future__ import annotations
 from remote.cluster import parse_cluster
 from remote.preflight import check_devices, parse_nvidia_smi, preflight
 
-from sshd_helpers import free_port
+from sshd_helpers import USER, free_port
 
 A100_X2 = "0, NVIDIA A100-SXM4-80GB, 81920, 0, 0\n1, NVIDIA A100-SXM4-80GB, 81920, 40211, 97\n"
 CONSUMER_NA = "0, NVIDIA GeForce RTX 3090, 24576, 1234, [N/A]\n"
@@ -65,7 +65,7 @@ def test_preflight_names_the_failing_host(sshd_pair, tmp_path):
     rep = preflight(parse_cluster(data))
     assert not rep.ok
     assert rep.hosts[0].ok and not rep.hosts[1].ok
-    assert rep.failures == [f"root@127.0.0.3:{data['hosts'][1]['port']}: " + rep.hosts[1].error]
+    assert rep.failures == [f"{USER}@127.0.0.3:{data['hosts'][1]['port']}: " + rep.hosts[1].error]
     assert "cannot connect" in rep.hosts[1].error
     bad_py = parse_cluster(sshd_pair.cluster("pair", tmp_path / "work", n_hosts=1, python="/nonexistent/python"))
     rep = preflight(bad_py)
