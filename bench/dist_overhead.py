@@ -52,7 +52,10 @@ def worker(kind: str, run_dir: Path, out: Path) -> None:
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    dist.init_process_group("nccl" if cuda else "gloo", device_id=dev if cuda else None)
+    if cuda:
+        dist.init_process_group("nccl", device_id=dev)
+    else:
+        dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     base = _rss_mb()
     spec = json.loads((run_dir / "run.json").read_text())

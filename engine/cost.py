@@ -79,18 +79,19 @@ def comm_time(op: str, nbytes: int, n: int, dev: DeviceSpec, messages: int = 1) 
     return collective_bytes(op, nbytes, n) / dev.link_bytes_per_s + messages * steps * dev.latency_s
 
 
-def bubble_fraction(pp: int, m: int) -> float:
+def bubble_fraction(pp: int, m: int, v: int = 1) -> float:
     """Idle share of a GPipe or 1F1B pipeline: (p-1)/(m+p-1). 1F1B has the same
-    bubble as GPipe; it only holds fewer micro-batches' activations."""
-    return (pp - 1) / (m + pp - 1) if pp > 1 else 0.0
+    bubble as GPipe; it only holds fewer micro-batches' activations. Interleaved
+    1F1B with v stages per rank shrinks it to (p-1)/(v*m+p-1)."""
+    return (pp - 1) / (v * m + pp - 1) if pp > 1 else 0.0
 
 
-def step_time(stage_flops: list[float], m: int, dev: DeviceSpec, comm_s: float) -> dict:
-    """Predicted seconds per step: the slowest stage sets the pipeline's pace,
-    (m + p - 1) micro-batch slots of it, plus communication not overlapped."""
+def step_time(stage_flops: list[float], m: int, dev: DeviceSpec, comm_s: float, v: int = 1) -> dict:
+    """Predicted seconds per step: the slowest rank sets the pipeline's pace,
+    (v*m + p - 1) slots of one stage's micro-batch, plus communication not overlapped."""
     p = len(stage_flops)
-    per_mb = max(stage_flops) / max(1, m) / dev.flops_per_s
-    compute = per_mb * (m + p - 1) if p > 1 else max(stage_flops) / dev.flops_per_s
+    per_slot = max(stage_flops) / max(1, m * v) / dev.flops_per_s
+    compute = per_slot * (v * m + p - 1) if p > 1 else max(stage_flops) / dev.flops_per_s
     return {"compute_s": compute, "comm_s": comm_s, "step_s": compute + comm_s}
 
 

@@ -165,9 +165,7 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
     if world != nproc:
         errors.append(f"placement pp={pp} x dp={dp} x tp={tp} = {world} processes, but {nproc} are available; "
                       f"set placement pp/dp/tp so that pp*dp*tp = {nproc}, or run with --nproc {world}")
-    if pp > 1 and schedule == "interleaved1f1b":
-        errors.append("placement.schedule interleaved1f1b needs several stages per rank, which Layerflow does not "
-                      "build yet; choose gpipe or 1f1b")
+    interleaved = pp > 1 and schedule == "interleaved1f1b"
     if pp > 1 and schedule == "1f1b" and m < pp:
         errors.append(f"placement.schedule 1f1b needs placement.microbatches >= stages, but microbatches is {m} and "
                       f"pp is {pp}; raise microbatches to {pp} or choose gpipe")
@@ -181,26 +179,38 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
                       f"set batch_size to a multiple of {dp * m} (e.g. {good}) or change dp/microbatches")
 
     compute = [n for n in compiled.order if graph.nodes[n].type not in ("Input", "Output")]
-    # ---- stages ----
+    # ---- stages (interleaved: several per rank, stage s on pp rank s % pp) ----
+    given = {n: graph.nodes[n].stage for n in compute if graph.nodes[n].stage is not None}
+    n_stages = pp
+    if interleaved:
+        n_stages = len(stages) if stages is not None else (max(given.values()) + 1 if given else 2 * pp)
+        if n_stages % pp or n_stages < 2 * pp:
+            errors.append(f"placement.schedule interleaved1f1b runs several stages per rank: the number of stages "
+                          f"must be a multiple of pp={pp} and at least {2 * pp}, but it is {n_stages}; number the "
+                          f"nodes' stages 0..{2 * pp - 1} (2 per rank) or choose 1f1b")
+        rounds = max(1, m // pp)
+        if m % rounds:
+            errors.append(f"placement.schedule interleaved1f1b with pp={pp} needs microbatches divisible by "
+                          f"microbatches // pp = {rounds}, but microbatches is {m}; set it to a multiple of {pp}")
+    v = max(1, n_stages // pp)
     if stages is None:
-        given = {n: graph.nodes[n].stage for n in compute if graph.nodes[n].stage is not None}
         if pp == 1:
             stages = [list(compute)]
         elif not given:
             from engine.autoplace import balanced_stages
 
-            stages, _ = balanced_stages(compiled, pp, device, dp=dp, tp=tp, microbatches=m,
+            stages, _ = balanced_stages(compiled, n_stages, device, dp=dp, tp=tp, microbatches=m,
                                         batch_size=B, optimizer=project.training.optimizer.name)
-            warnings.append(f"no node has a pipeline stage: the planner cut the model into {pp} balanced stages")
+            warnings.append(f"no node has a pipeline stage: the planner cut the model into {n_stages} balanced stages")
         else:
-            stages = [[] for _ in range(pp)]
+            stages = [[] for _ in range(n_stages)]
             cur = 0
             for n in compute:  # a node without a stage follows the one before it
                 s = given.get(n, cur)
-                if s >= pp:
+                if s >= n_stages:
                     errors.append(f"node '{n}' ({graph.nodes[n].type}): stage {s} but placement.pp is {pp}; "
                                   f"set its stage to 0..{pp - 1} or raise pp to {s + 1}")
-                    s = pp - 1
+                    s = n_stages - 1
                 stages[s].append(n)
                 cur = s
     stage = {n: s for s, ids in enumerate(stages) for n in ids}
@@ -272,10 +282,13 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
     devices = []
     fsdp = pl["data_parallel"] == "fsdp" and dp > 1
     stage_flops = [0.0] * pp
+    ckpt_nodes = set(n for n in compute if graph.nodes[n].checkpoint)
     for rank in range(world):
         s, d, t = mesh["coords"][rank]
+        mine = list(range(s, len(stages), pp))  # this rank's stages
+        ids = [n for st in mine for n in stages[st]]
         params = tensors = 0
-        for n in stages[s] if s < len(stages) else []:
+        for n in ids:
             if graph.nodes[n].type in ("Add", "Mul", "Concat"):
                 continue
             style = styles.get(n)
@@ -288,16 +301,15 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
                     shape[0] = chunk_len(shape[0], dp, d)
                 params += math.prod(shape)
                 tensors += 1
-        acts = activation_bytes(compiled, stages[s] if s < len(stages) else [], styles, tp_plan, tp,
-                                B // max(1, dp), m, pp, s, schedule, set(n for n in compute if graph.nodes[n].checkpoint))
-        flops = 3.0 * sum(compiled.nodes[n].flops / (tp if n in styles else 1)
-                          for n in (stages[s] if s < len(stages) else [])) * (B // max(1, dp))
+        acts = sum(activation_bytes(compiled, stages[st], styles, tp_plan, tp, B // max(1, dp), m, pp, st,
+                                    schedule, ckpt_nodes) for st in mine)
+        flops = 3.0 * sum(compiled.nodes[n].flops / (tp if n in styles else 1) for n in ids) * (B // max(1, dp))
         stage_flops[s] = flops
         mem = {"params_bytes": params * FLOAT_BYTES, "grads_bytes": params * FLOAT_BYTES,
                "optimizer_bytes": n_opt_states * params * FLOAT_BYTES + (tensors * 4 if opt.name != "sgd" else 0),
                "activations_bytes": acts}
         mem["total_bytes"] = sum(mem.values())
-        devices.append({"rank": rank, "stage": s, "dp_rank": d, "tp_rank": t, "memory": mem,
+        devices.append({"rank": rank, "stage": s, "stages": mine, "dp_rank": d, "tp_rank": t, "memory": mem,
                         "flops_per_step": flops, "params": params})
     for dv in devices:
         if dv["memory"]["total_bytes"] > device.memory_bytes:
@@ -312,7 +324,7 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
     comms = communication(compiled, stages, stage, styles, tp_plan, pp, dp, tp, m, B, pl, devices, meta)
     comm_s = sum(comm_time(c["op"], c["bytes_per_step"], c["group_size"], device, c.get("messages", 1))
                  for c in comms) / max(1, pp)
-    timing = step_time(stage_flops, m, device, comm_s)
+    timing = step_time(stage_flops, m, device, comm_s, v)
     layouts = edge_layouts(graph, compiled, stage, styles, tp_plan, dp, tp)
     doc = {
         "version": PLAN_VERSION, "project": project.name, "world": world, "nproc": nproc,
@@ -323,10 +335,10 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
         "schedule": schedule if pp > 1 else "none", "microbatches": m,
         "mixed_precision": pl["mixed_precision"], "sync_batchnorm": bool(pl.get("sync_batchnorm")),
         "batch": {"global": B, "per_replica": B // max(1, dp), "per_microbatch": B // max(1, dp * m)},
-        "stages": stages, "tp_plan": tp_plan,
+        "stages": stages, "stages_per_rank": v, "tp_plan": tp_plan,
         "checkpoint": [n for n in compute if graph.nodes[n].checkpoint],
         "layouts": layouts, "communication": comms, "devices": devices,
-        "bubble_fraction": bubble_fraction(pp, m),
+        "bubble_fraction": bubble_fraction(pp, m, v),
         "device": device.to_dict(),
         "predicted": {**timing, "peak_bytes_max": max(d["memory"]["total_bytes"] for d in devices)},
     }
@@ -373,7 +385,7 @@ def activation_bytes(compiled, ids, styles, tp_plan, tp, local_b, m, pp, s, sche
         if n in styles and tp_plan.get(n, {}).get("output", "Replicate()").startswith("Shard"):
             b //= tp
         per_sample += b
-    in_flight = m if (pp == 1 or schedule == "gpipe") else min(m, pp - s)
+    in_flight = m if (pp == 1 or schedule != "1f1b") else min(m, pp - s)
     return per_sample * (local_b // max(1, m)) * in_flight
 
 
@@ -415,9 +427,10 @@ def communication(compiled, stages, stage, styles, tp_plan, pp, dp, tp, m, B, pl
     comms: list[dict] = []
     local_b = B // max(1, dp)
     # pipeline: values live across each cut, forward activations and backward grads
-    for s in range(pp - 1):
+    last = len(stages) - 1
+    for s in range(last):
         live = [n for n in compiled.order if stage.get(n, 99) <= s and any(
-            stage.get(e.dst, pp - 1 if graph.nodes[e.dst].type == "Output" else -1) > s for e in graph.outgoing(n))]
+            stage.get(e.dst, last if graph.nodes[e.dst].type == "Output" else -1) > s for e in graph.outgoing(n))]
         nbytes = sum(_out_bytes(compiled, n) for n in live) * local_b
         carried = [n for n in live if stage.get(n) < s]
         comms.append({"op": "send/recv", "where": f"cut stage {s} -> {s + 1}", "values": live,
@@ -483,7 +496,7 @@ def format_plan(plan: Plan) -> str:
                      f"data parallel: {d['data_parallel']}; schedule: {d['schedule']}, microbatches {d['microbatches']}; "
                      f"bubble {d['bubble_fraction']:.1%}")
         for s, ids in enumerate(d["stages"]):
-            ranks = sorted({dv["rank"] for dv in d["devices"] if dv["stage"] == s})
+            ranks = sorted({dv["rank"] for dv in d["devices"] if s in dv["stages"]})
             lines.append(f"stage {s} (ranks {ranks}): {', '.join(ids)}")
         for n, e in d["tp_plan"].items():
             lines.append(f"tp {n} ({e['type']}): {e['style']}, in {e['input']} ({oneflow_name(e['input'])}) -> "

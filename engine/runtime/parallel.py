@@ -126,12 +126,20 @@ def apply_dp(module: nn.Module, dp_mesh: DeviceMesh, kind: str, reshard_after_fo
     raise ValueError(f"data_parallel '{kind}' is not ddp or fsdp")
 
 
-def parallelize(full: nn.Module, plan: dict, mesh: DeviceMesh, device: torch.device) -> nn.Module:
-    """This rank's part of the model, parallelized as the plan says."""
-    pp_rank = mesh["pp"].get_local_rank()
+def local_stages(plan: dict, pp_rank: int) -> list[int]:
+    """The pipeline stages this pp rank runs: its own, or with an interleaved schedule
+    every pp-th one (rank r holds stages r, r+pp, r+2pp...)."""
+    if plan["pp"] == 1:
+        return [0]
+    return list(range(pp_rank, len(plan["stages"]), plan["pp"]))
+
+
+def parallelize(full: nn.Module, plan: dict, mesh: DeviceMesh, device: torch.device,
+                stage_index: int | None = None) -> nn.Module:
+    """One of this rank's stages (the whole model without pipelining), parallelized as the plan says."""
     ckpt = set(plan.get("checkpoint") or [])
     if plan["pp"] > 1:
-        mod = build_stage_module(full, plan["stages"], pp_rank, ckpt)
+        mod = build_stage_module(full, plan["stages"], stage_index, ckpt)
     else:
         mod = apply_checkpointing(full, ckpt)
     mod.to(device).train()
@@ -144,6 +152,17 @@ def parallelize(full: nn.Module, plan: dict, mesh: DeviceMesh, device: torch.dev
         mod = apply_dp(mod, mesh["dp"], plan.get("data_parallel", "ddp"),
                        plan.get("reshard_after_forward", True), plan.get("mixed_precision", "none"))
     return mod
+
+
+def by_node_id(modules: list[nn.Module]) -> nn.Module:
+    """A root holding this rank's layers under their node ids (DDP's wrapper left out):
+    its state_dict keys are the full model's, whatever the layout, for DCP."""
+    root = nn.Module()
+    for m in modules:
+        inner = m.module if hasattr(m, "module") and isinstance(m, nn.parallel.DistributedDataParallel) else m
+        for name, child in inner.named_children():
+            root.add_module(name, child)
+    return root
 
 
 def default_plan(spec: dict, gm: nn.Module, world: int) -> dict:
@@ -189,7 +208,10 @@ class ParallelTrainer:
             raise ValueError(f"training.batch_size {self.batch_size} is not divisible by dp={dims.dp} x "
                              f"microbatches={m}; change batch_size or placement.microbatches")
         self.local_batch = self.batch_size // dims.dp
-        self.model = parallelize(full, plan, self.mesh, device)
+        self.stage_ids = local_stages(plan, self.pp_rank)
+        self.parts = [parallelize(full, plan, self.mesh, device, i) for i in self.stage_ids]
+        self.model = self.parts[0] if len(self.parts) == 1 else by_node_id(self.parts)
+        self.state_model = by_node_id(self.parts) if dims.pp > 1 or plan.get("checkpoint") else self.model
         self.opt = make_optimizer(self.model.parameters(), tr["optimizer"])
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(tr["schedule"], self.total_steps))
         arrays = load_npz(run_dir)
@@ -197,18 +219,24 @@ class ParallelTrainer:
         self.val = (arrays["x_val"], arrays["y_val"])
         self.grad_clip = tr.get("grad_clip")
         self.schedule = None
-        self.is_first = self.pp_rank == 0
-        self.is_last = self.pp_rank == dims.pp - 1
+        self.is_first = self.pp_rank == 0  # holds stage 0
+        self.is_last = self.pp_rank == dims.pp - 1  # holds the last stage (also when interleaved)
         if dims.pp > 1:
-            from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+            from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                                      ScheduleInterleaved1F1B)
 
             name = plan.get("schedule", "1f1b")
-            if name not in ("gpipe", "1f1b"):
-                raise ValueError(f"placement.schedule '{name}' needs several stages per rank, which this runtime "
-                                 f"does not build; choose gpipe or 1f1b")
-            stage = PipelineStage(self.model, self.pp_rank, dims.pp, device, group=self.mesh["pp"].get_group())
-            cls = ScheduleGPipe if name == "gpipe" else Schedule1F1B
-            self.schedule = cls(stage, m, loss_fn=lambda out, y: compute_loss(self.loss_kind, out, y))
+            n_stages = len(plan["stages"])
+            group = self.mesh["pp"].get_group()
+            stages = [PipelineStage(part, i, n_stages, device, group=group) for part, i in zip(self.parts, self.stage_ids)]
+            loss_fn = lambda out, y: compute_loss(self.loss_kind, out, y)  # noqa: E731
+            if name == "interleaved1f1b":
+                self.schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn)
+            elif n_stages != dims.pp:
+                raise ValueError(f"the plan has {n_stages} stages for pp={dims.pp}; one stage per rank needs "
+                                 f"schedule gpipe or 1f1b, several need interleaved1f1b")
+            else:
+                self.schedule = (ScheduleGPipe if name == "gpipe" else Schedule1F1B)(stages[0], m, loss_fn=loss_fn)
         self.microbatches = m
         # bf16: FSDP2 casts through its MixedPrecisionPolicy; everything else autocasts the forward
         bf16 = plan.get("mixed_precision") == "bf16" and not (dims.dp > 1 and plan.get("data_parallel") == "fsdp")
@@ -321,17 +349,17 @@ class ParallelTrainer:
     def save_checkpoint(self, path: Path, extra: dict) -> None:
         from .train import rng_state
 
-        dist_checkpoint.save(path, self.model, self.opt,
+        dist_checkpoint.save(path, self.state_model, self.opt,
                              {"scheduler": self.sched.state_dict(), "rng": rng_state(), **extra},
                              write_extra=self.rank == 0)
 
     def load_checkpoint(self, path: Path) -> dict:
-        state = dist_checkpoint.load(path, self.model, self.opt)
+        state = dist_checkpoint.load(path, self.state_model, self.opt)
         self.sched.load_state_dict(state["scheduler"])
         return state
 
     def save_final(self, path: Path) -> None:
-        full = dist_checkpoint.full_model_state(self.model)
+        full = dist_checkpoint.full_model_state(self.state_model)
         if self.rank == 0:
             torch.save(full, path)
 

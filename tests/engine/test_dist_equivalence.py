@@ -45,6 +45,8 @@ LAYOUTS_2 = {
     "tp_attention": ("transformer_synthetic", {"tp": 2}, None, TRANSFORMER_TP),
     "pp_gpipe": ("resnet_synthetic", {"pp": 2, "schedule": "gpipe", "microbatches": 2}, RESNET_2, None),
     "pp_1f1b": ("resnet_synthetic", {"pp": 2, "schedule": "1f1b", "microbatches": 4}, RESNET_2, None),
+    # 4 stages on 2 ranks: rank 0 runs stages 0 and 2, rank 1 stages 1 and 3
+    "pp_interleaved": ("resnet_synthetic", {"pp": 2, "schedule": "interleaved1f1b", "microbatches": 4}, RESNET_4, None),
 }
 BF16 = {"fsdp_bf16": ("mlp_digits", {"dp": 2, "data_parallel": "fsdp", "mixed_precision": "bf16"}, None, None),
         "pp_bf16": ("resnet_synthetic", {"pp": 2, "microbatches": 2, "mixed_precision": "bf16"}, RESNET_2, None)}

@@ -86,12 +86,23 @@ def test_memory_over_capacity_names_rank_and_sizes():
     assert "parameters" in e and "activations" in e and "raise pp or tp" in e
 
 
-def test_ddp_with_tp_and_interleaved_are_refused_with_the_fix():
+def test_ddp_with_tp_and_uneven_interleaving_are_refused_with_the_fix():
     p = proj("mlp_digits")
     one_error(make_plan(p, 4, placement={"dp": 2, "tp": 2, "data_parallel": "ddp"}, styles={"fc1": "colwise"}),
               "ddp with tp=2", "set placement.data_parallel to fsdp")
+    for n, st in {"fc1": 0, "act1": 1, "fc2": 2}.items():  # 3 stages cannot share 2 ranks evenly
+        p.graph.set_placement(n, stage=st)
     one_error(make_plan(p, 2, placement={"pp": 2, "microbatches": 2, "schedule": "interleaved1f1b"}),
-              "interleaved1f1b", "gpipe or 1f1b")
+              "interleaved1f1b", "multiple of pp=2 and at least 4, but it is 3", "or choose 1f1b")
+
+
+def test_interleaved_puts_stage_s_on_rank_s_mod_pp():
+    plan = make_plan(proj("resnet_synthetic"), 2, placement={"pp": 2, "microbatches": 4, "schedule": "interleaved1f1b"})
+    assert plan.ok, plan.errors
+    assert len(plan.doc["stages"]) == 4 and plan.doc["stages_per_rank"] == 2
+    assert [d["stages"] for d in plan.doc["devices"]] == [[0, 2], [1, 3]]
+    assert plan.doc["bubble_fraction"] == pytest.approx(1 / (2 * 4 + 1))  # (p-1)/(v*m+p-1)
+    assert len([c for c in plan.doc["communication"] if c["op"] == "send/recv"]) == 3
 
 
 # ----- batch-dependent layers -------------------------------------------------------
