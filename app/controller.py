@@ -144,6 +144,7 @@ class EditorController(QObject):
         self.scene = NodeScene(parent=self)
         self.scene.connect_requested.connect(self.connect_ports)
         self.scene.nodes_moved.connect(self.move_nodes)
+        self.scene.rewire_requested.connect(self.rewire)
         self.result = None
         self.plan = None
         self.plan_error: str | None = None
@@ -266,6 +267,25 @@ class EditorController(QObject):
         if ok:
             self.status.emit(f"Connected {src}.{src_port} → {dst}.{dst_port}")
         return ok
+
+    def rewire(self, old: Edge, new_end) -> bool:
+        """A wire dragged off its input: to another input (one step), or dropped
+        on empty canvas (removed). A refused target leaves the wire where it was."""
+        if new_end is None:
+            self.push(C.Disconnect(self.graph, [old]))
+            return True
+        dst, port = new_end
+        # the old wire ends elsewhere and cannot be on a path back to its source,
+        # so the usual check applies unchanged
+        why = self.graph.check_connect(old.src, old.src_port, dst, port)
+        if why:
+            self.status.emit(f"Cannot connect: {why}")
+            return False
+        self.stack.beginMacro(f"Reconnect {old.src}.{old.src_port} → {dst}.{port}")
+        self.push(C.Disconnect(self.graph, [old]))
+        self.push(C.Connect(self.graph, Edge(old.src, old.src_port, dst, port)))
+        self.stack.endMacro()
+        return True
 
     def move_nodes(self, moves: dict) -> None:
         self.push(C.MoveNodes(self.graph, moves))

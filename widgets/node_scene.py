@@ -508,6 +508,7 @@ class NodeScene(QGraphicsScene):
     connect_requested = Signal(str, str, str, str)  # src, src_port, dst, dst_port
     nodes_moved = Signal(dict)  # {id: ((x0, y0), (x1, y1))}, one user drag
     port_released_on_empty = Signal(str, str, bool, QPointF)  # node, port, is_input, scene pos
+    rewire_requested = Signal(object, object)  # old Edge, new (dst, dst_port) or None: remove the wire
 
     def __init__(self, graph: Graph | None = None, parent=None):
         super().__init__(parent)
@@ -526,6 +527,7 @@ class NodeScene(QGraphicsScene):
         self.overview: OverviewItem | None = None
         self._drag_port: PortItem | None = None
         self._drag_path: QGraphicsPathItem | None = None
+        self._rewire: Edge | None = None  # the wire picked up from a connected input
         self.setSceneRect(-50000, -50000, 100000, 100000)  # pan freely
         self.selectionChanged.connect(self._repaint_overview)
         self.setItemIndexMethod(QGraphicsScene.BspTreeIndex)
@@ -786,6 +788,14 @@ class NodeScene(QGraphicsScene):
         if e.button() == Qt.LeftButton:
             port = self._port_at(e.scenePos())
             if port is not None:
+                self._rewire = None
+                if port.is_input:  # grabbing a connected input picks its wire up by the end
+                    wire = next((x for x in self._edges_of.get(port.node_id, ())
+                                 if x.dst == port.node_id and x.dst_port == port.name), None)
+                    if wire is not None and wire.src in self.node_items:
+                        self._rewire = wire
+                        self.edge_items[wire].setVisible(False)
+                        port = self.node_items[wire.src].ports.get((wire.src_port, False), port)
                 self._drag_port = port
                 self._drag_path = QGraphicsPathItem()
                 self._drag_path.setPen(QPen(QColor(self.theme.selected), 2, Qt.DashLine))
@@ -816,6 +826,15 @@ class NodeScene(QGraphicsScene):
             self._drag_port = self._drag_path = None
             end = self._port_at(e.scenePos())
             e.accept()
+            wire, self._rewire = self._rewire, None
+            if wire is not None:
+                if wire in self.edge_items:
+                    self.edge_items[wire].setVisible(self.detail)
+                if end is None:
+                    self.rewire_requested.emit(wire, None)
+                elif end.is_input and (end.node_id, end.name) != (wire.dst, wire.dst_port):
+                    self.rewire_requested.emit(wire, (end.node_id, end.name))
+                return
             if end is None:
                 self.port_released_on_empty.emit(start.node_id, start.name, start.is_input, e.scenePos())
             elif end is not start:

@@ -118,7 +118,7 @@ def test_build_by_mouse_and_keyboard_then_undo_and_redo_every_step(qtbot, win):
     assert g.nodes["linear1"].pos == (260.0, 0.0)
     drag_port(w, "input1", "out", "linear1", "in")
     states.append(snapshot(w))
-    drag_port(w, "linear1", "out", "output1", "in")  # drawn from the input end too:
+    drag(w, port_point(w, "output1", "in", True), port_point(w, "linear1", "out", False))  # from the input end
     states.append(snapshot(w))
     assert g.edges == [Edge("input1", "out", "linear1", "in"), Edge("linear1", "out", "output1", "in")]
     # drag a node by its header: one undo step, snapped to the grid
@@ -347,3 +347,24 @@ def test_slow_diagrams_compile_on_a_worker_thread(qtbot, asked):
     c.set_param("linear1", "out_features", 14)
     c.flush()  # waits for any worker, then shows the current state
     assert w.scene.edge_label(out_edge) == "(B, 14)"
+
+
+def test_a_wire_picked_up_by_its_input_end_moves_or_goes(qtbot, asked):
+    w = make_window(qtbot, transformer_block_project())
+    g = w.project.graph
+    before = snapshot(w)
+    # move res.b's wire (from x) onto out.in? occupied -> refused, wire stays
+    drag(w, port_point(w, "res", "b", True), port_point(w, "out", "in", True))
+    assert "already connected" in w.statusBar().currentMessage() and snapshot(w) == before
+    assert w.scene.edge_items[Edge("x", "out", "res", "b")].isVisible()
+    # drop it on empty canvas: the wire is removed (one undo step)
+    a = port_point(w, "res", "b", True)
+    drag(w, a, a + QPoint(0, 200))
+    assert Edge("x", "out", "res", "b") not in g.edges
+    w.controller.stack.undo()
+    assert snapshot(w) == before
+    # reconnect res.b's wire to ln.in after freeing ln.in: one step, named in the Edit menu
+    w.controller.push(__import__("app.commands", fromlist=["Disconnect"]).Disconnect(g, [Edge("x", "out", "ln", "in")]))
+    drag(w, port_point(w, "res", "b", True), port_point(w, "ln", "in", True))
+    assert Edge("x", "out", "ln", "in") in g.edges and Edge("x", "out", "res", "b") not in g.edges
+    assert w.actions["undo"].text() == "&Undo Reconnect x.out → ln.in"
