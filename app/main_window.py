@@ -596,7 +596,10 @@ class MainWindow(QMainWindow):
         self._autosave_timer.stop()
         self._remove_autosave()
         self.project.graph.unsubscribe(self._on_graph_event)
-        self.scene.selectionChanged.disconnect(self._on_selection)
+        try:
+            self.scene.selectionChanged.disconnect(self._on_selection)
+        except (RuntimeError, TypeError):  # closed twice
+            pass
         e.accept()
 
 
