@@ -89,10 +89,14 @@ def prepare(project, out_dir: str | Path | None = None, *, steps: int | None = N
         raise DeployError(str(exc)) from None
 
 
+def _endpoint(addr: str, port: int) -> str:
+    return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"  # IPv6 needs brackets
+
+
 def _torchrun(job: Job, cluster: Cluster, i: int, nnodes: int, nproc: int) -> str:
     return " ".join(quote(a) for a in [
         cluster.python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
-        f"--node-rank={i}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_address(cluster)}:{cluster.rdzv_port}",
+        f"--node-rank={i}", "--rdzv-backend=c10d", f"--rdzv-endpoint={_endpoint(rdzv_address(cluster), cluster.rdzv_port)}",
         f"--rdzv-id={job.token}", f"--max-restarts={cluster.max_restarts}", "--monitor-interval=1",
         "-m", "engine.runtime.train", "run"])
 
