@@ -47,3 +47,23 @@ def test_slurm_states_and_commands():
     assert slurm_state("") is None
     assert state_command("123; reboot") == "sacct -j '123; reboot' -X -n -P -o State"
     assert cancel_command("77") == "scancel 77"
+
+
+def test_ssh_node_script_text():
+    """The per-node script of the SSH backend (remote/launch_ssh.py), as text."""
+    from remote.launch_ssh import layout, node_script
+
+    c = parse_cluster({"name": "two", "hosts": [{"address": "fe80::1"}, {"address": "gpu2"}],
+                       "python": "/opt/my env/bin/python", "max_restarts": 3, "rdzv_port": 29500,
+                       "env": {"NOTE": "a b; $(x)"}})
+    job = Job(id="j-1", name="it's $(bad)", cluster=c.model_dump(), created=time.time(), token="tok")
+    text = node_script(job, c, 1, 2, 4)
+    assert "echo $$ > node1.pid.tmp && mv node1.pid.tmp node1.pid" in text
+    assert "'/opt/my env/bin/python' -m torch.distributed.run --nnodes=2 --nproc-per-node=4 --node-rank=1" in text
+    assert "--rdzv-endpoint=[fe80::1]:29500" in text and "--max-restarts=3" in text and "--rdzv-id=tok" in text
+    assert "export NOTE='a b; $(x)'" in text and "'it'\"'\"'s $(bad)'" in text
+    assert "echo $rc > node1.exit.tmp && mv node1.exit.tmp node1.exit" in text
+    assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
+    one = c.model_copy(update={"max_restarts": 0})
+    assert "torch.distributed.run" not in node_script(job, one, 0, 1, 1)  # one process: no agent
+    assert layout(c, 8) == (2, 4) and layout(c, 1) == (1, 1)
