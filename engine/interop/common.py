@@ -102,3 +102,38 @@ def check_imported(imported: Imported) -> None:
         raise InteropError(
             f"{imported.source}: the weights do not fit the diagram (a bug in the importer): "
             f"missing {missing[:5]}, unexpected {extra[:5]}, wrong shape {wrong[:5]}")
+
+
+def synthetic_training(project: Project) -> None:
+    """Give an imported diagram a synthetic data set of its input's shape, so it can
+    train (from the imported weights) at once; the user swaps in real data later."""
+    from engine.compile import compile_graph
+    from engine.project import SyntheticClassification, SyntheticImages, SyntheticRegression, SyntheticSequence
+
+    result = compile_graph(project.graph)
+    if not result.ok or len(result.spec["inputs"]) != 1 or len(result.spec["outputs"]) != 1:
+        return
+    inp = result.nodes[result.spec["inputs"][0]]
+    out_id = result.spec["outputs"][0]
+    src = result.graph.incoming(out_id).get("in")
+    pred = result.nodes[src.src].out if src else None
+    if pred is None:
+        return
+    shape, loss = list(inp.params["shape"]), result.nodes[out_id].params.get("loss")
+    classes = pred.shape[-1] if pred.shape else 1
+    if loss == "cross_entropy" and len(pred.shape) == 1 and classes >= 2:
+        if inp.params["dtype"] == "int64" and len(shape) == 1:
+            vocab = min((n.params["num_embeddings"] for n in result.nodes.values() if n.type == "Embedding"), default=32)
+            ds = SyntheticSequence(kind="synthetic_sequence", seq_len=shape[0], vocab_size=vocab, n_classes=classes)
+        elif len(shape) == 3:
+            ds = SyntheticImages(kind="synthetic_images", channels=shape[0], height=shape[1], width=shape[2],
+                                 n_classes=classes)
+        elif len(shape) == 1:
+            ds = SyntheticClassification(kind="synthetic_classification", n_features=shape[0], n_classes=classes)
+        else:
+            return
+    elif loss == "mse" and len(shape) == 1 and len(pred.shape) == 1 and inp.params["dtype"] == "float32":
+        ds = SyntheticRegression(kind="synthetic_regression", n_features=shape[0], n_targets=classes)
+    else:
+        return
+    project.training = project.training.model_copy(update={"dataset": ds})

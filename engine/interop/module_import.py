@@ -21,7 +21,7 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from engine.graph import Edge, Graph
-from engine.interop.common import Imported, InteropError, check_imported, make_id
+from engine.interop.common import Imported, InteropError, check_imported, make_id, synthetic_training
 from engine.interop.layout import layered_layout
 from engine.layers import get_layer
 from engine.project import Project
@@ -345,6 +345,7 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
     project = Project(graph, name=name or type(module).__name__, description=f"Imported from {source}")
     imported = Imported(project, state, source, notes)
     check_imported(imported)
+    synthetic_training(project)
     _check_outputs(imported, module, samples)
     return imported
 

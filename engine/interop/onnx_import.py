@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from engine.graph import Graph
-from engine.interop.common import Imported, InteropError, check_imported, make_id
+from engine.interop.common import Imported, InteropError, check_imported, make_id, synthetic_training
 from engine.interop.layout import layered_layout
 from engine.layers import get_layer
 from engine.project import Project
@@ -858,6 +858,7 @@ def import_onnx(path: str | Path, name: str | None = None) -> Imported:
     project = Project(graph, name=name or path.stem, description=f"Imported from {path.name}")
     imported = Imported(project, state, str(path))
     check_imported(imported)
+    synthetic_training(project)
     return imported
 
 

@@ -383,7 +383,12 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
         raise InteropError(f"node '{result.output_node()}' (Output): loss is none; choose cross_entropy or mse to train")
     tr = project.training
     arrays = edata.load_arrays(project)
-    from engine.run import total_steps
+    from engine.run import check_data, total_steps
+
+    errs = check_data(result, arrays)
+    if errs:
+        raise InteropError("the data set does not fit the diagram (set training.dataset):\n"
+                           + "\n".join(f"  {e}" for e in errs))
 
     steps = total_steps(project, len(arrays.x_train))
     pl = _plan_of(project, plan)

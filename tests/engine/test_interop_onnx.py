@@ -327,6 +327,8 @@ def test_training_starts_from_the_imported_weights(exported, tmp_path):
     from engine.runtime.train import Trainer, load_spec
 
     imp = import_onnx(exported["cnn_bn"][2])
+    ds = imp.project.training.dataset  # a synthetic set of the input's shape: trainable at once
+    assert (ds.kind, ds.channels, ds.height, ds.width, ds.n_classes) == ("synthetic_images", 3, 12, 12, 5)
     imp.project.training = Training(dataset=SyntheticImages(kind="synthetic_images", n_samples=64, channels=3,
                                                             height=12, width=12, n_classes=5),
                                     batch_size=16, steps=2, seed=9)

@@ -141,3 +141,13 @@ def test_cli_export_script_with_a_plan(tmp_path):
     text = (tmp_path / "p.py").read_text()
     assert "'dp': 2" in text and "'data_parallel': 'fsdp'" in text and "fully_shard(" in text
     assert "torchrun --standalone --nproc_per_node=2 p.py" in text
+
+
+def test_a_data_set_that_does_not_fit_is_refused(tmp_path):
+    from engine.interop import InteropError
+
+    project = dropout_mlp(tmp_path)
+    project.training.dataset.n_features = 7
+    with pytest.raises(InteropError, match="shape is \\[16\\] but the data set's samples are \\[7\\]"):
+        export_script(project, tmp_path / "bad.py")
+    assert not (tmp_path / "bad.py").exists()
