@@ -66,9 +66,10 @@ def layout(cluster: Cluster, world: int) -> tuple[int, int]:
 
 
 def prepare(project, out_dir: str | Path | None = None, *, steps: int | None = None,
-            placement: dict | None = None) -> Path:
+            placement: dict | None = None, device=None) -> Path:
     """A run folder for a remote deploy: engine.run.prepare_run, plus the distributed
-    plan (engine/planner.py) when the placement needs more than one process."""
+    plan (engine/planner.py) when the placement needs more than one process.
+    device: the cluster's real device (remote.preflight.device_spec of a preflight)."""
     from engine.run import RunError, prepare_run
 
     pl = {**project.placement.model_dump(), **(placement or {})}
@@ -76,7 +77,7 @@ def prepare(project, out_dir: str | Path | None = None, *, steps: int | None = N
     if int(pl["pp"]) * int(pl["dp"]) * int(pl["tp"]) > 1:
         from engine.planner import make_plan
 
-        p = make_plan(project, None, placement=placement)
+        p = make_plan(project, None, device=device, placement=placement)
         if p.errors:
             raise DeployError("the placement cannot run:\n" + "\n".join(f"  {e}" for e in p.errors))
         plan = p.runtime_plan()

@@ -74,7 +74,8 @@ try:
     t = {{"torch": metadata.version("torch")}}
 except Exception as e:
     t = {{"torch": None, "torch_error": "%s: %s" % (type(e).__name__, e)}}
-t.update(python=platform.python_version(), cpus=os.cpu_count(), hostname=platform.node())
+t.update(python=platform.python_version(), cpus=os.cpu_count(), hostname=platform.node(),
+         mem_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 print(json.dumps(t))' 2>&1
 echo "@@nvidia"; if command -v nvidia-smi >/dev/null 2>&1; then {nvq} 2>&1; fi
 echo "@@disk"; mkdir -p {wd} && df -Pk {wd} | tail -n 1
@@ -91,6 +92,7 @@ class HostReport:
     cuda: str | None = None
     hostname: str | None = None
     cpus: int | None = None
+    mem_bytes: int | None = None
     gpus: list[GPU] = field(default_factory=list)
     free_disk_gb: float | None = None
     rdzv_ok: bool | None = None
@@ -156,7 +158,7 @@ def probe_host(conn: Connection, cluster: Cluster, timeout: float) -> HostReport
         return rep.fail(f"python {cluster.python!r} does not run: {py.strip()[-300:] or res.stderr.strip()[-300:]}"
                         f" (set the cluster's python to an interpreter that has torch)")
     rep.python, rep.torch, rep.cuda = info.get("python"), info.get("torch"), info.get("cuda")
-    rep.cpus, rep.hostname = info.get("cpus"), info.get("hostname")
+    rep.cpus, rep.hostname, rep.mem_bytes = info.get("cpus"), info.get("hostname"), info.get("mem_bytes")
     if not rep.torch:
         return rep.fail(f"torch is not importable by {cluster.python} ({info.get('torch_error')})")
     rep.gpus, rep.warnings = parse_nvidia_smi("\n".join(sections.get("nvidia", [])))
@@ -288,3 +290,24 @@ def check_devices(report: PreflightReport, world_size: int, nproc_per_node: int,
     if len(kinds) > 1:
         errs.append("some nodes have GPUs and some do not; use nodes of one kind")
     return errs
+
+
+def device_spec(report: PreflightReport, nproc_per_node: int = 1):
+    """An engine.cost.DeviceSpec for the planner from the real devices: the smallest GPU
+    (free memory) of the cluster, or one CPU process's share of the smallest node's RAM.
+    What the devices panel shows and `engine.planner.make_plan(..., device=)` takes."""
+    from engine.cost import GPUS, DeviceSpec
+
+    gpus = [g for h in report.hosts for g in h.gpus]
+    if gpus:
+        g = min(gpus, key=lambda g: g.memory_free_mb if g.memory_free_mb is not None else (g.memory_total_mb or 0))
+        free_mb = g.memory_free_mb if g.memory_free_mb is not None else (g.memory_total_mb or 0)
+        name = g.name.lower().replace(" ", "")
+        # engine/cost.py's table by model ("a100", "h100", "h200", "rtx4090"); unknown: a modest guess
+        known = next((spec for key, spec in GPUS.items() if key.split("-")[0] in name), None)
+        flops = known.flops_per_s if known else 0.4 * 100e12
+        link = known.link_bytes_per_s if known else 25e9
+        return DeviceSpec(g.name, int(free_mb * 2 ** 20), flops, link, 10e-6)
+    mems = [h.mem_bytes for h in report.hosts if h.mem_bytes]
+    mem = min(mems) // max(1, nproc_per_node) if mems else 8 * 2 ** 30
+    return DeviceSpec("cpu", int(mem), flops_per_s=1.5e10, link_bytes_per_s=1e9, latency_s=50e-6)

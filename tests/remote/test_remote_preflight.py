@@ -4,7 +4,7 @@ memory.used,utilization.gpu --format=csv,noheader,nounits` prints on real machin
 from __future__ import annotations
 
 from remote.cluster import parse_cluster
-from remote.preflight import check_devices, parse_nvidia_smi, preflight
+from remote.preflight import check_devices, device_spec, parse_nvidia_smi, preflight
 
 from sshd_helpers import USER, free_port
 
@@ -33,6 +33,16 @@ def test_parse_nvidia_smi_formats():
     assert (g.index, g.name, g.memory_total_mb) == (3, "Weird, Name GPU", 16384)
 
 
+def test_device_spec_from_gpus():
+    from remote.preflight import HostReport, PreflightReport
+    gpus, _ = parse_nvidia_smi(A100_X2)
+    spec = device_spec(PreflightReport([HostReport("a", ok=True, gpus=gpus)]))
+    assert spec.name == "NVIDIA A100-SXM4-80GB" and spec.memory_bytes == (81920 - 40211) * 2 ** 20
+    assert spec.flops_per_s == 0.4 * 312e12  # the A100 entry of engine/cost.py
+    (odd,), _ = parse_nvidia_smi("0, Some Future GPU, 1000, [N/A], [N/A]")
+    assert device_spec(PreflightReport([HostReport("b", ok=True, gpus=[odd])])).memory_bytes == 1000 * 2 ** 20
+
+
 def test_check_devices():
     from remote.preflight import GPU, HostReport, PreflightReport
     gpu = GPU(0, "x", 100.0, 0.0, 0.0)
@@ -55,6 +65,8 @@ def test_preflight_two_hosts(sshd_pair, tmp_path):
     assert rep.ok, rep.table()
     for h in rep.hosts:
         assert h.torch and h.python and h.cpus >= 1 and h.gpus == [] and h.free_disk_gb > 0 and h.rdzv_ok
+    cpu = device_spec(rep, nproc_per_node=2)
+    assert cpu.name == "cpu" and 0 < cpu.memory_bytes <= min(h.mem_bytes for h in rep.hosts) // 2
     table = rep.table()
     assert "127.0.0.2" in table and "127.0.0.3" in table and "NO" not in table
 
