@@ -108,6 +108,10 @@ def cmd_train(args) -> int:
             raise CliError(f"--resume {run_dir}: not a run folder (no run.json)")
         if args.steps is not None:
             _extend_run(run_dir, args.steps)
+        if overrides or args.nproc:  # resume under another layout (checkpoints are layout-free)
+            from app.cli_dist import replan_run
+
+            replan_run(run_dir, args.nproc, overrides)
     else:
         try:
             plan = None

@@ -93,3 +93,34 @@ def plan_for_run(project, nproc: int | None, overrides: dict):
     for w in plan.warnings:
         print(f"warning: {w}", file=sys.stderr)
     return plan.runtime_plan()
+
+
+def replan_run(run_dir, nproc: int | None, overrides: dict) -> None:
+    """Give a run folder a new placement and plan before resuming it: its DCP
+    checkpoints load under any layout. The folder's project snapshot is planned."""
+    from pathlib import Path
+
+    from app.cli import CliError
+    from engine.project import atomic_write, load_project
+
+    run_dir = Path(run_dir)
+    spec = json.loads((run_dir / "run.json").read_text())
+    project = load_project(run_dir / "project.lflow")
+    project.placement = project.placement.model_validate(spec["placement"])
+    overrides = dict(overrides)
+    if {"dp", "tp", "pp"} & set(overrides) or nproc:
+        # a new layout: degrees not given start from 1, and dp takes what --nproc leaves
+        degrees = {k: overrides.get(k, 1) for k in ("pp", "tp")}
+        rest = (nproc or 1) // (degrees["pp"] * degrees["tp"])
+        degrees["dp"] = overrides.get("dp", max(1, rest) if nproc else spec["placement"]["dp"])
+        overrides.update(degrees)
+    pl = project.placement.model_copy(update=overrides)
+    world = pl.pp * pl.dp * pl.tp
+    if world > 1:
+        plan = plan_for_run(project, nproc or world, overrides)
+    else:
+        plan = None
+    if nproc and nproc != world:
+        raise CliError(f"--nproc {nproc} but the placement needs dp*tp*pp = {pl.dp}*{pl.tp}*{pl.pp} = {world} processes")
+    spec["placement"], spec["plan"] = pl.model_dump(mode="json"), plan
+    atomic_write(run_dir / "run.json", (json.dumps(spec, indent=1, sort_keys=True) + "\n").encode())

@@ -95,3 +95,27 @@ def test_ctrl_c_ends_every_process_and_checkpoints(tmp_path):
     status = json.loads((out / "status.json").read_text())
     assert status["state"] == "cancelled"
     assert (out / "checkpoints" / "latest").exists()
+
+
+def test_cli_resume_under_another_layout(tmp_path):
+    """train --nproc 2 (DDP), then --resume with --pp 2: the DCP checkpoint of step 4
+    continues as a pipeline, with the single-process losses."""
+    from engine.runtime.train import run
+
+    p = load_project(MLP)
+    p.training.checkpoint_interval = 4
+    proj = tmp_path / "mlp.lflow"
+    save_project(p, proj)
+    ref = prepare_run(p, tmp_path / "ref", steps=6)
+    run(ref)
+    want = {r["step"]: r["loss"] for r in map(json.loads, (ref / "metrics.jsonl").read_text().splitlines()) if "loss" in r}
+    d = tmp_path / "run"
+    assert main(["train", str(proj), "--nproc", "2", "--steps", "4", "--out", str(d)]) == 0
+    assert main(["train", str(proj), "--resume", str(d), "--steps", "6", "--nproc", "2", "--pp", "2",
+                 "--microbatches", "2"]) == 0
+    spec = json.loads((d / "run.json").read_text())
+    assert spec["plan"]["pp"] == 2 and spec["placement"]["dp"] == 1
+    got = {r["step"]: r["loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines()) if "loss" in r}
+    assert sorted(got) == [1, 2, 3, 4, 5, 6]
+    for step in got:
+        assert got[step] == pytest.approx(want[step], rel=1e-4), step
