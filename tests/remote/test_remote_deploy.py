@@ -137,7 +137,7 @@ def test_cut_link_then_app_restart_lose_and_repeat_nothing(sshd_pair, tmp_path, 
     data = sshd_pair.cluster("relayed", tmp_path / "work", n_hosts=1, rdzv_port=free_port("127.0.0.2"),
                              known_hosts=str(kh), command_timeout=15)
     data["hosts"][0].update(address="127.0.0.1", port=relay.port, rdzv_address="127.0.0.2")
-    job = deploy(parse_cluster(data), make_run(tmp_path, 1500))
+    job = deploy(parse_cluster(data), make_run(tmp_path, 2500))
     seen = []
     tr = Tracker(job.id, on_metrics=seen.extend, lost_after=600)
     wait_for(lambda: tr.poll() and seen)
@@ -152,13 +152,13 @@ def test_cut_link_then_app_restart_lose_and_repeat_nothing(sshd_pair, tmp_path, 
     mirror = JobDB().mirror_dir(job.id) / "metrics.jsonl"
     with open(mirror, "ab") as f:
         f.write(b'{"step": 12345, "lo')
-    db = JobDB()  # --- the app starts again and reattaches to the running job
-    assert [j.id for j in db.active()] == [job.id]
-    with Tracker(db.active()[0].id, db, on_metrics=seen.extend) as tr2:
+    db = JobDB()  # --- the app starts again and reattaches to the job (running, unless it just ended)
+    assert [j.id for j in db.list()] == [job.id]
+    with Tracker(db.list()[0].id, db, on_metrics=seen.extend) as tr2:
         job = tr2.follow(interval=0.3)
     assert job.state == "succeeded", job.error
     assert mirror.read_bytes() == remote_file(job, "run/metrics.jsonl")
-    assert [r["step"] for r in seen if "loss" in r] == list(range(1, 1501))  # none lost, none twice
+    assert [r["step"] for r in seen if "loss" in r] == list(range(1, 2501))  # none lost, none twice
     assert db.active() == []
 
 
