@@ -6,7 +6,7 @@ import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains 
 
 import math
 
-from PySide6.QtCore import QEvent, QPointF, QRectF, Qt, Signal
+from PySide6.QtCore import QEvent, QLineF, QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import QFrame, QGraphicsView
 
@@ -93,22 +93,20 @@ class NodeView(QGraphicsView):
             step *= 5
         left = math.floor(rect.left() / step) * step
         top = math.floor(rect.top() / step) * step
-        minor, major = QPen(QColor(t.grid_minor), 0), QPen(QColor(t.grid_major), 0)
-        lines_minor, lines_major = [], []
+        minor, major = [], []  # one drawLines call per pen, not one call per line
         x = left
         while x < rect.right():
-            (lines_major if round(x / step) % 5 == 0 else lines_minor).append((QPointF(x, rect.top()), QPointF(x, rect.bottom())))
+            (major if round(x / step) % 5 == 0 else minor).append(QLineF(x, rect.top(), x, rect.bottom()))
             x += step
         y = top
         while y < rect.bottom():
-            (lines_major if round(y / step) % 5 == 0 else lines_minor).append((QPointF(rect.left(), y), QPointF(rect.right(), y)))
+            (major if round(y / step) % 5 == 0 else minor).append(QLineF(rect.left(), y, rect.right(), y))
             y += step
-        p.setPen(minor)
-        for a, b in lines_minor:
-            p.drawLine(a, b)
-        p.setPen(major)
-        for a, b in lines_major:
-            p.drawLine(a, b)
+        p.setRenderHint(QPainter.Antialiasing, False)
+        p.setPen(QPen(QColor(t.grid_minor), 0))
+        p.drawLines(minor)
+        p.setPen(QPen(QColor(t.grid_major), 0))
+        p.drawLines(major)
 
     # ----- zoom and pan -------------------------------------------------------
     def wheelEvent(self, e) -> None:
