@@ -342,9 +342,12 @@ class RunController(QObject):
             return ""
 
     def _last_error_line(self, run_dir: Path) -> str | None:
-        for line in reversed(self._launcher_text(run_dir).splitlines()):
-            if line.startswith("error:"):
-                return line[len("error:"):].strip()
+        """The CLI's `error: ...` message (it may go on over several lines)."""
+        lines = self._launcher_text(run_dir).splitlines()
+        for i in range(len(lines) - 1, -1, -1):
+            if lines[i].startswith("error:"):
+                rest = [ln for ln in lines[i + 1:] if ln.startswith((" ", "\t"))]
+                return "\n".join([lines[i][len("error:"):].strip(), *rest])
         return None
 
     @staticmethod

@@ -209,3 +209,18 @@ def test_a_failed_run_names_the_node(qtbot, open_window, project_path):
     show[0].click()
     assert w.scene.selected_ids() == ["fc2"]
     assert ui.notifications[-1].startswith(f"Run {rd.name} failed")
+
+
+def test_a_project_the_cli_refuses_leaves_no_folder_and_says_why(qtbot, open_window, project_path):
+    w = open_window(project_path)
+    ui = w.run_ui
+    w.controller.set_param("x", "shape", [63])  # the digits have 64 features; an unsaved edit
+    assert w.is_dirty()
+    run_dir = ui.run()
+    with qtbot.waitSignal(ui.controller.finished, timeout=60_000) as sig:
+        pass
+    assert sig.args == [str(run_dir), "failed"]
+    assert "node 'x' (Input): shape is [63]" in ui.failure_box.text()
+    assert not run_dir.exists()  # nothing half-made left in the runs folder
+    assert [p.name for p in project_path.parent.iterdir() if p.suffix == ".lflow"] == ["mlp.lflow"]  # snapshot gone
+    assert load_project(project_path).graph.nodes["x"].params["shape"] == [64]  # the file itself untouched
