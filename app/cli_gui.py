@@ -1,6 +1,7 @@
 """GUI commands: bare `python main.py` (the editor with the last project or the
-bundled example), `open PROJECT`, and `screenshot PROJECT -o FILE.png`, which
-renders the real main window offscreen and exits (how docs and checks see the app).
+bundled example), `open PROJECT`, `screenshot PROJECT -o FILE.png`, which renders
+the real main window offscreen and exits (how docs and checks see the app), and
+`layout PROJECT`, the editor's auto-layout without a window.
 """
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("open", help="open a project in the editor")
     p.add_argument("project")
     p.set_defaults(func=cmd_open)
+
+    p = sub.add_parser("layout", help="lay a project's diagram out left to right (layered), in place or to -o")
+    p.add_argument("project")
+    p.add_argument("-o", "--output", help="write here instead of over PROJECT")
+    p.set_defaults(func=cmd_layout)
 
     p = sub.add_parser("screenshot", help="render the main window with a project to a PNG, offscreen")
     p.add_argument("project")
@@ -75,6 +81,19 @@ def default(args) -> int:
 
 def cmd_open(args) -> int:
     return _run_window(args.project)
+
+
+def cmd_layout(args) -> int:
+    """The editor's Auto-Layout, headless (pure Python: no Qt needed)."""
+    from app.controller_layout import layered_layout
+    from engine.project import load_project, save_project
+
+    project = load_project(args.project)
+    for nid, pos in layered_layout(project.graph).items():
+        project.graph.move(nid, pos)
+    out = save_project(project, args.output or args.project)
+    print(f"laid out {len(project.graph.nodes)} nodes -> {out}")
+    return 0
 
 
 def _frame(view, zoom: float | None) -> None:

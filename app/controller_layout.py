@@ -15,6 +15,7 @@ COL_W = 250.0
 ROW_GAP = 40.0
 NODE_H_BASE = 54.0  # matches widgets.node_scene.node_height: BODY_TOP + 6
 ROW_H = 18.0
+DUMMY_H = 16.0  # the lane a long edge takes in a column it crosses
 
 
 def _height(graph: Graph, nid: str) -> float:
@@ -55,8 +56,28 @@ def layered_layout(graph: Graph, ids: list[str] | None = None, origin: tuple[flo
         if not pred[n] and succ[n]:
             layer[n] = max(layer[n], min(layer[s] for s in succ[n]) - 1)
     n_layers = max(layer.values()) + 1
+    # long edges get a dummy node in every column they cross, so that ordering
+    # keeps a lane free for them (a skip connection runs beside the chain, not through it)
+    dummies: list[str] = []
+    for u in list(ids):
+        for v in list(succ[u]):
+            span = layer[v] - layer[u]
+            if span <= 1:
+                continue
+            succ[u].remove(v)
+            pred[v].remove(u)
+            prev = u
+            for k in range(1, span):
+                d = f"\0{u}>{v}#{k}"
+                dummies.append(d)
+                layer[d] = layer[u] + k
+                succ[d], pred[d] = [], [prev]
+                succ[prev].append(d)
+                prev = d
+            succ[prev].append(v)
+            pred[v].append(prev)
     cols: list[list[str]] = [[] for _ in range(n_layers)]
-    for n in ids:  # model order as the first guess
+    for n in [*ids, *dummies]:  # model order as the first guess
         cols[layer[n]].append(n)
     # 2. barycenter sweeps
     pos_in_col = {}
@@ -80,6 +101,7 @@ def layered_layout(graph: Graph, ids: list[str] | None = None, origin: tuple[flo
         ys = [graph.nodes[n].pos[1] for n in ids]
         origin = (min(xs), min(ys)) if ids != list(graph.nodes) else (0.0, 0.0)
     heights = {n: _height(graph, n) for n in ids}
+    heights.update({d: DUMMY_H for d in dummies})
     center: dict[str, float] = {}
     tallest = max(sum(heights[n] for n in col) + ROW_GAP * (len(col) - 1) for col in cols)
     for col in cols:

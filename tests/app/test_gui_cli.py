@@ -53,3 +53,13 @@ def test_start_project_is_the_last_one_or_the_example(tmp_path, monkeypatch, pro
     Settings().add_recent(project_file)
     assert _start_project(None).path.resolve() == project_file.resolve()
     assert _start_project(str(project_file)).name == "tiny"
+
+
+def test_layout_command_lays_the_diagram_out_left_to_right(project_file, tmp_path):
+    from engine.project import load_project
+
+    out = tmp_path / "laid.lflow"
+    assert main(["layout", str(project_file), "-o", str(out)]) == 0
+    g = load_project(out).graph
+    assert g.nodes["x"].pos[0] < g.nodes["fc"].pos[0] < g.nodes["y"].pos[0]
+    assert load_project(project_file).graph.nodes["fc"].pos == (240.0, 0.0)  # -o left the source alone
