@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QProgressBar, QSystemTr
 
 from app.main_window import EXTENSIONS
 from app.run_controller import RunController, _fmt_eta
-from engine.runs import confusion_matrix, delete_run, list_runs, runs_dir, summarize_run
+from engine.runs import confusion_matrix, delete_run, list_runs, peak_memory_per_rank, runs_dir, summarize_run
 from engine.tail import read_metrics
 from widgets.dashboard import Dashboard
 from widgets.run_toolbar import RunToolbar
@@ -197,6 +197,8 @@ class RunUI(QObject):
         steps = f" after {s.step} steps" if s is not None else ""
         msg = f"Run {name} {state}{steps}{best}"
         self.notify(msg, failed=(state == "failed"))
+        if Path(run_dir).exists() and run_dir in self.dashboard.run_keys():
+            self._show_rank_peaks(run_dir)
         if state == "succeeded":
             self._load_confusion(run_dir)
 
@@ -257,9 +259,15 @@ class RunUI(QObject):
             if p == live:
                 continue
             self.dashboard.set_records(p, read_metrics(Path(p) / "metrics.jsonl"), label=Path(p).name)
+            self._show_rank_peaks(p)
         self.dashboard.set_confusion(None)
         self.dashboard.auto_range()
         self.show_dashboard()
+
+    def _show_rank_peaks(self, run_dir: str) -> None:
+        peaks = peak_memory_per_rank(run_dir)
+        if peaks and len(peaks) > 1:
+            self.dashboard.set_peak_memory(run_dir, peaks)
 
     def open_run(self, run_dir) -> None:
         run_dir = Path(run_dir)

@@ -176,6 +176,17 @@ def delete_run(path: str | os.PathLike, *, within: str | os.PathLike | None = No
     shutil.rmtree(p)
 
 
+def peak_memory_per_rank(path: str | os.PathLike) -> list[float] | None:
+    """MB per rank from peak_mem_per_rank.json (written by a multi-process run at its end)."""
+    try:
+        data = json.loads((Path(path) / "peak_mem_per_rank.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, list) and data and all(_finite(v) is not None for v in data):
+        return [float(v) for v in data]
+    return None
+
+
 # ----- CSV export ---------------------------------------------------------------
 def record_columns(records: list[dict]) -> list[str]:
     """Every key of the records, in order of first appearance."""

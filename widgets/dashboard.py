@@ -228,6 +228,7 @@ class _Run:
         self.t0: float | None = None
         self.t_last = 0.0
         self.series: dict[str, _Series] = {}
+        self.peaks: pg.ScatterPlotItem | None = None  # final peak memory per rank
 
 
 class Dashboard(QtWidgets.QWidget):
@@ -406,6 +407,8 @@ class Dashboard(QtWidgets.QWidget):
         for s in run.series.values():
             if s.curve is not None:
                 self.plots[s.spec.plot].getPlotItem().removeItem(s.curve)
+        if run.peaks is not None:
+            self.plots["memory"].getPlotItem().removeItem(run.peaks)
         for i in range(self.run_list.count()):
             if self.run_list.item(i).data(Qt.UserRole) == key:
                 self.run_list.takeItem(i)
@@ -473,6 +476,8 @@ class Dashboard(QtWidgets.QWidget):
         for s in run.series.values():
             if s.curve is not None:
                 s.curve.setVisible(visible)
+        if run.peaks is not None:
+            run.peaks.setVisible(visible)
         for i in range(self.run_list.count()):
             item = self.run_list.item(i)
             if item.data(Qt.UserRole) == key:
@@ -674,6 +679,25 @@ class Dashboard(QtWidgets.QWidget):
         return f"{unit} {xs}  " + " | ".join(parts_text)
 
     # ----- confusion matrix ------------------------------------------------------------
+    def set_peak_memory(self, key: str, peaks: list[float]) -> None:
+        """The peak memory each rank reached over the whole run (a multi-process run
+        writes it at the end): one marker per rank at the run's last step."""
+        run = self._runs[key]
+        pi = self.plots["memory"].getPlotItem()
+        if run.peaks is not None:
+            pi.removeItem(run.peaks)
+        x_end = run.t_last if self._x_mode == "time" else max(
+            (s.step.a[s.step.n - 1] for s in run.series.values() if s.step.n), default=0.0)
+        symbols = ["o", "s", "t", "d", "+", "x", "star", "p"]
+        spots = [{"pos": (x_end, float(v)), "symbol": symbols[r % len(symbols)], "data": r,
+                  "brush": pg.mkBrush(run.color), "pen": pg.mkPen(run.color), "size": 9}
+                 for r, v in enumerate(peaks)]
+        run.peaks = pg.ScatterPlotItem(spots=spots, name=f"{run.label}: peak per rank" if len(self._runs) > 1
+                                       else "peak per rank (o rank 0, □ rank 1, …)")
+        run.peaks.setToolTip("\n".join(f"rank {r}: {v:.1f} MB" for r, v in enumerate(peaks)))
+        run.peaks.setVisible(run.visible)
+        pi.addItem(run.peaks)
+
     def set_confusion(self, matrix, labels=None, title: str = "Confusion matrix (validation)") -> None:
         self.confusion.set_matrix(matrix, labels, title)
 

@@ -126,6 +126,8 @@ def test_two_process_run_from_the_toolbar_then_stop(qtbot, open_window, project_
     qtbot.waitUntil(lambda: not ui.controller.running, timeout=90_000)
     assert group_pids(pgid) == [] and processes_mentioning(str(run_dir)) == []
     assert summarize_run(run_dir).state == "cancelled"
+    if (run_dir / "peak_mem_per_rank.json").exists():  # written when the ranks stop in time
+        assert len(ui.dashboard._runs[str(run_dir)].peaks.points()) == 2
 
 
 def two_finished_runs(project_path):

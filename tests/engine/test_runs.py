@@ -101,6 +101,17 @@ def test_delete_run_refuses_what_it_must_not_touch(tmp_path):
     assert not is_run_dir(r)
 
 
+def test_peak_memory_per_rank_file(tmp_path):
+    from engine.runs import peak_memory_per_rank
+
+    d = fake_run(tmp_path / "r", {"state": "succeeded"}, [])
+    assert peak_memory_per_rank(d) is None
+    (d / "peak_mem_per_rank.json").write_text(str([120.5, 118.0]))  # how the runtime writes it
+    assert peak_memory_per_rank(d) == [120.5, 118.0]
+    (d / "peak_mem_per_rank.json").write_text("[1, NaN]")
+    assert peak_memory_per_rank(d) is None
+
+
 def test_csv_export_round_trips_the_records(tmp_path):
     recs = records(12, eval_every=4) + [{"event": "end", "state": "succeeded", "step": 12, "time": 1.2}]
     recs[0]["loss"] = 0.1 + 0.2  # a float that needs all its digits

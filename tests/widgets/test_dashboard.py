@@ -155,6 +155,12 @@ def test_png_export_and_memory_per_rank(dash, tmp_path):
     dash.append("r", read_metrics(write_metrics(tmp_path / "m.jsonl", ranks=2)))
     dash.flush()
     assert curve_xy(dash, "r", "peak_mem_mb[1]")[1][0] == pytest.approx(101.1)
+    dash.set_peak_memory("r", [130.0, 128.5])
+    peaks = dash._runs["r"].peaks
+    assert [(p.pos().x(), p.pos().y()) for p in peaks.points()] == [(40.0, 130.0), (40.0, 128.5)]
+    dash.set_run_visible("r", False)
+    assert not peaks.isVisible()
+    dash.set_run_visible("r", True)
     png = dash.export_png(tmp_path / "plots.png")
     img = QImage(str(png))
     assert not img.isNull() and img.width() == dash.plots_area.width() and img.height() == dash.plots_area.height()
