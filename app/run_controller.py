@@ -105,6 +105,10 @@ class ActiveRun:
     step: int = 0
     eta: float = math.nan
     seen: set = field(default_factory=set)  # every descendant pid observed
+    launched_at: float = 0.0  # wall clock
+    # A resumed run first cuts metrics.jsonl back to its checkpoint; until then the
+    # file still holds lines that will disappear, so reading waits (see _read_metrics).
+    tail_ready: bool = True
     last_scan: float = 0.0
 
     def scan(self) -> None:
@@ -125,6 +129,7 @@ class RunController(QObject):
 
     started = Signal(str)  # run_dir
     records = Signal(str, list)  # run_dir, new metrics records
+    reset = Signal(str)  # run_dir: forget its records, they come again from the start
     progress = Signal(str, int, int, float)  # run_dir, step, total_steps (0: unknown), eta seconds (nan)
     finished = Signal(str, str)  # run_dir, state: succeeded | failed | cancelled
     failed = Signal(str, dict)  # run_dir, engine.runs.failure_report(...) (+ "message")
@@ -202,7 +207,7 @@ class RunController(QObject):
                                     stderr=subprocess.STDOUT, start_new_session=True)
         tail = MetricsTail(run_dir / "metrics.jsonl")
         self.active = ActiveRun(run_dir=run_dir, proc=proc, command=cmd, nproc=nproc, resume=resume,
-                                snapshot=snapshot, tail=tail)
+                                snapshot=snapshot, tail=tail, launched_at=time.time(), tail_ready=not resume)
         self._timer.start()
         self.started.emit(str(run_dir))
         return run_dir
@@ -286,6 +291,19 @@ class RunController(QObject):
         self._finish(a, code)
 
     def _read_metrics(self, a: ActiveRun) -> None:
+        if not a.tail_ready:
+            # The runtime writes status.json (state running, a new start time) right
+            # after truncating metrics.jsonl: from then on the file only grows.
+            try:
+                st = json.loads((a.run_dir / "status.json").read_text())
+            except (OSError, ValueError):
+                return
+            if not (st.get("state") == "running" and isinstance(st.get("started"), (int, float))
+                    and st["started"] >= a.launched_at - 1.0):
+                return
+            a.tail_ready = True
+            a.tail = MetricsTail(a.run_dir / "metrics.jsonl")
+            self.reset.emit(str(a.run_dir))
         recs = a.tail.poll_records()
         if a.total_steps is None and (a.run_dir / "run.json").is_file():
             try:

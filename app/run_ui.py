@@ -64,6 +64,7 @@ class RunUI(QObject):
         c = self.controller
         c.started.connect(self._on_started)
         c.records.connect(self._on_records)
+        c.reset.connect(lambda run_dir: self.dashboard.set_records(run_dir, [], label=Path(run_dir).name))
         c.progress.connect(self._on_progress)
         c.finished.connect(self._on_finished)
         c.failed.connect(self._on_failed)
