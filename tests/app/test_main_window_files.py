@@ -55,7 +55,6 @@ def window(qtbot, project=None, recover=False) -> MainWindow:
 def test_save_reopen_equal_and_recent_files(qtbot, asked, tmp_path):
     w = window(qtbot, small_project())
     w.controller.set_param("fc", "out_features", 5)
-    w.controller.group_selected  # groups survive a round trip too
     w.scene.select_nodes(["fc"])
     w.controller.group_selected("head")
     assert w.is_dirty() and w.isWindowModified()
