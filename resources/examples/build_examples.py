@@ -12,9 +12,10 @@ from engine.graph import Graph  # noqa: E402
 from engine.project import Placement, Project, Training, save_project  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+DX = 250.0  # node cards are 152 px wide: leaves room for the shape label on each edge
 
 
-def chain(g: Graph, items, x0=0.0, y=0.0, dx=190.0):
+def chain(g: Graph, items, x0=0.0, y=0.0, dx=DX):
     """Add (id, type, params) in a row and connect each to the next."""
     prev = None
     for i, (nid, t, p) in enumerate(items):
@@ -55,7 +56,7 @@ def resnet_synthetic() -> Project:
     g = Graph()
     last = chain(g, [("x", "Input", {"shape": [3, 16, 16]}), ("stem", "Conv2d", {"out_channels": 16}),
                      ("stem_act", "ReLU", {})])
-    x = 3 * 190.0
+    x = 3 * DX
     for b in (1, 2):
         y = 0.0
         chain(g, [(f"b{b}_conv1", "Conv2d", {"out_channels": 16}), (f"b{b}_act1", "ReLU", {}),
@@ -64,7 +65,7 @@ def resnet_synthetic() -> Project:
         g.connect(last, "out", f"b{b}_conv1", "in")
         g.connect(last, "out", f"b{b}_add", "b")  # the skip connection
         last = f"b{b}_act2"
-        x += 5 * 190.0
+        x += 5 * DX
     chain(g, [("gap", "AdaptiveAvgPool2d", {}), ("flat", "Flatten", {}), ("head", "Linear", {"out_features": 4}),
               ("out", "Output", {"loss": "cross_entropy"})], x0=x)
     g.connect(last, "out", "gap", "in")
@@ -92,7 +93,7 @@ def transformer_synthetic() -> Project:
     g.connect("pos", "out", "res1", "b")
     g.connect("res1", "out", "res2", "b")
     # ln2 reads res1 (the chain connected res1 -> ln2 already)
-    for nid, y in (("ln1", -60), ("attn", -60), ("ln2", -60), ("fc_in", -60), ("gelu", -60), ("fc_out", -60)):
+    for nid, y in (("ln1", -110), ("attn", -110), ("ln2", -110), ("fc_in", -110), ("gelu", -110), ("fc_out", -110)):
         n = g.nodes[nid]
         g.move(nid, (n.pos[0], y))
     tr = Training.model_validate({"dataset": {"kind": "synthetic_sequence", "seq_len": 16, "vocab_size": 32,
