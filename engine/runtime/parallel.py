@@ -277,18 +277,28 @@ class ParallelTrainer:
         dist.all_reduce(t)
         return float(t.item())
 
+    @torch.no_grad()
     def _clip(self, max_norm: float) -> None:
-        """Clip by the norm over the whole model: DTensor grads give their global
-        norm; stages add their squares over the pp group."""
+        """Clip by the norm over the whole model, as the single-process loop does.
+        A sharded gradient (TP, FSDP2) adds its pieces' squares over its mesh dims,
+        a replicated one counts once, stages add theirs over the pp group."""
+        sq = torch.zeros((), dtype=torch.float32, device=self.device)
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads)
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
+        for g in grads:
+            if hasattr(g, "to_local"):
+                part = g.to_local().float().pow(2).sum()
+                for dim, placement in enumerate(g.placements):
+                    if placement.is_shard() or placement.is_partial():
+                        dist.all_reduce(part, group=g.device_mesh.get_group(dim))
+                sq += part
+            else:
+                sq += g.float().pow(2).sum()
         if self.dims.pp > 1:
-            sq = norm.pow(2)
             dist.all_reduce(sq, group=self.mesh["pp"].get_group())
-            norm = sq.sqrt()
-        torch.nn.utils.clip_grads_with_norm_(list(self.model.parameters()), max_norm, norm)
+        coef = min(1.0, max_norm / (float(sq.sqrt()) + 1e-6))  # torch's clip_grad_norm_ formula
+        if coef < 1.0:
+            for g in grads:
+                g.mul_(coef)
 
     @torch.no_grad()
     def evaluate(self) -> dict:

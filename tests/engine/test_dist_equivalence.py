@@ -45,6 +45,8 @@ LAYOUTS_2 = {
     "tp_attention": ("transformer_synthetic", {"tp": 2}, None, TRANSFORMER_TP),
     "pp_gpipe": ("resnet_synthetic", {"pp": 2, "schedule": "gpipe", "microbatches": 2}, RESNET_2, None),
     "pp_1f1b": ("resnet_synthetic", {"pp": 2, "schedule": "1f1b", "microbatches": 4}, RESNET_2, None),
+    "tp_clip": ("mlp_digits+clip", {"tp": 2}, None, MLP_TP),  # sharded and replicated gradients in one norm
+    "pp_clip": ("resnet_synthetic+clip", {"pp": 2, "microbatches": 2}, RESNET_2, None),  # norm over stages
     # 4 stages on 2 ranks: rank 0 runs stages 0 and 2, rank 1 stages 1 and 3
     "pp_interleaved": ("resnet_synthetic", {"pp": 2, "schedule": "interleaved1f1b", "microbatches": 4}, RESNET_4, None),
 }
@@ -60,7 +62,11 @@ MLP_PP = [["fc1", "act1"], ["fc2", "act2", "head"]]
 
 
 def _project(example: str):
+    """An example; "NAME+clip" adds gradient clipping tight enough to act on every step."""
+    example, _, clip = example.partition("+")
     p = load_project(EXAMPLES / f"{example}.lflow")
+    if clip:
+        p.training.grad_clip = 0.05
     p.training.checkpoint_interval = 10
     p.training.eval_interval = STEPS
     return p
@@ -103,8 +109,9 @@ def runs(tmp_path_factory):
     from engine.runtime.train import run
 
     refs = {}
-    for example in ("mlp_digits", "resnet_synthetic", "transformer_synthetic"):
-        d = prepare_run(_project(example), tmp / f"ref_{example}", steps=STEPS)
+    for example in ("mlp_digits", "resnet_synthetic", "transformer_synthetic", "mlp_digits+clip",
+                    "resnet_synthetic+clip"):
+        d = prepare_run(_project(example), tmp / f"ref_{example.replace('+', '_')}", steps=STEPS)
         run(d)
         refs[example] = losses(d)
     out = {}
@@ -214,3 +221,9 @@ def test_final_model_is_the_whole_model(runs):
     assert {k: tuple(v.shape) for k, v in sd_pp.items()} == {k: tuple(v.shape) for k, v in whole.items()}
     sd_tp = torch.load(out["tp_attention"][1] / "model.pt", weights_only=True)
     assert sd_tp["attn.q.weight"].shape == (64, 64)  # gathered from its two column shards
+
+
+def test_clipping_acts_in_the_references(runs):
+    refs = runs[0]
+    assert refs["mlp_digits+clip"][5] != refs["mlp_digits"][5]  # Adam undoes most of a uniform scale
+    assert refs["resnet_synthetic+clip"][5] != pytest.approx(refs["resnet_synthetic"][5], rel=1e-3)  # SGD does not
