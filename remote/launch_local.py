@@ -127,7 +127,7 @@ class LocalJob:
             print(f"succeeded on {self.nproc} processes; run folder {self.run_dir}", file=out)
         return rc
 
-    def terminate(self, grace: float = 15.0) -> int:
+    def terminate(self, grace: float = 30.0) -> int:
         """SIGTERM to torchrun's group; after `grace` seconds SIGKILL to it and to
         every worker group. Returns torchrun's exit code."""
         self._observe()
