@@ -103,8 +103,37 @@ def _torchrun(nproc: int, jobs: list[dict], tmp: Path) -> None:
         pytest.fail(f"torchrun failed ({r.returncode}):\n{r.stderr[-4000:]}\n{logs}")
 
 
+_DONE: dict = {}  # xdist may tear a module fixture down between two tests of a group; the launches run once
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    if "runs" not in _DONE:
+        _DONE["runs"] = _shared_once(tmp_path_factory)
+    return _DONE["runs"]
+
+
+def _shared_once(tmp_path_factory):
+    """xdist's loadgroup can still hand a group's first tests to another worker: one
+    worker launches (under a file lock in the session's shared temp folder), the
+    others wait and read its results."""
+    import fcntl
+    import os
+    import pickle
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    result = shared / "dist_equivalence.pkl"
+    with open(shared / "dist_equivalence.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if result.exists():
+            return pickle.loads(result.read_bytes())
+        res = _launch_all(tmp_path_factory)
+        result.write_bytes(pickle.dumps(res))
+        return res
+
+
+def _launch_all(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dist")
     from engine.runtime.train import run
 
