@@ -11,3 +11,23 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_question_blocks_the_suite(monkeypatch):
+    """A main window closed by pytest-qt's teardown with unsaved changes asks
+    'Save the changes?' in a modal box that nobody answers: the worker would hang
+    until the timeout. Tests that check the prompt replace `window.ask` on their
+    instance (which wins over this); every other question is answered Discard."""
+    import sys
+
+    mw = sys.modules.get("app.main_window")
+    if mw is None:
+        return
+    from PySide6.QtWidgets import QMessageBox
+
+    monkeypatch.setattr(mw.MainWindow, "ask",
+                        lambda self, kind, title, text, buttons, default: QMessageBox.StandardButton.Discard)
