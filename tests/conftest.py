@@ -10,6 +10,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
+import widgets.qt_fix  # noqa: E402,F401  (PySide6 6.12 on Python 3.11: see that file)
+
 torch.set_num_threads(1)
 
 

@@ -11,14 +11,14 @@ dashed with dots = validation), a checkable run list to show/hide each.
 """
 from __future__ import annotations
 
-import ctypes
 import math
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains None/True/False)
 import pyqtgraph as pg
 from PySide6 import QtCore, QtGui, QtWidgets
 from PySide6.QtCore import Qt
@@ -29,23 +29,6 @@ except ImportError:  # pragma: no cover
     lfilter = None
 
 # Colour per run: a palette that stays readable on light and dark backgrounds.
-def _pin_singleton_refcounts() -> None:
-    """PySide6 6.12's SignalInstance.emit() returns True without taking a reference
-    (measured: refcount(True) drops by one per emit), so after a few thousand emits
-    from Python (pyqtgraph emits on every view change) CPython 3.11 aborts with
-    "bool_dealloc: deallocating True or False". Python 3.12+ makes True/False/None
-    immortal; on 3.11 we do the same by hand: a huge refcount never reaches zero.
-    Idempotent; a no-op where the interpreter already protects them."""
-    if sys.version_info >= (3, 12) or sys.implementation.name != "cpython":
-        return
-    for obj in (True, False, None):
-        cnt = ctypes.c_ssize_t.from_address(id(obj))  # ob_refcnt is the first field
-        if cnt.value < (1 << 40):
-            cnt.value += 1 << 50
-
-
-_pin_singleton_refcounts()
-
 RUN_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
               "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]
 RANK_STYLES = [Qt.SolidLine, Qt.DashLine, Qt.DotLine, Qt.DashDotLine, Qt.DashDotDotLine]
