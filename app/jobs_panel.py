@@ -292,6 +292,12 @@ def install(window) -> None:
         if ask_trust_key(window, host, key_type, fp) and getattr(window, "_last_deploy", None):
             controller.deploy(window.project, window._last_deploy[0], accept=[fp])
 
+    def open_job(mirror: str) -> None:
+        # the job's mirror reads like a local run folder: plotted (and tailed) by the dashboard
+        if window.run_openers:
+            window.open_run(mirror)
+
+    panel.open_requested.connect(open_job)
     window.run_toolbar.addAction("Clusters…", clusters)
     window.run_toolbar.addAction("Deploy…", deploy)
     window.run_toolbar.setVisible(True)

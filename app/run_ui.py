@@ -9,6 +9,7 @@ select_and_show.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import math
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QProgressBar, QSystemTr
 from app.main_window import EXTENSIONS
 from app.run_controller import RunController, _fmt_eta
 from engine.runs import confusion_matrix, delete_run, list_runs, peak_memory_per_rank, runs_dir, summarize_run
-from engine.tail import read_metrics
+from engine.tail import MetricsTail, read_metrics
 from widgets.dashboard import Dashboard
 from widgets.run_toolbar import RunToolbar
 from widgets.runs_panel import RunsPanel
@@ -43,6 +44,10 @@ class RunUI(QObject):
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="confusion")
         self._confusion_job: tuple[str, concurrent.futures.Future] | None = None
         self._confusion_timer = QTimer(self, interval=100, timeout=self._poll_confusion)
+        # Opened runs that are still being written (a remote job's mirror, a run of
+        # another window or of the CLI) are followed by byte offset, like the live run.
+        self._followed: dict[str, MetricsTail] = {}
+        self._follow_timer = QTimer(self, interval=500, timeout=self._poll_followed)
 
         self.dashboard_dock = window.add_dock("Dashboard", self._dash_holder, Qt.BottomDockWidgetArea)
         self.dashboard_dock.visibilityChanged.connect(lambda shown: shown and self.dashboard)
@@ -150,6 +155,7 @@ class RunUI(QObject):
             self.controller.stop()
 
     def shutdown(self) -> None:
+        self._follow_timer.stop()
         self.controller.shutdown()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -255,15 +261,47 @@ class RunUI(QObject):
         for key in self.dashboard.run_keys():
             if key != live:
                 self.dashboard.remove_run(key)
+        self._followed.clear()
         for p in paths:
             p = str(Path(p))
             if p == live:
                 continue
-            self.dashboard.set_records(p, read_metrics(Path(p) / "metrics.jsonl"), label=Path(p).name)
+            tail = MetricsTail(Path(p) / "metrics.jsonl")
+            records = tail.poll_records()
+            self.dashboard.set_records(p, records, label=Path(p).name)
             self._show_rank_peaks(p)
+            if not self._has_ended(p, records):
+                self._followed[p] = tail
+        if self._followed:
+            self._follow_timer.start()
+        else:
+            self._follow_timer.stop()
         self.dashboard.set_confusion(None)
         self.dashboard.auto_range()
         self.show_dashboard()
+
+    @staticmethod
+    def _has_ended(run_dir: str, records: list) -> bool:
+        if any(r.get("event") == "end" for r in records):
+            return True
+        try:  # the state the run (or a remote job's tracker) wrote; its pid may be on another host
+            state = json.loads((Path(run_dir) / "status.json").read_text()).get("state")
+        except (OSError, ValueError, AttributeError):
+            return True
+        return state in ("succeeded", "failed", "cancelled", "lost")
+
+    def _poll_followed(self) -> None:
+        for key, tail in list(self._followed.items()):
+            if key not in self.dashboard.run_keys():
+                del self._followed[key]
+                continue
+            records = tail.poll_records()
+            if records:
+                self.dashboard.append(key, records)
+            elif self._has_ended(key, records):  # nothing new and the run is over
+                del self._followed[key]
+        if not self._followed:
+            self._follow_timer.stop()
 
     def _show_rank_peaks(self, run_dir: str) -> None:
         peaks = peak_memory_per_rank(run_dir)
