@@ -85,8 +85,10 @@ def plan_notes(plan, graph=None) -> tuple[dict[Edge, str], list[tuple[str, int, 
     return {e: ", ".join(v) for e, v in notes.items()}, rows, lines
 
 
-def _plan(project: Project, result):
-    """(plan, error) from engine/planner.py when it exists; (None, None) otherwise."""
+def _plan(project: Project, result, devices=None):
+    """(plan, error) from engine/planner.py when it exists; (None, None) otherwise.
+    devices: (nproc, engine.cost.DeviceSpec) of real devices (a cluster's), or None
+    for this machine."""
     try:
         from engine import planner  # noqa: PLC0415 - optional, written in parallel
     except ImportError:
@@ -96,6 +98,8 @@ def _plan(project: Project, result):
         return None, None
     try:
         try:
+            if devices is not None:
+                return make(project, devices[0], devices[1], compiled=result), None
             return make(project, compiled=result), None  # reuse this compile
         except TypeError:
             return make(project), None
@@ -103,12 +107,12 @@ def _plan(project: Project, result):
         return None, str(exc)
 
 
-def analyse(project: Project):
+def analyse(project: Project, devices=None):
     """Compile and plan: (result, plan, plan_error, plan_info, seconds). No Qt
     objects are touched, so it runs on a worker thread too."""
     t0 = time.perf_counter()
     result = compile_graph(project.graph)
-    plan, error = _plan(project, result)
+    plan, error = _plan(project, result, devices)
     info = plan_notes(plan, project.graph)
     if error:
         info = (info[0], info[1], [f"plan: {error}"])
@@ -120,13 +124,13 @@ class _JobSignals(QObject):
 
 
 class _AnalyseJob(QRunnable):
-    def __init__(self, project: Project, version: int, signals: _JobSignals):
+    def __init__(self, project: Project, version: int, signals: _JobSignals, devices=None):
         super().__init__()
-        self.project, self.version, self.signals = project, version, signals
+        self.project, self.version, self.signals, self.devices = project, version, signals, devices
 
     def run(self) -> None:
         try:
-            out = analyse(self.project)
+            out = analyse(self.project, self.devices)
         except Exception as exc:  # noqa: BLE001 - reported on the GUI thread
             out = exc
         self.signals.done.emit(self.version, out)
@@ -149,6 +153,7 @@ class EditorController(QObject):
         self.plan = None
         self.plan_error: str | None = None
         self.plan_info = ({}, [], [])
+        self.devices = None  # (nproc, DeviceSpec) of a cluster's real devices; None: this machine
         self._timer = QTimer(self, singleShot=True, interval=COMPILE_DELAY_MS, timeout=self._recompile)
         self._version = 0  # bumped by every edit
         self._applied = -1  # the version whose results the views show
@@ -191,7 +196,7 @@ class EditorController(QObject):
         self._busy = True
         snapshot = Project(self.graph.copy(), name=self.project.name, training=self.project.training,
                            placement=self.project.placement, path=self.project.path)
-        self._pool.start(_AnalyseJob(snapshot, self._version, self._signals))
+        self._pool.start(_AnalyseJob(snapshot, self._version, self._signals, self.devices))
 
     def _job_done(self, version: int, out) -> None:
         self._busy = False
@@ -212,7 +217,7 @@ class EditorController(QObject):
         self._busy = False
         t0 = time.perf_counter()
         try:
-            out = analyse(self.project)
+            out = analyse(self.project, self.devices)
         except Exception as exc:  # noqa: BLE001 - a compiler bug must not take the editor down
             self.status.emit(f"checking the diagram failed: {exc}")
             return
@@ -227,6 +232,12 @@ class EditorController(QObject):
         self.scene.set_result(result, plan_info[0])
         self.compiled.emit(result)
         self.plan_changed.emit(plan_info)
+
+    def set_devices(self, devices) -> None:
+        """Plan for these real devices ((nproc, DeviceSpec)) or, with None, this machine."""
+        self.devices = devices
+        self._version += 1  # a result for the old devices is stale
+        self.compile_now()
 
     def flush(self) -> None:
         """Show the current state's compile now (before saving, screenshots, tests)."""

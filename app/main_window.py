@@ -94,6 +94,8 @@ class MainWindow(QMainWindow):
         self.zoom_label = QLabel()
         self.statusBar().addPermanentWidget(self.zoom_label)
         self._wire()
+        from app.devices_source import attach  # here: paramiko loads with the window, not with the CLI
+        self.device_source = attach(self)  # the devices panel's source: this machine or a cluster
         self.apply_theme(self.settings.theme())
         geo, state = self.settings.value("geometry"), self.settings.value("window_state")
         if isinstance(geo, QByteArray):

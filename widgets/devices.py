@@ -2,6 +2,8 @@
 
 Edits are signals (the controller makes undo commands of them). A plan from
 engine/planner.py, when one exists, is shown as text lines the controller hands in.
+The "Devices" source (this machine or a cluster profile) is a choice the panel only
+shows: app/devices_source.py probes the cluster and hands back lines to list.
 """
 from __future__ import annotations
 
@@ -63,7 +65,18 @@ class StageLanes(QWidget):
             y += 46
 
 
+class SourceCombo(QComboBox):
+    """Asks for a fresh list of sources just before it opens (profiles change elsewhere)."""
+    about_to_open = Signal()
+
+    def showPopup(self) -> None:
+        self.about_to_open.emit()
+        super().showPopup()
+
+
 class DevicesPanel(QWidget):
+    source_chosen = Signal(object)  # None: this machine; else a cluster profile name
+    sources_wanted = Signal()  # the source list is about to open: refill it
     mesh_edited = Signal(str, object)  # placement field (pp/dp/tp/microbatches/schedule/...), value
     assign_requested = Signal(object)  # stage (int) or None: for the selected nodes
     tp_requested = Signal(object)  # TP style or None: for the selected nodes
@@ -73,6 +86,25 @@ class DevicesPanel(QWidget):
         self._updating = False
         lay = QVBoxLayout(self)
         lay.setContentsMargins(8, 6, 8, 6)
+        src = QFormLayout()
+        self.source = SourceCombo()
+        self.source.setObjectName("devices_source")
+        self.source.addItem("This machine", None)
+        self.source.about_to_open.connect(self.sources_wanted)
+        self.source.activated.connect(lambda i: self.source_chosen.emit(self.source.itemData(i)))
+        src.addRow("Devices", self.source)
+        lay.addLayout(src)
+        self.device_list = QLabel()
+        self.device_list.setObjectName("device_list")
+        self.device_list.setWordWrap(True)
+        self.device_list.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.device_list.hide()
+        lay.addWidget(self.device_list)
+        self.device_error = QLabel()
+        self.device_error.setObjectName("error")
+        self.device_error.setWordWrap(True)
+        self.device_error.hide()
+        lay.addWidget(self.device_error)
         grid = QGridLayout()
         self.spins: dict[str, QSpinBox] = {}
         for col, (key, label, tip) in enumerate((("pp", "pipeline", "pipeline stages"),
@@ -169,6 +201,25 @@ class DevicesPanel(QWidget):
         else:
             self.plan_view.hide()
         self._stretch.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Ignored if plan_lines else QSizePolicy.Expanding)
+
+    def set_sources(self, names: list[str], current: str | None) -> None:
+        """The choices: this machine, then each cluster profile by name."""
+        self.source.blockSignals(True)
+        try:
+            self.source.clear()
+            self.source.addItem("This machine", None)
+            for n in names:
+                self.source.addItem(n, n)
+            self.source.setCurrentIndex(max(0, self.source.findData(current)))
+        finally:
+            self.source.blockSignals(False)
+
+    def set_devices(self, lines: list[str], error: str | None = None) -> None:
+        """The real devices (one line each) and a problem reaching them, if any."""
+        self.device_list.setText("\n".join(lines))
+        self.device_list.setVisible(bool(lines))
+        self.device_error.setText(error or "")
+        self.device_error.setVisible(bool(error))
 
     def set_theme(self, t) -> None:
         self.lanes.theme = t

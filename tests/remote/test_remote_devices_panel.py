@@ -1,0 +1,90 @@
+"""The devices panel's "Devices" source: a cluster's real devices (preflight over the
+real sshd pair, on a worker thread) fill the panel and size the editor's plan."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("PySide6")
+
+from PySide6.QtWidgets import QMessageBox  # noqa: E402
+
+from app.main_window import MainWindow  # noqa: E402
+from engine.project import load_project  # noqa: E402
+from remote.cluster import ClusterStore, parse_cluster  # noqa: E402
+
+from sshd_helpers import free_port  # noqa: E402
+
+pytestmark = pytest.mark.gui
+EXAMPLE = Path(__file__).resolve().parents[2] / "resources" / "examples" / "mlp_digits.lflow"
+
+
+@pytest.fixture
+def window(qtbot, config_dir, monkeypatch):
+    # an unsaved diagram at teardown is discarded, not asked about
+    monkeypatch.setattr(MainWindow, "ask", lambda self, kind, title, text, buttons, default:
+                        QMessageBox.StandardButton.Discard)
+    w = MainWindow(load_project(EXAMPLE))
+    qtbot.addWidget(w)
+    yield w
+    w.device_source.wait()
+
+
+def pick(panel, name):
+    """As a person would: open the list (it refills from the profiles) and choose `name`."""
+    panel.source.showPopup()
+    panel.source.hidePopup()
+    i = panel.source.findData(name)
+    assert i > 0, [panel.source.itemText(j) for j in range(panel.source.count())]
+    panel.source.setCurrentIndex(i)
+    panel.source.activated.emit(i)
+
+
+def test_cluster_devices_fill_the_panel_and_size_the_plan(qtbot, sshd_pair, window, tmp_path):
+    ClusterStore().save(parse_cluster(sshd_pair.cluster("lab", tmp_path / "work")))
+    w, panel = window, window.devices
+    pick(panel, "lab")
+    assert w.device_source.busy  # the preflight runs on a worker: the GUI thread is already back here
+    qtbot.waitUntil(lambda: not w.device_source.busy, timeout=60000)
+    assert w.device_source.error is None and panel.device_error.isHidden()
+    report = w.device_source.report
+    assert [h.ok for h in report.hosts] == [True, True] and not any(h.gpus for h in report.hosts)
+    assert not panel.device_list.isHidden()
+    listed = panel.device_list.text().splitlines()
+    for s in sshd_pair.servers:  # both hosts, each as CPU processes (no nvidia-smi here)
+        assert any(f"{s.addr}:{s.port}" in line and "CPU: 1 process" in line for line in listed), listed
+    # the plan now counts the cluster's 2 processes: pp*dp*tp = 1 is refused, dp = 2 fits
+    plan = w.controller.plan
+    assert plan.doc["nproc"] == 2 and any("2 are available" in e for e in plan.errors)
+    w.controller.set_mesh("dp", 2)
+    w.controller.flush()
+    plan = w.controller.plan
+    assert plan.ok, plan.errors
+    assert plan.doc["nproc"] == plan.doc["world"] == 2
+    smallest = min(h.mem_bytes for h in report.hosts)
+    assert plan.doc["device"]["name"] == "cpu" and plan.doc["device"]["memory_bytes"] == smallest
+    # back to this machine: the list goes and the plan is local again
+    pick_local = panel.source.findData(None)
+    panel.source.setCurrentIndex(pick_local)
+    panel.source.activated.emit(pick_local)
+    assert panel.device_list.isHidden() and w.controller.devices is None
+    assert w.controller.plan.ok and w.controller.plan.doc["nproc"] == 2  # from the placement now
+
+
+def test_unreachable_or_unknown_cluster_is_an_error_line(qtbot, sshd_pair, window, tmp_path):
+    store = ClusterStore()
+    dead = {"address": "127.0.0.1", "port": free_port("127.0.0.1"), "user": "root"}
+    store.save(parse_cluster(sshd_pair.cluster("gone", tmp_path / "w1", hosts=[dead], connect_timeout=3)))
+    (tmp_path / "empty_kh").write_text("")
+    store.save(parse_cluster(sshd_pair.cluster("stranger", tmp_path / "w2", known_hosts=str(tmp_path / "empty_kh"))))
+    w, panel = window, window.devices
+    before = w.controller.plan.doc["nproc"]
+    pick(panel, "gone")
+    qtbot.waitUntil(lambda: not w.device_source.busy, timeout=60000)
+    assert not panel.device_error.isHidden() and f"127.0.0.1:{dead['port']}" in panel.device_error.text()
+    assert w.controller.devices is None and w.controller.plan.doc["nproc"] == before  # the plan stays local
+    pick(panel, "stranger")
+    qtbot.waitUntil(lambda: not w.device_source.busy, timeout=60000)
+    text = panel.device_error.text()
+    assert "unknown host key" in text and all(f"{s.addr}:{s.port}" in text for s in sshd_pair.servers), text
