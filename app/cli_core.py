@@ -7,6 +7,7 @@ import sys
 
 from engine.compile import compile_graph
 from engine.project import load_project
+from engine.units import human
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,14 +47,6 @@ def cmd_validate(args) -> int:
         return 1
     print(f"{args.project}: valid ({len(project.graph.nodes)} nodes, {result.total_params:,} parameters)")
     return 0
-
-
-def human(n: float) -> str:
-    for unit in ("", "K", "M", "G", "T", "P"):
-        if abs(n) < 1000:
-            return f"{n:.0f}{unit}" if unit == "" else f"{n:.2f}{unit}"
-        n /= 1000
-    return f"{n:.2f}E"
 
 
 def cmd_summary(args) -> int:

@@ -25,67 +25,17 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from engine.runs import failure_report, is_run_dir
 from engine.tail import MetricsTail
+from remote.procs import alive, descendants, group_pids  # noqa: F401  (group_pids: used by tests)
+from widgets.runs_panel import fmt_duration
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "main.py"
 
 
-def group_pids(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group `pgid`, from /proc."""
-    pids = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                rest = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        # fields after "(comm)": state, ppid, pgrp, ...
-        if len(rest) > 2 and int(rest[2]) == pgid and rest[0] != b"Z":
-            pids.append(int(entry.name))
-    return pids
-
-
-def descendants(pid: int) -> set[int]:
-    """Children, grandchildren... of pid (torchrun puts its workers in sessions of
-    their own, so the process group alone does not find them)."""
-    kids: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                rest = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        kids.setdefault(int(rest[1]), []).append(int(entry.name))
-    out, stack = set(), [pid]
-    while stack:
-        for c in kids.get(stack.pop(), []):
-            if c not in out:
-                out.add(c)
-                stack.append(c)
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
-
-
 def _fmt_eta(seconds: float) -> str:
     if not math.isfinite(seconds) or seconds < 0:
         return "…"
-    s = int(round(seconds))
-    if s >= 3600:
-        return f"{s // 3600}h {s % 3600 // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m {s % 60:02d}s"
-    return f"{s}s"
+    return fmt_duration(seconds)
 
 
 @dataclass

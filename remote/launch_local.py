@@ -24,37 +24,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from remote.procs import alive, descendants
+
 CODE_ROOT = Path(__file__).resolve().parents[1]  # the folder that holds engine/
-
-
-def _children(pid: int) -> set[int]:
-    """Direct and indirect children of pid, from /proc (Linux)."""
-    kids: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        kids.setdefault(ppid, []).append(int(entry))
-    out, stack = set(), [pid]
-    while stack:
-        for c in kids.get(stack.pop(), []):
-            if c not in out:
-                out.add(c)
-                stack.append(c)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 @dataclass
@@ -72,7 +44,7 @@ class LocalJob:
         return self.proc.pid
 
     def _observe(self) -> None:
-        self.seen |= _children(self.proc.pid)
+        self.seen |= descendants(self.proc.pid)
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -137,7 +109,7 @@ class LocalJob:
             except ProcessLookupError:
                 pass
         end = time.monotonic() + grace
-        while time.monotonic() < end and (self.proc.poll() is None or any(_alive(p) for p in self.seen)):
+        while time.monotonic() < end and (self.proc.poll() is None or any(alive(p) for p in self.seen)):
             self._observe()
             time.sleep(0.1)
         self.kill()

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from PySide6.QtGui import QColor
 
+from engine.units import human  # noqa: F401  (re-exported for the widgets)
+
 # Tableau-like, distinguishable, readable with white text.
 STAGE_COLORS = ["#3b82c4", "#d9822b", "#3a9e5c", "#c94f4f", "#8a63b8", "#8c6d4f", "#c462a8", "#4f9ea8"]
 
@@ -69,15 +71,6 @@ def stage_color(stage: int | None, t: SceneTheme) -> QColor:
     if stage is None:
         return QColor(t.node_header)
     return QColor(STAGE_COLORS[stage % len(STAGE_COLORS)])
-
-
-def human(n: float) -> str:
-    """12345 -> '12.3K' (parameter and FLOP badges)."""
-    for unit in ("", "K", "M", "G", "T", "P"):
-        if abs(n) < 1000:
-            return f"{n:.0f}{unit}" if unit == "" else f"{n:.3g}{unit}"
-        n /= 1000
-    return f"{n:.3g}E"
 
 
 def human_bytes(n: float) -> str:

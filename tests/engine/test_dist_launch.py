@@ -15,7 +15,8 @@ import pytest
 from app.cli import main
 from engine.project import load_project, save_project
 from engine.run import prepare_run
-from remote.launch_local import _alive, launch_local
+from remote.launch_local import launch_local
+from remote.procs import alive
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP = ROOT / "resources" / "examples" / "mlp_digits.lflow"
@@ -31,7 +32,7 @@ def _pids_mentioning(text: str) -> list[int]:
                 cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if text in cmd and _alive(int(entry)):
+            if text in cmd and alive(int(entry)):
                 out.append(int(entry))
     return out
 
@@ -69,7 +70,7 @@ def test_failing_rank_traceback_is_reported(tmp_path):
     rank, tb = job.failure
     assert rank == 1 and "custom layer broke on rank 1" in tb and tb.startswith("Traceback")
     assert "rank 1 failed first" in job.describe_failure()
-    assert not [p for p in [job.pid, *job.seen] if _alive(p)]
+    assert not [p for p in [job.pid, *job.seen] if alive(p)]
 
 
 def test_ctrl_c_ends_every_process_and_checkpoints(tmp_path):
