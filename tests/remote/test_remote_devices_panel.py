@@ -88,3 +88,23 @@ def test_unreachable_or_unknown_cluster_is_an_error_line(qtbot, sshd_pair, windo
     qtbot.waitUntil(lambda: not w.device_source.busy, timeout=60000)
     text = panel.device_error.text()
     assert "unknown host key" in text and all(f"{s.addr}:{s.port}" in text for s in sshd_pair.servers), text
+
+
+def test_gpu_hosts_are_listed_per_gpu_and_small_gpus_fail_the_plan():
+    """No GPU here: hosts as preflight reports them from nvidia-smi's real CSV output."""
+    from app.devices_source import device_lines, procs_per_node
+    from engine.planner import make_plan
+    from remote.preflight import HostReport, PreflightReport, device_spec, parse_nvidia_smi
+
+    smi = "0, NVIDIA A100-SXM4-80GB, 81920, 1024, 0\n1, NVIDIA A100-SXM4-80GB, 81920, 81920, 100\n"
+    hosts = [HostReport(f"root@10.0.0.{i}", ok=True, gpus=parse_nvidia_smi(smi)[0], cpus=64) for i in (1, 2)]
+    report = PreflightReport(hosts)
+    cluster = parse_cluster({"name": "gpus", "hosts": [{"address": "10.0.0.1"}, {"address": "10.0.0.2"}]})
+    lines = device_lines(cluster, report)
+    assert len(lines) == 4 and "root@10.0.0.2  GPU 1: NVIDIA A100-SXM4-80GB  81920 MiB, 0 MiB free" in lines
+    assert procs_per_node(cluster, report) == [2, 2]
+    project = load_project(EXAMPLE)
+    project.placement = project.placement.model_copy(update={"dp": 4})
+    plan = make_plan(project, 4, device_spec(report, 2))  # the full GPU (0 MiB free) bounds every rank
+    assert plan.doc["device"]["memory_bytes"] == 0
+    assert any("NVIDIA A100-SXM4-80GB device has" in e for e in plan.errors), plan.errors
