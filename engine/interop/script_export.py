@@ -10,14 +10,17 @@ copied into the script from engine/runtime by inspect.getsource so they cannot d
 Synthetic data sets are generated inside the script with the code of engine/data.py;
 digits, npz and csv data sets travel as an .npz file beside the script.
 
-Parallelism: the plan's data parallelism (DDP or FSDP2 fully_shard over a device
-mesh, the calls engine/runtime/parallel.py makes) is written out; pipeline and
-tensor parallel plans are noted in the docstring and run with `python main.py train`.
+Parallelism: the plan's pipeline (PipelineStage + GPipe/1F1B), tensor parallelism
+(ColwiseParallel/RowwiseParallel per node from the plan's TP plan, attention heads
+split across ranks) and data parallelism (DDP or FSDP2 fully_shard) are written out
+with the calls engine/runtime/parallel.py makes, on the same pp x dp x tp device mesh;
+the TP functions are copied from it by inspect.getsource.
 """
 from __future__ import annotations
 
 import inspect
 import io
+import pprint
 import textwrap
 from pathlib import Path
 
@@ -27,6 +30,7 @@ from engine.interop.common import InteropError
 from engine.project import Digits, NpzFile, CsvFile, Project, atomic_write
 from engine.runtime import data as rdata
 from engine.runtime import layers as rl
+from engine.runtime import parallel as rparallel
 from engine.runtime import train as rtrain
 
 # Layerflow's own layer classes, copied into the script when the diagram uses them.
@@ -185,10 +189,13 @@ def _data_code(project: Project, data_file: str | None) -> str:
 
 def _launch_line(pl: dict) -> str:
     dpk = pl["data_parallel"].upper()
+    dp = f" x {dpk} dp={pl['dp']}" if pl["dp"] > 1 else ""
+    tp = f" x tensor parallel tp={pl['tp']}" if pl["tp"] > 1 else ""
     if pl["pp"] > 1:
         sched = {"gpipe": "GPipe", "1f1b": "1F1B"}.get(pl["schedule"], pl["schedule"])
-        dp = f" x {dpk} dp={pl['dp']}" if pl["dp"] > 1 else ""
-        return f"Pipeline pp={pl['pp']} ({sched}, {pl['microbatches']} micro-batches){dp}"
+        return f"Pipeline pp={pl['pp']} ({sched}, {pl['microbatches']} micro-batches){dp}{tp}"
+    if pl["tp"] > 1:
+        return f"Tensor parallel tp={pl['tp']}{dp}"
     return f"Data parallel ({dpk}) over {max(pl['dp'], 2)} processes"
 
 
@@ -199,7 +206,7 @@ def _plan_of(project: Project, plan) -> dict:
     base = {"pp": pl.pp, "dp": pl.dp, "tp": pl.tp, "data_parallel": pl.data_parallel,
             "reshard_after_forward": pl.reshard_after_forward, "mixed_precision": pl.mixed_precision,
             "sync_batchnorm": pl.sync_batchnorm, "schedule": pl.schedule, "microbatches": pl.microbatches,
-            "stages": None}
+            "tp_plan": {}, "stages": None}
     if hasattr(plan, "runtime_plan"):
         plan = plan.runtime_plan()
     if plan:
@@ -208,9 +215,10 @@ def _plan_of(project: Project, plan) -> dict:
 
 
 DIST_CODE = '''\
-def init_distributed(pp: int, dp: int):
+def init_distributed(pp: int, dp: int, tp: int):
     """torchrun sets RANK/WORLD_SIZE; the calls are engine/runtime/parallel.py's.
-    Ranks are laid out pp-major: rank = pp_i * dp + dp_i."""
+    Ranks are laid out pp-major, tp-minor: rank = (pp_i * dp + dp_i) * tp + tp_i,
+    so tensor-parallel peers, which talk most, are neighbours."""
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local)
@@ -218,10 +226,10 @@ def init_distributed(pp: int, dp: int):
     else:
         device, backend = torch.device("cpu"), "gloo"
     dist.init_process_group(backend=backend)
-    if dist.get_world_size() != pp * dp:
-        raise SystemExit(f"this script is planned for pp={pp} x dp={dp} processes but {dist.get_world_size()} "
-                         f"were started: run torchrun --nproc_per_node={pp * dp}")
-    mesh = init_device_mesh(device.type, (pp, dp, 1), mesh_dim_names=("pp", "dp", "tp"))
+    if dist.get_world_size() != pp * dp * tp:
+        raise SystemExit(f"this script is planned for pp={pp} x dp={dp} x tp={tp} processes but "
+                         f"{dist.get_world_size()} were started: run torchrun --nproc_per_node={pp * dp * tp}")
+    mesh = init_device_mesh(device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
     return device, mesh
 
 
@@ -235,6 +243,9 @@ def apply_dp(module: nn.Module, dp_mesh, kind: str, reshard_after_forward: bool,
                 fully_shard(child, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
         fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
         return module
+    if any(hasattr(p, "device_mesh") for p in module.parameters()):
+        raise SystemExit("DDP does not combine with tensor parallel (it swaps the DTensor parameters for "
+                         "local ones); plan data_parallel fsdp instead")
     return DDP(module, process_group=dp_mesh.get_group(), gradient_as_bucket_view=True)
 '''
 
@@ -267,13 +278,14 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     pp = PLAN["pp"] if distributed else 1
+    tp = PLAN["tp"] if distributed else 1
     if distributed:
-        device, mesh = init_distributed(pp, PLAN["dp"])
+        device, mesh = init_distributed(pp, PLAN["dp"], tp)
         rank, dp_rank, dp = dist.get_rank(), mesh["dp"].get_local_rank(), PLAN["dp"]
-        pp_rank = mesh["pp"].get_local_rank()
+        pp_rank, tp_rank = mesh["pp"].get_local_rank(), mesh["tp"].get_local_rank()
     else:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        rank, dp_rank, dp, pp_rank = 0, 0, 1, 0
+        rank, dp_rank, dp, pp_rank, tp_rank = 0, 0, 1, 0, 0
     first, last = pp_rank == 0, pp_rank == pp - 1
 
     seed_all(SEED)
@@ -288,6 +300,8 @@ def main() -> None:
     if distributed and PLAN["sync_batchnorm"] and device.type == "cuda":
         # batch statistics over the whole data-parallel batch (SyncBatchNorm runs on GPUs only)
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=mesh["dp"].get_group())
+    if tp > 1:  # first TP (parameters become DTensors over the tp mesh), then DP wraps what TP made
+        apply_tp(model, mesh["tp"], PLAN["tp_plan"])
     if distributed and dp > 1:
         model = apply_dp(model, mesh["dp"], PLAN["data_parallel"], PLAN["reshard_after_forward"],
                          PLAN["mixed_precision"])
@@ -308,7 +322,7 @@ def main() -> None:
     metrics = open(out / "metrics.jsonl", "w") if rank == 0 else None
     t0 = time.perf_counter()
     for step in range(args.steps):
-        x, y = batches.batch(step)  # the global batch; each replica takes its slice
+        x, y = batches.batch(step)  # the global batch; each replica takes its slice (tp peers the same one)
         x, y = x[dp_rank * local:(dp_rank + 1) * local].to(device), y[dp_rank * local:(dp_rank + 1) * local].to(device)
         opt.zero_grad(set_to_none=True)
         if schedule is None:
@@ -319,20 +333,24 @@ def main() -> None:
             losses = []
             schedule.step(*((x,) if first else ()), target=y if last else None, losses=losses, return_outputs=False)
             value = torch.stack([v.detach() for v in losses]).mean().item() if last else 0.0
-        if GRAD_CLIP:
+        if GRAD_CLIP:  # by the norm over the whole model, as one process would
             grads = [p.grad for p in model.parameters() if p.grad is not None]
-            norm = torch.nn.utils.get_total_norm(grads)
-            if hasattr(norm, "full_tensor"):  # FSDP: the global norm of the sharded gradients
-                norm = norm.full_tensor()
+            # a sharded gradient (FSDP, TP) is a DTensor: full_tensor() adds its shards' squares
+            norms = [torch.linalg.vector_norm(g) for g in grads]
+            norm = torch.linalg.vector_norm(torch.stack([n.full_tensor() if hasattr(n, "full_tensor") else n
+                                                         for n in norms]))
             if pp > 1:  # stages add their squares
                 sq = norm.pow(2)
                 dist.all_reduce(sq, group=mesh["pp"].get_group())
                 norm = sq.sqrt()
-            torch.nn.utils.clip_grads_with_norm_(list(model.parameters()), GRAD_CLIP, norm)
+            coef = min(1.0, GRAD_CLIP / (float(norm) + 1e-6))  # torch's clip_grad_norm_ formula
+            for g in grads:
+                g.mul_(coef)
         opt.step()
         sched.step()
         if distributed:  # the last stage's losses, averaged over replicas: the global batch's loss
-            t = torch.tensor([value if last else 0.0], dtype=torch.float64, device=device)
+            # (tp peers computed the same loss: count one of them)
+            t = torch.tensor([value if last and tp_rank == 0 else 0.0], dtype=torch.float64, device=device)
             dist.all_reduce(t)
             value = float(t.item()) / dp
         rec = {"step": step + 1, "epoch": batches.epoch_of(step), "time": round(time.perf_counter() - t0, 4),
@@ -349,9 +367,9 @@ def main() -> None:
             torch.save(state, out / f"model.stage{pp_rank}.pt")
         dist.destroy_process_group()
     elif distributed:
-        if dp == 1:
+        if dp == 1 and tp == 1:
             state = model.state_dict()
-        elif PLAN["data_parallel"] == "fsdp":
+        elif tp > 1 or PLAN["data_parallel"] == "fsdp":  # gather the DTensor shards into whole tensors
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
             state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         else:
@@ -406,9 +424,9 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
     script = f"{name}.py"
     notes = ""
     if pl["tp"] > 1:
-        notes = (f"\nThe plan also has tp={pl['tp']}; this script writes out its pipeline and data parallelism "
-                 f"only (tp=1).\nRun the whole plan with Layerflow: python main.py train {name}.lflow\n")
-    world = pl["pp"] * max(pl["dp"], 1)
+        styles = ", ".join(f"{nid} {e['style']}" for nid, e in pl["tp_plan"].items())
+        notes = f"Tensor parallel styles (PLAN['tp_plan']): {styles or 'none'}.\n"
+    world = pl["pp"] * max(pl["dp"], 1) * pl["tp"]
     doc = textwrap.dedent(f'''\
         """{project.name}: a standalone PyTorch training script written by Layerflow.
 
@@ -421,15 +439,15 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
             python {script} [--steps N] [--out DIR]
         {_launch_line(pl)} (gloo on CPU, nccl on GPUs):
             torchrun --standalone --nproc_per_node={max(world, 2)} {script}
-        {notes}"""''')
+        NOTES"""''').replace("NOTES", notes)  # after dedent: notes start at column 0
     stages = pl.pop("stages", None)
     if pl["pp"] > 1 and pl["schedule"] not in ("gpipe", "1f1b"):
         raise InteropError(f"placement.schedule '{pl['schedule']}' needs several stages per rank; the script "
                            "(like the runtime) builds gpipe or 1f1b")
-    if pl["dp"] < 2 and pl["pp"] == 1:  # a single-device plan: still runnable under torchrun as dp=WORLD_SIZE
+    if pl["dp"] < 2 and pl["pp"] == 1 and pl["tp"] == 1:  # a single-device plan: still runnable under torchrun as dp=WORLD_SIZE
         plan_line = f'PLAN = {dict(pl, dp=0)!r}\nPLAN["dp"] = int(os.environ.get("WORLD_SIZE", "1"))'
     else:
-        plan_line = f"PLAN = {pl!r}"
+        plan_line = "PLAN = " + pprint.pformat(pl, width=110, sort_dicts=False)
     settings = "\n".join([
         f"SEED = {tr.seed}",
         f"BATCH_SIZE = {tr.batch_size}",
@@ -466,6 +484,7 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        from torch.distributed.tensor import Replicate, Shard
         from torch.nn.parallel import DistributedDataParallel as DDP
         ''')
     runtime = "\n\n".join(inspect.getsource(f) for f in (
@@ -476,7 +495,9 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
         "# ----- the model " + "-" * 60, *pre, model_code,
         "# ----- the data " + "-" * 61, _data_code(project, data_file),
         "# ----- training: the functions of Layerflow's engine/runtime (train.py, data.py) " + "-" * 2, runtime,
-        "# ----- data parallelism " + "-" * 53, DIST_CODE,
+        "# ----- the mesh and data parallelism " + "-" * 40, DIST_CODE,
+        "# ----- tensor parallelism: engine/runtime/parallel.py's functions " + "-" * 12,
+        "\n\n".join(inspect.getsource(f) for f in (rparallel._layout, rparallel.tp_module_plan, rparallel.apply_tp)),
         "# ----- the loop " + "-" * 61, MAIN_CODE,
     ]
     return "\n\n".join(s.rstrip() + "\n" for s in sections)

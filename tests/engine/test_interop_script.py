@@ -101,7 +101,21 @@ def test_script_of_digits_brings_its_data(tmp_path):
     assert script_losses(script, tmp_path / "out") == pytest.approx(want, rel=1e-6, abs=1e-7)
 
 
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+
+
+def torchrun_runtime_losses(project: Project, run_dir: Path, **prepare) -> list[float]:
+    """The losses of Layerflow's distributed runtime on 2 processes."""
+    rd = prepare_run(project, run_dir, steps=STEPS, **prepare)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(TORCHRUN + ["-m", "engine.runtime.train", str(rd)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [r["loss"] for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
+
+
 @pytest.mark.slow
+@pytest.mark.xdist_group("torchrun")
 @pytest.mark.parametrize("kind", ["ddp", "fsdp", "pp"])
 def test_script_under_torchrun_equals_the_distributed_runtime(kind, tmp_path):
     """dp=2 with DDP or FSDP2, or a 2-stage 1F1B pipeline (2 micro-batches) whose cut
@@ -112,21 +126,36 @@ def test_script_under_torchrun_equals_the_distributed_runtime(kind, tmp_path):
         project.placement.pp, project.placement.microbatches = 2, 2
     else:
         project.placement.dp, project.placement.data_parallel = 2, kind
-    rd = prepare_run(project, tmp_path / "run", steps=STEPS)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    proc = subprocess.run(torchrun + ["-m", "engine.runtime.train", str(rd)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    want = [r["loss"] for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
+    want = torchrun_runtime_losses(project, tmp_path / "run")
     script = export_script(project, tmp_path / f"{kind}.py")
     if kind == "pp":
         text = script.read_text()
         assert "STAGES = [['fc1', 'drop', 'relu', 'fc2'], ['skip', 'head']]" in text
         assert "def forward_stage1(self, relu, fc2):" in text
-    got = script_losses(script, tmp_path / "out", launcher=torchrun)
+    got = script_losses(script, tmp_path / "out", launcher=TORCHRUN)
     assert len(got) == STEPS
     assert got == pytest.approx(want, rel=1e-6, abs=1e-7)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("torchrun")
+def test_script_under_torchrun_equals_the_tensor_parallel_runtime(tmp_path):
+    """tp=2 on the transformer: fc_in column-wise into fc_out row-wise (the Megatron
+    pair, Shard(-1) in between) and the attention's heads split over the two ranks."""
+    from engine.planner import make_plan
+
+    project = load_project(EX / "transformer_synthetic.lflow")
+    plan = make_plan(project, 2, placement={"tp": 2}, styles={"attn": "colwise", "fc_in": "colwise",
+                                                              "fc_out": "rowwise"})
+    assert plan.ok, plan.errors
+    want = torchrun_runtime_losses(project, tmp_path / "run", placement={"tp": 2}, plan=plan.runtime_plan())
+    script = export_script(project, tmp_path / "tp.py", plan=plan)
+    text = script.read_text()
+    assert "apply_tp(model, mesh[\"tp\"], PLAN[\"tp_plan\"])" in text and "ColwiseParallel(" in text
+    assert "torchrun --standalone --nproc_per_node=2 transformer_synthetic.py" in text
+    got = script_losses(script, tmp_path / "out", launcher=TORCHRUN)
+    assert len(got) == len(want) == STEPS
+    assert got == pytest.approx(want, rel=1e-4)
 
 
 def test_cli_export_script_with_a_plan(tmp_path):
