@@ -620,3 +620,4 @@ except ModuleNotFoundError as _exc:
         raise
 else:
     _register_jobs()
+import app.interop_ui  # noqa: F401,E402  (File menu: ONNX / PyTorch import and export)
