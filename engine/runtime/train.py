@@ -378,12 +378,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run_dir")
     ap.add_argument("--resume", action="store_true")
     args = ap.parse_args(argv)
+    # torchrun --max-restarts starts the workers again after a failure: go on from the
+    # latest checkpoint instead of training from step 0 again
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    resume = args.resume or (restarted and latest_checkpoint(Path(args.run_dir)) is not None)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: the distributed trainer
         from .parallel import run_distributed
 
-        status = run_distributed(args.run_dir, resume=args.resume)
+        status = run_distributed(args.run_dir, resume=resume)
     else:
-        status = run(args.run_dir, resume=args.resume)
+        status = run(args.run_dir, resume=resume)
     return 0 if status["state"] in ("succeeded", "cancelled") else 1
 
 

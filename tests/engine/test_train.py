@@ -165,3 +165,27 @@ def test_regression_with_mse(tmp_path):
     recs = read_metrics(rd / "metrics.jsonl")
     first = next(r["loss"] for r in recs if "loss" in r)
     assert recs[-2]["val_loss"] < 0.5 * first and "val_acc" not in recs[-2]
+
+
+def test_a_torchrun_restart_resumes_from_the_latest_checkpoint(tmp_path):
+    """torchrun --max-restarts runs the entry again with TORCHELASTIC_RESTART_COUNT set:
+    the run goes on from its checkpoint, and metrics after it are not repeated."""
+    import os
+    import subprocess
+    import sys
+
+    rd = prepare_run(dropout_project(), tmp_path / "run")
+
+    def crash_at_27(step, total, rec):
+        if step == 27:
+            raise RuntimeError("a node went away")
+
+    with pytest.raises(RuntimeError):
+        run(rd, progress=crash_at_27)
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, TORCHELASTIC_RESTART_COUNT="1", PYTHONPATH=str(root))
+    r = subprocess.run([sys.executable, "-m", "engine.runtime.train", str(rd)], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "resumed from step_20" in (rd / "logs" / "rank0.log").read_text()
+    assert [s for s in losses(rd)] == list(range(1, 41))
