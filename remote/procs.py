@@ -9,36 +9,29 @@ from __future__ import annotations
 import os
 
 
-def group_pids(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group `pgid`, from /proc."""
-    pids = []
+def _stats():
+    """(pid, fields after "(comm)": state, ppid, pgrp, ...) of every process."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
             with open(f"/proc/{entry.name}/stat", "rb") as f:
-                rest = f.read().rsplit(b")", 1)[1].split()
+                yield int(entry.name), f.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        # fields after "(comm)": state, ppid, pgrp, ...
-        if len(rest) > 2 and int(rest[2]) == pgid and rest[0] != b"Z":
-            pids.append(int(entry.name))
-    return pids
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group `pgid`."""
+    return [pid for pid, rest in _stats() if len(rest) > 2 and int(rest[2]) == pgid and rest[0] != b"Z"]
 
 
 def descendants(pid: int) -> set[int]:
     """Children, grandchildren... of pid (torchrun puts its workers in sessions of
     their own, so the process group alone does not find them)."""
     kids: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                rest = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        kids.setdefault(int(rest[1]), []).append(int(entry.name))
+    for child, rest in _stats():
+        kids.setdefault(int(rest[1]), []).append(child)
     out, stack = set(), [pid]
     while stack:
         for c in kids.get(stack.pop(), []):

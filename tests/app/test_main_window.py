@@ -17,19 +17,6 @@ pytestmark = pytest.mark.gui
 B = QMessageBox.StandardButton
 
 
-@pytest.fixture
-def asked(monkeypatch, tmp_path):
-    """Isolated settings; every question the window asks is recorded and answered."""
-    monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(tmp_path / "home"))
-    log = {"answers": [], "questions": []}
-
-    def ask(self, kind, title, text, buttons, default):
-        log["questions"].append((title, text))
-        return log["answers"].pop(0) if log["answers"] else B.Discard if buttons & B.Discard else default
-
-    monkeypatch.setattr(MainWindow, "ask", ask)
-    return log
-
 
 def make_window(qtbot, project=None, recover=False) -> MainWindow:
     w = MainWindow(project or Project(), recover=recover)

@@ -21,18 +21,6 @@ B = QMessageBox.StandardButton
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def asked(monkeypatch, tmp_path):
-    monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(tmp_path / "home"))
-    log = {"answers": [], "questions": []}
-
-    def ask(self, kind, title, text, buttons, default):
-        log["questions"].append((title, text))
-        return log["answers"].pop(0) if log["answers"] else B.Discard if buttons & B.Discard else default
-
-    monkeypatch.setattr(MainWindow, "ask", ask)
-    return log
-
 
 def small_project() -> Project:
     g = Graph()
