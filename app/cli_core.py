@@ -178,4 +178,4 @@ def _train_multi(run_dir, nproc: int, resume: bool) -> int:
     except ImportError:
         raise CliError(f"training on {nproc} processes needs the distributed runtime, which this build lacks") from None
     job = launch_local(run_dir, nproc, resume=resume)
-    return job.wait_with_progress() if hasattr(job, "wait_with_progress") else job.wait()
+    return job.wait_with_progress()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from engine.compile import compile_graph
 from engine.data import load_arrays
-from engine.project import Project, ProjectError, atomic_write
+from engine.project import Project, atomic_write
 
 
 class RunError(ValueError):
@@ -95,10 +95,7 @@ def prepare_run(project: Project, out_dir: str | Path | None = None, *, steps: i
     result = compile_graph(project.graph)
     if not result.ok:
         raise RunError("the diagram has errors:\n" + "\n".join(f"  {e}" for e in result.errors))
-    try:
-        arrays = load_arrays(project)
-    except ProjectError:
-        raise
+    arrays = load_arrays(project)  # ProjectError names the bad dataset field
     errs = check_data(result, arrays)
     if errs:
         raise RunError("the data set does not fit the diagram:\n" + "\n".join(f"  {e}" for e in errs))
