@@ -40,9 +40,9 @@ def _fresh(base: str, taken: set[str]) -> str:
 def plan_notes(plan, graph=None) -> tuple[dict[Edge, str], list[tuple[str, int, str]], list[str]]:
     """(edge labels, device memory rows, text lines) from an engine.planner.Plan.
 
-    Edges show what the plan inserts on them: send/recv where they cross a stage
-    cut, and a tensor-parallel layer's forward collective on its outputs and
-    backward collective on its inputs, each with bytes per step."""
+    Edges show what the plan inserts on them: a tensor-parallel piece's layout
+    (tp Shard(d)), send/recv where they cross a stage cut, and each collective on
+    the inputs or outputs it moves (the plan's `side`), with bytes per step."""
     notes: dict[Edge, list[str]] = {}
     rows: list[tuple[str, int, str]] = []
     if plan is None:
@@ -58,6 +58,11 @@ def plan_notes(plan, graph=None) -> tuple[dict[Edge, str], list[tuple[str, int, 
 
     per_replica = (doc.get("batch") or {}).get("per_replica", 1)
     for rec in doc.get("layouts", []):
+        tp_layout = (rec.get("dtensor") or "").rstrip("]").split(", ")[-1]
+        if tp_layout.startswith("Shard("):  # a tensor-parallel piece, not the whole tensor
+            for e in edges:
+                if (e.src, e.dst) == (rec.get("src"), rec.get("dst")):
+                    add(e, f"tp {tp_layout}")
         if rec.get("crosses"):
             nbytes = 2 * rec.get("bytes_per_sample", 0) * per_replica  # forward value + its gradient
             for e in edges:
@@ -68,10 +73,10 @@ def plan_notes(plan, graph=None) -> tuple[dict[Edge, str], list[tuple[str, int, 
         if not where.startswith("node "):
             continue
         node = where[5:]
-        backward = str(c.get("why", "")).startswith("backward")
+        side = c.get("side") or ("in" if str(c.get("why", "")).startswith("backward") else "out")
         text = f"{c.get('op')} {human_bytes(c.get('bytes_per_step', 0))}/step"
         for e in edges:
-            if (e.dst if backward else e.src) == node:
+            if (e.dst if side == "in" else e.src) == node:
                 add(e, text)
     for dv in doc.get("devices", []):
         mem = (dv.get("memory") or {}).get("total_bytes", 0)

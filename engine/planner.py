@@ -82,44 +82,125 @@ class Plan:
 
 
 # ----- tensor parallel layouts ------------------------------------------------------
-def tp_layouts(graph, compiled: CompileResult, styles: dict[str, str], stage: dict[str, int]) -> dict[str, dict]:
-    """Per TP node: input/output layouts. A column-wise layer's output stays
-    Shard(-1) when it flows, through elementwise layers only, into a row-wise layer
-    of the same stage (Megatron's pair: no communication in between); otherwise it is
-    all-gathered to Replicate()."""
+SEQ = "Shard(1)"  # sequence-parallel activations: split on the sequence (dim 1 of [batch, seq, ...])
+JOINS_SEQUENCE = ELEMENTWISE | {"Add", "Mul"}  # layers that run on a sequence shard as they are
+
+
+def tp_layouts(graph, compiled: CompileResult, styles: dict[str, str], stage: dict[str, int],
+               tp: int = 2) -> tuple[dict[str, dict], dict[str, str], list[str]]:
+    """Every node's output layout on the tp axis, the per-node entries the runtime
+    applies (tp_plan), and the errors found. Local tensors flow between layers; a
+    layout is what each rank's piece of the whole tensor is:
+
+    - Megatron's pair: a column-wise layer's output stays Shard(-1) when it flows,
+      through elementwise layers only, into a row-wise layer of the same stage (no
+      communication in between); otherwise it is all-gathered to Replicate().
+    - Sequence parallelism (Megatron-SP, torch's SequenceParallel): a norm with style
+      'sequence' runs on Shard(1), its slice of the tokens. Elementwise layers and
+      Add/Mul touching such a norm join that region; the layers feeding the region
+      hand over Shard(1) (a row-wise layer reduce-scatters instead of all-reducing, a
+      replicated one just keeps its chunk), and layers reading from it all-gather
+      (a column-wise one as its backward reduce-scatter)."""
     out: dict[str, dict] = {}
-    feeds_shard: set[str] = set()
-    for nid, style in styles.items():
-        ntype = graph.nodes[nid].type
-        if style != "colwise" or ntype == "MultiheadAttention":
+    errors: list[str] = []
+    nodes = graph.nodes
+    compute = [n for n in compiled.order if nodes[n].type not in ("Input", "Output")]
+    # ---- the sequence-parallel region: the norms, and what joins them ----
+    seq = {n for n, s in styles.items() if s == "sequence"}
+    feeds_seq: set[str] = set()  # outside the region, handing it Shard(1) (to all their consumers)
+    grew = bool(seq)
+    while grew:
+        feeds_seq = {n for n in compiled.order if n not in seq and any(c in seq for c in graph.successors(n))}
+        grew = False
+        for n in compute:
+            if n in seq or nodes[n].type not in JOINS_SEQUENCE or styles.get(n, "replicate") != "replicate":
+                continue
+            if any(p in seq or p in feeds_seq for p in graph.predecessors(n)) or \
+                    any(c in seq for c in graph.successors(n)):
+                seq.add(n)
+                grew = True
+    for n in sorted(feeds_seq & {n for n in compiled.order if nodes[n].type == "Input"}):
+        errors.append(f"node '{n}' (Input) feeds the sequence-parallel region directly; put a layer between it "
+                      f"and {', '.join(c for c in graph.successors(n) if c in seq)}, or set the norms' tp style "
+                      f"to replicate")
+    for n in seq | feeds_seq:
+        info = compiled.nodes[n].out if n in compiled.nodes else None
+        shape = list(info.shape) if info else []
+        if nodes[n].type == "Input":
             continue
-        cur, ok = nid, False
+        if len(shape) < 2:
+            errors.append(f"node '{n}' ({nodes[n].type}): sequence parallelism splits the sequence (dim 1 of "
+                          f"[batch, seq, features]) but its output is {[None, *shape]}; set the norms' tp style "
+                          f"to replicate")
+        elif shape[0] % tp:
+            errors.append(f"node '{n}' ({nodes[n].type}): tp={tp} does not divide its sequence length {shape[0]}; "
+                          f"choose tp among {', '.join(str(d) for d in range(2, shape[0] + 1) if shape[0] % d == 0)}"
+                          f" or set the norms' tp style to replicate")
+    for n in seq:
+        ns = compiled.nodes[n].params.get("normalized_shape")
+        if styles.get(n) == "sequence" and isinstance(ns, (list, tuple)) and len(ns) > 1:
+            errors.append(f"node '{n}' ({nodes[n].type}): sequence parallelism needs a norm over the last dimension "
+                          f"only, but normalized_shape is {compiled.nodes[n].params['normalized_shape']}")
+        for c in graph.successors(n):
+            if nodes[c].type in ("Output", "Concat"):
+                errors.append(f"edge {n} -> {c}: {c} ({nodes[c].type}) cannot read a sequence shard; put a "
+                              f"replicated layer between them or set the norms' tp style to replicate")
+
+    # ---- Megatron's column-wise -> row-wise pairs ----
+    feeds_shard: set[str] = set()
+    pair_colwise: set[str] = set()
+    for nid, style in styles.items():
+        if style != "colwise" or nodes[nid].type == "MultiheadAttention":
+            continue
+        cur = nid
         while True:
             outs = graph.outgoing(cur)
             if len(outs) != 1:
                 break
             nxt = outs[0].dst
-            if stage.get(nxt) != stage.get(nid):
+            if stage.get(nxt) != stage.get(nid) or nxt in seq:
                 break
-            if styles.get(nxt) == "rowwise" and graph.nodes[nxt].type == "Linear":
-                ok = True
+            if styles.get(nxt) == "rowwise" and nodes[nxt].type == "Linear":
+                pair_colwise.add(nid)
                 feeds_shard.add(nxt)
                 break
-            if graph.nodes[nxt].type not in ELEMENTWISE or styles.get(nxt, "replicate") != "replicate":
+            if nodes[nxt].type not in ELEMENTWISE or styles.get(nxt, "replicate") != "replicate":
                 break
             cur = nxt
-        out[nid] = {"output": "Shard(-1)" if ok else "Replicate()"}
-    for nid, style in styles.items():
-        ntype = graph.nodes[nid].type
-        e = {"style": style, "type": ntype}
-        if ntype == "MultiheadAttention":
-            e.update(input="Replicate()", output="Replicate()", inner="q/k/v colwise (heads split), out rowwise")
-        elif style == "colwise":
-            e.update(input="Replicate()", output=out[nid]["output"])
-        elif style == "rowwise":
-            e.update(input="Shard(-1)" if nid in feeds_shard else "Replicate()", output="Replicate()")
-        out[nid] = e
-    return out
+
+    # ---- every node's output layout, then the entries the runtime applies ----
+    layout: dict[str, str] = {}
+    for n in compiled.order:
+        ntype, style = nodes[n].type, styles.get(n)
+        preds = graph.predecessors(n)
+        if n in seq or n in feeds_seq:
+            layout[n] = SEQ
+        elif n in pair_colwise:
+            layout[n] = "Shard(-1)"
+        elif style is None and ntype in ELEMENTWISE and len(preds) == 1:
+            layout[n] = layout.get(preds[0], "Replicate()")  # elementwise layers keep their input's layout
+        else:
+            layout[n] = "Replicate()"
+    for n in compiled.order:
+        ntype, style = nodes[n].type, styles.get(n)
+        if ntype in ("Input", "Output") or (n in seq and style != "sequence"):
+            continue  # joined layers run on their shard as they are
+        preds = graph.predecessors(n)
+        given = layout[preds[0]] if preds else "Replicate()"
+        if style in (None, "replicate"):
+            if given != SEQ and layout[n] != SEQ:
+                continue
+            if len(preds) > 1:  # a function layer (Add, Mul, Concat) has no module to gather in
+                errors.append(f"node '{n}' ({ntype}) reads a sequence shard from {preds[0]} but cannot gather it; "
+                              f"set the norms' tp style to replicate")
+                continue
+            style = "replicate"
+        e = {"style": style, "type": ntype, "input": SEQ if given == SEQ else
+             ("Shard(-1)" if n in feeds_shard else "Replicate()"), "output": layout[n]}
+        if ntype == "MultiheadAttention" and style == "colwise":
+            e["inner"] = "q/k/v colwise (heads split), out rowwise"
+        out[n] = e
+    return out, layout, errors
 
 
 def param_shards(ntype: str, style: str, pname: str) -> int | None:
@@ -235,11 +316,6 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
         ntype = graph.nodes[n].type
         spec = get_layer(ntype)
         allowed = [s for s in (spec.tp_styles if spec else ()) if s != "replicate"]
-        if style == "sequence" and style in (spec.tp_styles if spec else ()):
-            errors.append(f"node '{n}' ({ntype}): tp style 'sequence' (sequence-parallel norm) is not run by "
-                          f"Layerflow's runtime yet; set its tp style to replicate")
-            del styles[n]
-            continue
         if style not in allowed:
             errors.append(f"node '{n}' ({ntype}): tp style '{style}' does not apply to this layer; it supports "
                           f"{', '.join(spec.tp_styles) if spec and spec.tp_styles else 'only replicate'}")
@@ -252,7 +328,8 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
                 divs = [d for d in range(2, size + 1) if size % d == 0][:6]
                 errors.append(f"node '{n}' ({ntype}): tp={tp} does not divide its {key[1]} ({key[0]}={size}); "
                               f"choose tp among {', '.join(map(str, divs))} or set its tp style to replicate")
-    tp_plan = tp_layouts(graph, compiled, styles, stage)
+    tp_plan, tp_layout, tp_errors = tp_layouts(graph, compiled, styles, stage, tp)
+    errors += tp_errors
 
     # ---- batch-dependent layers ----
     local_b, mb = B // max(1, dp), B // max(1, dp * m)
@@ -301,7 +378,7 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
                     shape[0] = chunk_len(shape[0], dp, d)
                 params += math.prod(shape)
                 tensors += 1
-        acts = sum(activation_bytes(compiled, stages[st], styles, tp_plan, tp, B // max(1, dp), m, pp, st,
+        acts = sum(activation_bytes(compiled, stages[st], tp_layout, tp, B // max(1, dp), m, pp, st,
                                     schedule, ckpt_nodes) for st in mine)
         flops = 3.0 * sum(compiled.nodes[n].flops / (tp if n in styles else 1) for n in ids) * (B // max(1, dp))
         stage_flops[s] = flops
@@ -325,7 +402,7 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
     comm_s = sum(comm_time(c["op"], c["bytes_per_step"], c["group_size"], device, c.get("messages", 1))
                  for c in comms) / max(1, pp)
     timing = step_time(stage_flops, m, device, comm_s, v)
-    layouts = edge_layouts(graph, compiled, stage, styles, tp_plan, dp, tp)
+    layouts = edge_layouts(graph, compiled, stage, tp_layout, dp, tp)
     doc = {
         "version": PLAN_VERSION, "project": project.name, "world": world, "nproc": nproc,
         "pp": pp, "dp": dp, "tp": tp,
@@ -373,7 +450,7 @@ def _out_bytes(compiled: CompileResult, n: str) -> int:
     return info.nbytes() if info else 0
 
 
-def activation_bytes(compiled, ids, styles, tp_plan, tp, local_b, m, pp, s, schedule, ckpt) -> int:
+def activation_bytes(compiled, ids, layout, tp, local_b, m, pp, s, schedule, ckpt) -> int:
     """Estimate: every layer's output is kept for backward (checkpointed ones are
     recomputed), for as many micro-batches as the schedule holds at once: all m
     under GPipe, at most pp - s under 1F1B."""
@@ -382,34 +459,22 @@ def activation_bytes(compiled, ids, styles, tp_plan, tp, local_b, m, pp, s, sche
         if n in ckpt:
             continue
         b = _out_bytes(compiled, n)
-        if n in styles and tp_plan.get(n, {}).get("output", "Replicate()").startswith("Shard"):
+        if layout.get(n, "Replicate()").startswith("Shard"):
             b //= tp
         per_sample += b
     in_flight = m if (pp == 1 or schedule != "1f1b") else min(m, pp - s)
     return per_sample * (local_b // max(1, m)) * in_flight
 
 
-def edge_layouts(graph, compiled, stage, styles, tp_plan, dp, tp) -> list[dict]:
+def edge_layouts(graph, compiled, stage, layout, dp, tp) -> list[dict]:
     """Each edge's tensor layout over the (dp, tp) mesh dims: the batch is split on
-    dp; on tp it is Shard(-1) between a column-wise and a row-wise layer, else Replicate."""
+    dp; on tp it is what tp_layouts found for the edge's source."""
     out = []
     for e in graph.edges:
         src = graph.nodes.get(e.src)
         if src is None or src.type == "Output":
             continue
-        tp_layout = "Replicate()"
-        if tp > 1:
-            cur = e.src
-            while cur is not None:  # elementwise layers keep what their input had
-                ent = tp_plan.get(cur)
-                if ent:
-                    tp_layout = ent.get("output", "Replicate()")
-                    break
-                if graph.nodes[cur].type in ELEMENTWISE:
-                    preds = graph.predecessors(cur)
-                    cur = preds[0] if len(preds) == 1 else None
-                else:
-                    cur = None
+        tp_layout = layout.get(e.src, "Replicate()") if tp > 1 else "Replicate()"
         lay = ["Shard(0)" if dp > 1 else "Replicate()", tp_layout]
         rec = {"edge": f"{e.src} -> {e.dst}", "src": e.src, "dst": e.dst, "mesh_dims": ["dp", "tp"], **sbp(lay),
                "bytes_per_sample": _out_bytes(compiled, e.src)}
@@ -440,23 +505,11 @@ def communication(compiled, stages, stage, styles, tp_plan, pp, dp, tp, m, B, pl
     # tensor parallel
     if tp > 1:
         for n, ent in tp_plan.items():
-            if ent["style"] == "replicate":
-                continue
             preds = graph.predecessors(n)
             in_b = (_out_bytes(compiled, preds[0]) if preds else 0) * local_b
             out_b = _out_bytes(compiled, n) * local_b
-            if ent["type"] == "MultiheadAttention":
-                comms.append(_tp(n, "all-reduce", out_b, tp, "forward: out projection's Partial() -> Replicate()"))
-                comms.append(_tp(n, "all-reduce", in_b, tp, "backward: input gradient Partial() -> Replicate()"))
-            elif ent["style"] == "colwise":
-                if ent["output"] == "Replicate()":
-                    comms.append(_tp(n, "all-gather", out_b, tp, "forward: Shard(-1) -> Replicate() (no row-wise layer follows)"))
-                if ent["type"] != "Embedding":
-                    comms.append(_tp(n, "all-reduce", in_b, tp, "backward: input gradient Partial() -> Replicate()"))
-            elif ent["style"] == "rowwise":
-                comms.append(_tp(n, "all-reduce", out_b, tp, "forward: Partial() -> Replicate()"))
-                if ent["input"] == "Replicate()" and ent["type"] != "Embedding":
-                    comms.append(_tp(n, "all-gather", in_b, tp, "backward: input gradient Shard(-1) -> Replicate()"))
+            comms += _tp_comms(n, ent, in_b, out_b, tp, sum(p.numel() for p in meta.get_submodule(n).parameters())
+                               if ent["style"] == "sequence" else 0)
     # data parallel: gradient sync per stage
     if dp > 1:
         for s in range(pp):
@@ -482,9 +535,47 @@ def communication(compiled, stages, stage, styles, tp_plan, pp, dp, tp, m, B, pl
     return comms
 
 
-def _tp(n, op, nbytes, tp, why) -> dict:
-    return {"op": op, "where": f"node {n}", "group": "tp", "group_size": tp, "messages": 1,
-            "bytes_per_step": nbytes, "why": why}
+def _tp(n, op, nbytes, tp, why, side="") -> dict:
+    """side: 'in' when it moves the tensor (or gradient) on the node's inputs, 'out' on its outputs."""
+    c = {"op": op, "where": f"node {n}", "group": "tp", "group_size": tp, "messages": 1,
+         "bytes_per_step": nbytes, "why": why}
+    return {**c, "side": side} if side else c
+
+
+def _tp_comms(n: str, ent: dict, in_b: int, out_b: int, tp: int, norm_params: int) -> list[dict]:
+    """The collectives one tp_plan entry implies (DTensor's redistributions at its edges)."""
+    style, typ, seq_in, seq_out = ent["style"], ent["type"], ent["input"] == SEQ, ent["output"] == SEQ
+    c: list[dict] = []
+    if style == "sequence":  # runs on its tokens; only its replicated weights' gradients are summed
+        if norm_params:
+            c.append(_tp(n, "all-reduce", norm_params * FLOAT_BYTES, tp,
+                         "backward: norm weight gradients Partial() -> Replicate()"))
+        return c
+    if style == "replicate":  # a layer outside TP at the sequence region's edge
+        if seq_in:
+            c.append(_tp(n, "all-gather", in_b, tp, "forward: Shard(1) -> Replicate() (leaves the sequence region)", "in"))
+        if seq_out:
+            c.append(_tp(n, "all-gather", out_b, tp, "backward: gradient Shard(1) -> Replicate() (forward keeps "
+                                                      "this rank's chunk of tokens: no communication)", "out"))
+        return c
+    # what reaches the layer
+    if seq_in:
+        c.append(_tp(n, "all-gather", in_b, tp, "forward: Shard(1) -> Replicate() (sequence region's tokens)", "in"))
+        c.append(_tp(n, "reduce-scatter", in_b, tp, "backward: input gradient Partial() -> Shard(1)", "in"))
+    elif style in ("colwise",) and typ != "Embedding" or typ == "MultiheadAttention":
+        c.append(_tp(n, "all-reduce", in_b, tp, "backward: input gradient Partial() -> Replicate()", "in"))
+    elif style == "rowwise" and ent["input"] == "Replicate()" and typ != "Embedding":
+        c.append(_tp(n, "all-gather", in_b, tp, "backward: input gradient Shard(-1) -> Replicate()", "in"))
+    # what leaves it
+    partial_out = style == "rowwise" or typ == "MultiheadAttention"
+    if partial_out and seq_out:
+        c.append(_tp(n, "reduce-scatter", out_b, tp, "forward: Partial() -> Shard(1) (into the sequence region)", "out"))
+        c.append(_tp(n, "all-gather", out_b, tp, "backward: gradient Shard(1) -> Replicate()", "out"))
+    elif partial_out:
+        c.append(_tp(n, "all-reduce", out_b, tp, "forward: Partial() -> Replicate()", "out"))
+    elif ent["output"] != "Shard(-1)":  # column-wise not paired with a row-wise layer
+        c.append(_tp(n, "all-gather", out_b, tp, f"forward: Shard(-1) -> {ent['output']} (no row-wise layer follows)", "out"))
+    return c
 
 
 def format_plan(plan: Plan) -> str:

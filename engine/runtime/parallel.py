@@ -69,26 +69,45 @@ def _layout(name: str | None):
 
 
 def tp_module_plan(tp_plan: dict, present: set[str]) -> dict:
-    """The plan's per-node styles -> a parallelize_module plan for the layers this
-    stage holds. MultiheadAttention 'colwise' shards heads: q/k/v column-wise, out
-    row-wise (one all-reduce per attention)."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    """The plan's per-node entries -> a parallelize_module plan for the layers this
+    stage holds. Tensors pass between layers as local pieces; each entry's input and
+    output say which piece (engine/planner.py tp_layouts). MultiheadAttention
+    'colwise' shards heads: q/k/v column-wise, out row-wise; its input is made a
+    DTensor once for all three. 'sequence' norms run on their Shard(1) tokens; a
+    'replicate' entry is a layer outside TP at the sequence region's edge: it gathers
+    its input and/or keeps its chunk of the tokens."""
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
+                                                   PrepareModuleOutput, RowwiseParallel, SequenceParallel)
 
     out: dict = {}
     for nid, e in tp_plan.items():
-        if nid not in present or e["style"] == "replicate":
+        if nid not in present:
             continue
-        if e.get("type") == "MultiheadAttention":
+        style, given, made = e["style"], _layout(e.get("input")), _layout(e.get("output"))
+        if e.get("type") == "MultiheadAttention" and style == "colwise":
+            out[nid] = PrepareModuleInput(input_layouts=(given,), desired_input_layouts=(Replicate(),),
+                                          use_local_output=False)
             for sub in ("q", "k", "v"):
                 out[f"{nid}.{sub}"] = ColwiseParallel()
-            out[f"{nid}.out"] = RowwiseParallel()
-        elif e["style"] == "colwise":
-            out[nid] = ColwiseParallel(output_layouts=_layout(e.get("output")))
-        elif e["style"] == "rowwise":
-            out[nid] = RowwiseParallel(input_layouts=_layout(e.get("input")))
+            out[f"{nid}.out"] = RowwiseParallel(output_layouts=made)
+        elif style == "colwise":
+            out[nid] = ColwiseParallel(input_layouts=given, output_layouts=made)
+        elif style == "rowwise":
+            out[nid] = RowwiseParallel(input_layouts=given, output_layouts=made)
+        elif style == "sequence":
+            out[nid] = SequenceParallel(use_local_output=True)
+        elif style == "replicate":  # gather the tokens coming in, keep this rank's chunk going out
+            gather = {"input_layouts": (given,), "desired_input_layouts": (Replicate(),)}
+            chunk = {"output_layouts": (Replicate(),), "desired_output_layouts": (made,)}
+            if given != Replicate() and made != Replicate():
+                out[nid] = PrepareModuleInputOutput(**gather, use_local_input=True, **chunk)
+            elif given != Replicate():
+                out[nid] = PrepareModuleInput(**gather, use_local_output=True)
+            elif made != Replicate():
+                out[nid] = PrepareModuleOutput(**chunk)
         else:
-            raise ValueError(f"node '{nid}': tensor-parallel style '{e['style']}' is not run by this runtime; "
-                             f"set it to colwise, rowwise or replicate")
+            raise ValueError(f"node '{nid}': tensor-parallel style '{style}' is not run by this runtime; "
+                             f"set it to colwise, rowwise, sequence or replicate")
     return out
 
 

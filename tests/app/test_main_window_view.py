@@ -180,3 +180,50 @@ def test_devices_panel_places_nodes_on_stages(qtbot, w):
         w.controller.stack.undo()
     assert w.project.placement.pp == 1 and d.spins["pp"].value() == 1
     assert all(n.stage is None and n.tp is None for n in w.project.graph.nodes.values())
+
+
+def test_sequence_parallel_norm_from_the_devices_panel(qtbot, monkeypatch, tmp_path):
+    """tp=2 and the norm's style 'sequence' set in the devices panel: the edges show
+    the Shard(1) pieces and the collectives at the region's edges; an Input feeding
+    the norm directly is refused in the problems list with the fix."""
+    monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(tmp_path / "home"))
+    from engine.graph import Edge
+
+    g = Graph()
+    g.add_node("Input", {"shape": [8, 16]}, id="x")
+    g.add_node("Linear", {"out_features": 16}, id="pre")
+    g.add_node("LayerNorm", {}, id="ln")
+    g.add_node("Linear", {"out_features": 16}, id="lin")
+    g.add_node("Add", {}, id="res")
+    g.add_node("Mean", {"dim": 1}, id="pool")
+    g.add_node("Output", {"loss": "mse"}, id="out")
+    for a, b, port in (("x", "pre", "in"), ("pre", "ln", "in"), ("ln", "lin", "in"), ("lin", "res", "a"),
+                       ("pre", "res", "b"), ("res", "pool", "in"), ("pool", "out", "in")):
+        g.connect(a, "out", b, port)
+    win = MainWindow(Project(g), recover=False)
+    qtbot.addWidget(win)
+    d = win.devices
+    d.spins["tp"].setValue(2)
+    win.scene.select_nodes(["ln"])
+    d.tp_combo.setCurrentIndex(d.tp_combo.findData("sequence"))
+    d.tp_btn.click()
+    assert win.project.graph.nodes["ln"].tp == "sequence"
+    win.controller.flush()
+    assert win.controller.plan is not None and win.controller.plan.ok, win.controller.plan_error
+    note = win.scene.edge_items[Edge("ln", "out", "lin", "in")].note
+    assert "tp Shard(1)" in note and "all-gather" in note  # lin gathers the tokens
+    assert "tp Shard(1)" in win.scene.edge_items[Edge("res", "out", "pool", "in")].note
+    assert "Shard(1)" in d.plan_view.toPlainText()
+    win.controller.stack.undo()  # the style
+    assert win.project.graph.nodes["ln"].tp is None
+    # a Linear has no 'sequence' style: nothing changes, the status bar says why
+    win.scene.select_nodes(["pre"])
+    d.tp_btn.click()
+    assert win.project.graph.nodes["pre"].tp is None and "pre" in win.statusBar().currentMessage()
+    # an Input straight into the norm: refused in the plan view, naming the node and the fix
+    win.controller.stack.redo()
+    win.controller.rewire(Edge("pre", "out", "ln", "in"), None)
+    assert win.controller.connect_ports("x", "out", "ln", "in")
+    win.controller.flush()
+    text = d.plan_view.toPlainText()
+    assert "error: node 'x' (Input) feeds the sequence-parallel region directly" in text and "replicate" in text

@@ -7,7 +7,8 @@ JOBS.json: a list of {"run_dir": ..., "resume": bool, "copy_from": {"src": DIR,
 "step": N} (optional), "plan": {...} (optional: replaces run.json's plan)}.
 Each job trains with the product's own ParallelTrainer and fit loop, then every
 rank reports what it really allocates (parameters, gradients, optimizer state)
-into RUN_DIR/measured.json, for the planner's exact-memory test.
+and each layer's local output shape into RUN_DIR/measured.json, for the planner's
+exact-memory test and the sequence-parallel test.
 """
 import json
 import os
@@ -20,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from engine.runtime.parallel import ParallelTrainer, init_distributed  # noqa: E402
+from engine.runtime.parallel import ParallelTrainer, by_node_id, init_distributed  # noqa: E402
 from engine.runtime.train import fit, load_spec, seed_all  # noqa: E402
 
 
@@ -62,8 +63,17 @@ def main() -> None:
             trainer = ParallelTrainer(run_dir, spec, device)
             fit(trainer, run_dir, spec, resume=bool(job.get("resume")), writes_metrics=rank == 0,
                 log=lambda m: logf.write(m + "\n"))
+        shapes = {}  # each layer's local output in that step: what TP / sequence parallelism really cut
+
+        def record(name):
+            def hook(mod, args, out):  # returns None: the output is left as it is
+                shapes.setdefault(name, list(_local(out).shape))
+            return hook
+        hooks = [m.register_forward_hook(record(name)) for name, m in by_node_id(trainer.parts).named_children()]
         trainer.train_step(0)  # one more step, so gradients are held right now
-        mine = measured(trainer)
+        for h in hooks:
+            h.remove()
+        mine = {**measured(trainer), "shapes": shapes}
         allm = [None] * dist.get_world_size()
         dist.all_gather_object(allm, mine)
         if rank == 0:

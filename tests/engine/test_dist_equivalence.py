@@ -36,6 +36,10 @@ RESNET_4 = [["stem", "stem_act"], ["b1_conv1", "b1_act1"],  # stem_act is carrie
             ["b1_conv2", "b1_add", "b1_act2", "b2_conv1"], ["b2_act1", "b2_conv2", "b2_add", "b2_act2", "gap", "flat", "head"]]
 MLP_TP = {"fc1": "colwise", "fc2": "rowwise"}
 TRANSFORMER_TP = {"attn": "colwise", "fc_in": "colwise", "fc_out": "rowwise"}
+# Megatron-SP: the norms (and the residual adds between them) run on half of the 16 tokens
+TRANSFORMER_SP = {**TRANSFORMER_TP, "ln1": "sequence", "ln2": "sequence", "ln_f": "sequence"}
+TRANSFORMER_PP = [["embed", "pos", "ln1", "attn", "res1", "ln2"],  # res1 and ln2 cross the cut as Shard(1)
+                  ["fc_in", "gelu", "fc_out", "res2", "ln_f", "pool", "head"]]
 
 # name: (example, placement, stages, tp styles)
 LAYOUTS_2 = {
@@ -43,6 +47,7 @@ LAYOUTS_2 = {
     "fsdp": ("mlp_digits", {"dp": 2, "data_parallel": "fsdp"}, None, None, ["fc2"]),  # + activation checkpointing
     "tp": ("mlp_digits", {"tp": 2}, None, MLP_TP),
     "tp_attention": ("transformer_synthetic", {"tp": 2}, None, TRANSFORMER_TP),
+    "tp_sequence": ("transformer_synthetic", {"tp": 2}, None, TRANSFORMER_SP),
     "pp_gpipe": ("resnet_synthetic", {"pp": 2, "schedule": "gpipe", "microbatches": 2}, RESNET_2, None),
     "pp_1f1b": ("resnet_synthetic", {"pp": 2, "schedule": "1f1b", "microbatches": 4}, RESNET_2, None),
     "tp_clip": ("mlp_digits+clip", {"tp": 2}, None, MLP_TP),  # sharded and replicated gradients in one norm
@@ -56,6 +61,7 @@ LAYOUTS_4 = {
     "pp_x_dp": ("resnet_synthetic", {"pp": 2, "dp": 2, "data_parallel": "fsdp", "microbatches": 2,
                                      "reshard_after_forward": False}, RESNET_2, None),
     "dp_x_tp": ("transformer_synthetic", {"dp": 2, "tp": 2, "data_parallel": "fsdp"}, None, TRANSFORMER_TP),
+    "pp_x_tp_sequence": ("transformer_synthetic", {"pp": 2, "tp": 2, "microbatches": 2}, TRANSFORMER_PP, TRANSFORMER_SP),
     "pp4_1f1b": ("resnet_synthetic", {"pp": 4, "schedule": "1f1b", "microbatches": 4}, RESNET_4, None),
 }
 MLP_PP = [["fc1", "act1"], ["fc2", "act2", "head"]]
@@ -207,6 +213,24 @@ def test_bf16_trains_close_to_float32(runs, name):
     for step in range(1, STEPS + 1):  # bf16 keeps about 3 significant digits
         assert got[step] == pytest.approx(want[step], rel=5e-2), f"{name} step {step}"
     assert any(got[s] != want[s] for s in got)  # it really ran in bf16
+
+
+@pytest.mark.parametrize("name, batch", [("tp_sequence", 32), ("pp_x_tp_sequence", 16)])
+def test_sequence_parallel_norms_hold_half_the_tokens(runs, name, batch):
+    """What each rank really computed (forward hooks): the norms and the layers
+    handing them Shard(1) hold 8 of the 16 tokens, the column-wise layers half the
+    features of all tokens, and the pooled output is whole again."""
+    _, out, _ = runs
+    _, run_dir, plan = out[name]
+    measured = json.loads((run_dir / "measured.json").read_text())
+    want = {"pos": [batch, 8, 64], "ln1": [batch, 8, 64], "attn": [batch, 8, 64], "ln2": [batch, 8, 64],
+            "fc_in": [batch, 16, 64], "fc_out": [batch, 8, 64], "ln_f": [batch, 8, 64], "pool": [batch, 64]}
+    for dev, real in zip(plan.doc["devices"], measured):
+        held = {n: real["shapes"][n] for n in want if n in real["shapes"]}
+        assert set(held) == set(want) & set(plan.doc["stages"][dev["stage"]]), f"rank {dev['rank']}"
+        assert held == {n: want[n] for n in held}, f"rank {dev['rank']}"
+    assert {c["op"] for c in plan.doc["communication"] if c["group"] == "tp"} == {"all-gather", "reduce-scatter",
+                                                                                  "all-reduce"}
 
 
 def test_checkpointed_layers_are_in_the_plan(runs):

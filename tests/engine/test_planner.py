@@ -51,7 +51,50 @@ def test_tp_style_only_where_the_layer_supports_it():
     e = one_error(make_plan(p, 2, placement={"tp": 2}, styles={"ln1": "colwise"}), "'ln1' (LayerNorm)", "'colwise'")
     assert "sequence, replicate" in e
     one_error(make_plan(p, 2, placement={"tp": 2}, styles={"gelu": "rowwise"}), "'gelu' (GELU)", "only replicate")
-    one_error(make_plan(p, 2, placement={"tp": 2}, styles={"ln1": "sequence"}), "'ln1'", "not run", "replicate")
+    one_error(make_plan(p, 2, placement={"tp": 2}, styles={"ln1": "colwise"}), "'ln1'", "sequence, replicate")
+
+
+SP = {"attn": "colwise", "fc_in": "colwise", "fc_out": "rowwise", "ln1": "sequence", "ln2": "sequence", "ln_f": "sequence"}
+
+
+def test_sequence_parallel_norms_plan_megatron_sp():
+    """The norms run on Shard(1) tokens; row-wise layers reduce-scatter into them,
+    column-wise ones all-gather out of them (and reduce-scatter their input gradient),
+    the layer feeding the region keeps its chunk, the pooling gathers."""
+    plan = make_plan(proj("transformer_synthetic"), 2, placement={"tp": 2}, styles=SP)
+    assert plan.ok, plan.errors
+    tpp = plan.doc["tp_plan"]
+    assert (tpp["ln1"]["input"], tpp["ln1"]["output"]) == ("Shard(1)", "Shard(1)")
+    assert (tpp["fc_in"]["input"], tpp["fc_in"]["output"]) == ("Shard(1)", "Shard(-1)")
+    assert (tpp["fc_out"]["input"], tpp["fc_out"]["output"]) == ("Shard(-1)", "Shard(1)")
+    assert tpp["attn"]["output"] == "Shard(1)" and tpp["pos"] == {"style": "replicate", "type": "PositionalEmbedding",
+                                                                  "input": "Replicate()", "output": "Shard(1)"}
+    assert (tpp["pool"]["input"], tpp["pool"]["output"]) == ("Shard(1)", "Replicate()")
+    assert "res1" not in tpp  # the residual add runs on its shard as it is
+    edge = next(e for e in plan.doc["layouts"] if e["edge"] == "res1 -> res2")
+    assert edge["dtensor"] == "[Replicate(), Shard(1)]" and edge["oneflow"] == "(broadcast, split(1))"
+    ops = {(c["where"], c["op"]) for c in plan.doc["communication"]}
+    assert {("node fc_out", "reduce-scatter"), ("node fc_in", "all-gather"), ("node fc_in", "reduce-scatter"),
+            ("node pool", "all-gather"), ("node ln1", "all-reduce")} <= ops
+    assert ("node fc_out", "all-reduce") not in ops  # reduce-scatter replaces it
+    # half the tokens of every norm, add and residual are kept for backward
+    plain = make_plan(proj("transformer_synthetic"), 2, placement={"tp": 2}, styles={k: v for k, v in SP.items() if v != "sequence"})
+    assert plan.doc["devices"][0]["memory"]["activations_bytes"] < plain.doc["devices"][0]["memory"]["activations_bytes"]
+    assert "Shard(1) (split(1))" in format_plan(plan)
+
+
+def test_sequence_parallel_errors_name_the_node_and_numbers():
+    p = proj("transformer_synthetic")
+    e = one_error(make_plan(p, 3, placement={"tp": 3}, styles={"ln1": "sequence"}), "'ln1'", "tp=3", "sequence length 16")
+    assert "2, 4, 8, 16" in e and "replicate" in e
+    g = p.graph  # a norm on [batch, features]: no sequence to split
+    g.add_node("LayerNorm", id="ln_pool")
+    for edge in list(g.outgoing("pool")):
+        g.disconnect(edge)
+    g.connect("pool", "out", "ln_pool", "in")
+    g.connect("ln_pool", "out", "head", "in")
+    one_error(make_plan(p, 2, placement={"tp": 2}, styles={"ln_pool": "sequence"}), "'ln_pool'", "[None, 64]",
+              "sequence (dim 1")
 
 
 def test_stages_must_follow_the_data_flow():
