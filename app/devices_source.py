@@ -137,8 +137,29 @@ def attach(window) -> DevicesSource:
         panel.set_devices(src.lines, src.error)
         controller.set_devices(src.devices)
 
+    def chosen(name: str | None) -> None:
+        """The user's choice is the project's (saved with it, by name only)."""
+        src.choose(name)
+        if window.project.cluster != name:
+            window.project.cluster = name
+            window._dirty_extra = True
+            window._update_title()
+
+    def from_project() -> None:
+        """A project remembers its cluster: choose it again, or say it is unknown here."""
+        name = window.project.cluster
+        if name is not None and name not in src.names():
+            src.choose(None)
+            src.error = (f"the project's cluster '{name}' has no profile on this machine; add it (Clusters…) "
+                         f"or choose another source")
+            src.changed.emit()
+        elif name != src.cluster_name:
+            src.choose(name)
+        panel.set_sources(src.names(), src.cluster_name)
+
     panel.sources_wanted.connect(lambda: panel.set_sources(src.names(), src.cluster_name))
-    panel.source_chosen.connect(src.choose)
+    panel.source_chosen.connect(chosen)
     src.changed.connect(changed)
-    panel.set_sources(src.names(), None)
+    window.project_changed.connect(from_project)
+    from_project()
     return src

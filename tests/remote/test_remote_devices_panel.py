@@ -70,6 +70,38 @@ def test_cluster_devices_fill_the_panel_and_size_the_plan(qtbot, sshd_pair, wind
     panel.source.activated.emit(pick_local)
     assert panel.device_list.isHidden() and w.controller.devices is None
     assert w.controller.plan.ok and w.controller.plan.doc["nproc"] == 2  # from the placement now
+    assert w.project.cluster is None
+
+
+def test_the_project_remembers_its_cluster(qtbot, sshd_pair, window, tmp_path):
+    """The chosen cluster is saved with the project (its name only) and chosen again on open."""
+    ClusterStore().save(parse_cluster(sshd_pair.cluster("lab", tmp_path / "work")))
+    w = window
+    pick(w.devices, "lab")
+    assert w.project.cluster == "lab" and w.is_dirty()
+    qtbot.waitUntil(lambda: not w.device_source.busy, timeout=60000)
+    assert w.save_as(tmp_path / "p.lflow")
+    assert '"cluster": "lab"' in (tmp_path / "p.lflow").read_text()
+    again = MainWindow(load_project(tmp_path / "p.lflow"))
+    qtbot.addWidget(again)
+    try:
+        assert again.device_source.cluster_name == "lab" and again.devices.source.currentData() == "lab"
+        qtbot.waitUntil(lambda: not again.device_source.busy, timeout=60000)
+        assert again.device_source.devices is not None and again.controller.devices == again.device_source.devices
+        assert not again.is_dirty()
+    finally:
+        again.device_source.wait()
+
+
+def test_a_project_naming_an_unknown_cluster_says_so(qtbot, config_dir, monkeypatch):
+    monkeypatch.setattr(MainWindow, "ask", lambda self, *a: QMessageBox.StandardButton.Discard)
+    project = load_project(EXAMPLE)
+    project.cluster = "elsewhere"
+    w = MainWindow(project)
+    qtbot.addWidget(w)
+    text = w.devices.device_error.text()
+    assert "'elsewhere'" in text and "Clusters" in text and w.controller.devices is None
+    assert w.devices.source.currentData() is None  # this machine
 
 
 def test_unreachable_or_unknown_cluster_is_an_error_line(qtbot, sshd_pair, window, tmp_path):
