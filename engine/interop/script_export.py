@@ -14,7 +14,8 @@ Parallelism: the plan's pipeline (PipelineStage + GPipe/1F1B), tensor parallelis
 (ColwiseParallel/RowwiseParallel per node from the plan's TP plan, attention heads
 split across ranks) and data parallelism (DDP or FSDP2 fully_shard) are written out
 with the calls engine/runtime/parallel.py makes, on the same pp x dp x tp device mesh;
-the TP functions are copied from it by inspect.getsource.
+the TP functions are copied from it by inspect.getsource, and so is engine/runtime/
+sync_bn.py when the plan synchronizes BatchNorm over the data-parallel ranks.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from engine.project import Digits, NpzFile, CsvFile, Project, atomic_write
 from engine.runtime import data as rdata
 from engine.runtime import layers as rl
 from engine.runtime import parallel as rparallel
+from engine.runtime import sync_bn as rsync_bn
 from engine.runtime import train as rtrain
 
 # Layerflow's own layer classes, copied into the script when the diagram uses them.
@@ -297,9 +299,9 @@ def main() -> None:
     if pp > 1:  # this rank's pipeline stage: the full model's layers of that stage
         model = Stage(model, pp_rank)
     model.to(device).train()
-    if distributed and PLAN["sync_batchnorm"] and device.type == "cuda":
-        # batch statistics over the whole data-parallel batch (SyncBatchNorm runs on GPUs only)
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=mesh["dp"].get_group())
+    if distributed and PLAN["sync_batchnorm"] and dp > 1:
+        # batch statistics over the whole data-parallel batch (torch's SyncBatchNorm on GPUs, an all-reduce on CPU)
+        model = convert_sync_batchnorm(model, mesh["dp"].get_group(), device)
     if tp > 1:  # first TP (parameters become DTensors over the tp mesh), then DP wraps what TP made
         apply_tp(model, mesh["tp"], PLAN["tp_plan"])
     if distributed and dp > 1:
@@ -386,6 +388,18 @@ def main() -> None:
 if __name__ == "__main__":
     main()
 '''
+
+
+def _sync_bn_code(pl: dict) -> list[str]:
+    """engine/runtime/sync_bn.py's functions, when the plan synchronizes BatchNorm."""
+    if not pl["sync_batchnorm"]:
+        return []
+    head = ("import torch.distributed._functional_collectives as funcol\n"
+            "from torch.nn.modules.batchnorm import _BatchNorm\n\n"
+            'TORCH_SYNC_BN_DEVICES = ("cuda", "xpu", "hpu", torch._C._get_privateuse1_backend_name())')
+    return ["# ----- BatchNorm over the data-parallel batch: engine/runtime/sync_bn.py's code " + "-" * 2,
+            "\n\n".join([head, *(inspect.getsource(f) for f in (rsync_bn.SyncBatchNormCPU, rsync_bn._to_cpu_sync,
+                                                                  rsync_bn.convert_sync_batchnorm))])]
 
 
 def script_text(project: Project, plan: dict | None = None, data_file: str | None = None,
@@ -498,6 +512,7 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
         "# ----- the mesh and data parallelism " + "-" * 40, DIST_CODE,
         "# ----- tensor parallelism: engine/runtime/parallel.py's functions " + "-" * 12,
         "\n\n".join(inspect.getsource(f) for f in (rparallel._layout, rparallel.tp_module_plan, rparallel.apply_tp)),
+        *_sync_bn_code(pl),
         "# ----- the loop " + "-" * 61, MAIN_CODE,
     ]
     return "\n\n".join(s.rstrip() + "\n" for s in sections)
