@@ -26,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="run folder (default: <project folder>/runs/<name>-<time>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
     p.add_argument("--seed", type=int, help="random seed (overrides the project's)")
+    p.add_argument("--accumulate", type=int, metavar="N",
+                   help="one process: cut each batch into N micro-batches, one optimizer step "
+                        "(sets training.grad_accumulation)")
     p.add_argument("--nproc", type=int, help="processes on this machine (default: dp*tp*pp of the placement)")
     p.add_argument("--dp", type=int, help="data-parallel degree")
     p.add_argument("--tp", type=int, help="tensor-parallel degree")
@@ -86,15 +89,26 @@ def cmd_train(args) -> int:
     from pathlib import Path
 
     from app.cli import CliError
-    from engine.project import Placement
+    from pydantic import ValidationError
+
+    from engine.project import Placement, Training
     from engine.run import RunError, prepare_run
 
     project = load_project(args.project)
     overrides = {k: getattr(args, k) for k in PLACEMENT_FLAGS if getattr(args, k) is not None}
-    for k in ("dp", "tp", "pp", "microbatches", "nproc", "steps"):
+    for k in ("dp", "tp", "pp", "microbatches", "nproc", "steps", "accumulate"):
         v = getattr(args, k)
         if v is not None and v < 1:
             raise CliError(f"--{k} must be at least 1, not {v}")
+    if args.accumulate is not None:
+        if args.resume:
+            raise CliError("--accumulate sets up a new run; a resumed run keeps its training.grad_accumulation")
+        try:
+            project.training = Training.model_validate({**project.training.model_dump(),
+                                                        "grad_accumulation": args.accumulate})
+        except ValidationError as exc:
+            msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
+            raise CliError(f"--accumulate {args.accumulate}: {msg}") from None
     if args.resume:
         run_dir = Path(args.resume)
         if not (run_dir / "run.json").exists():

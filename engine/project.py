@@ -133,11 +133,17 @@ class Training(_Strict):
     checkpoint_interval: int = Field(100, ge=1)  # steps between checkpoints
     seed: int = 0
     grad_clip: Optional[float] = Field(None, gt=0)
+    # micro-batches per optimizer step in one process: the batch is cut into this many equal
+    # parts, their gradients add up, one step (what a pipeline's micro-batches do)
+    grad_accumulation: int = Field(1, ge=1)
 
     @model_validator(mode="after")
     def _length(self) -> "Training":
         if self.steps is None and self.epochs is None:
             raise ValueError("set either steps or epochs")
+        if self.batch_size % self.grad_accumulation:
+            raise ValueError(f"training.batch_size {self.batch_size} is not divisible by training.grad_accumulation "
+                             f"{self.grad_accumulation}; change one of them")
         return self
 
 
@@ -218,7 +224,9 @@ class Project:
             "name": self.name,
             "description": self.description,
             "diagram": self.graph.to_dict(),
-            "training": self.training.model_dump(mode="json"),
+            # grad_accumulation is written only when set: files from before it stay byte-identical
+            "training": self.training.model_dump(mode="json", exclude={"grad_accumulation"}
+                                                 if self.training.grad_accumulation == 1 else None),
             "placement": self.placement.model_dump(mode="json"),
             "cluster": self.cluster,
             "weights": self.weights,

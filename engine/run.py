@@ -99,6 +99,11 @@ def prepare_run(project: Project, out_dir: str | Path | None = None, *, steps: i
     errs = check_data(result, arrays)
     if errs:
         raise RunError("the data set does not fit the diagram:\n" + "\n".join(f"  {e}" for e in errs))
+    pl, acc = project.placement, project.training.grad_accumulation
+    if acc > 1 and pl.pp * pl.dp * pl.tp > 1:
+        raise RunError(f"training.grad_accumulation {acc} runs in one process only, but the placement asks for "
+                       f"pp={pl.pp} x dp={pl.dp} x tp={pl.tp}; set training.grad_accumulation to 1 (a pipeline cuts "
+                       f"the batch into placement.microbatches itself) or train in one process")
     if len(arrays.x_train) < project.training.batch_size:
         raise RunError(f"training.batch_size {project.training.batch_size} is larger than the training set "
                        f"({len(arrays.x_train)} samples)")

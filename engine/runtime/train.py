@@ -185,18 +185,27 @@ class Trainer:
         self.batches = Batches(arrays["x_train"], arrays["y_train"], self.batch_size, int(tr["seed"]))
         self.val = (arrays["x_val"], arrays["y_val"])
         self.grad_clip = tr.get("grad_clip")
+        self.accumulate = int(tr.get("grad_accumulation", 1))
+        if self.batch_size % self.accumulate:
+            raise ValueError(f"training.batch_size {self.batch_size} is not divisible by training.grad_accumulation "
+                             f"{self.accumulate}; change one of them")
 
     def train_step(self, step: int) -> float:
         x, y = self.batches.batch(step)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         self.opt.zero_grad(set_to_none=True)
-        loss = compute_loss(self.loss_kind, self.model(x), y)
-        loss.backward()
+        # training.grad_accumulation equal micro-batches, one optimizer step: the gradient and the
+        # loss are those of the mean of their mean losses (1: the whole batch at once)
+        value = 0.0
+        for xm, ym in zip(x.chunk(self.accumulate), y.chunk(self.accumulate)):
+            loss = compute_loss(self.loss_kind, self.model(xm), ym) / self.accumulate
+            loss.backward()
+            value += loss.item()
         if self.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         self.opt.step()
         self.sched.step()
-        return loss.item()
+        return value
 
     @torch.no_grad()
     def evaluate(self) -> dict:

@@ -21,6 +21,14 @@ def test_examples_roundtrip_byte_for_byte(tmp_path):
         assert out.read_text() == ex.read_text()  # stable key order: files diff well
 
 
+def test_grad_accumulation_is_saved_when_set(tmp_path):
+    p = load_project(EXAMPLES[0])
+    assert p.training.grad_accumulation == 1 and "grad_accumulation" not in EXAMPLES[0].read_text()
+    p.training.grad_accumulation = 2
+    save_project(p, tmp_path / "p.lflow")
+    assert load_project(tmp_path / "p.lflow").training.grad_accumulation == 2
+
+
 @pytest.mark.parametrize("mutate, expected", [
     (lambda d: d["training"]["optimizer"].update(lr=-1), "training.optimizer.lr: must be greater than 0"),
     (lambda d: d["training"].update(batch_size="big"), "training.batch_size: must be a valid integer"),
@@ -31,6 +39,9 @@ def test_examples_roundtrip_byte_for_byte(tmp_path):
     (lambda d: d.update(format_version=99), "format_version 99 is newer than this Layerflow reads"),
     (lambda d: d.pop("format_version"), "format_version is missing"),
     (lambda d: d["training"].update(steps=None, epochs=None), "set either steps or epochs"),
+    (lambda d: d["training"].update(batch_size=64, grad_accumulation=3),
+     "training: training.batch_size 64 is not divisible by training.grad_accumulation 3"),
+    (lambda d: d["training"].update(grad_accumulation=0), "training.grad_accumulation: must be greater than or equal to 1"),
     (lambda d: d["diagram"]["edges"].append({"src": "ghost", "dst": "x"}), "names unknown node 'ghost'"),
 ])
 def test_validation_names_the_field(mutate, expected):

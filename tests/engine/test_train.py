@@ -189,3 +189,38 @@ def test_a_torchrun_restart_resumes_from_the_latest_checkpoint(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "resumed from step_20" in (rd / "logs" / "rank0.log").read_text()
     assert [s for s in losses(rd)] == list(range(1, 41))
+
+
+def _accumulated(tmp_path, example: str, acc: int) -> dict:
+    p = load_project(EX / f"{example}.lflow")
+    p.training.grad_accumulation = acc
+    rd = prepare_run(p, tmp_path / f"{example}_{acc}", steps=20)
+    assert run(rd)["state"] == "succeeded"
+    return losses(rd)
+
+
+def test_gradient_accumulation_is_one_step_over_the_whole_batch(tmp_path):
+    """Without batch-dependent layers 2 micro-batches of 32 give the batch of 64's losses
+    (its loss: the mean of the micro-batch means); BatchNorm normalizes each micro-batch
+    by its own statistics, so there they differ."""
+    one, two = _accumulated(tmp_path, "mlp_digits", 1), _accumulated(tmp_path, "mlp_digits", 2)
+    assert sorted(two) == list(range(1, 21))
+    for s in one:
+        assert two[s] == pytest.approx(one[s], rel=1e-5), s
+    one, two = _accumulated(tmp_path, "cnn_digits", 1), _accumulated(tmp_path, "cnn_digits", 2)
+    assert max(abs(two[s] - one[s]) / one[s] for s in one) > 1e-4
+
+
+def test_gradient_accumulation_must_divide_the_batch(tmp_path, capsys):
+    from app.cli import main
+
+    with pytest.raises(ValueError, match="training.batch_size 64 is not divisible by training.grad_accumulation 3"):
+        Training(batch_size=64, grad_accumulation=3)
+    assert main(["train", str(EX / "mlp_digits.lflow"), "--accumulate", "3", "--out", str(tmp_path / "r")]) == 2
+    assert "--accumulate 3: training.batch_size 64 is not divisible by training.grad_accumulation 3" \
+        in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+    p = load_project(EX / "mlp_digits.lflow")
+    p.training.grad_accumulation = 2
+    with pytest.raises(RunError, match="training.grad_accumulation 2 runs in one process only"):
+        prepare_run(p, tmp_path / "dp", placement={"dp": 2})
