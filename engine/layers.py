@@ -25,7 +25,7 @@ class FieldError(ValueError):
 @dataclass(frozen=True)
 class ParamSpec:
     name: str
-    kind: str  # int | float | bool | choice | str | ints | json
+    kind: str  # int | int2 (an int or a pair [h, w]) | float | bool | choice | str | ints | json
     default: Any
     doc: str
     min: float | None = None
@@ -42,6 +42,11 @@ class ParamSpec:
         if k == "int":
             if isinstance(value, bool) or not isinstance(value, int):
                 raise FieldError(self.name, f"{self.name} must be an integer, not {value!r}")
+        elif k == "int2":
+            if isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_int(v) for v in value):
+                value = value[0] if value[0] == value[1] else list(value)  # [3, 3] is 3
+            elif not _is_int(value):
+                raise FieldError(self.name, f"{self.name} must be an integer or a pair [h, w], not {value!r}")
         elif k == "float":
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise FieldError(self.name, f"{self.name} must be a number, not {value!r}")
@@ -62,11 +67,12 @@ class ParamSpec:
         elif k == "json":
             if not isinstance(value, dict):
                 raise FieldError(self.name, f"{self.name} must be a JSON object (keyword arguments), not {value!r}")
-        if k in ("int", "float"):
-            if self.min is not None and value < self.min:
-                raise FieldError(self.name, f"{self.name} must be at least {self.min:g}, not {value}")
-            if self.max is not None and value > self.max:
-                raise FieldError(self.name, f"{self.name} must be at most {self.max:g}, not {value}")
+        if k in ("int", "int2", "float"):
+            for v in value if isinstance(value, list) else [value]:
+                if self.min is not None and v < self.min:
+                    raise FieldError(self.name, f"{self.name} must be at least {self.min:g}, not {value}")
+                if self.max is not None and v > self.max:
+                    raise FieldError(self.name, f"{self.name} must be at most {self.max:g}, not {value}")
         return value
 
     def to_dict(self) -> dict:
@@ -75,6 +81,15 @@ class ParamSpec:
             "min": self.min, "max": self.max, "choices": list(self.choices),
             "inferred": self.inferred, "optional": self.optional,
         }
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def pair(v: int | Sequence[int]) -> tuple[int, int]:
+    """An int2 parameter as (h, w)."""
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
 Resolver = Callable[[dict, list[Shape], list[str]], dict]
@@ -152,6 +167,24 @@ def _linear(p, shapes, dtypes):
     return p
 
 
+def _window(p: dict, spatial: Shape, pool: bool) -> None:
+    """The (dilated) kernel fits the padded input along each spatial dimension."""
+    nd = len(spatial)
+    names = ("length",) if nd == 1 else ("height", "width")
+
+    def each(key: str, default: int = 1) -> tuple[int, ...]:
+        v = p.get(key, default)
+        return (v,) if nd == 1 else pair(v)
+
+    k, pad, dil = each("kernel_size"), each("padding", 0), each("dilation")
+    for i, n in enumerate(spatial):
+        if pool and 2 * pad[i] > k[i]:
+            raise FieldError("padding", f"padding {p['padding']} is more than half the window {p['kernel_size']}")
+        if n + 2 * pad[i] < dil[i] * (k[i] - 1) + 1:
+            raise FieldError("kernel_size", f"kernel_size {p['kernel_size']} does not fit the input's {names[i]} {n} "
+                                            f"(padded by {pad[i]} on each side)")
+
+
 def _conv(nd: int):
     def resolve(p, shapes, dtypes):
         layout = "(B, C, L)" if nd == 1 else "(B, C, H, W)"
@@ -161,12 +194,15 @@ def _conv(nd: int):
         for name in ("in_channels", "out_channels"):
             if p[name] % p["groups"]:
                 raise FieldError("groups", f"groups={p['groups']} does not divide {name}={p[name]}")
+        _window(p, shapes[0][1:], pool=False)
         return p
     return resolve
 
 
 def _pool2d(p, shapes, dtypes):
     _need_rank(shapes[0], (3,), "(B, C, H, W)")
+    if "kernel_size" in p:
+        _window(p, shapes[0][1:], pool=True)
     return p
 
 
@@ -233,13 +269,61 @@ def _concat(p, shapes, dtypes):
     return p
 
 
-def _dim_in_range(p, shapes, dtypes):
-    rank = len(shapes[0]) + 1
-    d = p["dim"]
+def _sample_dim(p: dict, name: str, shape: Shape) -> int:
+    """A dimension parameter (the batch counts as 0, negatives from the end) as an
+    index into the per-sample shape; the batch itself is refused."""
+    rank = len(shape) + 1
+    d = p[name]
     if not -rank <= d < rank:
-        raise FieldError("dim", f"dim {d} is out of range for input of shape {_fmt(shapes[0])}")
+        raise FieldError(name, f"{name} {d} is out of range for input of shape {_fmt(shape)}")
     if d in (0, -rank):
-        raise FieldError("dim", "dim 0 is the batch dimension")
+        raise FieldError(name, f"{name} {d} is the batch dimension; a sample's dimensions are 1 to {rank - 1}")
+    return d % rank - 1
+
+
+def _dim_in_range(p, shapes, dtypes):
+    _sample_dim(p, "dim", shapes[0])
+    return p
+
+
+def _transpose(p, shapes, dtypes):
+    if _sample_dim(p, "dim0", shapes[0]) == _sample_dim(p, "dim1", shapes[0]):
+        raise FieldError("dim1", f"dim0 {p['dim0']} and dim1 {p['dim1']} are the same dimension of "
+                                 f"{_fmt(shapes[0])}: nothing to swap")
+    return p
+
+
+def _slice(p, shapes, dtypes):
+    d = _sample_dim(p, "dim", shapes[0])
+    n = shapes[0][d]
+    if not range(n)[p["start"]:p["end"]:p["step"]]:
+        fld = "start" if not -n <= p["start"] < n else "end"
+        end = "the end" if p["end"] is None else p["end"]
+        raise FieldError(fld, f"start {p['start']} to {end} keeps nothing of dim {p['dim']} (size {n}) of {_fmt(shapes[0])}")
+    return p
+
+
+def _broadcasts(small: Sequence[int], big: Sequence[int]) -> bool:
+    """`small` broadcasts to `big` (aligned from the right) without growing it."""
+    return len(small) <= len(big) and all(a in (1, b) for a, b in zip(reversed(small), reversed(big)))
+
+
+def _scale(p, shapes, dtypes):
+    if any(s <= 0 for s in p["shape"]) or not _broadcasts(p["shape"], shapes[0]):
+        raise FieldError("shape", f"shape {p['shape']} does not broadcast over the input {_fmt(shapes[0])}: "
+                                  "counted from the last dimension, each entry is 1 or the input's size")
+    return p
+
+
+def _matmul(p, shapes, dtypes):
+    a, b = shapes
+    what = f"a is {_fmt(a)} and b is {_fmt(b)}"
+    if len(a) < 2 or len(a) != len(b):
+        raise FieldError(None, f"{what}: MatMul needs two inputs of the same rank, at least (B, n, k) and (B, k, m)")
+    if a[-1] != b[-2]:
+        raise FieldError(None, f"{what}: a's last dimension ({a[-1]}) must equal b's second to last ({b[-2]})")
+    if not all(x == y or 1 in (x, y) for x, y in zip(a[:-2], b[:-2])):
+        raise FieldError(None, f"{what}: the dimensions before the last two must be equal or 1")
     return p
 
 
@@ -304,21 +388,22 @@ _add(LayerSpec("Linear", "Dense", "y = x W^T + b over the last dimension.", (
     _BIAS,
 ), resolve=_linear, tp_styles=("colwise", "rowwise", "replicate")))
 for _nd in (1, 2):
+    _K, _HW = ("int", "") if _nd == 1 else ("int2", "; one number, or h, w")
     _add(LayerSpec(f"Conv{_nd}d", "Convolution", f"{_nd}-D convolution over (B, C, {'L' if _nd == 1 else 'H, W'}).", (
         P("in_channels", "int", None, "input channels (inferred)", min=1, inferred=True),
         P("out_channels", "int", 32, "output channels", min=1),
-        P("kernel_size", "int", 3, "kernel size", min=1),
-        P("stride", "int", 1, "stride", min=1),
-        P("padding", "int", 1, "zero padding on each side", min=0),
+        P("kernel_size", _K, 3, "kernel size" + _HW, min=1),
+        P("stride", _K, 1, "stride" + _HW, min=1),
+        P("padding", _K, 1, "zero padding on each side" + _HW, min=0),
         P("dilation", "int", 1, "spacing between kernel elements", min=1),
         P("groups", "int", 1, "blocked connections from input to output channels", min=1),
         _BIAS,
     ), resolve=_conv(_nd)))
 for _name, _doc in (("MaxPool2d", "max"), ("AvgPool2d", "average")):
     _add(LayerSpec(_name, "Pooling", f"2-D {_doc} pooling over (B, C, H, W).", (
-        P("kernel_size", "int", 2, "window size", min=1),
-        P("stride", "int", None, "step (empty: the window size)", min=1, optional=True),
-        P("padding", "int", 0, "padding on each side", min=0),
+        P("kernel_size", "int2", 2, "window size; one number, or h, w", min=1),
+        P("stride", "int2", None, "step; one number, or h, w (empty: the window size)", min=1, optional=True),
+        P("padding", "int2", 0, "padding on each side; one number, or h, w", min=0),
     ), resolve=_pool2d))
 _add(LayerSpec("AdaptiveAvgPool2d", "Pooling", "Average pooling to a fixed output size (1 = global pooling).", (
     P("output_size", "int", 1, "output height and width", min=1),
@@ -334,6 +419,11 @@ _add(LayerSpec("BatchNorm2d", "Normalization", "Batch normalization over (B, C, 
 _add(LayerSpec("LayerNorm", "Normalization", "Layer normalization over the last dimension.", (
     P("normalized_shape", "int", None, "size of the last dimension (inferred)", min=1, inferred=True),
     _EPS, P("elementwise_affine", "bool", True, "learn a scale and shift"),
+), resolve=_layernorm, tp_styles=("sequence", "replicate")))
+_add(LayerSpec("RMSNorm", "Normalization", "Root-mean-square normalization over the last dimension (no mean, no bias).", (
+    P("normalized_shape", "int", None, "size of the last dimension (inferred)", min=1, inferred=True),
+    P("eps", "float", 1e-6, "added to the mean square for numerical stability", min=0.0),
+    P("elementwise_affine", "bool", True, "learn a scale per feature"),
 ), resolve=_layernorm, tp_styles=("sequence", "replicate")))
 _add(LayerSpec("Dropout", "Regularization", "Zeroes elements with probability p while training.", (
     P("p", "float", 0.1, "drop probability", min=0.0, max=1.0),
@@ -357,6 +447,22 @@ _add(LayerSpec("Mean", "Shape", "Mean over one dimension, e.g. pooling a sequenc
     P("dim", "int", 1, "dimension to average (0 is the batch)"),
     P("keepdim", "bool", False, "keep the averaged dimension with size 1"),
 ), resolve=_dim_in_range))
+_add(LayerSpec("Transpose", "Shape", "Swaps two dimensions of each sample, e.g. (B, T, C) -> (B, C, T).", (
+    P("dim0", "int", 1, "one dimension to swap (0 is the batch; negative counts from the end)"),
+    P("dim1", "int", 2, "the other dimension to swap"),
+), resolve=_transpose))
+_add(LayerSpec("Slice", "Shape", "Keeps positions start:end:step of one dimension, like x[:, start:end:step].", (
+    P("dim", "int", 1, "dimension to slice (0 is the batch; negative counts from the end)"),
+    P("start", "int", 0, "first position kept; negative counts from the end"),
+    P("end", "int", None, "position to stop before; negative counts from the end (empty: to the end)", optional=True),
+    P("step", "int", 1, "keep every step-th position", min=1),
+), resolve=_slice))
+_add(LayerSpec("Scale", "Arithmetic", "Multiplies by a constant and adds a constant: x * scale + shift (nothing is learned).", (
+    P("scale", "float", 1.0, "the factor (with a shape: every entry's value until weights are loaded)"),
+    P("shift", "float", 0.0, "added after scaling (with a shape: likewise)"),
+    P("shape", "ints", [], "empty: scale and shift are numbers; else the shape of per-element constants kept in "
+                           "the weights file, broadcast over each sample from the last dimension, e.g. 3, 1, 1"),
+), resolve=_scale))
 _add(LayerSpec("Embedding", "Sequence", "Looks up a vector for each integer token id.", (
     P("num_embeddings", "int", 1000, "vocabulary size", min=1),
     P("embedding_dim", "int", 64, "vector size", min=1),
@@ -384,6 +490,8 @@ _add(LayerSpec("Add", "Merge", "Elementwise sum of two inputs of equal shape (re
                inputs=("a", "b"), resolve=_same_shapes, kind="function"))
 _add(LayerSpec("Mul", "Merge", "Elementwise product of two inputs of equal shape (gating).",
                inputs=("a", "b"), resolve=_same_shapes, kind="function"))
+_add(LayerSpec("MatMul", "Merge", "Matrix product a @ b per sample, (B, ..., n, k) @ (B, ..., k, m) -> (B, ..., n, m), "
+               "e.g. attention scores.", inputs=("a", "b"), resolve=_matmul, kind="function"))
 _add(LayerSpec("Concat", "Merge", "Joins inputs along one dimension.", (
     P("num_inputs", "int", 2, "number of inputs", min=2, max=8),
     P("dim", "int", 1, "dimension to join along (0 is the batch)"),

@@ -1,7 +1,7 @@
 """Editors for the selected node, built from its layer's parameter declarations.
 
 int -> spin box (range from the declaration; "auto" for sizes inferred from the
-input), float/ints/json/str -> text fields parsed on Enter, choice -> combo,
+input), float/ints/int2/json/str -> text fields parsed on Enter (int2: "3" or "3, 5"), choice -> combo,
 bool -> check box. A value that does not parse, and every compile error naming a
 field, is shown in red under that field. Edits are reported as signals; the
 inspector never changes the model itself.
@@ -27,7 +27,7 @@ _BIG = 2**31 - 1
 def _fmt(spec: ParamSpec, value: Any) -> str:
     if value is None:
         return ""
-    if spec.kind == "ints":
+    if spec.kind in ("ints", "int2") and isinstance(value, (list, tuple)):
         return ", ".join(map(str, value))
     if spec.kind == "json":
         return json.dumps(value)
@@ -51,6 +51,14 @@ def parse(spec: ParamSpec, text: str) -> Any:
             return [int(s) for s in text.replace("[", "").replace("]", "").replace(",", " ").split()]
         except ValueError:
             raise ValueError(f"{spec.name} must be integers separated by commas, e.g. 1, 28, 28") from None
+    if spec.kind == "int2":
+        try:
+            v = [int(s) for s in text.replace("[", "").replace("]", "").replace(",", " ").split()]
+        except ValueError:
+            v = []
+        if len(v) not in (1, 2):
+            raise ValueError(f"{spec.name} must be one integer or two (height, width), e.g. 3 or 3, 5")
+        return v[0] if len(v) == 1 else v
     if spec.kind == "json":
         try:
             v = json.loads(text or "{}")

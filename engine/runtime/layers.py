@@ -43,6 +43,52 @@ class Mean(nn.Module):
         return f"dim={self.dim}, keepdim={self.keepdim}"
 
 
+class Transpose(nn.Module):
+    """Swaps two dimensions (counted with the batch as 0)."""
+
+    def __init__(self, dim0: int = 1, dim1: int = 2):
+        super().__init__()
+        self.dim0, self.dim1 = int(dim0), int(dim1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(self.dim0, self.dim1)
+
+    def extra_repr(self) -> str:
+        return f"dim0={self.dim0}, dim1={self.dim1}"
+
+
+class Slice(nn.Module):
+    """x[:, ..., start:end:step] along one dimension (counted with the batch as 0)."""
+
+    def __init__(self, dim: int = 1, start: int = 0, end: int | None = None, step: int = 1):
+        super().__init__()
+        self.dim, self.start, self.end, self.step = int(dim), int(start), end, int(step)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        index = [slice(None)] * x.dim()
+        index[self.dim] = slice(self.start, self.end, self.step)
+        return x[tuple(index)]
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, start={self.start}, end={self.end}, step={self.step}"
+
+
+class Scale(nn.Module):
+    """x * scale + shift by constants: two numbers, or (with a shape) two tensors that
+    broadcast over each sample, kept as buffers so the weights file carries them."""
+
+    def __init__(self, scale: float = 1.0, shift: float = 0.0, shape: tuple[int, ...] = ()):
+        super().__init__()
+        if shape:
+            self.register_buffer("scale", torch.full(tuple(shape), float(scale)))
+            self.register_buffer("shift", torch.full(tuple(shape), float(shift)))
+        else:
+            self.scale, self.shift = float(scale), float(shift)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale + self.shift
+
+
 class PositionalEmbedding(nn.Module):
     """Learned positions added to a (B, T, C) input."""
 
@@ -104,6 +150,11 @@ def _custom(p: dict) -> nn.Module:
     return m
 
 
+def _hw(v: int | list[int]) -> int | tuple[int, int]:
+    """A size that is one int or [h, w] (project files hold lists) as torch takes it."""
+    return tuple(v) if isinstance(v, list) else v
+
+
 # type -> callable(resolved params) -> nn.Module
 MODULE_BUILDERS: dict[str, Callable[[dict], nn.Module]] = {
     "Linear": lambda p: nn.Linear(p["in_features"], p["out_features"], bias=p["bias"]),
@@ -111,14 +162,17 @@ MODULE_BUILDERS: dict[str, Callable[[dict], nn.Module]] = {
         p["in_channels"], p["out_channels"], p["kernel_size"], stride=p["stride"],
         padding=p["padding"], dilation=p["dilation"], groups=p["groups"], bias=p["bias"]),
     "Conv2d": lambda p: nn.Conv2d(
-        p["in_channels"], p["out_channels"], p["kernel_size"], stride=p["stride"],
-        padding=p["padding"], dilation=p["dilation"], groups=p["groups"], bias=p["bias"]),
-    "MaxPool2d": lambda p: nn.MaxPool2d(p["kernel_size"], stride=p["stride"] or p["kernel_size"], padding=p["padding"]),
-    "AvgPool2d": lambda p: nn.AvgPool2d(p["kernel_size"], stride=p["stride"] or p["kernel_size"], padding=p["padding"]),
+        p["in_channels"], p["out_channels"], _hw(p["kernel_size"]), stride=_hw(p["stride"]),
+        padding=_hw(p["padding"]), dilation=p["dilation"], groups=p["groups"], bias=p["bias"]),
+    "MaxPool2d": lambda p: nn.MaxPool2d(_hw(p["kernel_size"]), stride=_hw(p["stride"] or p["kernel_size"]),
+                                        padding=_hw(p["padding"])),
+    "AvgPool2d": lambda p: nn.AvgPool2d(_hw(p["kernel_size"]), stride=_hw(p["stride"] or p["kernel_size"]),
+                                        padding=_hw(p["padding"])),
     "AdaptiveAvgPool2d": lambda p: nn.AdaptiveAvgPool2d(p["output_size"]),
     "BatchNorm1d": lambda p: nn.BatchNorm1d(p["num_features"], eps=p["eps"], momentum=p["momentum"]),
     "BatchNorm2d": lambda p: nn.BatchNorm2d(p["num_features"], eps=p["eps"], momentum=p["momentum"]),
     "LayerNorm": lambda p: nn.LayerNorm(p["normalized_shape"], eps=p["eps"], elementwise_affine=p["elementwise_affine"]),
+    "RMSNorm": lambda p: nn.RMSNorm(p["normalized_shape"], eps=p["eps"], elementwise_affine=p["elementwise_affine"]),
     "Dropout": lambda p: nn.Dropout(p["p"]),
     "ReLU": lambda p: nn.ReLU(),
     "GELU": lambda p: nn.GELU(approximate=p["approximate"]),
@@ -136,6 +190,9 @@ MODULE_BUILDERS: dict[str, Callable[[dict], nn.Module]] = {
         p["d_model"], p["nhead"], dim_feedforward=p["dim_feedforward"], dropout=p["dropout"],
         activation=p["activation"], batch_first=True, norm_first=p["norm_first"]),
     "Mean": lambda p: Mean(p["dim"], p["keepdim"]),
+    "Transpose": lambda p: Transpose(p["dim0"], p["dim1"]),
+    "Slice": lambda p: Slice(p["dim"], p["start"], p["end"], p["step"]),
+    "Scale": lambda p: Scale(p["scale"], p["shift"], p["shape"]),
     "Identity": lambda p: nn.Identity(),
     "Custom": _custom,
 }
@@ -150,6 +207,7 @@ def _concat(*xs: torch.Tensor, dim: int = 1) -> torch.Tensor:
 FUNCTION_LAYERS: dict[str, Callable[[dict], tuple[Callable, dict]]] = {
     "Add": lambda p: (operator.add, {}),
     "Mul": lambda p: (operator.mul, {}),
+    "MatMul": lambda p: (operator.matmul, {}),
     "Concat": lambda p: (torch.cat, {"dim": p["dim"]}),
 }
 

@@ -147,6 +147,40 @@ def test_inspector_reports_edits_and_shows_parse_errors_inline(qtbot):
     assert "path is empty" in ins.error_labels["path"].text()  # compile error, inline
 
 
+def test_inspector_edits_a_kernel_as_one_number_or_a_pair(qtbot):
+    g = Graph()
+    g.add_node("Input", {"shape": [3, 8, 8]}, id="x")
+    g.add_node("Conv2d", {"kernel_size": [3, 5], "padding": [1, 2]}, id="conv")
+    g.add_node("MaxPool2d", {"stride": 2}, id="pool")
+    g.connect("x", "out", "conv", "in")
+    g.connect("conv", "out", "pool", "in")
+    ins = Inspector()
+    qtbot.addWidget(ins)
+    ins.show_node(g, "conv", compile_graph(g))
+    k = ins.editors["kernel_size"]
+    assert isinstance(k, QLineEdit) and k.text() == "3, 5" and ins.editors["padding"].text() == "1, 2"
+    for text, value in (("5, 3", [5, 3]), ("[1, 7]", [1, 7]), ("3", 3)):
+        k.setText(text)
+        with qtbot.waitSignal(ins.param_edited) as sig:
+            k.editingFinished.emit()
+        assert sig.args == ["conv", "kernel_size", value]
+        g.set_param("conv", "kernel_size", value)
+    k.setText("3, 5, 7")
+    with qtbot.assertNotEmitted(ins.param_edited):
+        k.editingFinished.emit()
+    assert "e.g. 3 or 3, 5" in ins.error_labels["kernel_size"].text()
+    g.set_param("conv", "kernel_size", [3, 13])  # wider than the padded input: the compile error shows under the field
+    ins.set_result(compile_graph(g))
+    assert "does not fit the input's width 8" in ins.error_labels["kernel_size"].text()
+    ins.show_node(g, "pool", compile_graph(g))
+    st = ins.editors["stride"]
+    assert st.text() == "2"
+    st.setText("")
+    with qtbot.waitSignal(ins.param_edited) as sig:  # empty: back to "the window size"
+        st.editingFinished.emit()
+    assert sig.args == ["pool", "stride", None]
+
+
 def test_problems_list_click_names_the_node(qtbot):
     g = mlp()
     g.set_param("fc", "out_features", 0)
