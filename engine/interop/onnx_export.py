@@ -7,7 +7,7 @@ into one initializer and cuts a PositionalEmbedding table down to the rows one
 sequence uses. Unoptimized, every initializer is named by its state_dict key and
 holds the whole parameter, so an import gets back exactly what was exported.
 
-Add/Mul/Concat are wrapped in tiny modules before export so that each ONNX node
+Add/Mul/MatMul/Concat are wrapped in tiny modules before export so that each ONNX node
 records the diagram's node id in its scope metadata; the importer names nodes
 after it. The diagram itself travels in the model's metadata ("layerflow.diagram")
 for what ONNX cannot say (dropout rates, positions on the canvas, the loss).
@@ -43,6 +43,11 @@ class Mul(nn.Module):
         return a * b
 
 
+class MatMul(nn.Module):
+    def forward(self, a, b):
+        return a @ b
+
+
 class Concat(nn.Module):
     def __init__(self, dim: int):
         super().__init__()
@@ -61,7 +66,7 @@ class Identity(nn.Module):
 
 
 def _wrap_functions(gm: fx.GraphModule, spec: dict) -> fx.GraphModule:
-    """Turn the call_function nodes of Add/Mul/Concat into call_module nodes."""
+    """Turn the call_function nodes of Add/Mul/MatMul/Concat into call_module nodes."""
     types = {n["id"]: (n["type"], n["params"]) for n in spec["nodes"]}
     for nid, (ntype, _) in types.items():
         if ntype == "Identity":
@@ -70,7 +75,7 @@ def _wrap_functions(gm: fx.GraphModule, spec: dict) -> fx.GraphModule:
         if node.op != "call_function" or node.name not in types:
             continue
         ntype, params = types[node.name]
-        mod = {"Add": Add, "Mul": Mul}.get(ntype)
+        mod = {"Add": Add, "Mul": Mul, "MatMul": MatMul}.get(ntype)
         args = node.args
         if ntype == "Concat":
             mod, args = (lambda: Concat(params["dim"])), tuple(node.args[0])

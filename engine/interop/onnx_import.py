@@ -46,6 +46,7 @@ CLASS_TYPES = {
     "torch.nn.modules.batchnorm.BatchNorm1d": "BatchNorm1d",
     "torch.nn.modules.batchnorm.BatchNorm2d": "BatchNorm2d",
     "torch.nn.modules.normalization.LayerNorm": "LayerNorm",
+    "torch.nn.modules.normalization.RMSNorm": "RMSNorm",
     "torch.nn.modules.dropout.Dropout": "Dropout",
     "torch.nn.modules.activation.ReLU": "ReLU",
     "torch.nn.modules.activation.SiLU": "SiLU",
@@ -59,10 +60,14 @@ CLASS_TYPES = {
     "torch.nn.modules.transformer.TransformerEncoderLayer": "TransformerEncoderLayer",
     "engine.runtime.layers.Reshape": "Reshape",
     "engine.runtime.layers.Mean": "Mean",
+    "engine.runtime.layers.Transpose": "Transpose",
+    "engine.runtime.layers.Slice": "Slice",
+    "engine.runtime.layers.Scale": "Scale",
     "engine.runtime.layers.PositionalEmbedding": "PositionalEmbedding",
     "engine.runtime.layers.SelfAttention": "MultiheadAttention",
     "engine.interop.onnx_export.Add": "Add",
     "engine.interop.onnx_export.Mul": "Mul",
+    "engine.interop.onnx_export.MatMul": "MatMul",
     "engine.interop.onnx_export.Concat": "Concat",
     "engine.interop.onnx_export.Identity": "Identity",
 }
@@ -74,12 +79,16 @@ OP_TYPES = {
     "AveragePool": "AvgPool2d", "GlobalAveragePool": "AdaptiveAvgPool2d",
     "BatchNormalization": "BatchNorm", "LayerNormalization": "LayerNorm", "Add": "Add", "Mul": "Mul",
     "Concat": "Concat", "Flatten": "Flatten", "Reshape": "Reshape", "Identity": "Identity",
-    "Dropout": "Dropout", "ReduceMean": "Mean", "Gather": "Embedding",
+    "Dropout": "Dropout", "ReduceMean": "Mean", "Gather": "Embedding", "Transpose": "Transpose", "Slice": "Slice",
+    "Sub": "Scale", "Div": "Scale", "SimplifiedLayerNormalization": "RMSNorm", "RMSNormalization": "RMSNorm",
 }
 
 # Parameters ONNX cannot state (dropout rates vanish in an inference graph, the
 # loss is not part of the model): taken from the diagram a Layerflow export embeds.
 HINT_PARAMS = {"p", "dropout", "loss", "momentum", "eps"}
+# Dimensions ONNX writes counted from 0 (Transpose perm, Slice axes): the diagram's
+# own form (dim -1) is taken when it names the same dimensions.
+DIM_PARAMS = ("dim", "dim0", "dim1")
 
 
 class _Unsupported(Exception):
@@ -284,6 +293,13 @@ class _Reader:
                 c = only_consumer(n.output[0])
                 if c is not None and c.op_type == "Add" and any(i in self.consts for i in c.input):
                     merge(u, unit_of(c))
+            elif n.op_type in ("Mul", "Div") and sum(i in self.consts for i in n.input) == 1:
+                c = only_consumer(n.output[0])  # x * a + b: one Scale
+                if c is not None and c.op_type in ("Add", "Sub") and any(i in self.consts for i in c.input):
+                    merge(u, unit_of(c))
+            elif n.op_type in ("Pow", "Mul") and (chain := self._rms_chain(n, only_consumer)):
+                for c in chain:
+                    merge(u, unit_of(c))
             elif n.op_type == "Sigmoid":
                 c = only_consumer(n.output[0])
                 if c is not None and c.op_type == "Mul" and n.input[0] in c.input:
@@ -312,6 +328,35 @@ class _Reader:
                     merge(pu, unit_of(c))
                 pu.nodes.sort(key=lambda m: index[id(m)])
 
+    def _rms_chain(self, n, only_consumer) -> list:
+        """The ops after x^2 (Pow or x * x) of torch's RMSNorm decomposition:
+        ReduceMean, Add eps, Sqrt, Reciprocal then Mul by x (or Div of x), and a Mul
+        by the weight if there is one. [] when the pattern does not hold."""
+        x = n.input[0]
+        if n.op_type == "Pow":
+            e = self.consts.get(n.input[1])
+            if e is None or np.asarray(e).size != 1 or float(np.asarray(e).reshape(-1)[0]) != 2.0:
+                return []
+        elif n.input[1] != x:
+            return []
+        chain, cur = [], n
+        for want in (("ReduceMean",), ("Add",), ("Sqrt",), ("Reciprocal", "Div"), ("Mul",)):
+            c = only_consumer(cur.output[0])
+            if c is None or c.op_type not in want:
+                return []
+            chain.append(c)
+            cur = c
+            if c.op_type == "Div":
+                if c.input[0] != x:
+                    return []
+                break
+        if x not in cur.input:
+            return []
+        c = only_consumer(cur.output[0])
+        if c is not None and c.op_type == "Mul" and any(i in self.consts for i in c.input):
+            chain.append(c)
+        return chain
+
 
 # ----- extractors: unit -> (type, params, state) ---------------------------------
 def _t(a: np.ndarray) -> torch.Tensor:
@@ -330,8 +375,10 @@ def _linear(r: _Reader, u: _Unit):
         bias = r.const(g.input[2], "Gemm bias") if len(g.input) > 2 and g.input[2] else None
     else:
         m = u.find("MatMul")
+        if m is not None and m.input[1] not in r.consts and u.cls_type is None:
+            return _matmul(r, u)
         if m is None or m.input[1] not in r.consts:
-            raise _Unsupported("MatMul of two computed tensors (attention scores?) has no catalog layer")
+            raise _Unsupported("MatMul by a computed tensor inside a Linear")
         wt = r.consts[m.input[1]]
         if wt.ndim != 2:
             raise _Unsupported(f"MatMul by a constant of rank {wt.ndim} (a Linear needs rank 2)")
@@ -357,11 +404,20 @@ def _same(vals, what: str) -> int:
     return vals[0]
 
 
-def _pads(a: dict, nd: int) -> int:
+def _hw(vals, what: str) -> int | list[int]:
+    """One value per spatial dimension: an int when they agree, else [h, w] (2-D only)."""
+    vals = [int(v) for v in vals]
+    return vals if len(vals) == 2 and vals[0] != vals[1] else _same(vals, what)
+
+
+def _pads(a: dict, nd: int) -> int | list[int]:
     auto = a.get("auto_pad", "NOTSET")
     if auto not in ("NOTSET", "VALID"):
         raise _Unsupported(f"auto_pad={auto}")
-    return _same(a.get("pads", [0] * 2 * nd), "pads")
+    pads = [int(v) for v in a.get("pads", [0] * 2 * nd)]
+    if pads[:nd] != pads[nd:]:
+        raise _Unsupported(f"pads {pads} differ at the start and the end of a dimension (torch pads both sides alike)")
+    return _hw(pads[:nd], "pads")
 
 
 def _conv(r: _Reader, u: _Unit):
@@ -375,8 +431,8 @@ def _conv(r: _Reader, u: _Unit):
     a = _attrs(n)
     params = {
         "in_channels": int(w.shape[1] * a.get("group", 1)), "out_channels": int(w.shape[0]),
-        "kernel_size": _same(a.get("kernel_shape", w.shape[2:]), "kernel_shape"),
-        "stride": _same(a.get("strides", [1] * nd), "strides"), "padding": _pads(a, nd),
+        "kernel_size": _hw(a.get("kernel_shape", w.shape[2:]), "kernel_shape"),
+        "stride": _hw(a.get("strides", [1] * nd), "strides"), "padding": _pads(a, nd),
         "dilation": _same(a.get("dilations", [1] * nd), "dilations"), "groups": int(a.get("group", 1)),
         "bias": len(n.input) > 2 and bool(n.input[2]) and not _zeros(r, n.input[2]),
     }
@@ -416,8 +472,8 @@ def _pool(r: _Reader, u: _Unit):
     pad = _pads(a, 2)
     if n.op_type == "AveragePool" and pad and not a.get("count_include_pad", 0):
         raise _Unsupported("AveragePool with padding and count_include_pad=0 (torch counts the padding)")
-    k = _same(a["kernel_shape"], "kernel_shape")
-    s = _same(a.get("strides", [1, 1]), "strides")
+    k = _hw(a["kernel_shape"], "kernel_shape")
+    s = _hw(a.get("strides", [1, 1]), "strides")
     # stride None is the catalog's "same as the window", as in torch
     return ("MaxPool2d" if n.op_type == "MaxPool" else "AvgPool2d"), {"kernel_size": k, "stride": None if s == k else s, "padding": pad}, {}
 
@@ -574,11 +630,179 @@ def _identity(r: _Reader, u: _Unit):
 
 def _binary(kind: str):
     def ext(r: _Reader, u: _Unit):
-        if len(u.inputs) != 2:
-            consts = [i for n in u.nodes for i in n.input if i in r.consts]
-            raise _Unsupported(f"{kind} with a constant operand ({', '.join(consts[:2])}): the catalog's {kind} joins two layers' outputs")
-        return kind, {}, {}
+        n = u.find(kind)
+        if len(u.nodes) == 1 and all(r.is_data(i) for i in n.input):
+            u.inputs = list(n.input)  # port order, with repeats (x * x)
+            return kind, {}, {}
+        if u.cls_type is None:
+            return _scale(r, u)  # by a constant
+        raise _Unsupported(f"{kind} with a constant operand under a module that joins two layers' outputs")
     return ext
+
+
+def _f32(v) -> float:
+    """A float32 constant as the shortest decimal that reads back the same (0.1, not 0.10000000149)."""
+    return float(str(np.float32(v)))
+
+
+def _per_sample(c: np.ndarray, rank: int | None) -> np.ndarray:
+    """A constant operand without the batch dimension (it must not vary along it)."""
+    c = np.asarray(c, dtype=np.float32)
+    if c.size == 1:
+        return c.reshape(())
+    if rank and c.ndim >= rank:
+        if c.ndim > rank or c.shape[0] != 1:
+            raise _Unsupported(f"a constant of shape {list(c.shape)} for a rank-{rank} input: it varies along the "
+                               "batch or adds dimensions")
+        c = c.reshape(c.shape[1:])
+    return c
+
+
+def _scale(r: _Reader, u: _Unit):
+    """Mul/Div/Add/Sub by constants on one computed input (a Scale module's Mul and
+    Add, or a lone `x * 0.125`) as one map x * scale + shift."""
+    if len(u.inputs) != 1:
+        raise _Unsupported(f"{'/'.join(dict.fromkeys(u.ops))} of two computed tensors has no catalog layer "
+                           "(Add, Mul and MatMul join two layers' outputs)")
+    cur = u.inputs[0]
+    rank = len(r.shape(cur) or []) or None
+    scale, shift = np.ones((), np.float32), np.zeros((), np.float32)
+    for n in u.nodes:
+        if not any(r.is_data(o) for o in n.output):
+            continue
+        others = [i for i in n.input if i != cur]
+        if n.op_type not in ("Mul", "Div", "Add", "Sub") or cur not in n.input or len(others) != 1:
+            raise _Unsupported(f"{n.op_type} where a product or sum with a constant was expected")
+        c = _per_sample(r.const(others[0], f"the {n.op_type} operand"), rank)
+        left = n.input[0] == cur
+        if n.op_type == "Mul":
+            scale, shift = scale * c, shift * c
+        elif n.op_type == "Div" and left:
+            scale, shift = scale / c, shift / c
+        elif n.op_type == "Add":
+            shift = shift + c
+        elif n.op_type == "Sub":
+            scale, shift = (scale, shift - c) if left else (-scale, c - shift)
+        else:
+            raise _Unsupported("a constant divided by a computed tensor")
+        cur = n.output[0]
+    if scale.size == 1 and shift.size == 1:
+        return "Scale", {"scale": _f32(scale), "shift": _f32(shift), "shape": []}, {}
+    shape = np.broadcast_shapes(scale.shape, shift.shape)
+    scale, shift = np.broadcast_to(scale, shape), np.broadcast_to(shift, shape)
+
+    def uniform(a: np.ndarray, default: float) -> float:
+        return _f32(a.flat[0]) if np.all(a == a.flat[0]) else default
+
+    return ("Scale", {"scale": uniform(scale, 1.0), "shift": uniform(shift, 0.0), "shape": [int(d) for d in shape]},
+            {"scale": _t(scale), "shift": _t(shift)})
+
+
+def _matmul(r: _Reader, u: _Unit):
+    m = u.find("MatMul")
+    if m is None:
+        raise _Unsupported("no MatMul under a MatMul module")
+    if not all(r.is_data(i) for i in m.input):
+        raise _Unsupported("MatMul of a constant by a computed tensor (only x @ W, a Linear, takes a constant)")
+    a, b = r.shape(m.input[0]), r.shape(m.input[1])
+    if a is not None and b is not None and (len(a) != len(b) or len(a) < 3):
+        raise _Unsupported(f"MatMul of shapes {a} and {b}: the catalog's MatMul multiplies two inputs of the same "
+                           "rank, batch first, with a matrix per sample")
+    u.inputs = list(m.input)  # port order, with repeats (x @ x)
+    return "MatMul", {}, {}
+
+
+def _transpose(r: _Reader, u: _Unit):
+    n = u.find("Transpose")
+    rank = len(r.shape(n.input[0]) or [])
+    perm = [int(p) for p in _attrs(n).get("perm", [])] or list(range(rank))[::-1]
+    moved = [i for i, p in enumerate(perm) if p != i]
+    if len(moved) != 2 or moved[0] == 0:
+        raise _Unsupported(f"Transpose with perm {perm}: the catalog's Transpose swaps two dimensions after the batch")
+    return "Transpose", {"dim0": moved[0], "dim1": moved[1]}, {}
+
+
+_END = 2**31 - 1  # ends at or past this mean "to the end" (torch writes 2**63 - 1)
+
+
+def _cuts(r: _Reader, u: _Unit) -> list[tuple[int, int, int | None, int]]:
+    """(axis, start, end, step) of each Slice in the unit that keeps less than everything."""
+    out = []
+    for n in u.nodes:
+        if n.op_type != "Slice":
+            continue
+        if len(n.input) >= 3:
+            starts, ends = ([int(v) for v in np.asarray(r.const(n.input[i], f"Slice {w}")).reshape(-1)]
+                            for i, w in ((1, "starts"), (2, "ends")))
+            opt = [[int(v) for v in np.asarray(r.const(n.input[i], f"Slice {w}")).reshape(-1)]
+                   if len(n.input) > i and n.input[i] else None for i, w in ((3, "axes"), (4, "steps"))]
+            axes, steps = opt[0] or list(range(len(starts))), opt[1] or [1] * len(starts)
+        else:  # opset < 10: attributes
+            a = _attrs(n)
+            starts, ends = list(a["starts"]), list(a["ends"])
+            axes, steps = list(a.get("axes", range(len(starts)))), [1] * len(starts)
+        shape = r.shape(n.input[0]) or []
+        for ax, st, en, sp in zip(axes, starts, ends, steps):
+            ax = ax % len(shape) if shape else ax
+            size = shape[ax] if 0 <= ax < len(shape) else None
+            end = None if en >= _END else en
+            whole_start = st == 0 or (size is not None and st <= -size)
+            whole_end = end is None or (size is not None and end >= size)
+            if not (sp == 1 and whole_start and whole_end):
+                out.append((ax, st, end, sp))
+    return out
+
+
+def _slice(r: _Reader, u: _Unit):
+    cuts = _cuts(r, u)
+    if not cuts:
+        return ("Slice", {"dim": 1, "start": 0, "end": None, "step": 1}, {}) if u.cls_type else ("Identity", {}, {})
+    if len(cuts) > 1:
+        raise _Unsupported(f"Slice along {len(cuts)} dimensions (the catalog's Slice cuts one: chain several)")
+    ax, st, en, sp = cuts[0]
+    if ax == 0:
+        raise _Unsupported("Slice of the batch dimension")
+    if sp < 1:
+        raise _Unsupported(f"Slice with step {sp} (the catalog's Slice steps forward)")
+    return "Slice", {"dim": ax, "start": st, "end": en, "step": sp}, {}
+
+
+def _rms(r: _Reader, u: _Unit):
+    """RMSNorm: one SimplifiedLayerNormalization / RMSNormalization op, or torch's
+    decomposition x * 1/sqrt(mean(x^2) + eps) [* weight]."""
+    x = u.inputs[0] if u.inputs else None
+    rank = len(r.shape(x) or []) if x else 0
+    n = u.find("SimplifiedLayerNormalization", "RMSNormalization")
+    if n is not None:
+        a = _attrs(n)
+        axis = a.get("axis", -1)
+        if axis != -1 and not (rank and axis == rank - 1):
+            raise _Unsupported(f"{n.op_type} over axis {axis} (RMSNorm normalizes the last dimension)")
+        scale = r.const(n.input[1], f"{n.op_type} scale")
+        if scale.ndim != 1:
+            raise _Unsupported(f"{n.op_type} with a scale of shape {list(scale.shape)}")
+        return "RMSNorm", {"normalized_shape": int(scale.shape[0]), "eps": _round(a.get("epsilon", 1e-5)),
+                           "elementwise_affine": True}, {"weight": _t(scale)}
+    mean, add = u.find("ReduceMean"), u.find("Add")
+    if mean is None or add is None or u.find("Sqrt") is None:
+        raise _Unsupported("not the pattern x / sqrt(mean(x^2) + eps) of an RMSNorm")
+    axes, _ = _reduce_axes(r, mean)
+    if rank and sorted(ax % rank for ax in axes) != [rank - 1]:
+        raise _Unsupported(f"mean square over axes {axes} (RMSNorm normalizes the last dimension)")
+    eps = next((r.consts[i] for i in add.input if i in r.consts), None)
+    if eps is None:
+        raise _Unsupported("an RMSNorm whose eps is computed")
+    try:
+        state = _by_prefix(u, r, ["weight"])
+    except _Unsupported:  # an optimized export: the weight is the vector it multiplies by
+        ws = [r.consts[i] for m in u.nodes if m.op_type == "Mul" for i in m.input
+              if i in r.consts and np.asarray(r.consts[i]).ndim >= 1 and np.asarray(r.consts[i]).size > 1]
+        state = {"weight": _t(np.asarray(ws[-1]).reshape(-1))} if ws else {}
+    size = int(state["weight"].shape[0]) if state else (r.shape(x) or [None])[-1]
+    if size is None:
+        raise _Unsupported("an RMSNorm whose size the file does not state")
+    return "RMSNorm", {"normalized_shape": int(size), "eps": _round(float(np.asarray(eps).reshape(-1)[0])),
+                       "elementwise_affine": bool(state)}, state
 
 
 def _concat(r: _Reader, u: _Unit):
@@ -698,7 +922,8 @@ EXTRACTORS = {
     "Tanh": _plain("Tanh"), "Sigmoid": _sigmoid, "GELU": _gelu, "Softmax": _softmax, "Flatten": _flatten,
     "Reshape": _reshape, "Mean": _mean, "Embedding": _embedding, "Add": _binary("Add"), "Mul": _binary("Mul"),
     "Concat": _concat, "MultiheadAttention": _attention, "TransformerEncoderLayer": _encoder,
-    "PositionalEmbedding": _posemb,
+    "PositionalEmbedding": _posemb, "RMSNorm": _rms, "Transpose": _transpose, "Slice": _slice, "Scale": _scale,
+    "MatMul": _matmul,
 }
 
 
@@ -713,6 +938,8 @@ def _op_type(u: _Unit) -> str | None:
     main = data[0]
     if main.op_type == "Div" and "Erf" in u.ops:
         return "GELU"
+    if main.op_type in ("Pow", "Mul") and "ReduceMean" in u.ops and "Sqrt" in u.ops:
+        return "RMSNorm"
     return OP_TYPES.get(main.op_type) if main.domain in ("", "ai.onnx") else None
 
 
@@ -802,7 +1029,7 @@ def import_onnx(path: str | Path, name: str | None = None) -> Imported:
                     continue
                 unknown[n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"] += 1
             continue
-        if kind == "Identity" and u.cls_type is None and u.find("Identity") is not None and _alias_ok(u):
+        if _is_alias(r, u, kind):
             value_node[u.output] = ("alias", u.inputs[0])  # type: ignore[assignment]
             continue
         try:
@@ -862,6 +1089,18 @@ def import_onnx(path: str | Path, name: str | None = None) -> Imported:
     return imported
 
 
+def _is_alias(r: _Reader, u: _Unit, kind: str) -> bool:
+    """Plumbing that is no layer: torch's Identity for clone(), a Slice that keeps everything."""
+    if u.cls_type is not None or len(u.inputs) != 1:
+        return False
+    if kind == "Identity":
+        return u.find("Identity") is not None and _alias_ok(u)
+    try:
+        return kind == "Slice" and not _cuts(r, u)
+    except _Unsupported:
+        return False
+
+
 def _alias_ok(u: _Unit) -> bool:
     """torch.onnx writes clone()/contiguous() as Identity: plumbing, not a layer. An
     Identity in a file without torch's metadata was put there on purpose: keep it."""
@@ -903,11 +1142,32 @@ def _apply_hints(graph: Graph, hints: dict | None) -> None:
             all_placed = False
             continue
         for k, v in (h.get("params") or {}).items():
-            if k in HINT_PARAMS:
+            # a Scale with a shape holds its values in the weights: scale/shift are only its initial fill
+            if k in HINT_PARAMS or (k in ("scale", "shift") and node.params.get("shape")):
                 node.params[k] = v
+    _dim_hints(graph, hints)
     if all_placed:
         for nid in graph.nodes:
             pos = hints[nid].get("pos") or (0, 0)
             graph.move(nid, (float(pos[0]), float(pos[1])))
     else:
         layered_layout(graph)
+
+
+def _dim_hints(graph: Graph, hints: dict | None) -> None:
+    if not hints:
+        return
+    from engine.compile import compile_graph
+
+    result = compile_graph(graph)
+    for nid, node in graph.nodes.items():
+        h, info = hints.get(nid) or {}, result.nodes.get(nid)
+        if h.get("type") != node.type or info is None or not info.inputs:
+            continue
+        rank = len(info.inputs[0].shape) + 1
+        keys = [k for k in DIM_PARAMS if isinstance(node.params.get(k), int)]
+        want = [(h.get("params") or {}).get(k) for k in keys]
+        # as a set: Transpose(-1, -2) swaps what Transpose(2, 3) does
+        if keys and all(isinstance(v, int) for v in want) and \
+                sorted(v % rank for v in want) == sorted(node.params[k] % rank for k in keys):
+            node.params.update(zip(keys, want))

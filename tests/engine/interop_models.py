@@ -1,5 +1,7 @@
 """Models the interop tests share: an MLP, a CNN with batch norm, a ResNet-style
-network with skip connections and a small transformer encoder, as diagrams."""
+network with skip connections, a small transformer encoder, attention written out
+of parts (RMSNorm, Transpose, MatMul, Scale, Slice) and a CNN with non-square
+kernels, as diagrams."""
 from __future__ import annotations
 
 import torch
@@ -87,7 +89,47 @@ def transformer() -> Graph:
     return b.g
 
 
-MODELS = {"mlp": mlp, "cnn_bn": cnn_bn, "resnet": resnet, "transformer": transformer}
+def attention_parts() -> Graph:
+    """Single-head attention from catalog parts: softmax(q k^T / 4) v, then slices and constants."""
+    b = Builder()
+    x = b.add("Input", {"shape": [10], "dtype": "int64"}, id="tokens")
+    h = b.add("Embedding", {"num_embeddings": 32, "embedding_dim": 16}, x, id="embed")
+    h = b.add("RMSNorm", {}, h, id="rms")
+    q = b.add("Linear", {"out_features": 16, "bias": False}, h, id="q")
+    k = b.add("Linear", {"out_features": 16, "bias": False}, h, id="k")
+    v = b.add("Linear", {"out_features": 16}, h, id="v")
+    kt = b.add("Transpose", {"dim0": 1, "dim1": 2}, k, id="kt")
+    s = b.add("MatMul", {}, q, kt, id="scores", ports=["a", "b"])
+    s = b.add("Scale", {"scale": 0.25}, s, id="scaled")
+    a = b.add("Softmax", {"dim": -1}, s, id="attn")
+    h = b.add("MatMul", {}, a, v, id="mix", ports=["a", "b"])
+    h = b.add("Slice", {"dim": 1, "start": 2, "end": 8, "step": 2}, h, id="every2")
+    h = b.add("Slice", {"dim": -1, "start": 4}, h, id="tail")
+    h = b.add("Scale", {"scale": 0.5, "shift": 0.1, "shape": [12]}, h, id="affine")
+    h = b.add("RMSNorm", {"eps": 1e-5, "elementwise_affine": False}, h, id="rms_plain")
+    h = b.add("Mean", {"dim": 1}, h, id="pool")
+    h = b.add("Linear", {"out_features": 4}, h, id="head")
+    b.add("Output", {"loss": "cross_entropy"}, h, id="out")
+    return b.g
+
+
+def cnn_rect() -> Graph:
+    """Non-square kernels, strides and padding in Conv2d and both poolings."""
+    b = Builder()
+    x = b.add("Input", {"shape": [3, 12, 10]}, id="image")
+    h = b.add("Conv2d", {"out_channels": 6, "kernel_size": [3, 5], "stride": [1, 2], "padding": [1, 2]}, x, id="conv")
+    h = b.add("Scale", {"shape": [6, 1, 1]}, h, id="per_channel")
+    h = b.add("MaxPool2d", {"kernel_size": [2, 1]}, h, id="maxpool")
+    h = b.add("AvgPool2d", {"kernel_size": [3, 1], "stride": 1, "padding": [1, 0]}, h, id="avgpool")
+    h = b.add("Transpose", {"dim0": -1, "dim1": -2}, h, id="swap_hw")
+    h = b.add("Flatten", {}, h, id="flat")
+    h = b.add("Linear", {"out_features": 3}, h, id="head")
+    b.add("Output", {"loss": "cross_entropy"}, h, id="out")
+    return b.g
+
+
+MODELS = {"mlp": mlp, "cnn_bn": cnn_bn, "resnet": resnet, "transformer": transformer,
+          "attention_parts": attention_parts, "cnn_rect": cnn_rect}
 
 
 def sample(graph: Graph, batch: int, seed: int = 0) -> torch.Tensor:
@@ -113,8 +155,10 @@ def project_with_weights(name: str, folder) -> Project:
             v.copy_(torch.randn(v.shape, generator=gen) * 0.3)
         elif k.endswith("running_var"):
             v.copy_(torch.rand(v.shape, generator=gen) + 0.5)
-        elif k.endswith("norm1.weight") or k.endswith("bn1.weight"):
+        elif k.endswith("norm1.weight") or k.endswith("bn1.weight") or k.startswith("rms."):
             v.copy_(torch.rand(v.shape, generator=gen) + 0.5)
+        elif k.endswith(".scale") or k.endswith(".shift"):  # Scale's constants, one per element
+            v.copy_(torch.randn(v.shape, generator=gen))
     torch.save(state, folder / f"{name}.weights.pt")
     project = Project(graph, name=name, training=Training(seed=3), weights=f"{name}.weights.pt",
                       path=folder / f"{name}.lflow")

@@ -78,7 +78,7 @@ def test_import_gives_the_same_function_names_and_parameter_count(exported, name
     np.testing.assert_allclose(forward(new, x), forward(gm, x), **TOL)
 
 
-@pytest.mark.parametrize("name", ["resnet", "transformer"])
+@pytest.mark.parametrize("name", ["resnet", "transformer", "attention_parts", "cnn_rect"])
 def test_export_import_export_round_trip(exported, name, tmp_path):
     project, gm, path = exported[name]
     first = import_onnx(path)
@@ -146,17 +146,19 @@ def test_unsupported_operators_are_listed_at_once_and_nothing_is_written(tmp_pat
     f = TensorProto.FLOAT
     w = helper.make_tensor("w", f, [4, 4], np.eye(4, dtype=np.float32).ravel().tolist())
     nodes = [
-        helper.make_node("Transpose", ["x"], ["t1"], perm=[0, 2, 1], name="t1"),
-        helper.make_node("Transpose", ["t1"], ["t2"], perm=[0, 2, 1], name="t2"),
-        helper.make_node("Cos", ["t2"], ["c"], name="cos"),
-        helper.make_node("MatMul", ["c", "w"], ["y"], name="mm"),
+        helper.make_node("Cos", ["x"], ["c1"], name="cos1"),
+        helper.make_node("Cos", ["c1"], ["c2"], name="cos2"),
+        helper.make_node("Sin", ["c2"], ["s"], name="sin"),
+        helper.make_node("Transpose", ["s"], ["t"], perm=[1, 0, 2], name="batch_swap"),
+        helper.make_node("MatMul", ["t", "w"], ["y"], name="mm"),
     ]
     model = _model(nodes, [helper.make_tensor_value_info("x", f, ["N", 3, 4])],
-                   [helper.make_tensor_value_info("y", f, ["N", 3, 4])], [w])
+                   [helper.make_tensor_value_info("y", f, [3, "N", 4])], [w])
     onnx.save(model, str(tmp_path / "bad.onnx"))
     with pytest.raises(InteropError) as e:
         import_onnx(tmp_path / "bad.onnx")
-    assert "Transpose x2" in str(e.value) and "Cos x1" in str(e.value)
+    assert "Cos x2" in str(e.value) and "Sin x1" in str(e.value)
+    assert "'batch_swap' (Transpose): Transpose with perm [1, 0, 2]" in str(e.value)
 
     from app.cli import main
 
@@ -347,3 +349,145 @@ def test_a_file_that_is_not_onnx_gets_a_clear_error(tmp_path, content):
         import_onnx(tmp_path / "x.onnx")
     with pytest.raises(InteropError, match="no such file"):
         import_onnx(tmp_path / "missing.onnx")
+
+
+def test_new_operators_import_from_a_plain_onnx_graph(tmp_path):
+    """No torch metadata: Transpose (one swap), Slice with constant starts/ends/axes/steps
+    (and the whole-range Slice torch writes for the batch, which is no layer), MatMul of
+    two computed tensors, Mul/Add/Sub/Div by scalars and broadcast constants, RMSNorm as
+    SimplifiedLayerNormalization, Conv and pools with non-square kernels."""
+    rng = np.random.default_rng(1)
+    f = TensorProto.FLOAT
+    inits = []
+
+    def const(name, a, dtype=np.float32):
+        inits.append(onnx.numpy_helper.from_array(np.asarray(a, dtype=dtype), name))
+        return name
+
+    N = helper.make_node
+    big = 2**63 - 1
+    nodes = [
+        N("Conv", ["x", const("cw", rng.normal(size=(4, 2, 3, 5)) * 0.3), const("cb", rng.normal(size=4))], ["c"],
+          kernel_shape=[3, 5], pads=[1, 2, 1, 2], strides=[1, 2], name="conv"),
+        N("MaxPool", ["c"], ["mp"], kernel_shape=[2, 1], strides=[2, 1], name="maxpool"),
+        N("AveragePool", ["mp"], ["ap"], kernel_shape=[1, 3], strides=[1, 1], pads=[0, 1, 0, 1],
+          count_include_pad=1, name="avgpool"),
+        N("Mul", ["ap", const("per_channel", rng.normal(size=(1, 4, 1, 1)))], ["pc"], name="per_channel_mul"),
+        N("Reshape", ["pc", const("shape", [0, 4, 16], np.int64)], ["seq"], name="reshape"),   # (N, 4, 16)
+        N("Transpose", ["seq"], ["tok"], perm=[0, 2, 1], name="transpose"),                     # (N, 16, 4)
+        N("Slice", ["tok", const("zero", [0], np.int64), const("big", [big], np.int64), const("ax0", [0], np.int64)],
+          ["whole"], name="batch_slice"),
+        N("Slice", ["whole", const("s1", [1], np.int64), const("e1", [-1], np.int64), const("ax1", [1], np.int64),
+                    const("st1", [2], np.int64)], ["odd"], name="odd_rows"),                   # (N, 7, 4)
+        N("SimplifiedLayerNormalization", ["odd", const("rw", rng.random(4) + 0.5)], ["rms"], axis=-1,
+          epsilon=1e-5, name="rmsnorm"),
+        N("Transpose", ["rms"], ["rmsT"], perm=[0, 2, 1], name="transpose2"),                   # (N, 4, 7)
+        N("MatMul", ["rms", "rmsT"], ["gram"], name="gram"),                                   # (N, 7, 7)
+        N("Div", ["gram", const("two", 2.0)], ["half"], name="halve"),
+        N("Sub", ["half", const("one", [1.0])], ["shifted"], name="minus_one"),
+        N("Mul", [const("decay", rng.random(7)), "shifted"], ["decayed"], name="decay"),
+        N("Add", ["decayed", const("bias", rng.normal(size=(7, 1)))], ["y"], name="bias"),
+    ]
+    graph = helper.make_graph(nodes, "plain", [helper.make_tensor_value_info("x", f, ["N", 2, 8, 8])],
+                              [helper.make_tensor_value_info("y", f, ["N", 7, 7])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    onnx.save(model, str(tmp_path / "new_ops.onnx"))
+    imp = import_onnx(tmp_path / "new_ops.onnx")
+    nodes_ = imp.project.graph.nodes
+    assert [n.type for n in nodes_.values()] == [
+        "Input", "Conv2d", "MaxPool2d", "AvgPool2d", "Scale", "Reshape", "Transpose", "Slice", "RMSNorm",
+        "Transpose", "MatMul", "Scale", "Scale", "Output"]  # x / 2 - 1 and a * x + b: one Scale each
+    assert {k: nodes_["conv"].params[k] for k in ("kernel_size", "stride", "padding")} == \
+        {"kernel_size": [3, 5], "stride": [1, 2], "padding": [1, 2]}
+    assert nodes_["maxpool"].params["kernel_size"] == [2, 1] and nodes_["avgpool"].params["padding"] == [0, 1]
+    assert nodes_["odd_rows"].params == {"dim": 1, "start": 1, "end": -1, "step": 2}
+    assert nodes_["transpose"].params == {"dim0": 1, "dim1": 2}
+    assert nodes_["halve"].params == {"scale": 0.5, "shift": -1.0, "shape": []}
+    assert nodes_["decay"].params["shape"] == [7, 7]  # (7,) times, then (7, 1) added
+    assert nodes_["rmsnorm"].params == {"normalized_shape": 4, "eps": 1e-5, "elementwise_affine": True}
+    result = compile_graph(imp.project.graph)
+    assert result.total_params == 4 * 2 * 3 * 5 + 4 + 4  # conv, RMSNorm; constants are buffers
+    x = rng.normal(size=(3, 2, 8, 8)).astype(np.float32)
+    gm = result.build()
+    gm.load_state_dict(imp.state)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(forward(gm.eval(), torch.from_numpy(x)), want, **TOL)
+
+
+def test_torch_export_without_metadata_reads_rmsnorm_attention_parts(tmp_path):
+    """nn.RMSNorm as torch.onnx decomposes it (Pow, ReduceMean, Add eps, Sqrt,
+    Reciprocal, Mul, Mul weight), q @ k^T * scale, slicing and x * a + b, from an
+    optimized export whose module scopes were stripped; and a RMSNormalization
+    op (opset 23)."""
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.RMSNorm(8, eps=1e-6)
+            self.q = nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = self.norm(x)
+            s = (self.q(h) @ h.transpose(1, 2)) * 0.125
+            return s[:, 1:5].softmax(-1) * 3.0 + 0.5
+
+    torch.manual_seed(0)
+    m = Net().eval()
+    m.norm.weight.data.uniform_(0.5, 1.5)
+    x = torch.randn(2, 6, 8)
+    prog = torch.onnx.export(m, (x,), dynamo=True, opset_version=20,
+                             dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+    model = prog.model_proto
+    for n in model.graph.node:
+        del n.metadata_props[:]
+    onnx.save(model, str(tmp_path / "parts.onnx"))
+    imp = import_onnx(tmp_path / "parts.onnx")
+    assert [n.type for n in imp.project.graph.nodes.values()] == \
+        ["Input", "RMSNorm", "Linear", "Transpose", "MatMul", "Scale", "Slice", "Softmax", "Scale", "Output"]
+    rms = next(n for n in imp.project.graph.nodes.values() if n.type == "RMSNorm")
+    assert rms.params == {"normalized_shape": 8, "eps": 1e-6, "elementwise_affine": True}
+    assert [n.params for n in imp.project.graph.nodes.values() if n.type == "Scale"] == \
+        [{"scale": 0.125, "shift": 0.0, "shape": []}, {"scale": 3.0, "shift": 0.5, "shape": []}]
+    gm = compile_graph(imp.project.graph).build()
+    gm.load_state_dict(imp.state)
+    torch.testing.assert_close(gm.eval()(x), m(x), **TOL)
+
+    f = TensorProto.FLOAT
+    w = onnx.numpy_helper.from_array(np.linspace(0.5, 1.5, 8).astype(np.float32), "w")
+    node = helper.make_node("RMSNormalization", ["x", "w"], ["y"], axis=-1, epsilon=1e-4)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", f, ["N", 6, 8])],
+                          [helper.make_tensor_value_info("y", f, ["N", 6, 8])], [w])
+    m23 = helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)])
+    onnx.checker.check_model(m23)
+    onnx.save(m23, str(tmp_path / "rms23.onnx"))
+    imp = import_onnx(tmp_path / "rms23.onnx")
+    gm = compile_graph(imp.project.graph).build()
+    gm.load_state_dict(imp.state)
+    want = ort.InferenceSession(m23.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
+    np.testing.assert_allclose(forward(gm.eval(), x), want, **TOL)
+
+
+def test_refusals_of_the_new_operators_name_the_cause(tmp_path):
+    f = TensorProto.FLOAT
+    N = helper.make_node
+    i64 = lambda name, v: onnx.numpy_helper.from_array(np.asarray(v, dtype=np.int64), name)  # noqa: E731
+    nodes = [
+        N("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1], name="rotate"),
+        N("Slice", ["t", "s", "e", "a"], ["sl"], name="two_axes"),
+        N("Div", ["c", "sl"], ["d"], name="reciprocal"),
+        N("Conv", ["d", "w"], ["y"], pads=[0, 0, 1, 1], name="lopsided"),
+    ]
+    inits = [i64("s", [0, 1]), i64("e", [2, 3]), i64("a", [1, 2]),
+             onnx.numpy_helper.from_array(np.ones((), np.float32), "c"),
+             onnx.numpy_helper.from_array(np.ones((2, 2, 2, 2), np.float32), "w")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", f, ["N", 2, 4, 4])],
+                   [helper.make_tensor_value_info("y", f, ["N", 2, None, None])], inits)
+    onnx.save(model, str(tmp_path / "bad.onnx"))
+    with pytest.raises(InteropError) as e:
+        import_onnx(tmp_path / "bad.onnx")
+    text = str(e.value)
+    assert "perm [0, 2, 3, 1]: the catalog's Transpose swaps two dimensions" in text
+    assert "Slice along 2 dimensions" in text
+    assert "a constant divided by a computed tensor" in text
+    assert "pads [0, 0, 1, 1] differ at the start and the end" in text
