@@ -4,7 +4,8 @@ torch.fx.symbolic_trace records the module's forward as a graph of calls. torch.
 layers stay whole (fx treats them as leaves, and so do Layerflow's own layers), and
 each becomes one catalog node named after its attribute path (`layer1.conv` ->
 `layer1_conv`) carrying a copy of its weights. Functions between layers (x + y,
-torch.cat, F.relu, x.view(B, -1)) map to Add, Concat, ReLU, Reshape, and so on.
+torch.cat, F.relu, x.view(B, -1), q @ k.transpose(1, 2), x[:, 2:], x * 0.5) map to
+Add, Concat, ReLU, Reshape, MatMul, Transpose, Slice, Scale, and so on.
 Shapes come from running the traced module once on a small batch (ShapeProp), so
 `view`/`reshape` targets are read from the real result, and calls that only compute
 sizes (`x.size(0)`) are left out. Every call the catalog cannot express is listed
@@ -41,6 +42,12 @@ def _one(v, what: str) -> int:
     return int(vals[0])
 
 
+def _hw(v, what: str) -> int | list[int]:
+    """A 2-D size: an int when height and width agree, else [h, w]."""
+    vals = [int(x) for x in v] if isinstance(v, (tuple, list)) else [int(v)]
+    return vals if len(vals) == 2 and vals[0] != vals[1] else _one(vals, what)
+
+
 def _conv(m: nn.Module) -> tuple[str, dict]:
     if m.padding_mode != "zeros":
         raise _Unsupported(f"padding_mode='{m.padding_mode}' (the catalog pads with zeros)")
@@ -49,10 +56,10 @@ def _conv(m: nn.Module) -> tuple[str, dict]:
             raise _Unsupported(f"padding='{m.padding}'")
         pad = 0
     else:
-        pad = _one(m.padding, "padding")
+        pad = _hw(m.padding, "padding")
     nd = 1 if isinstance(m, nn.Conv1d) else 2
     return f"Conv{nd}d", {"in_channels": m.in_channels, "out_channels": m.out_channels,
-                          "kernel_size": _one(m.kernel_size, "kernel_size"), "stride": _one(m.stride, "stride"),
+                          "kernel_size": _hw(m.kernel_size, "kernel_size"), "stride": _hw(m.stride, "stride"),
                           "padding": pad, "dilation": _one(m.dilation, "dilation"), "groups": m.groups,
                           "bias": m.bias is not None}
 
@@ -69,9 +76,9 @@ def _pool(m: nn.Module) -> tuple[str, dict]:
             raise _Unsupported("AvgPool2d with count_include_pad=False or divisor_override")
         kind = "AvgPool2d"
     stride = m.stride if m.stride is not None else m.kernel_size
-    k, st = _one(m.kernel_size, "kernel_size"), _one(stride, "stride")
+    k, st = _hw(m.kernel_size, "kernel_size"), _hw(stride, "stride")
     return kind, {"kernel_size": k, "stride": None if st == k else st,
-                  "padding": _one(m.padding, "padding")}
+                  "padding": _hw(m.padding, "padding")}
 
 
 def _bn(m: nn.Module) -> tuple[str, dict]:
@@ -86,6 +93,13 @@ def _ln(m: nn.LayerNorm) -> tuple[str, dict]:
     if m.elementwise_affine and getattr(m, "bias", True) is None:
         raise _Unsupported("LayerNorm(bias=False)")
     return "LayerNorm", {"normalized_shape": m.normalized_shape[0], "eps": m.eps, "elementwise_affine": m.elementwise_affine}
+
+
+def _rms(m: nn.RMSNorm) -> tuple[str, dict]:
+    if len(m.normalized_shape) != 1:
+        raise _Unsupported(f"normalized_shape {tuple(m.normalized_shape)} (the catalog normalizes the last dimension)")
+    eps = m.eps if m.eps is not None else torch.finfo(torch.float32).eps  # torch's default for float32
+    return "RMSNorm", {"normalized_shape": m.normalized_shape[0], "eps": eps, "elementwise_affine": m.elementwise_affine}
 
 
 def _encoder(m: nn.TransformerEncoderLayer) -> tuple[str, dict]:
@@ -119,7 +133,7 @@ MODULES = {
     nn.Linear: lambda m: ("Linear", {"in_features": m.in_features, "out_features": m.out_features, "bias": m.bias is not None}),
     nn.Conv1d: _conv, nn.Conv2d: _conv, nn.MaxPool2d: _pool, nn.AvgPool2d: _pool,
     nn.AdaptiveAvgPool2d: lambda m: ("AdaptiveAvgPool2d", {"output_size": _one(m.output_size, "output_size")}),
-    nn.BatchNorm1d: _bn, nn.BatchNorm2d: _bn, nn.LayerNorm: _ln,
+    nn.BatchNorm1d: _bn, nn.BatchNorm2d: _bn, nn.LayerNorm: _ln, nn.RMSNorm: _rms,
     nn.Dropout: lambda m: ("Dropout", {"p": m.p}),
     nn.ReLU: lambda m: ("ReLU", {}), nn.SiLU: lambda m: ("SiLU", {}), nn.Tanh: lambda m: ("Tanh", {}),
     nn.Sigmoid: lambda m: ("Sigmoid", {}), nn.GELU: lambda m: ("GELU", {"approximate": m.approximate}),
@@ -132,10 +146,19 @@ MODULES = {
     rl.PositionalEmbedding: lambda m: ("PositionalEmbedding", {"max_len": m.weight.shape[0], "dim": m.weight.shape[1]}),
     rl.Reshape: lambda m: ("Reshape", {"shape": list(m.shape)}),
     rl.Mean: lambda m: ("Mean", {"dim": m.dim, "keepdim": m.keepdim}),
+    rl.Transpose: lambda m: ("Transpose", {"dim0": m.dim0, "dim1": m.dim1}),
+    rl.Slice: lambda m: ("Slice", {"dim": m.dim, "start": m.start, "end": m.end, "step": m.step}),
+    rl.Scale: lambda m: ("Scale", {"scale": m.scale, "shift": m.shift, "shape": []} if isinstance(m.scale, float)
+                         else {"shape": list(m.scale.shape)}),  # the constants travel as its buffers
 }
 
 _ADD = {operator.add, operator.iadd, torch.add, "add", "add_"}
 _MUL = {operator.mul, operator.imul, torch.mul, "mul", "mul_"}
+_SCALE = {operator.add: "add", operator.iadd: "add", torch.add: "add", "add": "add", "add_": "add",
+          operator.sub: "sub", operator.isub: "sub", torch.sub: "sub", "sub": "sub",
+          operator.mul: "mul", operator.imul: "mul", torch.mul: "mul", "mul": "mul", "mul_": "mul",
+          operator.truediv: "div", operator.itruediv: "div", torch.div: "div", "div": "div"}
+_MATMUL = {operator.matmul, torch.matmul, torch.bmm, "matmul", "bmm"}
 _ACT = {F.relu: "ReLU", torch.relu: "ReLU", "relu": "ReLU", torch.sigmoid: "Sigmoid", "sigmoid": "Sigmoid",
         torch.tanh: "Tanh", "tanh": "Tanh", F.silu: "SiLU", F.tanh: "Tanh", F.sigmoid: "Sigmoid"}
 _ALIAS = {"contiguous", "clone", "detach"}
@@ -188,6 +211,22 @@ def _function(node: fx.Node) -> tuple[str, dict, list]:
     """(catalog type, params, data inputs) of a call_function / call_method node."""
     t = node.target
     tensors = [a for a in node.args if _is_tensor(a)]
+    if t in _SCALE and len(tensors) == 1 and len(node.args) == 2 and not node.kwargs and \
+            any(isinstance(a, (int, float)) and not isinstance(a, bool) for a in node.args):
+        return (*_scale(_SCALE[t], node.args), tensors)
+    shapes = [tuple(a.meta["tensor_meta"].shape) for a in tensors]
+    if t in _MATMUL:
+        if len(shapes) != 2 or len(shapes[0]) != len(shapes[1]) or len(shapes[0]) < 3:
+            raise _Unsupported(f"matmul of shapes {' and '.join(map(str, shapes))} (MatMul multiplies two inputs "
+                               "of the same rank, batch first, with a matrix per sample)")
+        return "MatMul", {}, tensors
+    if t in ("transpose", torch.transpose):
+        dims = {"dim0": int(_arg(node, 1, "dim0")), "dim1": int(_arg(node, 2, "dim1"))}
+        if any(d % len(shapes[0]) == 0 for d in dims.values()):
+            raise _Unsupported(f"transpose({dims['dim0']}, {dims['dim1']}) moves the batch dimension")
+        return "Transpose", dims, tensors[:1]
+    if t is operator.getitem and tensors:
+        return (*_getitem(node.args[1]), tensors[:1])
     if t in _ADD or t in _MUL:
         kind = "Add" if t in _ADD else "Mul"
         if len(tensors) != 2 or node.kwargs.get("alpha", 1) != 1:
@@ -229,6 +268,36 @@ def _function(node: fx.Node) -> tuple[str, dict, list]:
         return "Dropout", {"p": float(_arg(node, 1, "p", 0.5))}, tensors[:1]
     name = t if isinstance(t, str) else getattr(t, "__name__", str(t))
     raise _Unsupported(f"call to {name} has no catalog layer")
+
+
+def _scale(op: str, args) -> tuple[str, dict]:
+    """x + c, c + x, x - c, c - x, x * c, c * x, x / c with a number c."""
+    left = isinstance(args[0], fx.Node)
+    c = float(args[1] if left else args[0])
+    if op == "add":
+        scale, shift = 1.0, c
+    elif op == "mul":
+        scale, shift = c, 0.0
+    elif op == "sub":
+        scale, shift = (1.0, -c) if left else (-1.0, c)
+    elif left and c:
+        scale, shift = 1.0 / c, 0.0
+    else:
+        raise _Unsupported("a number divided by a tensor" if not left else "division by zero")
+    return "Scale", {"scale": scale, "shift": shift, "shape": []}
+
+
+def _getitem(index) -> tuple[str, dict]:
+    """x[:, a:b:s] (one sliced dimension after the batch) -> Slice."""
+    index = index if isinstance(index, tuple) else (index,)
+    cuts = [(d, i) for d, i in enumerate(index) if i != slice(None)]
+    if not all(isinstance(i, slice) for i in index) or len(cuts) != 1 or cuts[0][0] == 0:
+        raise _Unsupported(f"indexing [{', '.join(map(str, index))}] (Slice keeps start:end:step of one dimension "
+                           "after the batch)")
+    d, sl = cuts[0]
+    if not all(v is None or isinstance(v, int) for v in (sl.start, sl.stop, sl.step)):
+        raise _Unsupported(f"a slice whose bounds are computed ({sl})")
+    return "Slice", {"dim": d, "start": sl.start or 0, "end": sl.stop, "step": sl.step or 1}
 
 
 def _sample(shape, dtype) -> torch.Tensor:

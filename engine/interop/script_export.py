@@ -37,7 +37,9 @@ from engine.runtime import train as rtrain
 
 # Layerflow's own layer classes, copied into the script when the diagram uses them.
 OWN_CLASSES = {"Reshape": rl.Reshape, "Mean": rl.Mean, "PositionalEmbedding": rl.PositionalEmbedding,
-               "MultiheadAttention": rl.SelfAttention}
+               "MultiheadAttention": rl.SelfAttention, "Transpose": rl.Transpose, "Slice": rl.Slice, "Scale": rl.Scale}
+# stateless layers written inline in forward (engine/runtime/layers.py FUNCTION_LAYERS)
+_INLINE = {"Add": "{} + {}", "Mul": "{} * {}", "MatMul": "{} @ {}"}
 _LOCAL_CLASH = {"self", "torch", "nn", "F", "np", "math"}
 _GENERATORS = {"synthetic_classification": edata._classification, "synthetic_regression": edata._regression,
                "synthetic_sequence": edata._sequence, "synthetic_images": edata._images}
@@ -49,16 +51,20 @@ def _ctor(ntype: str, p: dict) -> str:
     if ntype == "Linear":
         return f"nn.Linear({p['in_features']}, {p['out_features']}, bias={p['bias']})"
     if ntype in ("Conv1d", "Conv2d"):
-        return (f"nn.{ntype}({p['in_channels']}, {p['out_channels']}, {p['kernel_size']}, stride={p['stride']}, "
-                f"padding={p['padding']}, dilation={p['dilation']}, groups={p['groups']}, bias={p['bias']})")
+        return (f"nn.{ntype}({p['in_channels']}, {p['out_channels']}, {_hw(p['kernel_size'])}, "
+                f"stride={_hw(p['stride'])}, padding={_hw(p['padding'])}, dilation={p['dilation']}, "
+                f"groups={p['groups']}, bias={p['bias']})")
     if ntype in ("MaxPool2d", "AvgPool2d"):
-        return f"nn.{ntype}({p['kernel_size']}, stride={p['stride'] or p['kernel_size']}, padding={p['padding']})"
+        return (f"nn.{ntype}({_hw(p['kernel_size'])}, stride={_hw(p['stride'] or p['kernel_size'])}, "
+                f"padding={_hw(p['padding'])})")
     if ntype == "AdaptiveAvgPool2d":
         return f"nn.AdaptiveAvgPool2d({p['output_size']})"
     if ntype in ("BatchNorm1d", "BatchNorm2d"):
         return f"nn.{ntype}({p['num_features']}, eps={r(p['eps'])}, momentum={r(p['momentum'])})"
     if ntype == "LayerNorm":
         return f"nn.LayerNorm({p['normalized_shape']}, eps={r(p['eps'])}, elementwise_affine={p['elementwise_affine']})"
+    if ntype == "RMSNorm":
+        return f"nn.RMSNorm({p['normalized_shape']}, eps={r(p['eps'])}, elementwise_affine={p['elementwise_affine']})"
     if ntype == "Dropout":
         return f"nn.Dropout({r(p['p'])})"
     if ntype in ("ReLU", "SiLU", "Tanh", "Sigmoid", "Identity"):
@@ -84,9 +90,21 @@ def _ctor(ntype: str, p: dict) -> str:
                 f"norm_first={p['norm_first']})")
     if ntype == "Mean":
         return f"Mean({p['dim']}, {p['keepdim']})"
+    if ntype == "Transpose":
+        return f"Transpose({p['dim0']}, {p['dim1']})"
+    if ntype == "Slice":
+        return f"Slice({p['dim']}, {p['start']}, {p['end']}, {p['step']})"
+    if ntype == "Scale":
+        shape = f", {tuple(p['shape'])}" if p["shape"] else ""
+        return f"Scale({r(p['scale'])}, {r(p['shift'])}{shape})"
     if ntype == "Custom":
         return f"import_object({r(p['path'])})(**{r(p.get('kwargs') or {})})"
     raise InteropError(f"layer type '{ntype}' has no script form; this exporter needs an update")
+
+
+def _hw(v) -> str:
+    """A size that is one int or [h, w] as torch code: 3 or (3, 5)."""
+    return repr(tuple(v)) if isinstance(v, (list, tuple)) else repr(v)
 
 
 def _var(nid: str) -> str:
@@ -129,7 +147,7 @@ def _model_code(result) -> tuple[str, list[str]]:
     init, fwd = [], []
     for n in nodes:
         nid, t, p = n["id"], n["type"], n["params"]
-        if t in ("Input", "Output") or t in ("Add", "Mul", "Concat"):
+        if t in ("Input", "Output") or t in rl.FUNCTION_LAYERS:
             continue
         init.append(f"self.{nid} = {_ctor(t, p)}")
     inputs = spec["inputs"]
@@ -137,10 +155,8 @@ def _model_code(result) -> tuple[str, list[str]]:
         nid, t, p, args = n["id"], n["type"], n["params"], [_var(a) for a in n.get("args", [])]
         if t in ("Input", "Output"):
             continue
-        if t == "Add":
-            code = f"{_var(nid)} = {args[0]} + {args[1]}"
-        elif t == "Mul":
-            code = f"{_var(nid)} = {args[0]} * {args[1]}"
+        if t in _INLINE:
+            code = f"{_var(nid)} = {_INLINE[t].format(*args)}"
         elif t == "Concat":
             code = f"{_var(nid)} = torch.cat(({', '.join(args)},), dim={p['dim']})"
         else:

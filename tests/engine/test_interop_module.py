@@ -88,10 +88,50 @@ def test_resnet_module_with_weights(tmp_path):
         torch.testing.assert_close(gm.eval()(x), m(x), rtol=1e-5, atol=1e-5)
 
 
-def test_transformer_module_unsupported_slice_is_listed():
-    with pytest.raises(InteropError) as e:
-        from_module(TinyEncoder(), [[6]], ["int64"])
-    assert "getitem" in str(e.value)  # the [:, :16] slice has no catalog layer
+def test_transformer_module_with_a_slice_imports():
+    imp = from_module(TinyEncoder(), [[6]], ["int64"])  # the outputs are checked against the module's
+    node = next(n for n in imp.project.graph.nodes.values() if n.type == "Slice")
+    assert node.params == {"dim": 1, "start": 0, "end": 16, "step": 1}  # [:, :16]
+
+
+class Parts(nn.Module):
+    """Attention written with functions, non-square kernels, RMSNorm and constants."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, (3, 5), stride=(1, 2), padding=(1, 2))
+        self.pool = nn.MaxPool2d((2, 1))
+        self.norm = nn.RMSNorm(4)
+        self.q = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.pool(self.conv(x)).flatten(2).transpose(1, 2)  # (B, T, 4)
+        h = self.norm(h)
+        s = torch.matmul(self.q(h), h.transpose(-1, -2)) / 2.0
+        return (1.0 - s.softmax(-1) @ h)[:, 1::2] * 3
+
+
+def test_function_calls_map_to_matmul_transpose_slice_and_scale():
+    torch.manual_seed(0)
+    m = Parts().eval()
+    imp = from_module(m, [[2, 6, 8]])  # the outputs are checked against the module's
+    nodes = imp.project.graph.nodes.values()
+    assert [n.type for n in nodes if n.type not in ("Input", "Output")] == [
+        "Conv2d", "MaxPool2d", "Flatten", "Transpose", "RMSNorm", "Linear", "Transpose", "MatMul", "Scale",
+        "Softmax", "MatMul", "Scale", "Slice", "Scale"]
+    conv = next(n for n in nodes if n.type == "Conv2d")
+    assert (conv.params["kernel_size"], conv.params["stride"], conv.params["padding"]) == ([3, 5], [1, 2], [1, 2])
+    assert [n.params for n in nodes if n.type == "Scale"] == [
+        {"scale": 0.5, "shift": 0.0, "shape": []}, {"scale": -1.0, "shift": 1.0, "shape": []},
+        {"scale": 3.0, "shift": 0.0, "shape": []}]
+    assert next(n for n in nodes if n.type == "Slice").params == {"dim": 1, "start": 1, "end": None, "step": 2}
+    with pytest.raises(InteropError, match=r"indexing \[slice\(None, None, None\), \[0, 2\]\]"):
+        from_module(_Picks(), [[4, 3]])
+
+
+class _Picks(nn.Module):
+    def forward(self, x):
+        return x[:, [0, 2]]
 
 
 def test_transformer_module_by_import_path_and_kwargs():
