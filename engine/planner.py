@@ -307,6 +307,11 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
             errors.append(f"stage {s} holds no layer; lower placement.pp to {len([x for x in stages if x])} "
                           f"or move a layer to stage {s}")
 
+    k = project.training.grad_accumulation
+    if k > 1 and world > 1:
+        errors.append(f"training.grad_accumulation {k} runs in one process only, but the plan uses {world} "
+                      f"processes; set it to 1 (a pipeline cuts the batch into placement.microbatches itself)")
+
     # ---- tensor-parallel styles ----
     if styles is None:
         styles = {n: graph.nodes[n].tp for n in compute if graph.nodes[n].tp not in (None, "replicate")}
@@ -342,11 +347,12 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
             if dp > 1 and not pl.get("sync_batchnorm"):
                 warnings.append(f"node '{n}' ({ntype}): statistics come from each replica's {local_b} samples, not "
                                 f"the global batch of {B}, under dp={dp}, so losses differ from one process; fix: set "
-                                f"placement.sync_batchnorm (SyncBatchNorm over the data axis, GPUs only)")
+                                f"placement.sync_batchnorm (statistics over the data axis: torch's SyncBatchNorm "
+                                f"on GPUs, an all-reduce on CPU)")
             if m > 1:
                 warnings.append(f"node '{n}' ({ntype}): statistics come from micro-batches of {mb} samples under "
-                                f"microbatches={m}; fix: compare against single-process gradient accumulation over "
-                                f"the same {m} micro-batches, or set placement.microbatches to 1 (pp=1)")
+                                f"microbatches={m}; fix: compare against one process with training.grad_accumulation"
+                                f"={m} (train --accumulate {m}), or set placement.microbatches to 1 (pp=1)")
         elif ntype == "Dropout" and (dp > 1 or tp > 1 or m > 1) and compiled.nodes[n].params.get("p", 0) > 0:
             warnings.append(f"node '{n}' (Dropout): masks come from each rank's own random stream, so losses are "
                             f"not the single-process ones; fix: compare with p=0, or accept statistically equal runs")

@@ -162,9 +162,12 @@ def parallelize(full: nn.Module, plan: dict, mesh: DeviceMesh, device: torch.dev
     else:
         mod = apply_checkpointing(full, ckpt)
     mod.to(device).train()
-    if plan.get("sync_batchnorm") and plan["dp"] > 1 and device.type == "cuda":
-        # batch statistics over the whole data-parallel batch (torch's SyncBatchNorm runs on GPUs only)
-        mod = nn.SyncBatchNorm.convert_sync_batchnorm(mod, process_group=mesh["dp"].get_group())
+    if plan.get("sync_batchnorm") and plan["dp"] > 1:
+        # batch statistics over the whole data-parallel batch (torch's SyncBatchNorm on GPUs,
+        # sync_bn.py's all-reduce version on CPU, where torch has none)
+        from .sync_bn import convert_sync_batchnorm
+
+        mod = convert_sync_batchnorm(mod, mesh["dp"].get_group(), device)
     if plan["tp"] > 1:
         apply_tp(mod, mesh["tp"], plan.get("tp_plan") or {})
     if plan["dp"] > 1:
@@ -209,6 +212,9 @@ class ParallelTrainer:
         tr = spec["training"]
         self.total_steps = int(spec["total_steps"])
         self.batch_size = int(tr["batch_size"])  # the global batch: what samples_per_s counts
+        if int(tr.get("grad_accumulation", 1)) > 1:
+            raise ValueError(f"training.grad_accumulation {tr['grad_accumulation']} runs in one process only; set "
+                             f"it to 1 (a pipeline cuts the batch into placement.microbatches itself)")
         self.loss_kind = spec["loss"]
         self.compute_loss = compute_loss
         full = build_graph_module(spec["model"], device="cpu", seed=int(tr["seed"]))
@@ -257,6 +263,7 @@ class ParallelTrainer:
             else:
                 self.schedule = (ScheduleGPipe if name == "gpipe" else Schedule1F1B)(stages[0], m, loss_fn=loss_fn)
         self.microbatches = m
+        self._shapes_known = False  # see _infer_stage_shapes
         # bf16: FSDP2 casts through its MixedPrecisionPolicy; everything else autocasts the forward
         bf16 = plan.get("mixed_precision") == "bf16" and not (dims.dp > 1 and plan.get("data_parallel") == "fsdp")
         self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
@@ -277,6 +284,8 @@ class ParallelTrainer:
             loss.backward()
             local = loss.item()
         else:
+            if not self._shapes_known:
+                self._infer_stage_shapes(x, y)
             losses: list[torch.Tensor] = []
             args = (x,) if self.is_first else ()
             with self.autocast():
@@ -288,6 +297,27 @@ class ParallelTrainer:
         self.opt.step()
         self.sched.step()
         return self._from_last_stage(local) / self.dims.dp
+
+    def _infer_stage_shapes(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """torch.distributed.pipelining learns what passes between stages by running
+        every stage once in training mode on its first call (later stages on empty
+        tensors): BatchNorm would count that run in its running statistics (NaN past
+        the first stage) and Dropout would draw from the random stream. Make that first
+        call here, on this step's batch, then undo everything it changed."""
+        buffers = [(b, b.detach().clone()) for part in self.parts for b in part.buffers()]
+        rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None
+        with self.autocast():
+            self.schedule.step(*((x,) if self.is_first else ()), target=y if self.is_last else None, losses=[],
+                               return_outputs=False)
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        self.opt.zero_grad(set_to_none=True)
+        self._shapes_known = True
 
     def _from_last_stage(self, value: float) -> float:
         """Every rank gets the sum of `value` over the last stage's tp-rank-0 ranks (one per replica)."""

@@ -154,8 +154,13 @@ def test_batchnorm_and_dropout_warnings_offer_the_fix():
     w = make_plan(p, 2, placement={"dp": 2}).warnings
     assert any("'bn1'" in x and "32 samples" in x and "global batch of 64" in x and "sync_batchnorm" in x for x in w)
     w = make_plan(p, 2, placement={"pp": 2, "microbatches": 4}).warnings
-    assert any("'bn1'" in x and "micro-batches of 16" in x and "gradient accumulation" in x for x in w)
+    assert any("'bn1'" in x and "micro-batches of 16" in x and "training.grad_accumulation=4" in x
+               and "--accumulate 4" in x for x in w)
     assert not any("'bn1'" in x for x in make_plan(p, 1).warnings)
+    assert not any("'bn1'" in x for x in make_plan(p, 2, placement={"dp": 2, "sync_batchnorm": True}).warnings)
+    p.training.grad_accumulation = 4  # the comparison run: one process only
+    assert make_plan(p, 1).ok
+    one_error(make_plan(p, 2, placement={"dp": 2}), "training.grad_accumulation 4", "2 processes", "set it to 1")
     g = proj("mlp_digits")
     g.graph.insert_node(type(g.graph.nodes["act1"])(id="drop", type="Dropout", params={"p": 0.1}))
     e = g.graph.outgoing("act1")[0]
