@@ -372,7 +372,7 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
         ids = [n for st in mine for n in stages[st]]
         params = tensors = 0
         for n in ids:
-            if graph.nodes[n].type in ("Add", "Mul", "Concat"):
+            if get_layer(graph.nodes[n].type).kind == "function":  # no parameters
                 continue
             style = styles.get(n)
             for pname, p in meta.get_submodule(n).named_parameters():

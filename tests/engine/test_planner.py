@@ -297,3 +297,17 @@ def test_auto_tp_styles_pair_megatron_style_and_accept_into_the_diagram():
     again = make_plan(p, 2)
     assert again.ok and again.doc["stages"] == a.stages
     assert math.isclose(again.doc["predicted"]["step_s"], a.plan.doc["predicted"]["step_s"])
+
+
+def test_layers_without_parameters_plan_under_every_axis():
+    """MatMul (a function layer, like Add) holds no module: memory counts skip it."""
+    from interop_models import attention_parts
+
+    from engine.project import Project
+
+    p = Project(attention_parts())
+    for placement in ({"dp": 2}, {"tp": 2}, {"pp": 2, "microbatches": 2}):
+        plan = make_plan(p, 2, placement=placement)
+        assert plan.ok, (placement, plan.errors)
+    whole = sum(t.numel() for t in compile_graph(p.graph).build().parameters())
+    assert sum(d["params"] for d in make_plan(p, 2, placement={"pp": 2, "microbatches": 2}).doc["devices"]) == whole
