@@ -343,10 +343,12 @@ def main() -> None:
         x, y = batches.batch(step)  # the global batch; each replica takes its slice (tp peers the same one)
         x, y = x[dp_rank * local:(dp_rank + 1) * local].to(device), y[dp_rank * local:(dp_rank + 1) * local].to(device)
         opt.zero_grad(set_to_none=True)
-        if schedule is None:
-            loss = compute_loss(LOSS, model(x), y)
-            loss.backward()
-            value = loss.item()
+        if schedule is None:  # GRAD_ACCUMULATION equal micro-batches: the mean of their mean losses
+            value = 0.0
+            for xm, ym in zip(x.chunk(GRAD_ACCUMULATION), y.chunk(GRAD_ACCUMULATION)):
+                loss = compute_loss(LOSS, model(xm), ym) / GRAD_ACCUMULATION
+                loss.backward()
+                value += loss.item()
         else:  # micro-batches flow through the stages; the last one computes their losses
             losses = []
             schedule.step(*((x,) if first else ()), target=y if last else None, losses=losses, return_outputs=False)
@@ -484,6 +486,7 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
         f"STEPS = {steps}",
         f"EVAL_INTERVAL = {tr.eval_interval}",
         f"GRAD_CLIP = {tr.grad_clip!r}",
+        f"GRAD_ACCUMULATION = {tr.grad_accumulation}  # micro-batches per optimizer step (one process)",
         f"LOSS = {loss!r}",
         f"OPTIMIZER = {tr.optimizer.model_dump(mode='json')!r}",
         f"SCHEDULE = {tr.schedule.model_dump(mode='json')!r}",

@@ -69,9 +69,11 @@ def test_script_reads_like_pytorch(tmp_path):
     assert "GraphModule" not in text
 
 
-@pytest.mark.parametrize("which", ["dropout_mlp", "transformer_synthetic"])
+@pytest.mark.parametrize("which", ["dropout_mlp", "dropout_mlp+accumulate", "transformer_synthetic"])
 def test_script_losses_equal_the_runtime(which, tmp_path):
-    project = dropout_mlp(tmp_path) if which == "dropout_mlp" else load_project(EX / f"{which}.lflow")
+    project = dropout_mlp(tmp_path) if which.startswith("dropout_mlp") else load_project(EX / f"{which}.lflow")
+    if which.endswith("+accumulate"):  # training.grad_accumulation: 2 micro-batches of 8, one step
+        project.training.grad_accumulation = 2
     want = runtime_losses(project, tmp_path / "run")
     script = export_script(project, tmp_path / f"{which}.py")
     got = script_losses(script, tmp_path / "script_out")
@@ -192,17 +194,20 @@ def test_script_under_torchrun_equals_the_distributed_runtime(kind, tmp_path):
 @pytest.mark.xdist_group("torchrun")
 def test_script_under_torchrun_equals_the_tensor_parallel_runtime(tmp_path):
     """tp=2 on the transformer: fc_in column-wise into fc_out row-wise (the Megatron
-    pair, Shard(-1) in between) and the attention's heads split over the two ranks."""
+    pair, Shard(-1) in between), the attention's heads split over the two ranks, and
+    the norms sequence-parallel (each rank normalizes 8 of the 16 tokens)."""
     from engine.planner import make_plan
 
     project = load_project(EX / "transformer_synthetic.lflow")
     plan = make_plan(project, 2, placement={"tp": 2}, styles={"attn": "colwise", "fc_in": "colwise",
-                                                              "fc_out": "rowwise"})
+                                                              "fc_out": "rowwise", "ln1": "sequence",
+                                                              "ln2": "sequence", "ln_f": "sequence"})
     assert plan.ok, plan.errors
     want = torchrun_runtime_losses(project, tmp_path / "run", placement={"tp": 2}, plan=plan.runtime_plan())
     script = export_script(project, tmp_path / "tp.py", plan=plan)
     text = script.read_text()
     assert "apply_tp(model, mesh[\"tp\"], PLAN[\"tp_plan\"])" in text and "ColwiseParallel(" in text
+    assert "SequenceParallel(" in text and "'style': 'sequence'" in text
     assert "torchrun --standalone --nproc_per_node=2 transformer_synthetic.py" in text
     got = script_losses(script, tmp_path / "out", launcher=TORCHRUN)
     assert len(got) == len(want) == STEPS
