@@ -351,6 +351,8 @@ def main() -> None:
                 value += loss.item()
         else:  # micro-batches flow through the stages; the last one computes their losses
             losses = []
+            if step == 0:
+                infer_stage_shapes(schedule, [model], (x,) if first else (), y if last else None)
             schedule.step(*((x,) if first else ()), target=y if last else None, losses=losses, return_outputs=False)
             value = torch.stack([v.detach() for v in losses]).mean().item() if last else 0.0
         if GRAD_CLIP:  # by the norm over the whole model, as one process would
@@ -529,8 +531,9 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
         "# ----- the data " + "-" * 61, _data_code(project, data_file),
         "# ----- training: the functions of Layerflow's engine/runtime (train.py, data.py) " + "-" * 2, runtime,
         "# ----- the mesh and data parallelism " + "-" * 40, DIST_CODE,
-        "# ----- tensor parallelism: engine/runtime/parallel.py's functions " + "-" * 12,
-        "\n\n".join(inspect.getsource(f) for f in (rparallel._layout, rparallel.tp_module_plan, rparallel.apply_tp)),
+        "# ----- tensor parallelism and pipelining: engine/runtime/parallel.py's functions ---",
+        "\n\n".join(inspect.getsource(f) for f in (rparallel._layout, rparallel.tp_module_plan, rparallel.apply_tp,
+                                                    rparallel.infer_stage_shapes)),
         *_sync_bn_code(pl),
         "# ----- the loop " + "-" * 61, MAIN_CODE,
     ]

@@ -176,6 +176,26 @@ def parallelize(full: nn.Module, plan: dict, mesh: DeviceMesh, device: torch.dev
     return mod
 
 
+def infer_stage_shapes(schedule, modules: list[nn.Module], args: tuple, target) -> None:
+    """torch.distributed.pipelining learns what passes between stages by running
+    every stage once in training mode on its first call (later stages on empty
+    tensors): BatchNorm would count that run in its running statistics (NaN past the
+    first stage) and Dropout would draw from the random stream. Make that first call
+    on a real batch, then undo everything it changed: buffers, random streams, grads."""
+    buffers = [(b, b.detach().clone()) for m in modules for b in m.buffers()]
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    schedule.step(*args, target=target, losses=[], return_outputs=False)
+    with torch.no_grad():
+        for b, saved in buffers:
+            b.copy_(saved)
+    torch.set_rng_state(rng)
+    if cuda_rng is not None:
+        torch.cuda.set_rng_state_all(cuda_rng)
+    for m in modules:
+        m.zero_grad(set_to_none=True)
+
+
 def by_node_id(modules: list[nn.Module]) -> nn.Module:
     """A root holding this rank's layers under their node ids (DDP's wrapper left out):
     its state_dict keys are the full model's, whatever the layout, for DCP."""
@@ -263,7 +283,7 @@ class ParallelTrainer:
             else:
                 self.schedule = (ScheduleGPipe if name == "gpipe" else Schedule1F1B)(stages[0], m, loss_fn=loss_fn)
         self.microbatches = m
-        self._shapes_known = False  # see _infer_stage_shapes
+        self._shapes_known = False  # see infer_stage_shapes
         # bf16: FSDP2 casts through its MixedPrecisionPolicy; everything else autocasts the forward
         bf16 = plan.get("mixed_precision") == "bf16" and not (dims.dp > 1 and plan.get("data_parallel") == "fsdp")
         self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
@@ -284,10 +304,12 @@ class ParallelTrainer:
             loss.backward()
             local = loss.item()
         else:
-            if not self._shapes_known:
-                self._infer_stage_shapes(x, y)
             losses: list[torch.Tensor] = []
             args = (x,) if self.is_first else ()
+            if not self._shapes_known:
+                with self.autocast():
+                    infer_stage_shapes(self.schedule, self.parts, args, y if self.is_last else None)
+                self._shapes_known = True
             with self.autocast():
                 self.schedule.step(*args, target=y if self.is_last else None, losses=losses, return_outputs=False)
             if self.is_last:  # equal micro-batches: the mean of their means is the batch mean
@@ -297,27 +319,6 @@ class ParallelTrainer:
         self.opt.step()
         self.sched.step()
         return self._from_last_stage(local) / self.dims.dp
-
-    def _infer_stage_shapes(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """torch.distributed.pipelining learns what passes between stages by running
-        every stage once in training mode on its first call (later stages on empty
-        tensors): BatchNorm would count that run in its running statistics (NaN past
-        the first stage) and Dropout would draw from the random stream. Make that first
-        call here, on this step's batch, then undo everything it changed."""
-        buffers = [(b, b.detach().clone()) for part in self.parts for b in part.buffers()]
-        rng = torch.get_rng_state()
-        cuda_rng = torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None
-        with self.autocast():
-            self.schedule.step(*((x,) if self.is_first else ()), target=y if self.is_last else None, losses=[],
-                               return_outputs=False)
-        with torch.no_grad():
-            for b, saved in buffers:
-                b.copy_(saved)
-        torch.set_rng_state(rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
-        self.opt.zero_grad(set_to_none=True)
-        self._shapes_known = True
 
     def _from_last_stage(self, value: float) -> float:
         """Every rank gets the sum of `value` over the last stage's tp-rank-0 ranks (one per replica)."""
