@@ -215,6 +215,7 @@ def main() -> int:
             rows.append({
                 "config": f"{kind} x2", "lf_sps": args.batch / lf_med, "hand_sps": args.batch / hd_med,
                 "ratio": hd_med / lf_med, "pred_ms": plan.doc["predicted"]["step_s"] * 1e3, "meas_ms": lf_med * 1e3,
+                "pred": plan.doc["predicted"], "device": plan.doc["device"],
                 "loss_diff": max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(lf_loss, hand_loss)),
                 "mem": [(dv["memory"]["total_bytes"] / 2**20, peaks[dv["rank"]], hand[dv["rank"]]["baseline_rss_mb"])
                         for dv in plan.doc["devices"]],
@@ -225,6 +226,13 @@ def main() -> int:
     for r in rows:
         print(f"{r['config']:<9} {r['lf_sps']:>12.0f} {r['hand_sps']:>10.0f} {r['ratio']:>6.3f} {r['pred_ms']:>8.2f} "
               f"{r['meas_ms']:>8.2f} {r['pred_ms'] / r['meas_ms']:>9.2f} {r['loss_diff']:>13.1e}")
+    for r in rows:  # what the prediction is made of (engine/cost.py step_time), on what device figures
+        p, dv = r["pred"], r["device"]
+        upd = f", optimizer {dv['update_bytes_per_s'] / 1e9:.2f} GB/s" if dv.get("update_bytes_per_s") else ""
+        print(f"  {r['config']}: predicted = compute {p['compute_s'] * 1e3:.2f} + optimizer "
+              f"{p.get('update_s', 0) * 1e3:.2f} + comm {p['comm_s'] * 1e3:.2f} ms "
+              f"({dv['flops_per_s'] / 1e9:.0f} GFLOP/s{upd}, link {dv['link_bytes_per_s'] / 1e9:.1f} GB/s, "
+              f"{dv['latency_s'] * 1e6:.0f} us)")
     print("\nmemory per rank: predicted tensors (params+grads+optimizer+activations) vs measured peak RSS")
     print(f"{'config':<9} {'rank':>4} {'pred MiB':>9} {'peak RSS MiB':>13} {'baseline MiB':>13} {'RSS-baseline':>13}")
     for r in rows:
