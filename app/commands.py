@@ -237,3 +237,36 @@ class SetProjectPlacement(QUndoCommand):
 
     def undo(self) -> None:
         self._set(self.old)
+
+
+class SetTraining(QUndoCommand):
+    """The project's training settings, replaced by an already validated Training.
+    `what` names the field edited ("optimizer.lr"); consecutive edits of one field
+    merge (spin-box arrows), like SetParam. `changed` recompiles and refreshes views."""
+
+    ID = 1003
+
+    def __init__(self, project, training, what: str, changed=lambda: None):
+        self.project, self.new, self.what, self.changed = project, training, what, changed
+        self.old = project.training
+        super().__init__(f"Set training.{what}")
+
+    def id(self) -> int:
+        return self.ID
+
+    def mergeWith(self, other) -> bool:  # noqa: N802
+        if not isinstance(other, SetTraining) or other.what != self.what:
+            return False
+        self.new = other.new
+        self.setObsolete(self.new == self.old)  # back where it started: no undo step left
+        return True
+
+    def _set(self, training) -> None:
+        self.project.training = training
+        self.changed()
+
+    def redo(self) -> None:
+        self._set(self.new)
+
+    def undo(self) -> None:
+        self._set(self.old)

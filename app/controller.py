@@ -145,6 +145,7 @@ class EditorController(QObject):
     compiled = Signal(object)  # CompileResult
     status = Signal(str)
     placement_changed = Signal()
+    training_changed = Signal()
     plan_changed = Signal(object)  # (notes, rows, lines)
 
     def __init__(self, project: Project | None = None, parent=None):
@@ -332,6 +333,16 @@ class EditorController(QObject):
     def _placement_changed(self) -> None:
         self._version += 1
         self.placement_changed.emit()
+        self._timer.start()
+
+    def set_training(self, training, what: str = "training") -> None:
+        """Replace the training settings (a validated engine.project.Training): one undo step."""
+        if training != self.project.training:
+            self.push(C.SetTraining(self.project, training, what, self._training_changed))
+
+    def _training_changed(self) -> None:  # batch size, ...: the plan and the summary follow
+        self._version += 1
+        self.training_changed.emit()
         self._timer.start()
 
     def delete_selected(self) -> None:

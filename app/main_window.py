@@ -621,3 +621,5 @@ except ModuleNotFoundError as _exc:
 else:
     _register_jobs()
 import app.interop_ui  # noqa: F401,E402  (File menu: ONNX / PyTorch import and export)
+from app.training_ui import register as _register_training  # noqa: E402  (the Training dock)
+_register_training()
