@@ -59,7 +59,7 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.settings = settings or Settings()
         self.run_openers: list = []  # callables (window, run_dir) from the run dashboard
-        self._dirty_extra = False  # recovered content that is not on disk yet
+        self._dirty_extra = False  # changes outside the undo stack not on disk yet (recovered content, collapse)
         self._autosave_key = f"{os.getpid()}-{id(self)}"
         self.controller = EditorController(project)
         self.controller.setParent(self)
@@ -262,6 +262,7 @@ class MainWindow(QMainWindow):
         c.stack.cleanChanged.connect(self._update_title)
         c.stack.indexChanged.connect(self._update_title)
         self.scene.selectionChanged.connect(self._on_selection)
+        self.scene.collapsed_changed.connect(self._mark_modified)  # saved with the diagram, not an undo step
         self.view.add_requested.connect(self._add_from_view)
         self.view.viewport_moved.connect(lambda: self.zoom_label.setText(f"{self.view.zoom() * 100:.0f}%"))
         self.palette.add_requested.connect(lambda t: c.add_node(t, self.view.visible_scene_rect().center()))
@@ -369,6 +370,11 @@ class MainWindow(QMainWindow):
         name, ok = QInputDialog.getText(self, "Group into block", "Block name:", text=default)
         if ok and name.strip():
             self.controller.group_selected(name.strip())
+
+    def _mark_modified(self, *_) -> None:
+        """A change that is saved but is no undo step (a block collapsed or expanded)."""
+        self._dirty_extra = True
+        self._update_title()
 
     def toggle_collapse(self) -> None:
         groups = self.scene.selected_groups()

@@ -122,6 +122,7 @@ class Graph:
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
         self.edges: list[Edge] = []
+        self.collapsed: set[str] = set()  # blocks the editor shows as one card (saved with the diagram)
         self._subscribers: list[Callable[[GraphEvent], None]] = []
         self._batch_depth = 0
 
@@ -371,10 +372,14 @@ class Graph:
 
     # ----- (de)serialisation --------------------------------------------------
     def to_dict(self) -> dict:
-        return {
+        d = {
             "nodes": [n.to_dict() for n in self.nodes.values()],
             "edges": [e.to_dict() for e in self.edges],
         }
+        blocks = {n.group for n in self.nodes.values()}
+        if self.collapsed & blocks:  # written only when some block is collapsed
+            d["collapsed"] = sorted(self.collapsed & blocks)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Graph":
@@ -399,6 +404,7 @@ class Graph:
                     raise GraphError(f"edge {e.src}.{e.src_port} -> {e.dst}.{e.dst_port} names unknown node '{end}'")
         self.nodes = nodes
         self.edges = edges
+        self.collapsed = {str(b) for b in d.get("collapsed", [])} & {n.group for n in nodes.values()}
         self._emit(GraphEvent("reset"))
 
     def copy(self) -> "Graph":

@@ -181,6 +181,7 @@ class _EdgeModel(_Strict):
 class _DiagramModel(_Strict):
     nodes: list[_NodeModel] = Field(default_factory=list)
     edges: list[_EdgeModel] = Field(default_factory=list)
+    collapsed: list[str] = Field(default_factory=list)  # blocks shown as one card in the editor
 
 
 class _ProjectModel(_Strict):

@@ -509,6 +509,7 @@ class NodeScene(QGraphicsScene):
     nodes_moved = Signal(dict)  # {id: ((x0, y0), (x1, y1))}, one user drag
     port_released_on_empty = Signal(str, str, bool, QPointF)  # node, port, is_input, scene pos
     rewire_requested = Signal(object, object)  # old Edge, new (dst, dst_port) or None: remove the wire
+    collapsed_changed = Signal(str)  # a block collapsed or expanded (saved with the diagram)
 
     def __init__(self, graph: Graph | None = None, parent=None):
         super().__init__(parent)
@@ -520,7 +521,6 @@ class NodeScene(QGraphicsScene):
         self.node_items: dict[str, NodeItem] = {}
         self.edge_items: dict[Edge, EdgeItem] = {}
         self.group_items: dict[str, GroupItem] = {}
-        self.collapsed: set[str] = set()  # blocks shown as one card (view state)
         self._edges_of: dict[str, set[Edge]] = {}
         self._syncing = False
         self.detail = True  # zoomed in enough for ports, labels and text
@@ -722,9 +722,20 @@ class NodeScene(QGraphicsScene):
             self.port_pos(e.dst, e.dst_port, True)
         return a, b
 
+    @property
+    def collapsed(self) -> set[str]:
+        """Blocks shown as one card: the graph's, so they are saved with the project."""
+        return self.graph.collapsed if self.graph is not None else set()
+
+    @collapsed.setter
+    def collapsed(self, names: set[str]) -> None:
+        if self.graph is not None:
+            self.graph.collapsed = names
+
     def toggle_collapsed(self, name: str) -> None:
         self.collapsed.symmetric_difference_update({name})
         self.apply_collapse()
+        self.collapsed_changed.emit(name)
 
     def apply_collapse(self) -> None:
         """Show or hide block members, internal edges and cards per self.collapsed."""

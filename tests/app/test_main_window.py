@@ -321,6 +321,24 @@ def test_a_collapsed_block_is_one_card_that_moves_its_nodes(qtbot, asked):
     assert w.scene.edge_items[Edge("ln", "out", "lin", "in")].isVisible()
 
 
+def test_a_collapsed_block_is_saved_with_the_project(qtbot, asked, tmp_path):
+    import json
+
+    from engine.project import load_project
+
+    w = make_window(qtbot, transformer_block_project())
+    w.scene.select_nodes(["ln", "lin", "res"])
+    w.controller.group_selected("layer")
+    assert w.save_as(tmp_path / "b.lflow") and not w.is_dirty()
+    qtbot.keyClick(w.view, Qt.Key_E, Qt.ControlModifier)  # collapse: the project is modified
+    assert w.is_dirty() and w.isWindowModified()
+    assert w.save() and not w.is_dirty()
+    assert json.loads((tmp_path / "b.lflow").read_text())["diagram"]["collapsed"] == ["layer"]
+    again = make_window(qtbot, load_project(tmp_path / "b.lflow"))
+    assert again.scene.group_items["layer"].collapsed and not again.scene.node_items["lin"].isVisible()
+    assert not again.is_dirty()
+
+
 def test_slow_diagrams_compile_on_a_worker_thread(qtbot, asked):
     w = make_window(qtbot, chain_project("Input", "Linear", "Output", params={"Input": {"shape": [16]}}))
     c = w.controller

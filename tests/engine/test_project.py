@@ -29,6 +29,21 @@ def test_grad_accumulation_is_saved_when_set(tmp_path):
     assert load_project(tmp_path / "p.lflow").training.grad_accumulation == 2
 
 
+def test_collapsed_blocks_are_saved_with_the_diagram(tmp_path):
+    p = load_project(EXAMPLES[0])
+    ids = list(p.graph.nodes)[1:3]
+    for n in ids:
+        p.graph.set_group(n, "block")
+    p.graph.collapsed = {"block", "gone"}  # a name that is no block is not written
+    save_project(p, tmp_path / "p.lflow")
+    assert json.loads((tmp_path / "p.lflow").read_text())["diagram"]["collapsed"] == ["block"]
+    back = load_project(tmp_path / "p.lflow")
+    assert back.graph.collapsed == {"block"} and [back.graph.nodes[n].group for n in ids] == ["block", "block"]
+    back.graph.collapsed.clear()
+    save_project(back, tmp_path / "p.lflow")
+    assert "collapsed" not in (tmp_path / "p.lflow").read_text()
+
+
 @pytest.mark.parametrize("mutate, expected", [
     (lambda d: d["training"]["optimizer"].update(lr=-1), "training.optimizer.lr: must be greater than 0"),
     (lambda d: d["training"].update(batch_size="big"), "training.batch_size: must be a valid integer"),
