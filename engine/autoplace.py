@@ -108,6 +108,24 @@ def auto_tp_styles(compiled: CompileResult, tp: int) -> dict[str, str]:
     return styles
 
 
+def sequence_norms(compiled: CompileResult, styles: dict[str, str], tp: int) -> dict[str, str]:
+    """`styles` plus 'sequence' on every norm that can take it (Megatron-SP): its
+    input is [batch, seq, features], tp divides seq, and it normalizes the last
+    dimension only. Its activations then split over tp at no extra communication
+    (a reduce-scatter plus an all-gather move what one all-reduce did)."""
+    from engine.layers import get_layer
+
+    out = dict(styles)
+    for n in compiled.order:
+        spec, info = get_layer(compiled.graph.nodes[n].type), compiled.nodes[n]
+        ns = info.params.get("normalized_shape")
+        shape = list(info.out.shape) if info.out else []
+        if spec and "sequence" in (spec.tp_styles or ()) and n not in out and len(shape) >= 2 \
+                and shape[0] % tp == 0 and not (isinstance(ns, (list, tuple)) and len(ns) > 1):
+            out[n] = "sequence"
+    return out
+
+
 @dataclass
 class AutoPlacement:
     placement: dict  # pp, dp, tp, data_parallel, microbatches, schedule
@@ -166,17 +184,25 @@ def auto_place(project: Project, nproc: int, device: DeviceSpec | None = None,
             except ValueError as exc:
                 cands.append({**c, "feasible": False, "why": str(exc)})
                 continue
-            plan = make_plan(project, nproc, device, compiled, placement=pl, stages=stages, styles=styles)
+            plan, chosen = None, styles
+            if tp > 1 and sequence_norms(compiled, styles, tp) != styles:  # sequence-parallel norms if they fit
+                chosen = sequence_norms(compiled, styles, tp)
+                plan = make_plan(project, nproc, device, compiled, placement=pl, stages=stages, styles=chosen)
+                if not plan.ok:
+                    plan, chosen = None, styles
+            plan = plan or make_plan(project, nproc, device, compiled, placement=pl, stages=stages, styles=styles)
             c.update(microbatches=m, data_parallel=kind, step_s=plan.doc.get("predicted", {}).get("step_s"),
                      peak_bytes=plan.doc.get("predicted", {}).get("peak_bytes_max"), feasible=plan.ok,
                      bubble=plan.doc.get("bubble_fraction"))
+            if tp > 1:
+                c["sequence_parallel"] = "sequence" in chosen.values()
             if not plan.ok:
                 c["why"] = plan.errors[0]
             cands.append(c)
             # simpler layouts win ties: fewer stages, then less tensor parallelism
             key = (c["step_s"] * 1.02 ** (pp - 1 + tp - 1),)
             if plan.ok and (best is None or key < best[0]):
-                best = (key, pl, plan.doc["stages"], styles, plan, c)
+                best = (key, pl, plan.doc["stages"], chosen, plan, c)
     if best is None:
         raise ValueError(f"no layout of {nproc} devices fits: " + "; ".join(c.get("why", "") for c in cands if not c["feasible"]))
     _, pl, stages, styles, plan, c = best
@@ -190,6 +216,10 @@ def auto_place(project: Project, nproc: int, device: DeviceSpec | None = None,
                        "(p-1)/(m+p-1) of every step in its bubble")
     else:
         reasons.append(f"pipeline bubble {plan.doc['bubble_fraction']:.1%} with {pl['microbatches']} micro-batches")
+    seq = sorted(n for n, st in styles.items() if st == "sequence")
+    if seq:
+        reasons.append(f"sequence parallelism on {', '.join(seq)}: each rank keeps 1/{pl['tp']} of their tokens' "
+                       f"activations; a reduce-scatter and an all-gather replace each all-reduce")
     if pl["data_parallel"] == "fsdp":
         reasons.append("FSDP2: a full replica's parameters, gradients and optimizer state take more than half the device")
     for other in sorted((x for x in cands if x is not c), key=lambda x: (not x["feasible"], x.get("step_s") or 0))[:5]:
@@ -230,4 +260,4 @@ def apply_to_project(project: Project, auto: AutoPlacement) -> None:
     project.placement = project.placement.model_copy(update=auto.placement)
 
 
-__all__ = ["auto_place", "balanced_stages", "auto_tp_styles", "apply_to_project", "AutoPlacement"]
+__all__ = ["auto_place", "balanced_stages", "auto_tp_styles", "sequence_norms", "apply_to_project", "AutoPlacement"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.autoplace import apply_to_project, auto_place, auto_tp_styles, balanced_stages
+from engine.autoplace import apply_to_project, auto_place, auto_tp_styles, balanced_stages, sequence_norms
 from engine.compile import compile_graph
 from engine.cost import bubble_fraction, local_cpu
 from engine.planner import chunk_len, format_plan, make_plan, mesh_ranks
@@ -297,6 +297,28 @@ def test_auto_tp_styles_pair_megatron_style_and_accept_into_the_diagram():
     again = make_plan(p, 2)
     assert again.ok and again.doc["stages"] == a.stages
     assert math.isclose(again.doc["predicted"]["step_s"], a.plan.doc["predicted"]["step_s"])
+
+
+def test_auto_placement_adds_sequence_parallel_norms_where_they_plan():
+    p = proj("transformer_synthetic")
+    c = compile_graph(p.graph)
+    styles = sequence_norms(c, auto_tp_styles(c, 2), 2)
+    assert {n: s for n, s in styles.items() if s == "sequence"} == {"ln1": "sequence", "ln2": "sequence", "ln_f": "sequence"}
+    assert sequence_norms(c, {}, 3) == {}  # 3 does not divide the 16 tokens
+    tp2 = next(x for x in auto_place(p, 2, compiled=c).candidates if x["tp"] == 2)
+    assert tp2["feasible"] and tp2["sequence_parallel"]
+    # an Input straight into a norm cannot hand it a shard: the candidate plans without it
+    g = p.graph
+    g.remove_node("embed")
+    g.remove_node("pos")
+    g.set_param("tokens", "dtype", "float32")
+    g.set_param("tokens", "shape", [16, 64])
+    g.connect("tokens", "out", "ln1", "in")
+    g.connect("tokens", "out", "res1", "b")
+    c = compile_graph(g)
+    assert c.ok, c.errors
+    tp2 = next(x for x in auto_place(p, 2, compiled=c).candidates if x["tp"] == 2)
+    assert tp2["feasible"] and not tp2["sequence_parallel"]
 
 
 def test_layers_without_parameters_plan_under_every_axis():
