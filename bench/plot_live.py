@@ -1,25 +1,34 @@
-"""How long one live dashboard update takes while a series grows to 1,000,000 points.
+"""How long one live dashboard update takes while its series grow to 1,000,000 points.
 
 The dashboard (widgets/dashboard.py) appends each poll's records and, 10 times a
-second, pushes the changed series to their curves and repaints. This grows a loss
-series in 100 updates of 10,000 records each (a run writing 10,000 steps per 100 ms:
-a worst case; real runs write a few) and times every update in two parts: the plot
-update (flush = setData, then a synchronous repaint of the plot that holds the
-series) and the ingest of the new records (append: parse dicts into float64
-buffers). Goal: plot update mean and worst under 30 ms. Also timed: the same with
-EMA smoothing, with three series growing at once (loss, lr, throughput: what a run
-writes) and repainting all five plots, and a bare pyqtgraph curve with its own
-clipToView + peak downsampling for comparison (the dashboard feeds pyqtgraph a
-block min/max envelope it keeps up to date as points arrive instead).
+second, pushes the changed series to their curves and repaints. Here every series
+grows in 100 updates of 10,000 records each (a run writing 10,000 steps per 100 ms:
+a worst case; real runs write a few) and every update is timed in two parts: the
+plot update (flush = setData, then a synchronous repaint of the plots) and the
+ingest of the new records (append: parse dicts into float64 buffers). Goal: plot
+update mean and worst under 30 ms. Cases:
 
-    QT_QPA_PLATFORM=offscreen python bench/plot_live.py [--points 1000000] [--updates 100]
+  1 series x 1 plot      one run's loss; the loss plot repainted
+  3 series x 5 plots     three runs overlaid, each writing loss, accuracy, lr,
+                         throughput and peak memory: three curves on each of the
+                         five plots, all five repainted (15 curves of 1M points)
+
+plus one run's loss/lr/throughput with all five plots repainted, EMA smoothing, and a
+bare pyqtgraph curve with its own clipToView + peak downsampling for comparison.
+--before REV also measures widgets/dashboard.py as it was at git revision REV, case
+by case in turns with the current one, and prints both.
+
+    QT_QPA_PLATFORM=offscreen python bench/plot_live.py [--points 1000000] [--updates 100] [--before REV]
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,44 +45,63 @@ from PySide6.QtWidgets import QApplication  # noqa: E402
 now = time.thread_time
 
 
-def records(start: int, n: int, rng, full: bool = False) -> list[dict]:
+def records(start: int, n: int, rng, keys: str = "loss", offset: float = 0.0) -> list[dict]:
+    """n records as engine/runtime/train.py writes them; keys: 'loss', 'three' (loss,
+    lr, throughput) or 'five' (one series for each plot)."""
     steps = np.arange(start + 1, start + n + 1)
-    loss = 2.0 * np.exp(-steps / 2e5) + 0.05 * rng.standard_normal(n)
-    if full:
+    loss = offset + 2.0 * np.exp(-steps / 2e5) + 0.05 * rng.standard_normal(n)
+    if keys == "loss":
+        return [{"step": int(s), "time": float(s) * 1e-3, "loss": float(v)} for s, v in zip(steps, loss)]
+    if keys == "three":
         return [{"step": int(s), "epoch": 0, "time": float(s) * 1e-3, "loss": float(v), "lr": 1e-3 * (1 + float(v)),
                  "samples_per_s": 5000.0 + float(v)} for s, v in zip(steps, loss)]
-    return [{"step": int(s), "time": float(s) * 1e-3, "loss": float(v)} for s, v in zip(steps, loss)]
+    return [{"step": int(s), "epoch": 0, "time": float(s) * 1e-3, "loss": float(v), "acc": 1.0 - float(v) / 3,
+             "lr": 1e-3 * (1 + float(v)), "samples_per_s": 5000.0 + 100 * float(v),
+             "peak_mem_mb": 800.0 + 10 * float(v)} for s, v in zip(steps, loss)]
 
 
-def repaint(d, all_plots: bool) -> None:
-    for pid, pw in d.plots.items():
-        if all_plots or pid == "loss":
-            pw.viewport().repaint()
+def dashboard_at(rev: str):
+    """The Dashboard class of widgets/dashboard.py at git revision `rev`."""
+    root = Path(__file__).resolve().parents[1]
+    text = subprocess.run(["git", "show", f"{rev}:widgets/dashboard.py"], cwd=root, check=True,
+                          capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / "dashboard_before.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location("dashboard_before", path)
+    module = sys.modules["dashboard_before"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+    spec.loader.exec_module(module)
+    return module.Dashboard
 
 
-def bench_dashboard(points: int, updates: int, smoothing: float = 0.0, full: bool = False) -> tuple[list, list]:
+def bench_dashboard(points: int, updates: int, smoothing: float = 0.0, keys: str = "loss",
+                    runs: int = 1, dashboard=None) -> tuple[list, list]:
     from widgets.dashboard import Dashboard
 
-    d = Dashboard(smoothing=smoothing)
+    d = (dashboard or Dashboard)(smoothing=smoothing)
     d._timer.stop()  # updates are driven (and timed) here
     d.resize(1400, 800)
     d.show()
     QApplication.processEvents()
     rng = np.random.default_rng(0)
     per = points // updates
-    batches = [records(i * per, per, rng, full) for i in range(updates)]  # prepared outside the timing
+    paint = [pw for pid, pw in d.plots.items() if keys != "loss" or pid == "loss"]
     plot, ingest = [], []
-    for batch in batches:
+    for i in range(updates):
+        batches = [records(i * per, per, rng, keys, offset=r / 2) for r in range(runs)]  # not timed
         t0 = now()
-        d.append("run", batch)
+        for r, batch in enumerate(batches):
+            d.append(f"run{r}", batch)
         t1 = now()
         d.flush()
-        repaint(d, all_plots=full)
+        for pw in paint:
+            pw.viewport().repaint()
         t2 = now()
         ingest.append(t1 - t0)
         plot.append(t2 - t1)
-    assert len(d.series_data("run", "loss")[0]) == points
+    assert all(len(d.series_data(f"run{r}", "loss")[0]) == points for r in range(runs))
     d.close()
+    d.deleteLater()
+    QApplication.processEvents()
     return plot, ingest
 
 
@@ -101,39 +129,56 @@ def bench_plain(points: int, updates: int) -> list[float]:
     return times
 
 
-def row(name: str, times: list[float]) -> str:
+def cells(times: list[float] | None) -> str:
+    if not times:
+        return f"{'':>7} {'':>7}"
     ms = [t * 1e3 for t in times]
-    last = ms[-max(1, len(ms) // 10):]
-    return (f"{name:<40} {statistics.mean(ms):7.1f} {statistics.median(ms):7.1f} {max(ms):7.1f} {statistics.mean(last):8.1f}"
-            f"  {'yes' if statistics.mean(ms) < 30 and max(ms) < 30 else 'no'}")
+    return f"{statistics.mean(ms):7.1f} {max(ms):7.1f}"
+
+
+def ok(times: list[float]) -> str:
+    return "yes" if statistics.mean(times) < 0.030 and max(times) < 0.030 else "no"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--points", type=int, default=1_000_000)
+    ap.add_argument("--points", type=int, default=1_000_000, help="points per series at the end")
     ap.add_argument("--updates", type=int, default=100)
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="cpu: GUI-thread CPU time (default; fair on a busy machine); wall: elapsed time")
+    ap.add_argument("--cases", default="all", help="comma-separated subset of: single,ema,three,overlay,overlay_ema,bare")
+    ap.add_argument("--before", metavar="REV", help="also measure widgets/dashboard.py at this git revision")
     args = ap.parse_args()
     global now
     now = time.thread_time if args.clock == "cpu" else time.perf_counter
     QApplication.instance() or QApplication([])
-    dash, ingest = bench_dashboard(args.points, args.updates)
-    dash_s, ingest_s = bench_dashboard(args.points, args.updates, smoothing=0.6)
-    full, ingest_f = bench_dashboard(args.points, args.updates, full=True)
-    plain = bench_plain(args.points, args.updates)
-    print(f"a series growing to {args.points:,} points in {args.updates} updates "
-          f"({args.points // args.updates:,} new points each); ms per update, {args.clock} clock")
-    print(f"{'':<40} {'mean':>7} {'median':>7} {'worst':>7} {'last10%':>8}  <30 ms")
-    print(row("plot update (setData + paint)", dash))
-    print(row("  same, EMA smoothing 0.6", dash_s))
-    print(row("  3 series, all 5 plots painted", full))
-    print(row("ingest 10k records (append)", ingest))
-    print(row("  same, EMA smoothing 0.6", ingest_s))
-    print(row("  3 series", ingest_f))
-    print(row("bare curve, pyqtgraph peak downsampling", plain))
-    print(f"ratio bare curve / dashboard plot update, last 10%: "
-          f"{statistics.mean(plain[-len(plain) // 10:]) / statistics.mean(dash[-len(dash) // 10:]):.2f}")
+    p, u = args.points, args.updates
+    before = dashboard_at(args.before) if args.before else None
+    every = {
+        "single": ("1 series x 1 plot", {}),
+        "ema": ("  same, EMA smoothing 0.6", dict(smoothing=0.6)),
+        "three": ("1 run: 3 series, 5 plots painted", dict(keys="three")),
+        "overlay": ("3 series x 5 plots (3 runs overlaid)", dict(keys="five", runs=3)),
+        "overlay_ema": ("  same, EMA smoothing 0.6", dict(smoothing=0.6, keys="five", runs=3)),
+        "bare": ("bare pyqtgraph curve, peak downsampling", None),
+    }
+    rows = []
+    for case in (list(every) if args.cases == "all" else args.cases.split(",")):
+        name, kw = every[case]
+        if kw is None:
+            rows.append((name, None, bench_plain(p, u), None))
+            continue
+        old = bench_dashboard(p, u, dashboard=before, **kw)[0] if before else None
+        rows.append((name, old, *bench_dashboard(p, u, **kw)))
+    print(f"each series grows to {p:,} points in {u} updates ({p // u:,} new records per run each); "
+          f"ms per update, {args.clock} clock")
+    sub = f"{'mean':>7} {'worst':>7}  {'<30 ms':>6}  "
+    groups = [f"plot update, before ({args.before})", "plot update, now"] if before else ["plot update"]
+    print(f"{'':<40} " + "".join(f"{g:^25}" for g in groups) + f"{'ingest':^15}")
+    print(f"{'':<40} " + sub * len(groups) + f"{'mean':>7} {'worst':>7}")
+    for name, old, plot, ingest in rows:
+        was = f"{cells(old)}  {ok(old):>6}  " if old else (" " * 25 if before else "")
+        print(f"{name:<40} {was}{cells(plot)}  {ok(plot):>6}  {cells(ingest)}")
     print(f"load average while measuring: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
 

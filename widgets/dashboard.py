@@ -2,9 +2,13 @@
 
 Follows pyqtgraph's scrollingPlots example (DESIGN.md): one PlotDataItem per
 (run, series), fed from growable float64 buffers, and setData only from a 10 Hz
-QTimer for the series that changed, with clipToView and peak downsampling so a
-million-point curve still redraws in a few milliseconds. Records come in as the
-dicts of metrics.jsonl (engine/tail.py reads them); this widget only displays.
+QTimer for the series that changed, while the dashboard can be seen. Each buffer
+keeps min/max levels as values arrive, so while the plots follow their data a
+million-point series reaches its curve as one segment per pixel column (`envelope`:
+the picture of the raw series, see tests/widgets/test_dashboard.py); zoomed in by
+the user, a curve gets the raw series and pyqtgraph's clipToView and peak
+downsampling. Records come in as the dicts of metrics.jsonl (engine/tail.py reads
+them); this widget only displays.
 
 Several runs can be overlaid: colour per run, line style per series (solid = train,
 dashed with dots = validation), a checkable run list to show/hide each.
@@ -128,7 +132,7 @@ def _num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-BLOCK = 64  # points per min/max block of the envelope (see Dashboard._display_data)
+BLOCK = 16  # values per block of the finest min/max level (see _Buffer and envelope)
 
 
 def _grow(a: np.ndarray, need: int, keep: int) -> np.ndarray:
@@ -141,15 +145,14 @@ def _grow(a: np.ndarray, need: int, keep: int) -> np.ndarray:
 
 class _Buffer:
     """A float64 array that grows by doubling; `view()` is the filled part (no copy).
-    It also keeps the min and max of every complete block of BLOCK values, updated
-    as values arrive, so a long series' envelope costs O(new points) per update."""
+    With `envelope`, it also keeps the min and max of every complete block of
+    BLOCK * 2**k values, for every level k with two blocks or more, updated as values
+    arrive: O(new values) per update, n/BLOCK extra values in all."""
 
-    def __init__(self, capacity: int = 256):
+    def __init__(self, capacity: int = 256, envelope: bool = False):
         self.a = np.empty(capacity, dtype=np.float64)
         self.n = 0
-        self.bmin = np.empty(capacity // BLOCK + 1, dtype=np.float64)
-        self.bmax = np.empty(capacity // BLOCK + 1, dtype=np.float64)
-        self.nb = 0  # complete blocks summarised
+        self.levels: list[tuple[_Buffer, _Buffer]] | None = [] if envelope else None
 
     def extend(self, values) -> None:
         values = np.asarray(values, dtype=np.float64)
@@ -157,17 +160,69 @@ class _Buffer:
         self.a = _grow(self.a, need, self.n)
         self.a[self.n: need] = values
         self.n = need
-        full = need // BLOCK
-        if full > self.nb:
-            seg = self.a[self.nb * BLOCK: full * BLOCK].reshape(-1, BLOCK)
-            self.bmin = _grow(self.bmin, full, self.nb)
-            self.bmax = _grow(self.bmax, full, self.nb)
-            self.bmin[self.nb: full] = seg.min(axis=1)
-            self.bmax[self.nb: full] = seg.max(axis=1)
-            self.nb = full
+        if self.levels is not None:
+            self._summarise()
+
+    def _summarise(self) -> None:
+        lo_src, hi_src, n_src, size = self.a, self.a, self.n, BLOCK  # level k sums up level k-1 by pairs
+        for k in range(64):
+            full = n_src // size
+            if full < 2:
+                break
+            if k == len(self.levels):
+                self.levels.append((_Buffer(), _Buffer()))
+            lo, hi = self.levels[k]
+            if full > lo.n:
+                start, end = lo.n * size, full * size
+                lo.extend(lo_src[start:end].reshape(-1, size).min(axis=1))
+                hi.extend(hi_src[start:end].reshape(-1, size).max(axis=1))
+            lo_src, hi_src, n_src, size = lo.a, hi.a, lo.n, 2
 
     def view(self) -> np.ndarray:
         return self.a[: self.n]
+
+
+def envelope(xb: _Buffer, yb: _Buffer, bins: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The series (xb, yb) as line segments (x, y in pairs of points: pyqtgraph's
+    connect="pairs") that draw what it looks like in `bins` columns, about one per
+    pixel. Each column is one segment from its min, at its first x, to its max, at
+    its last x, its range widened to the previous column's last value so that the
+    segments join where the line between the two would. Columns are bins of equal
+    counts over the coarsest min/max level of yb with two blocks per bin or more
+    (the raw values when there is none); after them come one block of each finer
+    level still left, then the last raw values, each a segment from the one before.
+    One segment per pixel, where pyqtgraph's peak downsampling draws ten. None when
+    there are fewer than two values per bin (nothing to reduce)."""
+    n, levels = yb.n, yb.levels
+    if n < 2 * bins:
+        return None
+    k = next((k for k in range(len(levels) - 1, -1, -1) if levels[k][0].n >= 2 * bins), -1)
+    lo, hi = (levels[k][0].a, levels[k][1].a) if k >= 0 else (yb.a, yb.a)
+    size, nb = (BLOCK << k, levels[k][0].n) if k >= 0 else (1, n)
+    edges = np.arange(bins) * nb // bins
+    first, last = [edges * size], [np.append(edges[1:], nb) * size - 1]
+    mn, mx = [np.minimum.reduceat(lo[:nb], edges)], [np.maximum.reduceat(hi[:nb], edges)]
+    start = nb * size
+    for j in range(k - 1, -1, -1):  # at most one block of each finer level is left
+        size = BLOCK << j
+        if levels[j][0].n * size > start:
+            i = start // size
+            first.append([start])
+            last.append([start + size - 1])
+            mn.append(levels[j][0].a[i: i + 1])
+            mx.append(levels[j][1].a[i: i + 1])
+            start += size
+    first, last, mn, mx = (np.concatenate(v) for v in (first, last, mn, mx))
+    before = yb.a[last[:-1]]
+    mn[1:], mx[1:] = np.minimum(mn[1:], before), np.maximum(mx[1:], before)
+    m, tail = len(mn), n - start
+    x = np.empty(2 * (m + tail), dtype=np.float64)
+    y = np.empty_like(x)
+    x[0:2 * m:2], x[1:2 * m:2] = xb.a[first], xb.a[last]
+    y[0:2 * m:2], y[1:2 * m:2] = mn, mx
+    x[2 * m::2], x[2 * m + 1::2] = xb.a[start - 1:n - 1], xb.a[start:n]
+    y[2 * m::2], y[2 * m + 1::2] = yb.a[start - 1:n - 1], yb.a[start:n]
+    return x, y
 
 
 def ema(values: np.ndarray, weight: float, start: float | None = None) -> np.ndarray:
@@ -196,8 +251,8 @@ class _Series:
         self.spec = spec
         self.step = _Buffer()
         self.time = _Buffer()
-        self.y = _Buffer()
-        self.smoothed = _Buffer()
+        self.y = _Buffer(envelope=True)
+        self.smoothed = _Buffer(envelope=True)
         self.ymin, self.ymax = math.inf, -math.inf  # of the finite raw values
         self.curve: pg.PlotDataItem | None = None
         self.dirty = True
@@ -212,6 +267,50 @@ class _Run:
         self.t_last = 0.0
         self.series: dict[str, _Series] = {}
         self.peaks: pg.ScatterPlotItem | None = None  # final peak memory per rank
+
+
+class _GridAxis(pg.AxisItem):
+    """An axis whose grid lines are opaque: pyqtgraph draws them in the tick colour at
+    a low alpha, and Qt's raster engine hands every translucent line to its GUI
+    thread pool, whose wake-ups cost more than all the rest of a repaint on a small
+    machine. Here each grid pen gets the colour it had, blended over the plot's
+    background beforehand; the axis is put behind the view box so that the curves
+    cross the grid (a translucent grid tinted them slightly).
+
+    The axes of one dashboard share their latest ticks (`shared`):
+    the x axes of all plots are linked and the same size, so when the x range moves
+    one of them lays out the ticks and labels and the others reuse them."""
+
+    def __init__(self, orientation: str, background: QtGui.QColor, shared: dict):
+        super().__init__(orientation)
+        self._bg = QtGui.QColor(background)
+        self._opaque: dict[int, QtGui.QPen] = {}
+        self._shared = shared
+
+    def generateDrawSpecs(self, p):
+        view = self.linkedView()
+        key = (self.orientation, *self.range, self.logMode, self.size().toTuple(),
+               view.mapRectToItem(self, view.boundingRect()).getRect() if view is not None else None)
+        if key in self._shared:
+            return self._shared[key]
+        specs = super().generateDrawSpecs(p)
+        if specs is not None:
+            axis, ticks, texts = specs
+            specs = axis, [(self._opaque_pen(pen), p1, p2) for pen, p1, p2 in ticks], texts
+        if len(self._shared) >= 8:  # the latest few: one per plot row and orientation
+            del self._shared[next(iter(self._shared))]
+        self._shared[key] = specs
+        return specs
+
+    def _opaque_pen(self, pen: QtGui.QPen) -> QtGui.QPen:
+        c = pen.color()
+        out = self._opaque.get(c.rgba())
+        if out is None:
+            a, bg = c.alphaF(), self._bg
+            out = self._opaque[c.rgba()] = QtGui.QPen(pen)
+            out.setColor(QtGui.QColor.fromRgbF(*(b + (f - b) * a for f, b in (
+                (c.redF(), bg.redF()), (c.greenF(), bg.greenF()), (c.blueF(), bg.blueF())))))
+        return out
 
 
 class Dashboard(QtWidgets.QWidget):
@@ -232,7 +331,7 @@ class Dashboard(QtWidgets.QWidget):
             self.set_smoothing(smoothing)
         self._timer = QtCore.QTimer(self)
         self._timer.setInterval(self.UPDATE_MS)
-        self._timer.timeout.connect(self.flush)
+        self._timer.timeout.connect(self._tick)
         self._timer.start()
 
     # ----- layout ---------------------------------------------------------------
@@ -298,8 +397,9 @@ class Dashboard(QtWidgets.QWidget):
         self.plots: dict[str, pg.PlotWidget] = {}
         self._vlines: dict[str, pg.InfiniteLine] = {}
         first = None
+        shared_ticks: dict = {}
         for i, spec in enumerate(PLOTS):
-            pw = pg.PlotWidget(background=bg)
+            pw = pg.PlotWidget(background=bg, axisItems={k: _GridAxis(k, bg, shared_ticks) for k in ("left", "bottom")})
             pi = pw.getPlotItem()
             pi.setTitle(f"<span style='font-size:10pt; font-weight:600'>{spec.title}</span>", color=fg)
             pi.showGrid(x=True, y=True, alpha=grid_alpha)
@@ -308,12 +408,16 @@ class Dashboard(QtWidgets.QWidget):
             for ax in ("left", "bottom"):
                 pi.getAxis(ax).setPen(fg)
                 pi.getAxis(ax).setTextPen(fg)
+                pi.getAxis(ax).setZValue(-200)  # grid behind the curves (see _GridAxis)
+            for ax in ("left", "bottom", "top", "right"):  # hidden ones too: it re-lays their label per range
                 pi.getAxis(ax).enableAutoSIPrefix(False)  # "accuracy (x0.001)" reads badly
             pi.setClipToView(True)
             pi.setDownsampling(auto=True, mode="peak")
             pi.hideButtons()  # the bar's Fit does it for all plots
-            # Zoom/pan by the user switches between envelope and raw data: redraw.
+            # Zoom/pan by the user switches between envelope and raw data, and the
+            # envelope has a column per pixel: redraw.
             pi.vb.sigRangeChangedManually.connect(self._mark_all_dirty)
+            pi.vb.sigResized.connect(self._mark_all_dirty)
             legend = pi.addLegend(offset=(-8, -8 if spec.legend_at_bottom else 8), labelTextColor=fg,
                                   labelTextSize="8pt")
             legend.setBrush(pg.mkBrush(bg.red(), bg.green(), bg.blue(), 200))
@@ -507,7 +611,7 @@ class Dashboard(QtWidgets.QWidget):
         for run in self._runs.values():
             for s in run.series.values():
                 if s.spec.smooth:
-                    s.smoothed = _Buffer(max(s.y.n, 1))
+                    s.smoothed = _Buffer(max(s.y.n, 1), envelope=True)
                     s.smoothed.extend(ema(s.y.view(), weight))
                     s.dirty = True
         self.flush()
@@ -549,27 +653,24 @@ class Dashboard(QtWidgets.QWidget):
         yb = s.smoothed if s.spec.smooth and self._smoothing > 0 else s.y
         return xb, yb
 
-    def _display_data(self, s: _Series) -> tuple[np.ndarray, np.ndarray]:
-        """What the curve gets. While the plot follows its data (x auto-range, the
-        live case) and a pixel spans two blocks or more, that is the per-block
-        min/max envelope plus the raw tail: the same picture as peak downsampling,
-        without pyqtgraph re-reducing the whole series every tick. Zoomed in by the
-        user, it is the raw series, which pyqtgraph clips to the view first."""
+    def _display_data(self, s: _Series) -> tuple[np.ndarray, np.ndarray, bool]:
+        """What the curve gets, and whether that is the envelope. While the plots
+        follow their data (x auto-range, the live case) and there are two values per
+        pixel or more, it is the series' `envelope`, one segment per pixel column
+        (columns half a pen width apart): what the raw series looks like, built
+        from the min/max levels without touching the million values. Otherwise
+        (zoomed in by the user, or a short series) it is the raw series, which
+        pyqtgraph clips to the view and peak-downsamples only where there are more
+        than five points per pixel: every point shows."""
         xb, yb = self._buffers(s)
-        vb = self.plots[s.spec.plot].getPlotItem().vb
-        nb = yb.nb
-        if not vb.autoRangeEnabled()[0] or yb.n < 2 * BLOCK * max(vb.width(), 200.0):
-            return xb.view(), yb.view()
-        cut = nb * BLOCK
-        x = np.empty(2 * nb + yb.n - cut, dtype=np.float64)
-        y = np.empty_like(x)
-        x[0: 2 * nb: 2] = xb.a[0:cut:BLOCK]
-        x[1: 2 * nb: 2] = xb.a[BLOCK - 1:cut:BLOCK]
-        y[0: 2 * nb: 2] = yb.bmin[:nb]
-        y[1: 2 * nb: 2] = yb.bmax[:nb]
-        x[2 * nb:] = xb.a[cut: yb.n]
-        y[2 * nb:] = yb.a[cut: yb.n]
-        return x, y
+        pw = self.plots[s.spec.plot]
+        # every plot's x follows the first's (setXLink): its auto-range is the live case
+        if self.plots[PLOTS[0].id].getPlotItem().vb.autoRangeEnabled()[0]:
+            pixels = max(pw.getPlotItem().vb.width(), 200.0) * pw.devicePixelRatioF()
+            env = envelope(xb, yb, int(pixels * 2 / max(s.curve.opts["pen"].widthF(), 1.0)))
+            if env is not None:
+                return *env, True
+        return xb.view(), yb.view(), False
 
     def curve(self, key: str, series: str) -> pg.PlotDataItem | None:
         s = self._runs.get(key, _Run("", "", "")).series.get(series)
@@ -591,6 +692,16 @@ class Dashboard(QtWidgets.QWidget):
         self.plots[spec.plot].getPlotItem().addItem(curve)
         return curve
 
+    def _tick(self) -> None:
+        """The timer: new points reach the curves while they can be seen; a hidden
+        dashboard (a dock tabbed away, a minimised window) catches up when shown."""
+        if self.isVisible() and not self.window().isMinimized():
+            self.flush()
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        self.flush()
+
     @QtCore.Slot()
     def flush(self) -> None:
         """Push changed series to their curves (the timer calls this 10 times a second)."""
@@ -601,7 +712,11 @@ class Dashboard(QtWidgets.QWidget):
                     continue
                 if s.curve is None:
                     s.curve = self._make_curve(run, s)
-                s.curve.setData(*self._display_data(s))
+                x, y, reduced = self._display_data(s)
+                if s.curve.opts["clipToView"] == reduced:  # pyqtgraph's own reduction: raw data only
+                    s.curve.setClipToView(not reduced)
+                    s.curve.setDownsampling(auto=not reduced, method="peak")
+                s.curve.setData(x, y, connect="pairs" if reduced else "all")
                 s.dirty = False
                 touched.add(s.spec.plot)
         for plot_id in touched:

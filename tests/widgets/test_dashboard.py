@@ -9,10 +9,11 @@ import math
 import numpy as np
 import pytest
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QImage
+from PySide6.QtGui import QImage, QPainter
+import pyqtgraph as pg
 
 from engine.tail import MetricsTail, read_metrics
-from widgets.dashboard import ConfusionMatrixWidget, Dashboard, ema
+from widgets.dashboard import BLOCK, ConfusionMatrixWidget, Dashboard, _Buffer, ema, envelope
 
 pytestmark = pytest.mark.gui
 
@@ -181,32 +182,172 @@ def test_confusion_matrix_widget(qtbot):
     assert w.empty.isVisible() and not w.image.isVisible()
 
 
-def test_a_long_series_stays_exact_and_is_drawn_as_its_envelope(dash, qtbot):
-    """Buffers grow by doubling; every appended value lands once, in order. A long
-    series reaches the curve as per-block min/max (what peak downsampling would
-    draw); zoomed in by the user, the curve gets the raw points again."""
+def test_a_long_series_stays_exact_and_is_drawn_as_its_envelope(dash):
+    """Buffers grow by doubling; every appended value lands once, in order. While
+    the plots follow their data, a long series reaches its curve as one segment per
+    pixel column (its min/max envelope); zoomed in by the user, the curve gets the
+    raw points again, and the region on screen is drawn from them exactly."""
     n, chunk = 200_003, 20_000
-    rng = np.random.default_rng(1)
-    values = rng.standard_normal(n)
+    values = np.random.default_rng(1).standard_normal(n)
     for i in range(0, n, chunk):
         dash.append("big", [{"step": s, "time": s / 100, "loss": float(values[s])} for s in range(i, min(n, i + chunk))])
         dash.flush()
     x, y = dash.series_data("big", "loss")
     assert x.dtype == np.float64 and len(x) == n and x[-1] == n - 1 and np.array_equal(y, values)
+    c = dash.curve("big", "loss")
     cx, cy = curve_xy(dash, "big", "loss")
-    blocks = n // 64
-    assert len(cx) == 2 * blocks + n % 64
-    assert np.array_equal(cy[0:2 * blocks:2], values[: blocks * 64].reshape(-1, 64).min(axis=1))
-    assert np.array_equal(cy[1:2 * blocks:2], values[: blocks * 64].reshape(-1, 64).max(axis=1))
-    assert np.array_equal(cy[2 * blocks:], values[blocks * 64:]) and cx[-1] == n - 1
-    assert cy.max() == values.max() and cy.min() == values.min()
+    columns = int(dash.plots["loss"].getPlotItem().vb.width())
+    assert c.opts["connect"] == "pairs" and columns <= len(cx) // 2 <= columns + 40
+    check_envelope(cx, cy, values)
+    assert not c.opts["clipToView"] and not c.opts["autoDownsample"]  # already one segment per pixel
+
     vb = dash.plots["loss"].getPlotItem().vb
-    vb.setXRange(1000, 2000)
+    vb.setXRange(1000, 1099, padding=0)
     vb.sigRangeChangedManually.emit(vb.state["mouseEnabled"])  # what a mouse zoom emits
     dash.flush()
-    assert len(curve_xy(dash, "big", "loss")[0]) == n
+    assert len(curve_xy(dash, "big", "loss")[0]) == n and c.opts["connect"] == "all"
+    assert c.opts["clipToView"] and c.opts["autoDownsample"] and c.opts["downsampleMethod"] == "peak"
+    shown_x, shown_y = c.getData()  # after pyqtgraph's clipping to the view: no downsampling of 100 points
+    assert set(range(1000, 1100)) <= set(shown_x.astype(int)) and len(shown_x) <= 104
+    assert np.array_equal(shown_x, np.arange(shown_x[0], shown_x[-1] + 1))
+    assert np.array_equal(shown_y, values[shown_x.astype(int)])
+
     dash.auto_range()
     dash.flush()
-    assert len(curve_xy(dash, "big", "loss")[0]) == 2 * blocks + n % 64
-    c = dash.curve("big", "loss")
-    assert c.opts["clipToView"] and c.opts["autoDownsample"] and c.opts["downsampleMethod"] == "peak"
+    assert c.opts["connect"] == "pairs" and len(curve_xy(dash, "big", "loss")[0]) < 2 * columns + 80
+
+
+def check_envelope(cx, cy, values):
+    """Segments (x = index) of a series of `values`: each covers the values of its
+    index range and the last value of the previous one, min to max exactly; together
+    they cover the series in order; the raw tail is drawn point to point."""
+    x0, x1, y0, y1 = cx[0::2].astype(int), cx[1::2].astype(int), cy[0::2], cy[1::2]
+    assert x0[0] == 0 and x1[-1] == len(values) - 1
+    column = np.r_[True, x0[1:] == x1[:-1] + 1]  # a column starts after the previous one
+    tail = np.r_[False, x0[1:] == x1[:-1]]  # a raw segment starts where the previous one ends
+    assert np.all(column ^ tail) and np.all(np.diff(tail.astype(int)) >= 0)  # columns, then the raw tail
+    for i in np.flatnonzero(column):
+        span = values[x0[i] - 1 if i else 0: x1[i] + 1]
+        assert (y0[i], y1[i]) == (span.min(), span.max())
+    assert np.array_equal(y0[tail], values[x0[tail]]) and np.array_equal(y1[tail], values[x1[tail]])
+    assert np.all(x1[tail] == x0[tail] + 1)
+    assert cy.min() == values.min() and cy.max() == values.max()
+
+
+@pytest.mark.parametrize("chunks", [[5000] * 40, [1] * 50 + [7, 13, 999, 64 * 16 + 3] + [30_000] * 6])
+def test_min_max_levels_built_as_values_arrive_equal_a_full_pass(chunks):
+    values = np.random.default_rng(2).standard_normal(sum(chunks))
+    b = _Buffer(envelope=True)
+    at = 0
+    for k in chunks:
+        b.extend(values[at: at + k])
+        at += k
+    assert np.array_equal(b.view(), values)
+    assert len(b.levels) >= 2
+    for k, (lo, hi) in enumerate(b.levels):
+        size = BLOCK << k
+        blocks = values[: len(values) // size * size].reshape(-1, size)
+        assert np.array_equal(lo.view(), blocks.min(axis=1)) and np.array_equal(hi.view(), blocks.max(axis=1))
+
+
+@pytest.mark.parametrize("n", [50, 2 * 400, 12_345, 300_001])
+def test_envelope_segments_cover_the_series(n):
+    values = np.cumsum(np.random.default_rng(3).standard_normal(n))
+    xb, yb = _Buffer(), _Buffer(envelope=True)
+    xb.extend(np.arange(n, dtype=np.float64))
+    yb.extend(values)
+    env = envelope(xb, yb, 400)
+    if n < 800:
+        assert env is None  # under two values per column: drawn as they are
+        return
+    check_envelope(*env, values)
+    assert len(env[0]) // 2 <= 400 + 40
+
+
+def test_the_envelope_draws_what_the_raw_series_draws(qtbot):
+    """The same plot rendered offscreen from all 300,000 points and from the
+    envelope: at most a few pixels differ by more than a pixel's shift, where
+    the flat and noisy parts, the spike and the step all show."""
+    n = 300_000
+    x = np.arange(1, n + 1, dtype=np.float64)
+    y = 2.0 * np.exp(-x / 1e5) + 0.05 * np.random.default_rng(0).standard_normal(n)
+    y[150_000] += 1.0
+    y[200_000:250_000] = 1.2
+    xb, yb = _Buffer(), _Buffer(envelope=True)
+    xb.extend(x)
+    yb.extend(y)
+    pw = pg.PlotWidget(background="w")
+    qtbot.addWidget(pw)
+    pw.resize(460, 380)
+    pw.show()
+    curve = pw.plot(pen=pg.mkPen("#1f77b4", width=2))
+
+    def render(*data, connect):
+        curve.setData(*data, connect=connect)
+        pw.getPlotItem().vb.setRange(xRange=(0, n), yRange=(-0.5, 3.5), padding=0)
+        img = pw.grab().toImage().convertToFormat(QImage.Format_RGB32)
+        rows = np.frombuffer(img.constBits(), np.uint8).reshape(img.height(), img.bytesPerLine() // 4, 4)
+        return rows[:, :img.width(), :3].copy()
+
+    raw = render(x, y, connect="all")
+    env = render(*envelope(xb, yb, int(pw.getPlotItem().vb.width())), connect="pairs")
+    padded = np.pad(raw, ((1, 1), (1, 1), (0, 0)), mode="edge")
+    near = np.zeros(raw.shape[:2], bool)  # the colour is within a pixel of there in the raw picture
+    for dy in range(3):
+        for dx in range(3):
+            near |= np.all(padded[dy:dy + raw.shape[0], dx:dx + raw.shape[1]] == env, axis=2)
+    drawn = np.any(raw != 255, axis=2).sum()
+    # 21 pixels of 14,088 here; with a column per 2 pixels, 763
+    assert drawn > 10_000 and (~near).sum() <= 0.005 * drawn
+
+
+def test_incremental_ema_equals_the_full_recomputation(dash):
+    values = np.random.default_rng(4).standard_normal(50_000).cumsum()
+    dash.set_smoothing(0.9)
+    for i in range(0, len(values), 3_333):
+        dash.append("r", [{"step": s, "loss": float(values[s])} for s in range(i, min(len(values), i + 3_333))])
+    smoothed = dash.series_data("r", "loss")[1]
+    np.testing.assert_allclose(smoothed, ema(values, 0.9), rtol=1e-12, atol=1e-12)
+    dash.set_smoothing(0.5)  # a new weight recomputes from the raw values
+    np.testing.assert_allclose(dash.series_data("r", "loss")[1], ema(values, 0.5), rtol=1e-12, atol=1e-12)
+
+
+def test_a_hidden_dashboard_catches_up_when_shown(dash, tmp_path):
+    dash.append("r", read_metrics(write_metrics(tmp_path / "m.jsonl", n=5)))
+    dash._tick()
+    assert len(curve_xy(dash, "r", "loss")[0]) == 5
+    dash.hide()
+    dash.append("r", [{"step": 6, "loss": 0.1}])
+    dash._tick()  # the timer: nothing is pushed to curves no one sees
+    assert len(curve_xy(dash, "r", "loss")[0]) == 5
+    dash.show()
+    assert len(curve_xy(dash, "r", "loss")[0]) == 6
+
+
+def test_grid_is_opaque_behind_the_curves_and_x_ticks_are_shared_exactly(dash, tmp_path):
+    """The grid keeps its colours, blended over the background beforehand (a
+    translucent line costs a thread-pool round trip per line in Qt's raster
+    engine), under the curves; the five x axes reuse one tick layout, which equals
+    what each would lay out itself."""
+    dash.append("r", read_metrics(write_metrics(tmp_path / "m.jsonl", n=40)))
+    dash.flush()
+    dash.plots_area.grab()  # paint once
+    painter = QPainter(QImage(10, 10, QImage.Format_ARGB32))
+    try:
+        for pid, pw in dash.plots.items():
+            pi = pw.getPlotItem()
+            bg = pw.backgroundBrush().color()
+            for ax in ("left", "bottom"):
+                axis = pi.getAxis(ax)
+                assert axis.zValue() < pi.vb.zValue()
+                ours = axis.generateDrawSpecs(painter)
+                own = pg.AxisItem.generateDrawSpecs(axis, painter)
+                assert [t[2] for t in ours[2]] == [t[2] for t in own[2]]  # the labels
+                assert [(a, b) for _, a, b in ours[1]] == [(a, b) for _, a, b in own[1]]  # tick positions
+                for (pen, *_), (tpen, *_) in zip(ours[1], own[1]):
+                    c, t = pen.color(), tpen.color()
+                    assert c.alpha() == 255 and t.alpha() < 255
+                    a = t.alphaF()
+                    assert c.redF() == pytest.approx(bg.redF() + (t.redF() - bg.redF()) * a, abs=1 / 255)
+    finally:
+        painter.end()
