@@ -175,14 +175,18 @@ def local_cpu(nproc: int = 1, threads: int | None = None) -> DeviceSpec:
     """One of nproc CPU processes of this machine, each with `threads` intra-op
     threads (default: what local workers get): memory shared by the processes,
     compute and optimizer rates measured (cpu_calibration), and scaled down when
-    nproc x threads oversubscribes the cores. Loopback gloo between two processes
-    measured about 1 GB/s per rank for all-reduce and bidirectional send/recv (one-way
-    sends alone reach 3 GB/s) and 50-100 us per message."""
+    nproc x threads oversubscribes the cores.
+
+    The link is loopback gloo between two processes, measured on a 2-core machine:
+    all-reduce of 1-16 MB alone runs at 0.9-1.7 GB/s (bytes each rank sends), but
+    inside DDP's backward, where gloo's copies and sums share the cores with the
+    backward pass, the same 5 MB all-reduce takes 0.4-0.6 GB/s; the step pays the
+    latter. Small messages take 60-120 us (all-reduce: two ring steps)."""
     threads = threads or worker_threads()
     cal = cpu_calibration(threads)
     share = min(1.0, _cores() / (max(1, nproc) * threads))
     return DeviceSpec("cpu", _meminfo_bytes() // max(1, nproc), flops_per_s=cal["flops_per_s"] * share,
-                      link_bytes_per_s=1e9, latency_s=60e-6, update_bytes_per_s=cal["update_bytes_per_s"] * share)
+                      link_bytes_per_s=0.5e9, latency_s=60e-6, update_bytes_per_s=cal["update_bytes_per_s"] * share)
 
 
 # name -> memory, dense bf16/tf32 FLOP/s at a realistic 40% of peak, NVLink/PCIe bandwidth, latency, and
