@@ -365,6 +365,7 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
     devices = []
     fsdp = pl["data_parallel"] == "fsdp" and dp > 1
     stage_flops = [0.0] * pp
+    stage_state = [0.0] * pp  # bytes each pipeline rank's optimizer step goes through
     ckpt_nodes = set(n for n in compute if graph.nodes[n].checkpoint)
     for rank in range(world):
         s, d, t = mesh["coords"][rank]
@@ -392,6 +393,7 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
                "optimizer_bytes": n_opt_states * params * FLOAT_BYTES + (tensors * 4 if opt.name != "sgd" else 0),
                "activations_bytes": acts}
         mem["total_bytes"] = sum(mem.values())
+        stage_state[s] = max(stage_state[s], mem["params_bytes"] + mem["grads_bytes"] + mem["optimizer_bytes"])
         devices.append({"rank": rank, "stage": s, "stages": mine, "dp_rank": d, "tp_rank": t, "memory": mem,
                         "flops_per_step": flops, "params": params})
     for dv in devices:
@@ -407,7 +409,7 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
     comms = communication(compiled, stages, stage, styles, tp_plan, pp, dp, tp, m, B, pl, devices, meta)
     comm_s = sum(comm_time(c["op"], c["bytes_per_step"], c["group_size"], device, c.get("messages", 1))
                  for c in comms) / max(1, pp)
-    timing = step_time(stage_flops, m, device, comm_s, v)
+    timing = step_time(stage_flops, m, device, comm_s, v, state_bytes=stage_state)
     layouts = edge_layouts(graph, compiled, stage, tp_layout, dp, tp)
     doc = {
         "version": PLAN_VERSION, "project": project.name, "world": world, "nproc": nproc,
@@ -609,7 +611,8 @@ def format_plan(plan: Plan) -> str:
                          f"{_gib(mm['activations_bytes']):>12} {_gib(mm['total_bytes']):>10} {dv['flops_per_step'] / 1e9:>11.3f}")
         p = d["predicted"]
         lines.append(f"predicted step: {p['step_s'] * 1e3:.2f} ms (compute {p['compute_s'] * 1e3:.2f} ms, "
-                     f"communication {p['comm_s'] * 1e3:.2f} ms) on {d['device']['name']}")
+                     f"optimizer {p.get('update_s', 0) * 1e3:.2f} ms, communication {p['comm_s'] * 1e3:.2f} ms) "
+                     f"on {d['device']['name']}")
     lines += [f"warning: {w}" for w in plan.warnings]
     lines += [f"error: {e}" for e in plan.errors]
     return "\n".join(lines)
