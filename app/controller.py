@@ -58,7 +58,7 @@ def plan_notes(plan, graph=None) -> tuple[dict[Edge, str], list[tuple[str, int, 
 
     per_replica = (doc.get("batch") or {}).get("per_replica", 1)
     for rec in doc.get("layouts", []):
-        tp_layout = (rec.get("dtensor") or "").rstrip("]").split(", ")[-1]
+        tp_layout = rec.get("tp_layout", "")
         if tp_layout.startswith("Shard("):  # a tensor-parallel piece, not the whole tensor
             for e in edges:
                 if (e.src, e.dst) == (rec.get("src"), rec.get("dst")):

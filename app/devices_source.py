@@ -142,8 +142,7 @@ def attach(window) -> DevicesSource:
         src.choose(name)
         if window.project.cluster != name:
             window.project.cluster = name
-            window._dirty_extra = True
-            window._update_title()
+            window._mark_modified()
 
     def from_project() -> None:
         """A project remembers its cluster: choose it again, or say it is unknown here."""

@@ -485,6 +485,7 @@ def edge_layouts(graph, compiled, stage, layout, dp, tp) -> list[dict]:
         tp_layout = layout.get(e.src, "Replicate()") if tp > 1 else "Replicate()"
         lay = ["Shard(0)" if dp > 1 else "Replicate()", tp_layout]
         rec = {"edge": f"{e.src} -> {e.dst}", "src": e.src, "dst": e.dst, "mesh_dims": ["dp", "tp"], **sbp(lay),
+               "tp_layout": tp_layout,
                "bytes_per_sample": _out_bytes(compiled, e.src)}
         s0, s1 = stage.get(e.src), stage.get(e.dst)
         if s0 is not None and s1 is not None and s0 != s1:
@@ -570,7 +571,7 @@ def _tp_comms(n: str, ent: dict, in_b: int, out_b: int, tp: int, norm_params: in
     if seq_in:
         c.append(_tp(n, "all-gather", in_b, tp, "forward: Shard(1) -> Replicate() (sequence region's tokens)", "in"))
         c.append(_tp(n, "reduce-scatter", in_b, tp, "backward: input gradient Partial() -> Shard(1)", "in"))
-    elif style in ("colwise",) and typ != "Embedding" or typ == "MultiheadAttention":
+    elif (style == "colwise" and typ != "Embedding") or typ == "MultiheadAttention":
         c.append(_tp(n, "all-reduce", in_b, tp, "backward: input gradient Partial() -> Replicate()", "in"))
     elif style == "rowwise" and ent["input"] == "Replicate()" and typ != "Embedding":
         c.append(_tp(n, "all-gather", in_b, tp, "backward: input gradient Shard(-1) -> Replicate()", "in"))
