@@ -273,10 +273,44 @@ def compile_graph(graph: Graph) -> CompileResult:
             if nid not in live:
                 warnings.append(CompileError(f"node '{nid}' ({graph.nodes[nid].type}): does not reach an Output", nid, severity="warning"))
 
+    ties = graph.live_ties()
+    if ties and not errors:
+        _check_ties(ties, infos, errors)
     result = CompileResult(graph, infos, errors, warnings, order)
     if not errors:
         result.spec = {"nodes": spec_nodes, "inputs": inputs, "outputs": outputs}
+        if ties:
+            result.spec["ties"] = dict(sorted(ties.items()))
     return result
+
+
+def _check_ties(ties: dict[str, str], infos: dict[str, NodeInfo], errors: list[CompileError]) -> None:
+    """Each tie joins two parameters of one shape; the tied copy is not counted twice."""
+    shapes: dict[str, dict[str, tuple]] = {}
+
+    def params_of(nid: str) -> dict[str, tuple]:
+        if nid not in shapes:
+            with torch.device("meta"):
+                m = build_layer(infos[nid].type, infos[nid].params)
+            shapes[nid] = {k: tuple(p.shape) for k, p in m.named_parameters()}
+        return shapes[nid]
+
+    for dst, src in ties.items():
+        (dn, _, dp), (sn, _, sp) = dst.partition("."), src.partition(".")
+        if infos[dn].type in FUNCTION_LAYERS or infos[sn].type in FUNCTION_LAYERS:
+            _err(errors, dn, infos[dn].type, f"tie {dst} = {src}: a function layer has no parameters")
+            continue
+        a, b = params_of(dn).get(dp), params_of(sn).get(sp)
+        if a is None or b is None:
+            bad = dst if a is None else src
+            _err(errors, dn, infos[dn].type, f"tie {dst} = {src}: '{bad}' is not a parameter of that node")
+        elif a != b:
+            _err(errors, dn, infos[dn].type, f"tie {dst} = {src}: shapes {list(a)} and {list(b)} differ")
+        elif dst != src:
+            n = 1
+            for d in a:
+                n *= d
+            infos[dn].n_params -= n
 
 
 # Per-layer results keyed by (type, params, input shapes and dtypes): the GUI compiles

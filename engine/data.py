@@ -65,12 +65,27 @@ def _sequence(d: SyntheticSequence) -> Arrays:
     """Each class prefers its own slice of the vocabulary: token i of a sequence comes
     from the class's slice with probability 1/2, else from the whole vocabulary."""
     rng = np.random.default_rng(d.seed)
+    if d.task == "next_token":
+        return _next_token(d, rng)
     y = rng.integers(0, d.n_classes, size=d.n_samples)
     width = max(1, d.vocab_size // d.n_classes)
     own = (y[:, None] * width + rng.integers(0, width, size=(d.n_samples, d.seq_len))) % d.vocab_size
     anyt = rng.integers(0, d.vocab_size, size=(d.n_samples, d.seq_len))
     x = np.where(rng.random((d.n_samples, d.seq_len)) < 0.5, own, anyt)
     return _split(x.astype(np.int64), y.astype(np.int64), d.val_fraction, d.seed, "classification", d.n_classes)
+
+
+def _next_token(d: SyntheticSequence, rng) -> Arrays:
+    """Sequences of a seeded random Markov chain (each token has 2 likely successors);
+    the target of position t is token t + 1, so a language model can learn it."""
+    succ = rng.integers(0, d.vocab_size, size=(d.vocab_size, 2))
+    seq = np.empty((d.n_samples, d.seq_len + 1), dtype=np.int64)
+    seq[:, 0] = rng.integers(0, d.vocab_size, size=d.n_samples)
+    for t in range(d.seq_len):
+        pick = succ[seq[:, t], rng.integers(0, 2, size=d.n_samples)]
+        noise = rng.integers(0, d.vocab_size, size=d.n_samples)
+        seq[:, t + 1] = np.where(rng.random(d.n_samples) < 0.9, pick, noise)
+    return _split(seq[:, :-1], seq[:, 1:], d.val_fraction, d.seed, "classification", d.vocab_size)
 
 
 def _images(d: SyntheticImages) -> Arrays:

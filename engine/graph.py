@@ -45,6 +45,9 @@ class Node:
     checkpoint: bool = False
     # Name of the block (group) this node belongs to in the editor; None: none.
     group: str | None = None
+    # Where an imported node came from: the module tree from the outside in, as
+    # [path, type] pairs, e.g. [["layer1", "Sequential"], ["layer1.0", "Bottleneck"]].
+    scope: list[list[str]] | None = None
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {
@@ -61,6 +64,8 @@ class Node:
             d["checkpoint"] = True
         if self.group is not None:
             d["group"] = self.group
+        if self.scope:
+            d["scope"] = [list(s) for s in self.scope]
         return d
 
     @classmethod
@@ -74,6 +79,7 @@ class Node:
             tp=d.get("tp"),
             checkpoint=bool(d.get("checkpoint", False)),
             group=d.get("group"),
+            scope=[list(s) for s in d["scope"]] if d.get("scope") else None,
         )
 
 
@@ -123,6 +129,9 @@ class Graph:
         self.nodes: dict[str, Node] = {}
         self.edges: list[Edge] = []
         self.collapsed: set[str] = set()  # blocks the editor shows as one card (saved with the diagram)
+        # Shared parameters: "node.param" -> "node.param" it is the very same tensor as
+        # (a module called twice, an embedding tied to the output layer).
+        self.ties: dict[str, str] = {}
         self._subscribers: list[Callable[[GraphEvent], None]] = []
         self._batch_depth = 0
 
@@ -288,6 +297,11 @@ class Graph:
             Edge(new if e.src == old else e.src, e.src_port, new if e.dst == old else e.dst, e.dst_port)
             for e in self.edges
         ]
+
+        def moved(end: str) -> str:
+            n, _, rest = end.partition(".")
+            return f"{new}.{rest}" if n == old else end
+        self.ties = {moved(k): moved(v) for k, v in self.ties.items()}
         self._emit(GraphEvent("node_renamed", node=new, old=old, new=new))
 
     def check_connect(self, src: str, src_port: str, dst: str, dst_port: str) -> str | None:
@@ -379,7 +393,16 @@ class Graph:
         blocks = {n.group for n in self.nodes.values()}
         if self.collapsed & blocks:  # written only when some block is collapsed
             d["collapsed"] = sorted(self.collapsed & blocks)
+        ties = self.live_ties()
+        if ties:
+            d["ties"] = dict(sorted(ties.items()))
         return d
+
+    def live_ties(self) -> dict[str, str]:
+        """The ties whose two nodes are in the diagram (a deleted node's ties come back
+        with it on undo)."""
+        return {k: v for k, v in self.ties.items()
+                if k.partition(".")[0] in self.nodes and v.partition(".")[0] in self.nodes}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Graph":
@@ -402,8 +425,14 @@ class Graph:
             for end in (e.src, e.dst):
                 if end not in nodes:
                     raise GraphError(f"edge {e.src}.{e.src_port} -> {e.dst}.{e.dst_port} names unknown node '{end}'")
+        ties = {str(k): str(v) for k, v in (d.get("ties") or {}).items()}
+        for k, v in ties.items():
+            for end in (k, v):
+                if end.partition(".")[0] not in nodes or not end.partition(".")[2]:
+                    raise GraphError(f"tie {k} = {v}: '{end}' is not NODE.PARAMETER of a node of the diagram")
         self.nodes = nodes
         self.edges = edges
+        self.ties = ties
         self.collapsed = {str(b) for b in d.get("collapsed", [])} & {n.group for n in nodes.values()}
         self._emit(GraphEvent("reset"))
 

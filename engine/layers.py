@@ -25,7 +25,7 @@ class FieldError(ValueError):
 @dataclass(frozen=True)
 class ParamSpec:
     name: str
-    kind: str  # int | int2 (an int or a pair [h, w]) | float | bool | choice | str | ints | json
+    kind: str  # int | int2 (an int or a pair [h, w]) | float | bool | choice | str | ints | json | list
     default: Any
     doc: str
     min: float | None = None
@@ -67,6 +67,9 @@ class ParamSpec:
         elif k == "json":
             if not isinstance(value, dict):
                 raise FieldError(self.name, f"{self.name} must be a JSON object (keyword arguments), not {value!r}")
+        elif k == "list":
+            if not isinstance(value, list):
+                raise FieldError(self.name, f"{self.name} must be a JSON list, not {value!r}")
         if k in ("int", "int2", "float"):
             for v in value if isinstance(value, list) else [value]:
                 if self.min is not None and v < self.min:
@@ -357,6 +360,22 @@ def _custom(p, shapes, dtypes):
     return p
 
 
+def _op(p, shapes, dtypes):
+    from engine.runtime.ops import OpError, check_program
+
+    try:
+        check_program(p)
+    except OpError as e:
+        raise FieldError("code", str(e)) from None
+    return p
+
+
+def _op_inputs(p: dict) -> list[str]:
+    n = p.get("inputs", 1)
+    n = n if isinstance(n, int) and 1 <= n <= 64 else 1
+    return ["in"] if n == 1 else [f"in{i}" for i in range(n)]  # the program reads them as in0, in1, ...
+
+
 def _n_inputs(p: dict) -> list[str]:
     n = p.get("num_inputs", 2)
     n = n if isinstance(n, int) and 2 <= n <= 8 else 2
@@ -501,6 +520,15 @@ _add(LayerSpec("Custom", "Custom", "Any nn.Module by import path 'package.module
     P("path", "str", "", "import path, e.g. torch.nn:Hardswish"),
     P("kwargs", "json", {}, "keyword arguments for the constructor"),
 ), resolve=_custom))
+
+_add(LayerSpec("Op", "Generic", "Any ATen computation the catalog has no layer for (what torch.export records), "
+               "with the tensors it owns; imported models use it for permute, indexing, class tokens and the like.", (
+    P("inputs", "int", 1, "number of inputs (read as in0, in1, ... by the calls)", min=1, max=64),
+    P("code", "list", [["y", "aten.relu.default", [{"$": "in0"}], {}]],
+      "calls [result, 'aten.NAME.OVERLOAD', args, kwargs]; {\"$\": name} reads an input, weight or result; "
+      "the last result is the output"),
+    P("weights", "json", {}, "tensors the node owns: name -> {shape, dtype, grad}"),
+), inputs=_op_inputs, resolve=_op, tp_styles=("replicate",)))
 
 
 def get_layer(node_type: str) -> LayerSpec | None:

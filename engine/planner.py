@@ -306,6 +306,12 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
         if not ids:
             errors.append(f"stage {s} holds no layer; lower placement.pp to {len([x for x in stages if x])} "
                           f"or move a layer to stage {s}")
+    for dst, src in ((compiled.spec or {}).get("ties") or {}).items():
+        a, b = dst.partition(".")[0], src.partition(".")[0]
+        if a in stage and b in stage and stage[a] != stage[b]:
+            errors.append(f"nodes '{b}' and '{a}' share one parameter ({src} = {dst}, tied weights) but sit in "
+                          f"stages {stage[b]} and {stage[a]}; a pipeline stage holds its own copy, so put both in one "
+                          f"stage (set their stage) or lower placement.pp to 1")
 
     k = project.training.grad_accumulation
     if k > 1 and world > 1:
@@ -357,6 +363,11 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
             warnings.append(f"node '{n}' (Dropout): masks come from each rank's own random stream, so losses are "
                             f"not the single-process ones; fix: compare with p=0, or accept statistically equal runs")
 
+    generic = [n for n in compute if graph.nodes[n].type == "Op"]
+    if tp > 1 and generic:
+        warnings.append(f"{len(generic)} generic Op node(s) ({', '.join(generic[:5])}{', ...' if len(generic) > 5 else ''}) "
+                        f"run replicated on every tensor-parallel rank: the planner does not split ATen calls it has "
+                        f"no rule for (their inputs are gathered first)")
     # ---- memory and FLOPs per rank ----
     opt = project.training.optimizer
     meta = compiled.module
@@ -372,11 +383,15 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
         mine = list(range(s, len(stages), pp))  # this rank's stages
         ids = [n for st in mine for n in stages[st]]
         params = tensors = 0
+        seen: set[int] = set()  # a tied parameter is held once
         for n in ids:
             if get_layer(graph.nodes[n].type).kind == "function":  # no parameters
                 continue
             style = styles.get(n)
             for pname, p in meta.get_submodule(n).named_parameters():
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
                 shape = list(p.shape)
                 dim = param_shards(graph.nodes[n].type, style, pname)
                 if dim is not None:

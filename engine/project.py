@@ -56,6 +56,9 @@ class SyntheticSequence(_Strict):
     seq_len: int = Field(16, ge=1, le=100_000)
     vocab_size: int = Field(32, ge=2, le=10_000_000)
     n_classes: int = Field(4, ge=2, le=10_000)
+    # classify: one label per sequence; next_token: language modelling, the target of
+    # each position is the next token (per-token logits (B, T, vocab) against (B, T))
+    task: Literal["classify", "next_token"] = "classify"
     val_fraction: float = Field(0.2, gt=0, lt=1)
     seed: int = 0
 
@@ -169,6 +172,7 @@ class _NodeModel(_Strict):
     tp: Optional[Literal[TP_STYLES]] = None  # type: ignore[valid-type]
     checkpoint: bool = False
     group: Optional[str] = None  # editor block name
+    scope: Optional[list[tuple[str, str]]] = None  # imported: module path and type, outside in
 
 
 class _EdgeModel(_Strict):
@@ -182,6 +186,7 @@ class _DiagramModel(_Strict):
     nodes: list[_NodeModel] = Field(default_factory=list)
     edges: list[_EdgeModel] = Field(default_factory=list)
     collapsed: list[str] = Field(default_factory=list)  # blocks shown as one card in the editor
+    ties: dict[str, str] = Field(default_factory=dict)  # shared parameters: "node.param" -> "node.param"
 
 
 class _ProjectModel(_Strict):

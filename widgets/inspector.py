@@ -29,7 +29,7 @@ def _fmt(spec: ParamSpec, value: Any) -> str:
         return ""
     if spec.kind in ("ints", "int2") and isinstance(value, (list, tuple)):
         return ", ".join(map(str, value))
-    if spec.kind == "json":
+    if spec.kind in ("json", "list"):
         return json.dumps(value)
     if spec.kind == "float":
         return f"{value:g}"
@@ -66,6 +66,14 @@ def parse(spec: ParamSpec, text: str) -> Any:
             raise ValueError(f"{spec.name}: not valid JSON ({e.msg} at column {e.colno})") from None
         if not isinstance(v, dict):
             raise ValueError(f"{spec.name} must be a JSON object such as {{\"inplace\": true}}")
+        return v
+    if spec.kind == "list":
+        try:
+            v = json.loads(text or "[]")
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{spec.name}: not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(v, list):
+            raise ValueError(f"{spec.name} must be a JSON list")
         return v
     return text
 

@@ -121,7 +121,13 @@ def synthetic_training(project: Project) -> None:
         return
     shape, loss = list(inp.params["shape"]), result.nodes[out_id].params.get("loss")
     classes = pred.shape[-1] if pred.shape else 1
-    if loss == "cross_entropy" and len(pred.shape) == 1 and classes >= 2:
+    if inp.params["dtype"] == "int64" and len(shape) == 1 and tuple(pred.shape[:-1]) == (shape[0],) and classes >= 2:
+        # a language model: per-token logits over a vocabulary
+        if loss != "cross_entropy":
+            project.graph.set_param(out_id, "loss", "cross_entropy")
+        ds = SyntheticSequence(kind="synthetic_sequence", seq_len=shape[0], vocab_size=classes, n_classes=classes,
+                               task="next_token")
+    elif loss == "cross_entropy" and len(pred.shape) == 1 and classes >= 2:
         if inp.params["dtype"] == "int64" and len(shape) == 1:
             vocab = min((n.params["num_embeddings"] for n in result.nodes.values() if n.type == "Embedding"), default=32)
             ds = SyntheticSequence(kind="synthetic_sequence", seq_len=shape[0], vocab_size=vocab, n_classes=classes)

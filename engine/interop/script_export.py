@@ -31,6 +31,8 @@ from engine.interop.common import InteropError
 from engine.project import Digits, NpzFile, CsvFile, Project, atomic_write
 from engine.runtime import data as rdata
 from engine.runtime import layers as rl
+from engine.runtime import ops as rops
+from engine.runtime.ops import describe
 from engine.runtime import parallel as rparallel
 from engine.runtime import sync_bn as rsync_bn
 from engine.runtime import train as rtrain
@@ -99,6 +101,8 @@ def _ctor(ntype: str, p: dict) -> str:
         return f"Scale({r(p['scale'])}, {r(p['shift'])}{shape})"
     if ntype == "Custom":
         return f"import_object({r(p['path'])})(**{r(p.get('kwargs') or {})})"
+    if ntype == "Op":  # the generic op: its ATen calls as data, run by AtenOp (copied into the script)
+        return f"AtenOp({p['inputs']}, {r(p['code'])}, {r(p['weights'])})  # {describe(p)}"
     raise InteropError(f"layer type '{ntype}' has no script form; this exporter needs an update")
 
 
@@ -144,6 +148,9 @@ def _model_code(result) -> tuple[str, list[str]]:
     pre = [inspect.getsource(OWN_CLASSES[t]) for t in OWN_CLASSES if t in used]
     if "Custom" in used:
         pre.append(inspect.getsource(rl.import_object))
+    if "Op" in used:  # engine/runtime/ops.py as it is (torch and the standard library only)
+        src = inspect.getsource(rops).replace("from __future__ import annotations\n", "")
+        pre.append(src[src.index('"""', 3) + 3:].strip())
     init, fwd = [], []
     for n in nodes:
         nid, t, p = n["id"], n["type"], n["params"]
@@ -170,6 +177,8 @@ def _model_code(result) -> tuple[str, list[str]]:
              f'    """{len(nodes)} nodes, {result.total_params:,} parameters. Layers are created in '
              'topological order,\n    as Layerflow builds them, so torch.manual_seed(SEED) gives the same initial weights."""',
              "", "    def __init__(self):", "        super().__init__()"]
+    # shared parameters (a layer called twice, tied embeddings): one tensor
+    init += [f"self.{dst} = self.{src}" for dst, src in (spec.get("ties") or {}).items()]
     lines += [f"        {s}" for s in init] or ["        pass"]
     lines += ["", f"    def forward(self, {sig}):  # {in_shapes}"]
     lines += [f"        {c.ljust(width)}# {s}" for c, s in fwd]
@@ -194,6 +203,7 @@ def _data_code(project: Project, data_file: str | None) -> str:
         "class ProjectError(ValueError):\n    pass\n",
         inspect.getsource(edata.Arrays),
         inspect.getsource(edata._split),
+        *([inspect.getsource(edata._next_token)] if gen is edata._sequence else []),
         inspect.getsource(gen),
         textwrap.dedent(f'''\
             def load_data():

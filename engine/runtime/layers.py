@@ -14,6 +14,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from .ops import AtenOp
+
 
 class Reshape(nn.Module):
     """Reshape every sample; the batch dimension is kept."""
@@ -195,6 +197,7 @@ MODULE_BUILDERS: dict[str, Callable[[dict], nn.Module]] = {
     "Scale": lambda p: Scale(p["scale"], p["shift"], p["shape"]),
     "Identity": lambda p: nn.Identity(),
     "Custom": _custom,
+    "Op": lambda p: AtenOp(p["inputs"], p["code"], p["weights"]),
 }
 
 

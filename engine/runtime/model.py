@@ -8,6 +8,7 @@ spec = {
   "nodes": [{"id": "fc1", "type": "Linear", "params": {...}, "args": ["x"]}, ...],  # topological order
   "inputs": ["x"],        # Input node ids, in placeholder order
   "outputs": ["out"],     # Output node ids
+  "ties": {"head.weight": "wte.weight"},  # optional: parameters that are one tensor
 }
 Every node has one output, named by its id; "args" are the ids that feed its input
 ports, in port order. Output nodes have one arg and become the graph's output.
@@ -50,7 +51,16 @@ def build_graph_module(spec: dict, device: str | torch.device = "cpu", seed: int
                 env[nid] = graph.create_node("call_module", nid, tuple(args), name=nid)
     graph.output(outputs[0] if len(outputs) == 1 else tuple(outputs))
     gm = fx.GraphModule(root, graph, class_name="LayerflowModel")
+    tie_parameters(gm, spec.get("ties") or {})
     return gm
+
+
+def tie_parameters(model: nn.Module, ties: dict[str, str]) -> None:
+    """Make each tied parameter the very object it is tied to: one tensor, one
+    gradient, counted once by parameters() and by the optimizer."""
+    for dst, src in ties.items():
+        owner, _, name = dst.rpartition(".")
+        setattr(model.get_submodule(owner), name, model.get_parameter(src))
 
 
 def load_weights(gm: nn.Module, path: str) -> None:

@@ -129,8 +129,14 @@ def apply_dp(module: nn.Module, dp_mesh: DeviceMesh, kind: str, reshard_after_fo
             if mixed_precision == "bf16" else MixedPrecisionPolicy()
         # One FSDP unit per layer: its parameters are gathered just before it runs
         # and freed after, so only one layer is ever whole at a time.
+        # A parameter shared by two layers (tied weights) is sharded once, by the root.
+        owners: dict[int, int] = {}
         for child in module.children():
-            if any(True for _ in child.parameters()):
+            for p in child.parameters():
+                owners[id(p)] = owners.get(id(p), 0) + 1
+        for child in module.children():
+            ps = list(child.parameters())
+            if ps and all(owners[id(p)] == 1 for p in ps):
                 fully_shard(child, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
         fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
         return module

@@ -37,6 +37,10 @@ CASES = {
     "TransformerEncoderLayer": ((7, 16), "float32", {"nhead": 2, "dim_feedforward": 32}),
     "Identity": ((3,), "float32", {}),
     "Custom": ((3, 4), "float32", {"path": "torch.nn:Hardswish"}),
+    # x.permute(0, 2, 1) * gamma: a generic ATen op that owns a tensor
+    "Op": ((3, 4), "float32", {"code": [["t", "aten.permute.default", [{"$": "in0"}, [0, 2, 1]], {}],
+                                        ["y", "aten.mul.Tensor", [{"$": "t"}, {"$": "gamma"}], {}]],
+                               "weights": {"gamma": {"shape": [3], "dtype": "float32", "grad": True}}}),
 }
 # type -> (params, per-sample shape of each input)
 MERGES = {"Add": ({}, [(4, 5)] * 2), "Mul": ({}, [(4, 5)] * 2), "Concat": ({"num_inputs": 3, "dim": -1}, [(4, 5)] * 3),
