@@ -618,12 +618,18 @@ def _export(module: nn.Module, samples: list[torch.Tensor], source: str):
     """torch.export with a symbolic batch; (program, batch symbol or None)."""
     from torch.export import Dim, export
 
+    import inspect
+
     batch = Dim("batch", min=1)
+    dims = tuple({0: batch} for _ in samples)
+    params = inspect.signature(module.forward).parameters.values()
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        dims = (dims,)  # forward(self, *xs): the inputs travel as one tuple
     try:
-        ep = export(module, tuple(samples), dynamic_shapes=tuple({0: batch} for _ in samples), strict=False)
+        ep = export(module, tuple(samples), dynamic_shapes=dims, strict=False)
         ph = next(n for n in ep.graph_module.graph.nodes if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs)
         return ep, str(ph.meta["val"].shape[0])
-    except Exception as dyn_exc:  # the batch was fixed by the model's own code: try a fixed batch
+    except Exception:  # the batch was fixed by the model's own code: try a fixed batch
         try:
             return export(module, tuple(samples), strict=False), None
         except Exception as exc:
@@ -694,6 +700,9 @@ def _check_outputs(imported: Imported, module: nn.Module, samples: list[torch.Te
         if w.shape != g.shape:
             raise InteropError(f"{imported.source}: the imported diagram gives shape {tuple(g.shape)} where the module "
                                f"gives {tuple(w.shape)}; please report this module")
+        if w.is_floating_point() and not torch.isfinite(w).all():
+            raise InteropError(f"{imported.source}: the model itself gives non-finite outputs on random inputs; "
+                               "check its weights")
         scale = max(w.abs().max().item(), 1e-6) if w.is_floating_point() and w.numel() else 1.0
         if not torch.allclose(w.double(), g.double(), rtol=1e-4, atol=1e-4 * scale):
             raise InteropError(f"{imported.source}: the imported diagram computes something else than the module "

@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import onnx
 import numpy as np
 import torch
 
@@ -977,12 +978,50 @@ def _input_node(r: _Reader, vi) -> tuple[dict, str | None]:
 
 
 def import_onnx(path: str | Path, name: str | None = None) -> Imported:
-    """Read an ONNX file into a diagram (catalog layers) and its weights.
+    """Read an ONNX file into a diagram and its weights.
 
-    Raises InteropError listing every unsupported operator (with counts) and every
-    other problem at once."""
+    Files whose operators all read as catalog layers (Layerflow's own exports keep their
+    node names and blocks) come in through the catalog reader below; any other file is
+    turned into torch calls op by op (engine/interop/onnx_to_torch.py) and imported like
+    a PyTorch module through torch.export (module_import.py), generic Op nodes included.
+    Raises InteropError naming every operator neither can read."""
     path = Path(path)
     model = _load(path)
+    try:
+        return _import_catalog(path, model, name)
+    except InteropError as catalog_exc:
+        try:
+            return _import_through_torch(path, model, name)
+        except InteropError as exc:
+            raise InteropError(f"{exc}\n(the catalog reader refused it too: "
+                               f"{str(catalog_exc).splitlines()[0][:300]})") from None
+
+
+def _import_through_torch(path: Path, model, name: str | None) -> Imported:
+    from engine.interop.module_import import from_module
+    from engine.interop.onnx_to_torch import onnx_module
+
+    module = onnx_module(path, model)
+    inits = {i.name for i in model.graph.initializer}
+    shapes, dtypes = [], []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+        if len(dims) < 2 or any(d is None or d <= 0 for d in dims[1:]):
+            raise InteropError(f"{path}: input '{vi.name}' has shape {dims}: every dimension but the batch must be "
+                               "a fixed size")
+        shapes.append(dims[1:])
+        np_dt = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        dtypes.append("int64" if np.dtype(np_dt).kind in "iu" else "float32")
+    imported = from_module(module, shapes, dtypes, source=path.name, name=name or path.stem)
+    imported.project.description = f"Imported from {path.name} (ONNX opset {module.opset}, read as torch calls)"
+    return imported
+
+
+def _import_catalog(path: Path, model, name: str | None) -> Imported:
+    """The catalog reader: every ONNX operator (or torch export unit) becomes a catalog layer."""
     r = _Reader(model, str(path))
     r.fold()
     problems: list[str] = []

@@ -1,0 +1,619 @@
+"""ONNX -> an nn.Module that computes the same thing, op by op (opset 9 and later).
+
+The module is then imported like any PyTorch model (engine/interop/module_import.py,
+through torch.export), so everything the torch importer handles works for ONNX files
+too, and ONNX needs no mapping table of its own beyond "which torch call is this op".
+Layers with weights become torch.nn layers named after the ONNX node (Conv ->
+nn.Conv2d, Gemm -> nn.Linear, BatchNormalization -> nn.BatchNorm2d, pools, LRN), so
+they come in as catalog nodes; the rest are torch function calls. Initializers are
+parameters (they are the model's weights); values computed only from constants are
+folded when the module is built. Shapes (Shape, Gather, Concat of sizes) are plain
+Python sizes, so a symbolic batch flows through Reshape.
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from onnx import numpy_helper
+from torch import nn
+
+from engine.interop.common import InteropError
+
+
+class _Sizes(list):
+    """A shape as Python sizes (ints, or the symbolic batch while exporting)."""
+
+
+def _tt(v):
+    """An integer constant (numpy while the module runs) as a tensor, for tensor ops."""
+    return torch.as_tensor(v) if isinstance(v, np.ndarray) else v
+
+
+def _attrs(node) -> dict:
+    from onnx import helper
+
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _name(s: str, taken: set[str]) -> str:
+    base = re.sub(r"[^A-Za-z0-9_]", "_", s).strip("_") or "node"
+    base = "n_" + base if base[0].isdigit() else base
+    out, i = base, 1
+    while out in taken:
+        i += 1
+        out = f"{base}_{i}"
+    taken.add(out)
+    return out
+
+
+def _pads(pads, nd: int):
+    """ONNX pads [b1, b2, e1, e2] -> (symmetric per-dim padding or None, F.pad list)."""
+    pads = list(pads or [0] * (2 * nd))
+    begin, end = pads[:nd], pads[nd:]
+    fpad = [v for d in reversed(range(nd)) for v in (begin[d], end[d])]
+    return (tuple(begin) if begin == end else None), fpad
+
+
+class OnnxModule(nn.Module):
+    """Runs an ONNX graph with torch calls; weights are its parameters."""
+
+    def __init__(self, model, source: str):
+        super().__init__()
+        g = model.graph
+        self.source = source
+        self._const_learn: dict[str, bool] = {}  # value -> it is (made from) a learned weight
+        self._layers: dict[str, str] = {}  # ONNX node -> attribute of its nn layer
+        self._np: dict[str, np.ndarray] = {}  # integer constants, as numpy while the module runs
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        self._taken: set[str] = set(dir(nn.Module)) | {"forward"}
+        self._const: dict[str, str | torch.Tensor | _Sizes] = {}  # value -> attribute name (or a folded constant)
+        inits = {i.name for i in g.initializer}
+        for init in g.initializer:
+            arr = numpy_helper.to_array(init)
+            self._store(init.name, torch.from_numpy(np.array(arr)), learn=arr.dtype.kind == "f")
+        self.inputs = [i.name for i in g.input if i.name not in inits]
+        self.outputs = [o.name for o in g.output]
+        self.declared_batch = [
+            (i.type.tensor_type.shape.dim[0].dim_value if i.type.tensor_type.shape.dim else 0) for i in g.input
+            if i.name not in inits]
+        self.steps: list[tuple] = []  # (node, op function, attribute names)
+        problems = []
+        for node in g.node:
+            fn = getattr(self, f"_op_{node.op_type}", None)
+            label = node.name or (node.output[0] if node.output else node.op_type)
+            if node.domain not in ("", "ai.onnx") or fn is None:
+                problems.append(f"node '{label}' ({node.op_type}{', domain ' + node.domain if node.domain else ''}): "
+                                "no torch equivalent in Layerflow's ONNX reader")
+                continue
+            if all(i == "" or i in self._const for i in node.input) and node.op_type not in ("Dropout",):
+                try:  # constants only: fold now
+                    outs = fn(node, [self._value(i) for i in node.input], _attrs(node), build=True)
+                except InteropError as exc:
+                    problems.append(str(exc))
+                    continue
+                learn = any(i in inits and self._const_learn.get(i, False) for i in node.input)
+                for o, v in zip(node.output, outs if isinstance(outs, tuple) else (outs,)):
+                    if isinstance(v, torch.Tensor):
+                        self._store(o, v, learn=learn and v.is_floating_point())
+                        if learn:
+                            inits.add(o)
+                    else:
+                        self._const[o] = v
+                continue
+            try:
+                fn(node, [None] * len(node.input), _attrs(node), build=True)  # create its layer, check attributes
+            except InteropError as exc:
+                problems.append(str(exc))
+                continue
+            self.steps.append((node, fn))
+        if problems:
+            raise InteropError(f"cannot import {source}: {len(problems)} operator(s) cannot be read:\n"
+                               + "\n".join(f"  - {p}" for p in problems))
+
+    def _store(self, name: str, t: torch.Tensor, learn: bool) -> None:
+        if not t.is_floating_point():  # shapes, axes, indices: plain numbers while tracing, never traced
+            self._const[name] = t
+            self._np[name] = t.numpy()
+            self._const_learn[name] = False
+            return
+        attr = _name(name, self._taken)
+        if learn:
+            self.register_parameter(attr, nn.Parameter(t.float() if t.dtype == torch.float64 else t))
+        else:
+            self.register_buffer(attr, t)
+        self._const[name] = attr
+        self._const_learn[name] = learn
+
+    def _value(self, name: str, env: dict | None = None):
+        if name == "":
+            return None
+        if env is not None and name in env:
+            return env[name]
+        if env is not None and name in self._np:
+            return self._np[name]
+        c = self._const[name]
+        return getattr(self, c) if isinstance(c, str) else c
+
+    def _layer(self, node, make):
+        """The nn layer of an ONNX node, created once when the module is built."""
+        key = node.output[0] if node.output else node.name
+        if key not in self._layers:
+            attr = _name(node.name or node.output[0], self._taken)
+            self.add_module(attr, make())
+            self._layers[key] = attr
+        return getattr(self, self._layers[key])
+
+    def forward(self, *xs):
+        env = dict(zip(self.inputs, xs))
+        for node, fn in self.steps:
+            ins = [self._value(i, env) for i in node.input]
+            outs = fn(node, ins, _attrs(node), build=False)
+            for o, v in zip(node.output, outs if isinstance(outs, tuple) else (outs,)):
+                env[o] = v
+        res = [self._value(o, env) for o in self.outputs]
+        return res[0] if len(res) == 1 else tuple(res)
+
+    # ----- helpers --------------------------------------------------------------
+    def _fail(self, node, why: str):
+        raise InteropError(f"node '{node.name or node.output[0]}' ({node.op_type}): {why}")
+
+    def _ints(self, v) -> list:
+        if isinstance(v, (torch.Tensor, np.ndarray)):
+            return [int(x) for x in v.reshape(-1).tolist()]
+        return list(v)
+
+    def _weight(self, node, i: int) -> torch.Tensor:
+        name = node.input[i]
+        if name not in self._const:
+            self._fail(node, f"input {i} ('{name}') must be a constant (an initializer) for a layer's weights")
+        return self._value(name).detach()
+
+    # ----- layers with weights -----------------------------------------------------
+    def _op_Conv(self, node, ins, a, build):
+        w = self._weight(node, 1)
+        nd = w.dim() - 2
+        if nd not in (1, 2):
+            self._fail(node, f"{nd}-D convolution (the catalog has Conv1d and Conv2d)")
+        if a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"VALID", "VALID"):
+            self._fail(node, f"auto_pad={a['auto_pad']!r}: give explicit pads")
+        sym, fpad = _pads(a.get("pads"), nd)
+        b = self._weight(node, 2) if len(node.input) > 2 and node.input[2] else None
+
+        def make():
+            cls = nn.Conv1d if nd == 1 else nn.Conv2d
+            m = cls(w.shape[1] * a.get("group", 1), w.shape[0], tuple(w.shape[2:]), stride=tuple(a.get("strides", [1] * nd)),
+                    padding=sym if sym is not None else 0, dilation=tuple(a.get("dilations", [1] * nd)),
+                    groups=a.get("group", 1), bias=b is not None)
+            with torch.no_grad():
+                m.weight.copy_(w)
+                if b is not None:
+                    m.bias.copy_(b)
+            return m
+        m = self._layer(node, make)
+        if build:
+            return None
+        x = ins[0] if sym is not None else F.pad(ins[0], fpad)
+        return m(x)
+
+    def _op_Gemm(self, node, ins, a, build):
+        if a.get("transA", 0) or node.input[1] not in self._const:
+            return self._matmul_general(node, ins, a, build)
+        w = self._weight(node, 1)
+        w = w if a.get("transB", 0) else w.t()
+        b = self._weight(node, 2) if len(node.input) > 2 and node.input[2] else None
+        alpha, beta = a.get("alpha", 1.0), a.get("beta", 1.0)
+
+        def make():
+            m = nn.Linear(w.shape[1], w.shape[0], bias=b is not None)
+            with torch.no_grad():
+                m.weight.copy_(w * alpha)
+                if b is not None:
+                    m.bias.copy_((b * beta).expand(w.shape[0]))
+            return m
+        m = self._layer(node, make)
+        return None if build else m(ins[0])
+
+    def _matmul_general(self, node, ins, a, build):
+        if build:
+            return None
+        x, w = ins[0], ins[1]
+        x = x.transpose(-1, -2) if a.get("transA", 0) else x
+        w = w.transpose(-1, -2) if a.get("transB", 0) else w
+        y = a.get("alpha", 1.0) * (x @ w)
+        return y + a.get("beta", 1.0) * ins[2] if len(ins) > 2 and ins[2] is not None else y
+
+    def _op_MatMul(self, node, ins, a, build):
+        if node.input[1] in self._const and self._weight(node, 1).dim() == 2 and node.input[0] not in self._const:
+            w = self._weight(node, 1)
+
+            def make():
+                m = nn.Linear(w.shape[0], w.shape[1], bias=False)
+                with torch.no_grad():
+                    m.weight.copy_(w.t())
+                return m
+            m = self._layer(node, make)
+            return None if build else m(ins[0])
+        return None if build else torch.matmul(ins[0], ins[1])
+
+    def _op_BatchNormalization(self, node, ins, a, build):
+        scale, bias, mean, var = (self._weight(node, i) for i in range(1, 5))
+
+        def make():
+            m = nn.BatchNorm2d(scale.shape[0], eps=a.get("epsilon", 1e-5), momentum=1 - a.get("momentum", 0.9))
+            with torch.no_grad():
+                m.weight.copy_(scale), m.bias.copy_(bias), m.running_mean.copy_(mean), m.running_var.copy_(var)
+            return m
+        m = self._layer(node, make)
+        return None if build else m(ins[0])
+
+    def _op_LayerNormalization(self, node, ins, a, build):
+        axis = a.get("axis", -1)
+        scale = self._weight(node, 1)
+        bias = self._weight(node, 2) if len(node.input) > 2 and node.input[2] else None
+
+        def make():
+            m = nn.LayerNorm(tuple(scale.shape), eps=a.get("epsilon", 1e-5), bias=bias is not None)
+            with torch.no_grad():
+                m.weight.copy_(scale)
+                if bias is not None:
+                    m.bias.copy_(bias)
+            return m
+        m = self._layer(node, make)
+        if axis not in (-1, -scale.dim()) and build:
+            pass
+        return None if build else m(ins[0])
+
+    def _pool(self, node, ins, a, build, kind: str):
+        k = a["kernel_shape"]
+        nd = len(k)
+        if nd != 2:
+            self._fail(node, f"{nd}-D pooling")
+        sym, fpad = _pads(a.get("pads"), nd)
+        strides = tuple(a.get("strides", [1] * nd))
+        ceil = bool(a.get("ceil_mode", 0))
+        if a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"VALID", "VALID"):
+            self._fail(node, f"auto_pad={a['auto_pad']!r}: give explicit pads")
+        include = bool(a.get("count_include_pad", 0))
+        if kind == "max":
+            if a.get("dilations", [1] * nd) != [1] * nd or len(node.output) > 1 and node.output[1]:
+                self._fail(node, "MaxPool with dilations or indices")
+            m = self._layer(node, lambda: nn.MaxPool2d(tuple(k), strides, sym or 0, ceil_mode=ceil))
+            if build:
+                return None
+            return m(ins[0] if sym is not None else F.pad(ins[0], fpad, value=-math.inf))
+        if sym is not None and (include or not any(sym)) or sym is not None and all(2 * p <= kk for p, kk in zip(sym, k)):
+            m = self._layer(node, lambda: nn.AvgPool2d(tuple(k), strides, sym, ceil_mode=ceil, count_include_pad=include))
+            return None if build else m(ins[0])
+        if build:
+            return None
+        x = F.pad(ins[0], fpad)
+        total = F.avg_pool2d(x, tuple(k), strides, ceil_mode=ceil)
+        if include:
+            return total
+        ones = F.pad(torch.ones_like(ins[0][:1, :1]), fpad)
+        return total / F.avg_pool2d(ones, tuple(k), strides, ceil_mode=ceil)
+
+    def _op_MaxPool(self, node, ins, a, build):
+        return self._pool(node, ins, a, build, "max")
+
+    def _op_AveragePool(self, node, ins, a, build):
+        return self._pool(node, ins, a, build, "avg")
+
+    def _op_GlobalAveragePool(self, node, ins, a, build):
+        m = self._layer(node, lambda: nn.AdaptiveAvgPool2d(1))
+        return None if build else m(ins[0])
+
+    def _op_GlobalMaxPool(self, node, ins, a, build):
+        return None if build else torch.amax(ins[0], dim=tuple(range(2, ins[0].dim())), keepdim=True)
+
+    def _op_LRN(self, node, ins, a, build):
+        m = self._layer(node, lambda: nn.LocalResponseNorm(a["size"], a.get("alpha", 1e-4), a.get("beta", 0.75),
+                                                           a.get("bias", 1.0)))
+        return None if build else m(ins[0])
+
+    # ----- elementwise and shapes ------------------------------------------------------
+    def _binary(self, ins, f):
+        a, b = ins
+        if isinstance(a, (int, float, _Sizes)) or isinstance(b, (int, float, _Sizes)):
+            av = a[0] if isinstance(a, _Sizes) and len(a) == 1 else a
+            bv = b[0] if isinstance(b, _Sizes) and len(b) == 1 else b
+            av = int(av.reshape(-1)[0]) if isinstance(av, (torch.Tensor, np.ndarray)) and av.size == 1 and \
+                av.dtype.kind in "iu" else av
+            bv = int(bv.reshape(-1)[0]) if isinstance(bv, (torch.Tensor, np.ndarray)) and bv.size == 1 and \
+                bv.dtype.kind in "iu" else bv
+            return f(_tt(av), _tt(bv))
+        return f(_tt(a), _tt(b))
+
+    def _op_Add(self, node, ins, a, build):
+        return None if build and None in ins else self._binary(ins, lambda x, y: x + y)
+
+    def _op_Sub(self, node, ins, a, build):
+        return None if build and None in ins else self._binary(ins, lambda x, y: x - y)
+
+    def _op_Mul(self, node, ins, a, build):
+        return None if build and None in ins else self._binary(ins, lambda x, y: x * y)
+
+    def _op_Div(self, node, ins, a, build):
+        def div(x, y):
+            if isinstance(x, int) and isinstance(y, int):
+                return x // y
+            if isinstance(x, torch.Tensor) and not x.is_floating_point() and isinstance(y, torch.Tensor) \
+                    and not y.is_floating_point():
+                return torch.div(x, y, rounding_mode="trunc")
+            return x / y
+        return None if build and None in ins else self._binary(ins, div)
+
+    def _op_Pow(self, node, ins, a, build):
+        return None if build and None in ins else torch.pow(ins[0], ins[1])
+
+    def _op_Sum(self, node, ins, a, build):
+        if build and None in ins:
+            return None
+        out = ins[0]
+        for x in ins[1:]:
+            out = out + x
+        return out
+
+    def _op_Max(self, node, ins, a, build):
+        if build and None in ins:
+            return None
+        out = ins[0]
+        for x in ins[1:]:
+            out = torch.maximum(out, x)
+        return out
+
+    def _op_Min(self, node, ins, a, build):
+        if build and None in ins:
+            return None
+        out = ins[0]
+        for x in ins[1:]:
+            out = torch.minimum(out, x)
+        return out
+
+    def _unary(f):
+        def op(self, node, ins, a, build):
+            return None if build and ins[0] is None else f(ins[0], a)
+        return op
+
+    _op_Relu = _unary(lambda x, a: torch.relu(x))
+    _op_Sigmoid = _unary(lambda x, a: torch.sigmoid(x))
+    _op_Tanh = _unary(lambda x, a: torch.tanh(x))
+    _op_Exp = _unary(lambda x, a: torch.exp(x))
+    _op_Log = _unary(lambda x, a: torch.log(x))
+    _op_Sqrt = _unary(lambda x, a: torch.sqrt(x))
+    _op_Neg = _unary(lambda x, a: -x)
+    _op_Abs = _unary(lambda x, a: torch.abs(x))
+    _op_Erf = _unary(lambda x, a: torch.erf(x))
+    _op_Reciprocal = _unary(lambda x, a: torch.reciprocal(x))
+    _op_Identity = _unary(lambda x, a: x)
+    _op_LeakyRelu = _unary(lambda x, a: F.leaky_relu(x, a.get("alpha", 0.01)))
+    _op_Elu = _unary(lambda x, a: F.elu(x, a.get("alpha", 1.0)))
+    _op_HardSigmoid = _unary(lambda x, a: torch.clamp(x * a.get("alpha", 0.2) + a.get("beta", 0.5), 0, 1))
+    _op_Gelu = _unary(lambda x, a: F.gelu(x, approximate=(a.get("approximate", b"none").decode()
+                                                           if isinstance(a.get("approximate"), bytes) else "none")))
+    _op_Softplus = _unary(lambda x, a: F.softplus(x))
+
+    def _op_Dropout(self, node, ins, a, build):
+        return None if build else ins[0]  # inference: identity (the mask output is unused)
+
+    def _op_Clip(self, node, ins, a, build):
+        if build and ins[0] is None:
+            return None
+        lo = ins[1] if len(ins) > 1 and ins[1] is not None else a.get("min")
+        hi = ins[2] if len(ins) > 2 and ins[2] is not None else a.get("max")
+        lo = float(lo) if isinstance(lo, (torch.Tensor, np.ndarray)) else lo
+        hi = float(hi) if isinstance(hi, (torch.Tensor, np.ndarray)) else hi
+        return torch.clamp(ins[0], lo, hi)
+
+    def _softmax(self, node, ins, a, f):
+        x = ins[0]
+        if self.opset < 13:
+            axis = a.get("axis", 1) % x.dim()
+            if axis == x.dim() - 1:
+                return f(x, dim=-1)
+            return f(x.flatten(axis), dim=-1).reshape(x.shape)  # opset < 13: over dims axis.. as one
+        return f(x, dim=a.get("axis", -1))
+
+    def _op_Softmax(self, node, ins, a, build):
+        return None if build else self._softmax(node, ins, a, torch.softmax)
+
+    def _op_LogSoftmax(self, node, ins, a, build):
+        return None if build else self._softmax(node, ins, a, torch.log_softmax)
+
+    def _op_Flatten(self, node, ins, a, build):
+        if build:
+            return None
+        axis = a.get("axis", 1)
+        x = ins[0]
+        if axis == 1:
+            return x.flatten(1)
+        return x.reshape(math.prod(x.shape[:axis]) if axis else 1, -1)
+
+    def _op_Reshape(self, node, ins, a, build):
+        if build and ins[0] is None:
+            return None
+        x, shape = ins[0], self._ints(ins[1]) if not isinstance(ins[1], _Sizes) else list(ins[1])
+        if not isinstance(x, torch.Tensor):
+            return _Sizes(x)
+        shape = [x.shape[i] if s == 0 and not a.get("allowzero", 0) else s for i, s in enumerate(shape)]
+        if shape and x.dim() and self.declared_batch and isinstance(shape[0], int) and shape[0] == self.declared_batch[0] \
+                and shape[0] != x.shape[0]:
+            shape[0] = x.shape[0]  # the file fixed the batch (usually 1): keep the real one
+        return x.reshape(shape)
+
+    def _op_Transpose(self, node, ins, a, build):
+        return None if build and ins[0] is None else ins[0].permute(a.get("perm", list(reversed(range(ins[0].dim())))))
+
+    def _axes(self, ins, a) -> list[int]:
+        return self._ints(ins[1]) if len(ins) > 1 and ins[1] is not None else list(a.get("axes", []))
+
+    def _op_Unsqueeze(self, node, ins, a, build):
+        if build and ins[0] is None:
+            return None
+        x = ins[0]
+        if isinstance(x, (int, torch.SymInt)) or isinstance(x, _Sizes):
+            return _Sizes([x] if not isinstance(x, _Sizes) else x)
+        for ax in sorted(d % (x.dim() + len(self._axes(ins, a))) for d in self._axes(ins, a)):
+            x = x.unsqueeze(ax)
+        return x
+
+    def _op_Squeeze(self, node, ins, a, build):
+        if build and ins[0] is None:
+            return None
+        axes = self._axes(ins, a)
+        x = ins[0]
+        return x.squeeze(tuple(axes)) if axes else x.squeeze()
+
+    def _op_Concat(self, node, ins, a, build):
+        if build and None in ins:
+            return None
+        if any(isinstance(x, _Sizes) for x in ins):
+            out = _Sizes()
+            for x in ins:
+                out.extend(x if isinstance(x, _Sizes) else self._ints(x))
+            return out
+        return torch.cat([_tt(x) for x in ins], dim=a["axis"])
+
+    def _op_Shape(self, node, ins, a, build):
+        if build and ins[0] is None:
+            return None
+        dims = list(ins[0].shape)
+        return _Sizes(dims[a.get("start", 0):a.get("end", len(dims))])
+
+    def _op_Gather(self, node, ins, a, build):
+        if build and ins[0] is None:
+            return None
+        data, idx = ins[0], _tt(ins[1])
+        axis = a.get("axis", 0)
+        if isinstance(data, _Sizes):
+            ids = self._ints(idx) if isinstance(idx, torch.Tensor) else [idx]
+            picked = [data[i] for i in ids]
+            return picked[0] if isinstance(idx, torch.Tensor) and idx.dim() == 0 else _Sizes(picked)
+        if isinstance(idx, torch.Tensor) and idx.dim() == 0:
+            return data.select(axis, int(idx)) if node.input[1] in self._const else torch.index_select(
+                data, axis, idx.reshape(1)).squeeze(axis)
+        if axis == 0 and node.input[0] in self._const:
+            return F.embedding(idx, data)  # a table lookup: an embedding
+        return torch.index_select(data, axis, idx.reshape(-1)).reshape(
+            *data.shape[:axis], *idx.shape, *data.shape[axis + 1:])
+
+    def _op_Slice(self, node, ins, a, build):
+        if build and ins[0] is None:
+            return None
+        x = ins[0]
+        if self.opset < 10:
+            starts, ends, axes = a["starts"], a["ends"], a.get("axes")
+            steps = None
+        else:
+            starts, ends = self._ints(ins[1]), self._ints(ins[2])
+            axes = self._ints(ins[3]) if len(ins) > 3 and ins[3] is not None else None
+            steps = self._ints(ins[4]) if len(ins) > 4 and ins[4] is not None else None
+        axes = list(axes) if axes is not None else list(range(len(starts)))
+        steps = steps or [1] * len(starts)
+        if isinstance(x, _Sizes):
+            return _Sizes(x[starts[0]:min(ends[0], len(x)):steps[0]])
+        index = [slice(None)] * x.dim()
+        for s, e, ax, st in zip(starts, ends, axes, steps):
+            if st < 0:
+                self._fail(node, "a negative step")
+            index[ax % x.dim()] = slice(s, None if e >= 2 ** 31 - 1 else e, st)
+        return x[tuple(index)]
+
+    def _op_Cast(self, node, ins, a, build):
+        if build and ins[0] is None:
+            return None
+        from onnx import helper
+
+        dt = torch.from_numpy(np.zeros(1, dtype=helper.tensor_dtype_to_np_dtype(a["to"]))).dtype
+        return ins[0] if isinstance(ins[0], (_Sizes, int, np.ndarray)) else ins[0].to(dt)
+
+    def _op_Constant(self, node, ins, a, build):
+        if "value" in a:
+            return torch.from_numpy(np.array(numpy_helper.to_array(a["value"])))
+        for k in ("value_float", "value_int"):
+            if k in a:
+                return torch.tensor(a[k])
+        for k in ("value_floats", "value_ints"):
+            if k in a:
+                return torch.tensor(list(a[k]))
+        self._fail(node, f"constant of kind {', '.join(a)}")
+
+    def _op_ConstantOfShape(self, node, ins, a, build):
+        if build and ins[0] is None:
+            return None
+        v = torch.from_numpy(np.array(numpy_helper.to_array(a["value"]))) if "value" in a else torch.zeros(1)
+        shape = list(ins[0]) if isinstance(ins[0], _Sizes) else self._ints(ins[0])
+        return torch.full(shape, v.reshape(-1)[0].item(), dtype=v.dtype)
+
+    def _reduce(self, node, ins, a, f):
+        axes = self._axes(ins, a) if not (self.opset >= 18 or node.op_type == "ReduceSum" and self.opset >= 13) \
+            else (self._ints(ins[1]) if len(ins) > 1 and ins[1] is not None else [])
+        if not axes and a.get("noop_with_empty_axes", 0):
+            return ins[0]
+        axes = axes or list(range(ins[0].dim()))
+        return f(ins[0], dim=tuple(axes), keepdim=bool(a.get("keepdims", 1)))
+
+    def _op_ReduceMean(self, node, ins, a, build):
+        return None if build and ins[0] is None else self._reduce(node, ins, a, torch.mean)
+
+    def _op_ReduceSum(self, node, ins, a, build):
+        return None if build and ins[0] is None else self._reduce(node, ins, a, torch.sum)
+
+    def _op_ReduceMax(self, node, ins, a, build):
+        return None if build and ins[0] is None else self._reduce(node, ins, a, torch.amax)
+
+    def _op_Pad(self, node, ins, a, build):
+        if build and ins[0] is None:
+            return None
+        x = ins[0]
+        pads = self._ints(ins[1]) if len(ins) > 1 and ins[1] is not None else list(a["pads"])
+        mode = a.get("mode", b"constant")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        value = float(np.asarray(ins[2])) if len(ins) > 2 and ins[2] is not None else a.get("value", 0.0)
+        nd = x.dim()
+        fpad = [v for d in reversed(range(nd)) for v in (pads[d], pads[d + nd])]
+        while len(fpad) > 2 and fpad[-1] == 0 and fpad[-2] == 0:
+            fpad = fpad[:-2]
+        return F.pad(x, fpad, mode=mode, value=value) if mode == "constant" else F.pad(x, fpad, mode=mode)
+
+    def _op_Expand(self, node, ins, a, build):
+        if build and ins[0] is None:
+            return None
+        shape = list(ins[1]) if isinstance(ins[1], _Sizes) else self._ints(ins[1])
+        return ins[0] * torch.ones(shape, dtype=ins[0].dtype, device=ins[0].device) if any(
+            isinstance(s, int) and s == 1 for s in shape) else ins[0].expand(shape)
+
+    def _op_Where(self, node, ins, a, build):
+        return None if build and None in ins else torch.where(*(_tt(v) for v in ins))
+
+    def _op_Equal(self, node, ins, a, build):
+        return None if build and None in ins else torch.eq(_tt(ins[0]), _tt(ins[1]))
+
+    def _op_Range(self, node, ins, a, build):
+        if build and None in ins:
+            return None
+        s, e, d = (int(np.asarray(v).reshape(-1)[0]) if isinstance(v, (torch.Tensor, np.ndarray)) else v for v in ins)
+        return torch.arange(s, e, d)
+
+    def _op_Split(self, node, ins, a, build):
+        if build and ins[0] is None:
+            return None
+        x, axis = ins[0], a.get("axis", 0)
+        sizes = self._ints(ins[1]) if len(ins) > 1 and ins[1] is not None else a.get("split")
+        if sizes is None:
+            n = len(node.output)
+            sizes = [x.shape[axis] // n] * n
+        return tuple(torch.split(x, list(sizes), dim=axis))
+
+
+def onnx_module(path: str | Path, model=None) -> OnnxModule:
+    """The ONNX file as an nn.Module in eval mode (weights from its initializers)."""
+    import onnx
+
+    model = model if model is not None else onnx.load(str(path))
+    return OnnxModule(model, str(Path(path).name)).eval()
