@@ -32,12 +32,52 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    p = sub.add_parser("trust", help="allow a project's own code (Custom layers' imports) to run; remembered "
+                                     "in your config folder for this exact set of imports")
+    p.add_argument("project")
+    p.set_defaults(func=cmd_trust)
     return parser
+
+
+def _consent(project_path: str | None, given: bool):
+    """Allow the project's code paths if the user trusted them before (or does now, --trust)."""
+    import contextlib
+    import os
+
+    from engine import trust
+    from engine.project import load_project
+
+    if not project_path or not isinstance(project_path, str) or not os.path.isfile(project_path):
+        return contextlib.nullcontext()
+    paths = trust.code_paths(load_project(project_path).graph)
+    if given and paths:
+        trust.trust(project_path, paths)
+    if paths and trust.is_trusted(project_path, paths):
+        return trust.allowing(paths)
+    return contextlib.nullcontext()
+
+
+def cmd_trust(args) -> int:
+    from engine import trust
+    from engine.project import load_project
+
+    paths = trust.code_paths(load_project(args.project).graph)
+    if not paths:
+        print(f"{args.project}: runs no code of its own (only torch layers and ATen operators); nothing to trust")
+        return 0
+    trust.trust(args.project, paths)
+    print(f"{args.project}: trusted; these imports may now run when it is compiled, trained or exported:")
+    for p in paths:
+        print(f"  {p}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     from engine.project import ProjectError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    consent = "--trust" in argv  # any command: run the project's own code (Custom layers), and remember it
+    argv = [a for a in argv if a != "--trust"]
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -46,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return int(args.func(args) or 0)
+        with _consent(getattr(args, "project", None), consent):
+            return int(args.func(args) or 0)
     except (CliError, ProjectError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

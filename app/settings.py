@@ -15,12 +15,9 @@ MAX_RECENT = 10
 
 
 def home() -> Path:
-    env = os.environ.get("LAYERFLOW_CONFIG_DIR") or os.environ.get("LAYERFLOW_HOME")
-    if env:
-        return Path(env)
-    from platformdirs import user_config_dir
+    from engine.trust import config_home
 
-    return Path(user_config_dir("layerflow", appauthor=False))
+    return config_home()
 
 
 class Settings:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from engine import trust
 from engine.graph import CycleError, Edge, Graph
 from engine.layers import FieldError, LayerSpec, get_layer
 from engine.runtime.layers import FUNCTION_LAYERS, build_layer
@@ -168,6 +169,11 @@ def compile_graph(graph: Graph) -> CompileResult:
         params[nid] = merged
         if not perrs:
             infos[nid].params = dict(merged)
+        if spec.type == "Custom" and not perrs and merged["path"] and not trust.allowed(merged["path"]):
+            _err(errors, nid, node.type, f"not checked: its code ('{merged['path']}') runs only once you trust this "
+                                         "project; read it, then run `layerflow trust PROJECT` or add --trust", "path")
+            del specs[nid]  # nothing of it is built or run
+            continue
         if spec.type == "Custom" and not perrs and merged["path"]:
             try:
                 from engine.runtime.layers import import_object

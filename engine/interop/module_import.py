@@ -226,6 +226,7 @@ class _Reader:
         self.module, self.ep, self.source = module, ep, source
         self.gm = ep.graph_module
         self.batch_sym = batch_sym
+        self.input_names: list[str] | None = None
         sig = ep.graph_signature
         self.user_inputs = [n for n in self.gm.graph.nodes if n.op == "placeholder" and n.name in sig.user_inputs]
         self.lifted: dict[str, tuple[str, torch.Tensor]] = {}  # placeholder -> (kind, tensor)
@@ -417,7 +418,9 @@ class _Reader:
                     if n in self.user_inputs:
                         val = n.meta["val"]
                         dtype = str(val.dtype).replace("torch.", "")
-                        nid = self.new_id(n.name)
+                        names = self.input_names or []
+                        k = self.user_inputs.index(n)
+                        nid = self.new_id(names[k] if k < len(names) else n.name)
                         self.graph.add_node("Input", {"shape": [int(s) for s in val.shape[1:]], "dtype": dtype}, id=nid)
                         self.ids[n] = nid
                     continue
@@ -640,8 +643,10 @@ def _export(module: nn.Module, samples: list[torch.Tensor], source: str):
 
 
 def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: list[str] | None = None,
-                source: str | None = None, name: str | None = None) -> Imported:
-    """Diagram + weights of an nn.Module instance (input shapes without the batch)."""
+                source: str | None = None, name: str | None = None,
+                input_names: list[str] | None = None) -> Imported:
+    """Diagram + weights of an nn.Module instance (input shapes without the batch);
+    `input_names` names the Input nodes (else forward's argument names)."""
     source = source or type(module).__qualname__
     module = module.eval()
     dtypes = list(input_dtypes or []) + ["float32"] * max(0, len(input_shapes) - len(input_dtypes or []))
@@ -668,6 +673,7 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
     root = _Root(make_id(type(module).__name__.lower(), set()), module) if type(module) in MODULES else module
     ep, batch_sym = _export(root, samples, source)
     reader = _Reader(root, ep, batch_sym, source)
+    reader.input_names = input_names
     if batch_sym is None:
         reader.notes.append(f"the model fixes its batch size in forward: exported for a batch of {SAMPLE_BATCH}")
     reader.read()

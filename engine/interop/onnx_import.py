@@ -1015,7 +1015,7 @@ def _import_through_torch(path: Path, model, name: str | None) -> Imported:
         shapes.append(dims[1:])
         np_dt = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
         dtypes.append("int64" if np.dtype(np_dt).kind in "iu" else "float32")
-    imported = from_module(module, shapes, dtypes, source=path.name, name=name or path.stem)
+    imported = from_module(module, shapes, dtypes, source=path.name, name=name or path.stem, input_names=module.inputs)
     imported.project.description = f"Imported from {path.name} (ONNX opset {module.opset}, read as torch calls)"
     return imported
 

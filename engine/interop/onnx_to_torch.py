@@ -397,6 +397,8 @@ class OnnxModule(nn.Module):
     _op_Gelu = _unary(lambda x, a: F.gelu(x, approximate=(a.get("approximate", b"none").decode()
                                                            if isinstance(a.get("approximate"), bytes) else "none")))
     _op_Softplus = _unary(lambda x, a: F.softplus(x))
+    _op_Cos = _unary(lambda x, a: torch.cos(x))
+    _op_Sin = _unary(lambda x, a: torch.sin(x))
 
     def _op_Dropout(self, node, ins, a, build):
         return None if build else ins[0]  # inference: identity (the mask output is unused)

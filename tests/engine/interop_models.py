@@ -170,3 +170,14 @@ class BesselLayer(torch.nn.Module):
 
     def forward(self, x):
         return torch.special.bessel_j0(x)
+
+
+class Swish(torch.nn.Module):
+    """A harmless Custom layer of the user's own (trust tests)."""
+
+    def forward(self, x):
+        return x * torch.sigmoid(x)
+
+
+class Swish2(Swish):
+    pass

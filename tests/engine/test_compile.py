@@ -108,7 +108,11 @@ def test_custom_path_that_does_not_import():
     g = mlp_graph()
     g.add_node("Custom", {"path": "no_such_pkg.mod:Thing"}, id="c")
     g.add_node("Custom", {"path": "torch.nn:NoSuchLayer"}, id="c2")
-    m = msgs(g)
+    from engine import trust
+
+    assert any(s.startswith("node 'c' (Custom): not checked") for s in msgs(g))  # nothing imported untrusted
+    with trust.allowing(["no_such_pkg.mod:Thing", "torch.nn:NoSuchLayer"]):
+        m = msgs(g)
     assert any(s.startswith("node 'c' (Custom): path 'no_such_pkg.mod:Thing' does not import: ModuleNotFoundError") for s in m), m
     assert any(s.startswith("node 'c2' (Custom): path 'torch.nn:NoSuchLayer' does not import: AttributeError") for s in m), m
 

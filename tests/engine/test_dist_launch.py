@@ -64,7 +64,10 @@ def test_failing_rank_traceback_is_reported(tmp_path):
     p.graph.disconnect(e)
     p.graph.connect("act1", "out", "bug", "in")
     p.graph.connect("bug", "out", e.dst, e.dst_port)
-    d = prepare_run(p, tmp_path / "run", steps=3, placement={"dp": 2})
+    from engine import trust
+
+    with trust.allowing(["tests.engine._dist_fail:FailsOnRank1"]):  # the user trusts their own layer
+        d = prepare_run(p, tmp_path / "run", steps=3, placement={"dp": 2})
     job = launch_local(d, 2)
     assert job.wait(timeout=300) != 0
     rank, tb = job.failure

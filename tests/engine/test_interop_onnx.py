@@ -137,33 +137,47 @@ def test_import_without_torch_metadata_reads_ops(tmp_path):
     assert xs == sorted(xs) and len(set(xs)) == len(xs)
 
 
-def _model(nodes, inputs, outputs, inits=()):
+def _model(nodes, inputs, outputs, inits=(), extra_opsets=()):
     graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), *extra_opsets])
 
 
 def test_unsupported_operators_are_listed_at_once_and_nothing_is_written(tmp_path):
     f = TensorProto.FLOAT
     w = helper.make_tensor("w", f, [4, 4], np.eye(4, dtype=np.float32).ravel().tolist())
     nodes = [
-        helper.make_node("Cos", ["x"], ["c1"], name="cos1"),
-        helper.make_node("Cos", ["c1"], ["c2"], name="cos2"),
-        helper.make_node("Sin", ["c2"], ["s"], name="sin"),
-        helper.make_node("Transpose", ["s"], ["t"], perm=[1, 0, 2], name="batch_swap"),
-        helper.make_node("MatMul", ["t", "w"], ["y"], name="mm"),
+        helper.make_node("Cos", ["x"], ["c1"], name="cos1"),  # read as torch.cos
+        helper.make_node("Fancy", ["c1"], ["c2"], name="fancy1", domain="com.example"),
+        helper.make_node("Fancy", ["c2"], ["c3"], name="fancy2", domain="com.example"),
+        helper.make_node("Unique", ["c3"], ["s"], name="uniq"),
+        helper.make_node("MatMul", ["s", "w"], ["y"], name="mm"),
     ]
     model = _model(nodes, [helper.make_tensor_value_info("x", f, ["N", 3, 4])],
-                   [helper.make_tensor_value_info("y", f, [3, "N", 4])], [w])
+                   [helper.make_tensor_value_info("y", f, ["N", 3, 4])], [w],
+                   extra_opsets=[helper.make_opsetid("com.example", 1)])
     onnx.save(model, str(tmp_path / "bad.onnx"))
     with pytest.raises(InteropError) as e:
         import_onnx(tmp_path / "bad.onnx")
-    assert "Cos x2" in str(e.value) and "Sin x1" in str(e.value)
-    assert "'batch_swap' (Transpose): Transpose with perm [1, 0, 2]" in str(e.value)
+    text = str(e.value)
+    assert "3 operator(s) cannot be read" in text
+    assert "node 'fancy1' (Fancy, domain com.example)" in text and "node 'fancy2'" in text
+    assert "node 'uniq' (Unique)" in text and "cos1" not in text.split("(the catalog")[0]
 
     from app.cli import main
 
     assert main(["import", str(tmp_path / "bad.onnx"), "-o", str(tmp_path / "bad.lflow")]) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.onnx"]
+
+
+def test_a_batch_moved_off_dim_0_is_named(tmp_path):
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("Transpose", ["x"], ["y"], perm=[1, 0, 2], name="batch_swap")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", f, ["N", 3, 4])],
+                   [helper.make_tensor_value_info("y", f, [3, "N", 4])], [])
+    onnx.save(model, str(tmp_path / "swap.onnx"))
+    with pytest.raises(InteropError, match=r"output 0 has shape \(3, B, 4\): a diagram's outputs are tensors with "
+                                           r"the batch first"):
+        import_onnx(tmp_path / "swap.onnx")
 
 
 def test_onnx_names_become_unique_identifiers(tmp_path):
@@ -257,7 +271,10 @@ def test_export_refusals_name_the_cause(tmp_path):
     with pytest.raises(InteropError, match="fix them before exporting"):  # x is not connected
         export_onnx(Project(g), tmp_path / "a.onnx")
     g.connect("x", "out", "fc", "in")
-    with pytest.raises(InteropError, match="bessel_j0 has no ONNX translation.*Custom layers \\(np_layer\\)"):
+    from engine import trust
+
+    with pytest.raises(InteropError, match="bessel_j0 has no ONNX translation.*Custom layers \\(np_layer\\)"), \
+            trust.allowing(["interop_models:BesselLayer"]):
         export_onnx(Project(g), tmp_path / "a.onnx")
     assert not any(tmp_path.iterdir())
 
@@ -468,7 +485,14 @@ def test_torch_export_without_metadata_reads_rmsnorm_attention_parts(tmp_path):
     np.testing.assert_allclose(forward(gm.eval(), x), want, **TOL)
 
 
-def test_refusals_of_the_new_operators_name_the_cause(tmp_path):
+def test_operators_the_catalog_refuses_come_in_as_torch_calls(tmp_path):
+    """A 4-D permute, a Slice along two axes, a constant divided by a tensor and lopsided
+    pads have no catalog layer: they are read as torch calls (generic Op nodes), and the
+    re-exported model computes what the file computes."""
+    import onnxruntime as ort
+
+    from engine.interop import export_onnx
+
     f = TensorProto.FLOAT
     N = helper.make_node
     i64 = lambda name, v: onnx.numpy_helper.from_array(np.asarray(v, dtype=np.int64), name)  # noqa: E731
@@ -478,16 +502,21 @@ def test_refusals_of_the_new_operators_name_the_cause(tmp_path):
         N("Div", ["c", "sl"], ["d"], name="reciprocal"),
         N("Conv", ["d", "w"], ["y"], pads=[0, 0, 1, 1], name="lopsided"),
     ]
+    rng = np.random.default_rng(0)
     inits = [i64("s", [0, 1]), i64("e", [2, 3]), i64("a", [1, 2]),
              onnx.numpy_helper.from_array(np.ones((), np.float32), "c"),
-             onnx.numpy_helper.from_array(np.ones((2, 2, 2, 2), np.float32), "w")]
+             onnx.numpy_helper.from_array(rng.normal(size=(2, 2, 2, 2)).astype(np.float32), "w")]
     model = _model(nodes, [helper.make_tensor_value_info("x", f, ["N", 2, 4, 4])],
                    [helper.make_tensor_value_info("y", f, ["N", 2, None, None])], inits)
-    onnx.save(model, str(tmp_path / "bad.onnx"))
-    with pytest.raises(InteropError) as e:
-        import_onnx(tmp_path / "bad.onnx")
-    text = str(e.value)
-    assert "perm [0, 2, 3, 1]: the catalog's Transpose swaps two dimensions" in text
-    assert "Slice along 2 dimensions" in text
-    assert "a constant divided by a computed tensor" in text
-    assert "pads [0, 0, 1, 1] differ at the start and the end" in text
+    onnx.save(model, str(tmp_path / "odd.onnx"))
+    imp = import_onnx(tmp_path / "odd.onnx")
+    types = [n.type for n in imp.project.graph.nodes.values()]
+    assert "Op" in types and "Conv2d" in types
+    from engine.interop import save_imported
+    from engine.project import load_project
+
+    again = export_onnx(load_project(save_imported(imp, tmp_path / "odd.lflow")), tmp_path / "again.onnx")
+    x = (rng.uniform(0.5, 1.5, (3, 2, 4, 4))).astype(np.float32)
+    want = ort.InferenceSession(str(tmp_path / "odd.onnx")).run(None, {"x": x})[0]
+    got = ort.InferenceSession(str(again)).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
