@@ -455,9 +455,34 @@ class MainWindow(QMainWindow):
             B = QMessageBox.StandardButton
             self.ask("warning", "Cannot open project", str(exc), B.Ok, B.Ok)
             return False
+        self.ask_trust(project)
         self.set_project(project)
         self.settings.add_recent(path)
         self.statusBar().showMessage(f"Opened {path}", 5000)
+        return True
+
+    def ask_trust(self, project: Project) -> bool:
+        """A project that names its own Python code (Custom layers) runs it only if the user
+        trusts it; asked once per project and set of imports (engine/trust.py)."""
+        from engine import trust
+
+        paths = trust.code_paths(project.graph)
+        if not paths or project.path is None:
+            return True
+        if not trust.is_trusted(project.path, paths):
+            B = QMessageBox.StandardButton
+            listing = "\n".join(f"    {p}" for p in paths)
+            r = self.ask("warning", "Trust this project's code?",
+                         f"{project.path.name} imports and runs Python code of its own when it is compiled, "
+                         f"trained or exported:\n\n{listing}\n\nTrust it only if you know where it comes from. "
+                         "No: it opens with those layers marked 'not checked' and nothing of it runs.",
+                         B.Yes | B.No, B.No)
+            if r != B.Yes:
+                self.statusBar().showMessage(f"Opened without running its code ({len(paths)} import path(s) not trusted)",
+                                             10000)
+                return False
+            trust.trust(project.path, paths)
+        trust.allow_in_process(paths)
         return True
 
     def save(self) -> bool:

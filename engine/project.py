@@ -230,13 +230,20 @@ class Project:
             "name": self.name,
             "description": self.description,
             "diagram": self.graph.to_dict(),
-            # grad_accumulation is written only when set: files from before it stay byte-identical
-            "training": self.training.model_dump(mode="json", exclude={"grad_accumulation"}
-                                                 if self.training.grad_accumulation == 1 else None),
+            # fields added later are written only when set: files from before them stay byte-identical
+            "training": self.training.model_dump(mode="json", exclude=self._defaults_left_out()),
             "placement": self.placement.model_dump(mode="json"),
             "cluster": self.cluster,
             "weights": self.weights,
         }
+
+    def _defaults_left_out(self) -> dict:
+        out: dict = {}
+        if self.training.grad_accumulation == 1:
+            out["grad_accumulation"] = True
+        if getattr(self.training.dataset, "task", None) == "classify":
+            out["dataset"] = {"task"}
+        return out
 
     def dumps(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"

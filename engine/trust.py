@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 _ALLOWED: ContextVar[frozenset[str]] = ContextVar("layerflow_allowed_code", default=frozenset())
+_PROCESS: set[str] = set()  # consented in this process (the GUI; its worker threads see it too)
 
 
 def config_home() -> Path:
@@ -53,7 +54,12 @@ def code_paths(graph) -> list[str]:
 
 
 def allowed(path: str) -> bool:
-    return is_torch_layer(path) or path in _ALLOWED.get()
+    return is_torch_layer(path) or path in _ALLOWED.get() or path in _PROCESS
+
+
+def allow_in_process(paths: Iterable[str]) -> None:
+    """The user consented in this process (the GUI's prompt): allow these paths from now on."""
+    _PROCESS.update(paths)
 
 
 @contextlib.contextmanager

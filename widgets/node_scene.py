@@ -16,6 +16,7 @@ from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPaint
 from PySide6.QtWidgets import QGraphicsItem, QGraphicsPathItem, QGraphicsScene
 
 from engine.graph import Edge, Graph, GraphEvent, ports_of
+from engine.runtime.ops import describe
 from widgets.style import LIGHT, SceneTheme, human, stage_color
 
 NODE_W = 152.0
@@ -206,7 +207,8 @@ class NodeItem(QGraphicsItem):
             tag_text = " · ".join(tags)
             tag_w = fm.horizontalAdvance(tag_text) + 8
             p.drawText(line, Qt.AlignVCenter | Qt.AlignRight, tag_text)
-        p.drawText(line, Qt.AlignVCenter | Qt.AlignLeft, fm.elidedText(node.type, Qt.ElideRight, line.width() - tag_w))
+        kind = describe(node.params) if node.type == "Op" else node.type  # a generic op shows its call
+        p.drawText(line, Qt.AlignVCenter | Qt.AlignLeft, fm.elidedText(kind, Qt.ElideRight, line.width() - tag_w))
         p.setPen(QPen(QColor(t.node_border), 0.8))
         p.drawLine(QPointF(1, BODY_TOP - 2), QPointF(NODE_W - 1, BODY_TOP - 2))
         # port names and dots

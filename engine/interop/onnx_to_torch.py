@@ -29,6 +29,14 @@ class _Sizes(list):
     """A shape as Python sizes (ints, or the symbolic batch while exporting)."""
 
 
+def _scalar(v):
+    """A one-element numpy constant as a Python number (it becomes an argument of the
+    op, e.g. x * 0.5); other numpy constants as tensors."""
+    if isinstance(v, np.ndarray) and v.size == 1:
+        return v.reshape(-1)[0].item() if v.ndim == 0 or v.dtype.kind == "f" else torch.as_tensor(v)
+    return _tt(v)
+
+
 def _tt(v):
     """An integer constant (numpy while the module runs) as a tensor, for tensor ops."""
     return torch.as_tensor(v) if isinstance(v, np.ndarray) else v
@@ -81,6 +89,10 @@ class OnnxModule(nn.Module):
         self.declared_batch = [
             (i.type.tensor_type.shape.dim[0].dim_value if i.type.tensor_type.shape.dim else 0) for i in g.input
             if i.name not in inits]
+        self.uses: dict[str, int] = {}  # how many nodes read each value
+        for node in g.node:
+            for i in node.input:
+                self.uses[i] = self.uses.get(i, 0) + 1
         self.steps: list[tuple] = []  # (node, op function, attribute names)
         problems = []
         for node in g.node:
@@ -90,7 +102,9 @@ class OnnxModule(nn.Module):
                 problems.append(f"node '{label}' ({node.op_type}{', domain ' + node.domain if node.domain else ''}): "
                                 "no torch equivalent in Layerflow's ONNX reader")
                 continue
-            if all(i == "" or i in self._const for i in node.input) and node.op_type not in ("Dropout",):
+            shared = any(self._const_learn.get(i) and self.uses.get(i, 0) > 1 for i in node.input)
+            if all(i == "" or i in self._const for i in node.input) and node.op_type not in ("Dropout",) \
+                    and not shared:  # (a weight several nodes read stays one tensor: it is not folded)
                 try:  # constants only: fold now
                     outs = fn(node, [self._value(i) for i in node.input], _attrs(node), build=True)
                 except InteropError as exc:
@@ -116,7 +130,7 @@ class OnnxModule(nn.Module):
                                + "\n".join(f"  - {p}" for p in problems))
 
     def _store(self, name: str, t: torch.Tensor, learn: bool) -> None:
-        if not t.is_floating_point():  # shapes, axes, indices: plain numbers while tracing, never traced
+        if not t.is_floating_point() or t.numel() == 1:  # shapes, axes, indices, scalars: plain numbers, never traced
             self._const[name] = t
             self._np[name] = t.numpy()
             self._const_learn[name] = False
@@ -201,7 +215,7 @@ class OnnxModule(nn.Module):
         return m(x)
 
     def _op_Gemm(self, node, ins, a, build):
-        if a.get("transA", 0) or node.input[1] not in self._const:
+        if a.get("transA", 0) or node.input[1] not in self._const or self.uses.get(node.input[1], 0) > 1:
             return self._matmul_general(node, ins, a, build)
         w = self._weight(node, 1)
         w = w if a.get("transB", 0) else w.t()
@@ -228,7 +242,8 @@ class OnnxModule(nn.Module):
         return y + a.get("beta", 1.0) * ins[2] if len(ins) > 2 and ins[2] is not None else y
 
     def _op_MatMul(self, node, ins, a, build):
-        if node.input[1] in self._const and self._weight(node, 1).dim() == 2 and node.input[0] not in self._const:
+        if node.input[1] in self._const and self._weight(node, 1).dim() == 2 and node.input[0] not in self._const \
+                and self.uses.get(node.input[1], 0) == 1:  # a weight read by others stays shared
             w = self._weight(node, 1)
 
             def make():
@@ -238,7 +253,7 @@ class OnnxModule(nn.Module):
                 return m
             m = self._layer(node, make)
             return None if build else m(ins[0])
-        return None if build else torch.matmul(ins[0], ins[1])
+        return None if build else torch.matmul(_tt(ins[0]), _tt(ins[1]))
 
     def _op_BatchNormalization(self, node, ins, a, build):
         scale, bias, mean, var = (self._weight(node, i) for i in range(1, 5))
@@ -322,12 +337,8 @@ class OnnxModule(nn.Module):
         if isinstance(a, (int, float, _Sizes)) or isinstance(b, (int, float, _Sizes)):
             av = a[0] if isinstance(a, _Sizes) and len(a) == 1 else a
             bv = b[0] if isinstance(b, _Sizes) and len(b) == 1 else b
-            av = int(av.reshape(-1)[0]) if isinstance(av, (torch.Tensor, np.ndarray)) and av.size == 1 and \
-                av.dtype.kind in "iu" else av
-            bv = int(bv.reshape(-1)[0]) if isinstance(bv, (torch.Tensor, np.ndarray)) and bv.size == 1 and \
-                bv.dtype.kind in "iu" else bv
-            return f(_tt(av), _tt(bv))
-        return f(_tt(a), _tt(b))
+            return f(_scalar(av), _scalar(bv))
+        return f(_scalar(a), _scalar(b))
 
     def _op_Add(self, node, ins, a, build):
         return None if build and None in ins else self._binary(ins, lambda x, y: x + y)
@@ -349,7 +360,7 @@ class OnnxModule(nn.Module):
         return None if build and None in ins else self._binary(ins, div)
 
     def _op_Pow(self, node, ins, a, build):
-        return None if build and None in ins else torch.pow(ins[0], ins[1])
+        return None if build and None in ins else torch.pow(_tt(ins[0]), _scalar(ins[1]))
 
     def _op_Sum(self, node, ins, a, build):
         if build and None in ins:
@@ -587,8 +598,17 @@ class OnnxModule(nn.Module):
         if build and ins[0] is None:
             return None
         shape = list(ins[1]) if isinstance(ins[1], _Sizes) else self._ints(ins[1])
-        return ins[0] * torch.ones(shape, dtype=ins[0].dtype, device=ins[0].device) if any(
-            isinstance(s, int) and s == 1 for s in shape) else ins[0].expand(shape)
+        x = _tt(ins[0])
+        if x.dim() > len(shape) or any(isinstance(s, int) and s == 1 for s in shape):
+            # ONNX broadcasts both ways (a 1 in the shape keeps the input's size)
+            return x * torch.ones(shape, dtype=x.dtype, device=x.device)
+        return x.expand(shape)
+
+    def _op_Trilu(self, node, ins, a, build):
+        if build and ins[0] is None:
+            return None
+        k = int(np.asarray(ins[1]).reshape(-1)[0]) if len(ins) > 1 and ins[1] is not None else 0
+        return torch.triu(_tt(ins[0]), k) if a.get("upper", 1) else torch.tril(_tt(ins[0]), k)
 
     def _op_Where(self, node, ins, a, build):
         return None if build and None in ins else torch.where(*(_tt(v) for v in ins))

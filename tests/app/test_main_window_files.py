@@ -148,3 +148,43 @@ def test_window_and_dock_layout_are_remembered(qtbot, asked):
     w.close()
     w2 = window(qtbot)
     assert w2.problems_dock.isHidden() and not w2.inspector_dock.isHidden()
+
+
+def test_opening_a_project_with_its_own_code_asks_first_and_runs_nothing_untrusted(qtbot, asked, tmp_path):
+    """A shared project whose Custom layer would delete a folder: opened without consent,
+    nothing runs and the node shows 'not checked'; trusting it is asked once."""
+    from engine import trust
+    from engine.project import save_project
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    g = Graph()
+    g.add_node("Input", {"shape": [4]}, id="x")
+    g.add_node("Custom", {"path": "shutil:rmtree", "kwargs": {"path": str(victim)}}, id="wipe")
+    g.add_node("Output", {}, id="y")
+    g.connect("x", "out", "wipe", "in")
+    g.connect("wipe", "out", "y", "in")
+    path = save_project(Project(g, name="hostile"), tmp_path / "hostile.lflow")
+    w = window(qtbot)
+    asked["answers"] = [B.No]
+    assert w.open_project(path)
+    title, text = asked["questions"][-1]
+    assert title == "Trust this project's code?" and "shutil:rmtree" in text
+    errs = w.controller.result.errors_for("wipe")
+    assert errs and "not checked" in str(errs[0])
+    assert victim.exists()
+    assert not trust.allowed("shutil:rmtree")
+
+    # a harmless layer of the user's own: trusted once, not asked again
+    g2 = Graph()
+    g2.add_node("Input", {"shape": [4]}, id="x")
+    g2.add_node("Custom", {"path": "tests.engine.interop_models:Swish"}, id="act")
+    g2.add_node("Output", {}, id="y")
+    g2.connect("x", "out", "act", "in")
+    g2.connect("act", "out", "y", "in")
+    mine = save_project(Project(g2, name="mine"), tmp_path / "mine.lflow")
+    asked["answers"] = [B.Yes]
+    n = len(asked["questions"])
+    assert w.open_project(mine)
+    assert len(asked["questions"]) == n + 1 and w.controller.result.ok
+    assert w.open_project(mine) and len(asked["questions"]) == n + 1  # remembered

@@ -224,3 +224,25 @@ def test_an_op_node_cannot_name_anything_but_aten():
         g.connect("bad", "out", "out", "in")
         errs = compile_graph(g).errors
         assert errs and errs[0].node == "bad" and errs[0].field == "code" and op in str(errs[0]), (op, errs)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_same_model_comes_in_from_its_onnx_export(name, tmp_path):
+    """torch.onnx.export (dynamo, dynamic batch) of each family, imported again: the
+    ONNX file is read as torch calls and imported through the same torch.export path."""
+    import onnx
+
+    from engine.interop import import_onnx
+
+    model, shape, dtype = _source(name)
+    prog = torch.onnx.export(model, (_batch(shape, dtype, n=3),), dynamo=True,
+                             dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(prog.model_proto, str(path))
+    imp = import_onnx(path)
+    gm = compile_graph(imp.project.graph).build()
+    gm.load_state_dict(imp.state)
+    x = _batch(shape, dtype, n=5)
+    with torch.no_grad():
+        want, got = model(x).numpy(), gm.eval()(x).numpy()
+    assert got.shape == want.shape and _rel(got, want) < 1e-4

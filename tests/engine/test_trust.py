@@ -50,22 +50,22 @@ def test_hostile_paths_run_nothing(tmp_path, capsys, command):
 
 
 def test_consent_is_per_project_and_per_set_of_paths(tmp_path, capsys):
-    p = _project(tmp_path, {"act": {"path": "interop_models:Swish"}})
+    p = _project(tmp_path, {"act": {"path": "tests.engine.interop_models:Swish"}})
     assert main(["validate", str(p)]) == 1
     assert main(["trust", str(p)]) == 0
-    assert "interop_models:Swish" in capsys.readouterr().out
+    assert "tests.engine.interop_models:Swish" in capsys.readouterr().out
     assert main(["validate", str(p)]) == 0
     stored = json.loads((tmp_path / "config" / "trust.json").read_text())
     assert list(stored) == [str(p.resolve())]  # the consent lives outside the project
     assert "trust" not in p.read_text()
 
     # the file changes to name more code: consent is asked again
-    changed = _project(tmp_path, {"act": {"path": "interop_models:Swish"}, "more": {"path": "interop_models:Swish2"}})
+    changed = _project(tmp_path, {"act": {"path": "tests.engine.interop_models:Swish"}, "more": {"path": "tests.engine.interop_models:Swish2"}})
     assert changed == p
     assert main(["validate", str(p)]) == 1
     assert "node 'more' (Custom): not checked" in capsys.readouterr().err
     # another copy of the first project elsewhere is not trusted either
-    other = _project(tmp_path, {"act": {"path": "interop_models:Swish"}}, name="copy.lflow")
+    other = _project(tmp_path, {"act": {"path": "tests.engine.interop_models:Swish"}}, name="copy.lflow")
     assert main(["validate", str(other)]) == 1
     assert main(["validate", str(other), "--trust"]) == 0  # consent given with the command
 
