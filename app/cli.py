@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 COMMAND_MODULES = [
@@ -42,7 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _consent(project_path: str | None, given: bool):
     """Allow the project's code paths if the user trusted them before (or does now, --trust)."""
     import contextlib
-    import os
 
     from engine import trust
     from engine.project import load_project
@@ -94,3 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `layerflow status JOB | head -1`: the reader left; not an error of ours
+        try:
+            sys.stdout = open(os.devnull, "w")  # nothing more reaches the closed pipe at exit
+        except OSError:
+            pass
+        return 0

@@ -113,6 +113,12 @@ def cmd_train(args) -> int:
         run_dir = Path(args.resume)
         if not (run_dir / "run.json").exists():
             raise CliError(f"--resume {run_dir}: not a run folder (no run.json)")
+        from engine.runtime.train import RunBusy, RunLock
+
+        try:  # a run (or its orphaned workers) still writing the folder: refuse before touching it
+            RunLock(run_dir).acquire().release()
+        except RunBusy as exc:
+            raise CliError(str(exc)) from None
         if args.steps is not None:
             _extend_run(run_dir, args.steps)
         if overrides or args.nproc:  # resume under another layout (checkpoints are layout-free)

@@ -26,6 +26,7 @@ from engine.runtime.model import build_graph_module
 
 # Batch used for the meta forward pass (BatchNorm refuses a batch of 1 in training).
 META_BATCH = 2
+MAX_MARKED = 50  # nodes marked for one diagram-wide problem (a cycle)
 _RESERVED = set(dir(nn.Module)) | {"training", "forward", "code", "graph", "meta"}
 
 
@@ -182,13 +183,21 @@ def compile_graph(graph: Graph) -> CompileResult:
             except Exception as exc:  # any import failure is the user's path
                 _err(errors, nid, node.type, f"path '{merged['path']}' does not import: {_first_line(exc)}", "path")
 
+    for e in graph.edges:  # an edge must leave from a port its node has
+        src = graph.nodes.get(e.src)
+        spec = specs.get(e.src)
+        if src is not None and spec is not None and e.src_port not in spec.output_ports(params.get(e.src, {})):
+            _err(errors, e.src, src.type, f"has no output port '{e.src_port}' (edge to '{e.dst}')")
+
     # 2. Graph-level structure.
     try:
         order = graph.topo_order()
     except CycleError as ce:
-        msg = "the diagram has a cycle: " + " -> ".join(ce.cycle)
-        for nid in dict.fromkeys(ce.cycle):
-            _err(errors, nid, graph.nodes[nid].type, msg)
+        ring = list(dict.fromkeys(ce.cycle))
+        shown = ring if len(ring) <= 8 else [*ring[:4], f"... {len(ring) - 7} more ...", *ring[-3:]]
+        msg = f"the diagram has a cycle of {len(ring)} node(s): " + " -> ".join([*shown, ring[0]])
+        for nid in ring[:MAX_MARKED]:  # bounded: a 10,000-node ring is one message, not 10,000 pages
+            _err(errors, nid, graph.nodes[nid].type, msg if nid == ring[0] else f"is on the cycle through '{ring[0]}'")
         return CompileResult(graph, infos, errors, warnings, list(graph.nodes))
 
     inputs = [n for n in order if graph.nodes[n].type == "Input"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.project import (CsvFile, Digits, NpzFile, Project, ProjectError, SyntheticClassification,
+from engine.project import (CsvFile, checked_input, Digits, NpzFile, Project, ProjectError, SyntheticClassification,
                             SyntheticImages, SyntheticRegression, SyntheticSequence)
 
 
@@ -119,7 +119,7 @@ def _task_of(y: np.ndarray) -> tuple[str, int | None]:
 
 
 def _npz(d: NpzFile, base: Path) -> Arrays:
-    path = (base / d.path) if not Path(d.path).is_absolute() else Path(d.path)
+    path = checked_input((base / d.path) if not Path(d.path).is_absolute() else Path(d.path), "training.dataset.path")
     try:
         z = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
@@ -138,7 +138,7 @@ def _npz(d: NpzFile, base: Path) -> Arrays:
 
 
 def _csv(d: CsvFile, base: Path) -> Arrays:
-    path = (base / d.path) if not Path(d.path).is_absolute() else Path(d.path)
+    path = checked_input((base / d.path) if not Path(d.path).is_absolute() else Path(d.path), "training.dataset.path")
     try:
         with open(path, newline="") as f:
             rows = list(csv.reader(f))

@@ -12,11 +12,20 @@ from __future__ import annotations
 
 import copy
 import keyword
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-_ID_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ID_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_ID_LEN = 200
+
+
+def valid_id(node_id) -> bool:
+    """The one rule for node names: a Python identifier (ASCII), not a keyword, at most
+    MAX_ID_LEN characters; nothing after it (not even a newline)."""
+    return (isinstance(node_id, str) and len(node_id) <= MAX_ID_LEN and _ID_RE.fullmatch(node_id) is not None
+            and not keyword.iskeyword(node_id))
 
 # Tensor-parallel styles a node may ask for (engine/planner.py checks which apply).
 TP_STYLES = ("replicate", "colwise", "rowwise", "sequence")
@@ -270,8 +279,9 @@ class Graph:
         return node
 
     def _check_id(self, node_id: str) -> None:
-        if not isinstance(node_id, str) or not _ID_RE.match(node_id) or keyword.iskeyword(node_id):
-            raise GraphError(f"'{node_id}' is not a valid node name: use letters, digits and _, not starting with a digit")
+        if not valid_id(node_id):
+            raise GraphError(f"{node_id!r} is not a valid node name: use letters, digits and _, not starting with a "
+                             f"digit, not a Python keyword, at most {MAX_ID_LEN} characters")
         if node_id in self.nodes:
             raise GraphError(f"a node named '{node_id}' already exists")
 
@@ -415,12 +425,21 @@ class Graph:
         nodes: dict[str, Node] = {}
         for nd in d.get("nodes", []):
             n = Node.from_dict(nd)
-            if not isinstance(n.id, str) or not _ID_RE.match(n.id):
-                raise GraphError(f"'{n.id}' is not a valid node name")
+            if not valid_id(n.id):
+                raise GraphError(f"{str(n.id)[:60]!r} is not a valid node name: use letters, digits and _, not starting "
+                                 f"with a digit, not a Python keyword, at most {MAX_ID_LEN} characters")
             if n.id in nodes:
                 raise GraphError(f"two nodes are named '{n.id}'")
+            if not all(math.isfinite(v) for v in n.pos):
+                raise GraphError(f"node '{n.id}': position {list(n.pos)} is not a finite point")
             nodes[n.id] = n
         edges = [Edge.from_dict(ed) for ed in d.get("edges", [])]
+        fed: dict[tuple[str, str], Edge] = {}
+        for e in edges:
+            if (e.dst, e.dst_port) in fed:
+                raise GraphError(f"input {e.dst}.{e.dst_port} has two edges (from {fed[e.dst, e.dst_port].src} and "
+                                 f"{e.src}); an input takes one")
+            fed[e.dst, e.dst_port] = e
         for e in edges:
             for end in (e.src, e.dst):
                 if end not in nodes:

@@ -348,9 +348,17 @@ def _reshape(p, shapes, dtypes):
     return p
 
 
+MAX_SAMPLE_NUMEL = 2 ** 36  # values in one sample: far beyond any model, far below what overflows
+
+
 def _input(p, shapes, dtypes):
     if not p["shape"] or any(s <= 0 for s in p["shape"]):
         raise FieldError("shape", f"shape must list positive sizes (without the batch), not {p['shape']}")
+    n = 1
+    for s in p["shape"]:
+        n *= s
+    if n > MAX_SAMPLE_NUMEL:
+        raise FieldError("shape", f"shape {p['shape']} holds {n:.3g} values per sample; at most {MAX_SAMPLE_NUMEL:.3g}")
     return p
 
 

@@ -151,16 +151,26 @@ class Training(_Strict):
 
 
 # ----- placement (engine/planner.py reads it) ---------------------------------
+MAX_PROCESSES = 65_536  # pp x dp x tp: beyond any cluster, and small enough to list every rank
+
+
 class Placement(_Strict):
-    pp: int = Field(1, ge=1)
-    dp: int = Field(1, ge=1)
-    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1, le=MAX_PROCESSES)
+    dp: int = Field(1, ge=1, le=MAX_PROCESSES)
+    tp: int = Field(1, ge=1, le=MAX_PROCESSES)
     data_parallel: Literal["ddp", "fsdp"] = "ddp"
     reshard_after_forward: bool = True  # FSDP2: free gathered params after forward
     microbatches: int = Field(1, ge=1)
     schedule: Literal["gpipe", "1f1b", "interleaved1f1b"] = "1f1b"
     mixed_precision: Literal["none", "bf16"] = "none"
     sync_batchnorm: bool = False
+
+    @model_validator(mode="after")
+    def _world(self) -> "Placement":
+        if self.pp * self.dp * self.tp > MAX_PROCESSES:
+            raise ValueError(f"pp x dp x tp = {self.pp * self.dp * self.tp:,} processes; at most {MAX_PROCESSES:,}: "
+                             "lower placement.pp, dp or tp")
+        return self
 
 
 class _NodeModel(_Strict):
@@ -218,6 +228,11 @@ class Project:
     @property
     def directory(self) -> Path:
         return self.path.parent if self.path else Path.cwd()
+
+    def input_file(self, rel: str, field: str) -> Path:
+        """A data or weights file named by the project: a regular file (not a FIFO or a
+        device), at most $LAYERFLOW_MAX_INPUT_MB megabytes; else ProjectError naming `field`."""
+        return checked_input(self.resolve_path(rel), field)
 
     def resolve_path(self, rel: str) -> Path:
         """A path written in the project (data set, weights), relative to its folder."""
@@ -317,13 +332,43 @@ def load_project(path: str | os.PathLike) -> Project:
     return p
 
 
+DEFAULT_MAX_INPUT_MB = 16_384
+
+
+def checked_input(path: Path, field: str) -> Path:
+    import stat as _stat
+
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ProjectError(f"{field}: cannot read {path}: {exc.strerror or exc}") from None
+    if not _stat.S_ISREG(st.st_mode):
+        raise ProjectError(f"{field}: {path} is not a regular file (a device, FIFO or folder is never read)")
+    try:
+        limit_mb = float(os.environ.get("LAYERFLOW_MAX_INPUT_MB", DEFAULT_MAX_INPUT_MB))
+    except ValueError:
+        limit_mb = DEFAULT_MAX_INPUT_MB
+    if st.st_size > limit_mb * 2 ** 20:
+        raise ProjectError(f"{field}: {path} is {st.st_size / 2 ** 20:,.0f} MB, more than the limit of {limit_mb:,.0f} MB "
+                           "(raise it with the environment variable LAYERFLOW_MAX_INPUT_MB)")
+    return path
+
+
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     """Write to a temp file in the same folder, fsync, then rename over `path`:
     a crash leaves either the old file or the new one, never half of one."""
-    path = Path(path)
+    path = Path(os.path.realpath(path))  # through a symlink: update its target, keep the link
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = os.stat(path).st_mode & 0o7777  # keep the file's mode
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask  # a new file gets what open() would give it
+    _remove_stale_temps(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -343,6 +388,20 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
             os.close(dfd)
     except OSError:
         pass
+
+
+def _remove_stale_temps(path: Path, older_than_s: float = 60.0) -> None:
+    """Temp files that interrupted saves of `path` left behind (a kill mid-save)."""
+    import glob
+    import time
+
+    now = time.time()
+    for t in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        try:
+            if now - t.lstat().st_mtime > older_than_s and t.is_file():
+                t.unlink()
+        except OSError:
+            pass
 
 
 def save_project(project: Project, path: str | os.PathLike | None = None) -> Path:

@@ -75,6 +75,26 @@ def check_data(result, arrays) -> list[str]:
     return errs
 
 
+def _check_weights(src: Path, result) -> None:
+    """The weights file holds tensors (nothing else is unpickled) that fit the diagram."""
+    import torch
+
+    try:
+        state = torch.load(src, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a pickle payload weights_only refuses, a truncated file, not torch at all
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise RunError(f"weights: {src} is not a weights file Layerflow reads ({type(exc).__name__}: {first})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise RunError(f"weights: {src} does not hold a dictionary of tensors (a state_dict)")
+    want = result.build(device="meta").state_dict()
+    for k, v in state.items():
+        if k not in want:
+            raise RunError(f"weights: {src} has '{k}', which is no parameter of the diagram")
+        if tuple(v.shape) != tuple(want[k].shape):
+            raise RunError(f"weights: '{k}' in {src} has shape {list(v.shape)} but node '{k.split('.')[0]}' needs "
+                           f"{list(want[k].shape)}")
+
+
 def total_steps(project: Project, n_train: int) -> int:
     tr = project.training
     if tr.steps is not None:
@@ -115,9 +135,8 @@ def prepare_run(project: Project, out_dir: str | Path | None = None, *, steps: i
     arrays.save(run_dir / "data.npz")
     weights = None
     if project.weights:
-        src = project.resolve_path(project.weights)
-        if not src.exists():
-            raise RunError(f"weights: {src} does not exist")
+        src = project.input_file(project.weights, "weights")
+        _check_weights(src, result)
         shutil.copyfile(src, run_dir / "weights.pt")
         weights = "weights.pt"
     n_steps = total_steps(project, len(arrays.x_train))

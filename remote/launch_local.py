@@ -175,8 +175,11 @@ def _last_traceback(path: Path) -> str | None:
 
 
 def launch_local(run_dir: str | os.PathLike, nproc: int, *, resume: bool = False,
-                 code_root: str | os.PathLike | None = None, env: dict | None = None) -> LocalJob:
-    """Start `torchrun --standalone --nproc-per-node nproc -m engine.runtime.train RUN_DIR`."""
+                 code_root: str | os.PathLike | None = None, env: dict | None = None,
+                 detached: bool = False) -> LocalJob:
+    """Start `torchrun --standalone --nproc-per-node nproc -m engine.runtime.train RUN_DIR`.
+    Its workers stop when this process ends, however it ends (SIGKILL included), unless
+    `detached`: they watch this process's pid (engine/runtime/train.py watch_parent)."""
     run_dir = Path(run_dir).resolve()
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, not {nproc}")
@@ -193,6 +196,10 @@ def launch_local(run_dir: str | os.PathLike, nproc: int, *, resume: bool = False
         cmd.append("--resume")
     full_env = {**os.environ, **(env or {})}
     full_env.setdefault("OMP_NUM_THREADS", "1")
+    if not detached:
+        full_env["LAYERFLOW_PARENT_PID"] = str(os.getpid())
+    else:
+        full_env.pop("LAYERFLOW_PARENT_PID", None)
     root = str(Path(code_root) if code_root else CODE_ROOT)
     full_env["PYTHONPATH"] = root + (os.pathsep + full_env["PYTHONPATH"] if full_env.get("PYTHONPATH") else "")
     log_path = logs / "launcher.log"

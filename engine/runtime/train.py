@@ -260,6 +260,82 @@ class _Stop:
         self.requested = True
 
 
+class RunBusy(RuntimeError):
+    """Another process is writing this run folder."""
+
+
+class RunLock:
+    """An exclusive lock on a run folder while a run writes it (fcntl.flock on
+    RUN/run.lock, released by the kernel when the writer dies, however it dies)."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / "run.lock"
+        self.fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise RunBusy(f"{self.path.parent} is being written by a run still going (pid {holder}); "
+                          "stop it (or wait for it) before starting another on this folder") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+PARENT_ENV = "LAYERFLOW_PARENT_PID"  # set by the launcher of a run that must not outlive it
+
+
+def watch_parent(stop: _Stop, grace_s: float = 30.0, period_s: float = 1.0) -> None:
+    """If the process that started this run (the CLI or the GUI, named by
+    $LAYERFLOW_PARENT_PID) ends, however it ends, stop as after SIGTERM (checkpoint,
+    then exit); if the run has not stopped `grace_s` later, exit at once. A run
+    started detached on purpose has no such variable and is not watched."""
+    import threading
+
+    try:
+        pid = int(os.environ.get(PARENT_ENV, "0"))
+    except ValueError:
+        return
+    if pid <= 1:
+        return
+
+    def alive() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def loop() -> None:
+        while alive():
+            time.sleep(period_s)
+        stop.requested = True
+        time.sleep(grace_s)
+        os._exit(143)
+
+    threading.Thread(target=loop, name="layerflow-parent-watch", daemon=True).start()
+
+
 def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: ProgressFn | None = None,
         writes_metrics: bool = True, log=print) -> dict:
     """Runs steps until total_steps or a stop request; returns the final status."""
@@ -267,6 +343,7 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
     total = trainer.total_steps
     eval_every, ckpt_every = int(tr["eval_interval"]), int(tr["checkpoint_interval"])
     start, elapsed0, offset = 0, 0.0, None
+    lock = RunLock(run_dir).acquire() if writes_metrics else None  # one writer per run folder
     status = Status(run_dir, total) if writes_metrics else None
     if resume:
         ckpt = latest_checkpoint(run_dir)
@@ -277,6 +354,7 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
         log(f"resumed from {ckpt.name} at step {start}")
     metrics = MetricsWriter(run_dir / "metrics.jsonl", truncate_at=offset if resume else 0) if writes_metrics else None
     stop = _Stop()
+    watch_parent(stop)
     old_handler = None
     try:
         old_handler = signal.signal(signal.SIGTERM, stop)
@@ -347,6 +425,8 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
             status.update(state=state_name, step=step, ended=time.time(), error=error)
         if old_handler is not None:
             signal.signal(signal.SIGTERM, old_handler)
+        if lock:
+            lock.release()
     return status.fields if status else {"state": state_name, "step": step}
 
 

@@ -1,0 +1,221 @@
+"""Hostile or broken input gets one clear error, bounded in size and time; saves keep
+links and modes; a run folder has one writer; workers never outlive the CLI."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from engine.compile import compile_graph
+from engine.graph import Graph
+from engine.project import ProjectError, atomic_write, load_project, loads_project, save_project
+
+ROOT = Path(__file__).resolve().parents[2]
+MLP = ROOT / "resources" / "examples" / "mlp_digits.lflow"
+
+
+def _file(**diagram) -> str:
+    base = {"format_version": 1, "diagram": {"nodes": [], "edges": []}}
+    base["diagram"].update(diagram)
+    return json.dumps(base)
+
+
+@pytest.mark.parametrize("bad_id", ["class", "None", "lambda", "fc1\n", "x" * 300, "fc-1", "1fc", ""])
+def test_one_id_rule_on_load(bad_id):
+    text = _file(nodes=[{"id": bad_id, "type": "ReLU"}])
+    with pytest.raises(ProjectError, match="is not a valid node name"):
+        loads_project(text, "p.lflow")
+
+
+def test_positions_edges_and_ports_are_checked_on_load():
+    with pytest.raises(ProjectError, match=r"node 'a': position \[nan, 0.0\] is not a finite point"):
+        loads_project(_file(nodes=[{"id": "a", "type": "ReLU", "pos": [float("nan"), 0]}]))
+    two = _file(nodes=[{"id": "a", "type": "Input"}, {"id": "b", "type": "Input"}, {"id": "c", "type": "ReLU"}],
+                edges=[{"src": "a", "dst": "c"}, {"src": "b", "dst": "c"}])
+    with pytest.raises(ProjectError, match=r"input c.in has two edges \(from a and b\)"):
+        loads_project(two)
+    g = Graph()
+    g.add_node("Input", {"shape": [4]}, id="x")
+    g.add_node("ReLU", {}, id="r")
+    g.add_node("Output", {}, id="out")
+    from engine.graph import Edge
+
+    g.add_edge_unchecked(Edge("x", "nope", "r", "in"))
+    g.connect("r", "out", "out", "in")
+    errs = [str(e) for e in compile_graph(g).errors]
+    assert any("'x'" in e and "output port 'nope'" in e for e in errs), errs
+
+
+def test_a_huge_cycle_is_one_short_message(tmp_path, capsys):
+    g = Graph()
+    n = 10_000
+    g.add_node("Input", {"shape": [4]}, id="x")
+    for i in range(n):
+        g.add_node("ReLU", {}, id=f"r{i}")
+    g.connect("x", "out", "r0", "in")
+    from engine.graph import Edge
+
+    for i in range(1, n):
+        g.add_edge_unchecked(Edge(f"r{i - 1}", "out", f"r{i}", "in"))
+    g.nodes["r0"].type = "Add"  # two inputs: x and the back edge
+    g.edges = [e if e.dst != "r0" else Edge("x", "out", "r0", "a") for e in g.edges]
+    g.add_edge_unchecked(Edge(f"r{n - 1}", "out", "r0", "b"))
+    g.add_node("Output", {}, id="out")
+    g.connect(f"r{n - 1}", "out", "out", "in")
+    from engine.project import Project
+
+    path = save_project(Project(g), tmp_path / "ring.lflow")
+    t = time.perf_counter()
+    assert main(["validate", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert time.perf_counter() - t < 60
+    assert "cycle of 10000 node(s)" in err and "... 9993 more ..." in err
+    assert len(err) < 20_000
+
+
+def test_sizes_that_would_exhaust_memory_are_refused(tmp_path, capsys):
+    p = load_project(MLP)
+    d = p.to_dict()
+    d["placement"]["dp"] = 10 ** 30
+    with pytest.raises(ProjectError, match="placement.dp"):
+        loads_project(json.dumps(d))
+    d["placement"].update(dp=256, tp=256, pp=2)
+    with pytest.raises(ProjectError, match=r"pp x dp x tp = 131,072 processes; at most 65,536"):
+        loads_project(json.dumps(d))
+    g = Graph()
+    g.add_node("Input", {"shape": [2 ** 63]}, id="x")
+    g.add_node("Output", {}, id="out")
+    g.connect("x", "out", "out", "in")
+    errs = compile_graph(g).errors
+    assert errs and errs[0].node == "x" and errs[0].field == "shape" and "values per sample" in str(errs[0])
+
+
+def test_saves_keep_links_modes_and_leave_no_temp_files(tmp_path):
+    real = tmp_path / "real.lflow"
+    atomic_write(real, b"one")
+    os.chmod(real, 0o644)
+    link = tmp_path / "link.lflow"
+    link.symlink_to(real)
+    stale = tmp_path / ".real.lflow.abc123.tmp"  # a save killed half-way, long ago
+    stale.write_bytes(b"half")
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    atomic_write(link, b"two")
+    assert link.is_symlink() and real.read_bytes() == b"two"
+    assert stat.S_IMODE(real.stat().st_mode) == 0o644
+    assert not stale.exists()
+    fresh = tmp_path / "new.lflow"
+    atomic_write(fresh, b"x")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o666 & ~umask
+
+
+def test_a_run_folder_has_one_writer(tmp_path, capsys):
+    from engine.run import prepare_run
+    from engine.runtime.train import RunLock
+
+    rd = prepare_run(load_project(MLP), tmp_path / "run", steps=2)
+    with RunLock(rd):  # a run still writing it (an orphaned worker, another terminal)
+        assert main(["train", str(MLP), "--resume", str(rd)]) == 2
+        assert f"is being written by a run still going (pid {os.getpid()})" in capsys.readouterr().err
+    assert main(["train", str(MLP), "--out", str(tmp_path / "run2"), "--steps", "2"]) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("torchrun")
+def test_workers_end_when_the_cli_is_killed(tmp_path):
+    from remote.procs import alive, descendants
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cli = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "train", str(MLP), "--nproc", "2",
+                            "--steps", "100000", "--out", str(tmp_path / "run")], cwd=ROOT, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 180
+    while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size > 0):
+        time.sleep(0.5)
+    assert metrics.exists(), "training did not start"
+    workers = descendants(cli.pid)
+    assert len(workers) >= 3  # torchrun and its two workers
+    cli.send_signal(signal.SIGKILL)
+    cli.wait()
+    deadline = time.time() + 60
+    while time.time() < deadline and any(alive(p) for p in workers):
+        time.sleep(0.5)
+    left = [p for p in workers if alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"{len(left)} process(es) outlived the CLI"
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["state"] == "cancelled"  # they stopped as after Ctrl-C: checkpointed, not killed
+
+
+def test_weights_and_data_are_read_only_from_regular_files_that_fit(tmp_path, capsys):
+    import pickle
+
+    import torch
+
+    from engine.project import NpzFile
+    from engine.run import RunError, prepare_run
+
+    def run_with(**change):
+        p = load_project(MLP)
+        p.path = tmp_path / "p.lflow"
+        for k, v in change.items():
+            setattr(p, k, v) if k == "weights" else setattr(p.training, k, v)
+        return prepare_run(p, tmp_path / f"run{len(list(tmp_path.iterdir()))}", steps=1)
+
+    with pytest.raises((RunError, ProjectError), match="/dev/zero is not a regular file"):
+        run_with(weights="/dev/zero")
+    fifo = tmp_path / "data.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ProjectError, match="training.dataset.path: .*data.fifo is not a regular file"):
+        run_with(dataset=NpzFile(kind="npz", path=str(fifo)))
+    big = tmp_path / "big.npz"
+    big.write_bytes(b"\0" * (3 * 2 ** 20))
+    os.environ["LAYERFLOW_MAX_INPUT_MB"] = "2"
+    try:
+        with pytest.raises(ProjectError, match="more than the limit of 2 MB .*LAYERFLOW_MAX_INPUT_MB"):
+            run_with(dataset=NpzFile(kind="npz", path=str(big)))
+    finally:
+        del os.environ["LAYERFLOW_MAX_INPUT_MB"]
+    wrong = tmp_path / "wrong.pt"
+    torch.save({"fc1.weight": torch.zeros(3, 3)}, wrong)
+    with pytest.raises(RunError, match=r"'fc1.weight' in .* has shape \[3, 3\] but node 'fc1' needs"):
+        run_with(weights=str(wrong))
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(RunError, match="is not a weights file Layerflow reads"):
+        run_with(weights=str(evil))
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_output_into_a_closed_pipe_is_no_traceback(tmp_path):
+    from engine.project import Project
+
+    g = Graph()  # 3,000 summary lines: far more than a pipe holds once `head` has gone
+    g.add_node("Input", {"shape": [4]}, id="x")
+    prev = "x"
+    for i in range(3000):
+        g.add_node("ReLU", {}, id=f"relu_number_{i}")
+        g.connect(prev, "out", f"relu_number_{i}", "in")
+        prev = f"relu_number_{i}"
+    g.add_node("Output", {}, id="out")
+    g.connect(prev, "out", "out", "in")
+    path = save_project(Project(g), tmp_path / "long.lflow")
+    r = subprocess.run(f"{sys.executable} {ROOT / 'main.py'} summary {path} | head -1", shell=True, cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr
