@@ -48,7 +48,22 @@ def cmd_validate(args) -> int:
             print(f"error: {e}", file=sys.stderr)
         print(f"{args.project}: {len(result.errors)} error(s)", file=sys.stderr)
         return 1
-    print(f"{args.project}: valid ({len(project.graph.nodes)} nodes, {result.total_params:,} parameters)")
+    pl = project.placement
+    world = pl.pp * pl.dp * pl.tp
+    if world > 1:  # the placement must be runnable too: the planner's own checks
+        from engine.planner import make_plan
+
+        plan = make_plan(project, world, compiled=result)
+        for w in plan.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        if plan.errors:
+            for e in plan.errors:
+                print(f"error: {e}", file=sys.stderr)
+            print(f"{args.project}: the diagram compiles but its placement cannot run: {len(plan.errors)} error(s)",
+                  file=sys.stderr)
+            return 1
+    print(f"{args.project}: valid ({len(project.graph.nodes)} nodes, {result.total_params:,} parameters"
+          + (f", {world} processes" if world > 1 else "") + ")")
     return 0
 
 

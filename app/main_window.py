@@ -467,6 +467,7 @@ class MainWindow(QMainWindow):
         from engine import trust
 
         paths = trust.code_paths(project.graph)
+        trust.allow_in_process(())  # what the previous project was allowed does not carry over
         if not paths or project.path is None:
             return True
         if not trust.is_trusted(project.path, paths):

@@ -536,6 +536,7 @@ _add(LayerSpec("Op", "Generic", "Any ATen computation the catalog has no layer f
       "calls [result, 'aten.NAME.OVERLOAD', args, kwargs]; {\"$\": name} reads an input, weight or result; "
       "the last result is the output"),
     P("weights", "json", {}, "tensors the node owns: name -> {shape, dtype, grad}"),
+    P("label", "str", "", "what the calls compute, shown on the node (e.g. the module they came from)"),
 ), inputs=_op_inputs, resolve=_op, tp_styles=("replicate",)))
 
 

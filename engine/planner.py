@@ -274,9 +274,15 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
             errors.append(f"placement.schedule interleaved1f1b with pp={pp} needs microbatches divisible by "
                           f"microbatches // pp = {rounds}, but microbatches is {m}; set it to a multiple of {pp}")
     v = max(1, n_stages // pp)
+    too_many = False
     if stages is None:
         if pp == 1:
             stages = [list(compute)]
+        elif len(compute) < n_stages:
+            errors.append(f"placement.pp={pp} asks for {n_stages} pipeline stages but the model has only "
+                          f"{len(compute)} layer(s); lower placement.pp to at most {max(1, len(compute))}")
+            stages = [[n] for n in compute] + [[] for _ in range(n_stages - len(compute))]
+            too_many = True
         elif not given:
             from engine.autoplace import balanced_stages
 
@@ -303,7 +309,7 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
             errors.append(f"edge {e.src} -> {e.dst} goes from stage {stage[e.src]} back to stage {stage[e.dst]}; "
                           f"stages must follow the data flow: set '{e.dst}' to stage {stage[e.src]} or later")
     for s, ids in enumerate(stages):
-        if not ids:
+        if not ids and not too_many:
             errors.append(f"stage {s} holds no layer; lower placement.pp to {len([x for x in stages if x])} "
                           f"or move a layer to stage {s}")
     for dst, src in ((compiled.spec or {}).get("ties") or {}).items():

@@ -58,7 +58,9 @@ def allowed(path: str) -> bool:
 
 
 def allow_in_process(paths: Iterable[str]) -> None:
-    """The user consented in this process (the GUI's prompt): allow these paths from now on."""
+    """The project open in this process (the GUI) may run these paths, and only these:
+    opening another project replaces them (call with nothing to allow nothing)."""
+    _PROCESS.clear()
     _PROCESS.update(paths)
 
 

@@ -176,6 +176,8 @@ def _op_name(target) -> str:
             packet = getattr(torch.ops.aten, op[:-1])  # x.relu_() -> relu(x): the diagram has no aliasing
             if ov in packet.overloads():
                 op = op[:-1]
+        if op in ("view", "_unsafe_view") and ov == "default":
+            op = "reshape"  # torch.export drops .contiguous(); reshape is view where a view is possible
         return f"aten.{op}.{ov}"
     for name, fn in PY_OPS.items():
         if target is fn:
@@ -323,9 +325,38 @@ class _Reader:
         return out
 
     # ----- generic Op nodes ---------------------------------------------------
-    def program(self, root: fx.Node) -> tuple[list, dict, dict, list[fx.Node]]:
-        """The Op node that computes `root`: its calls, weights (specs and values) and
-        the diagram values it reads."""
+    def leaf_regions(self, catalog: dict) -> dict[fx.Node, tuple[str, str, fx.Node, set]]:
+        """fx node -> (path, type, output, members) of one call of a leaf module the catalog
+        has no layer for (ReLU6, LocalResponseNorm, nn.MultiheadAttention, a LayerNorm2d
+        written with permutes): its calls become one Op node, named after the module."""
+        groups: dict[str, list[fx.Node]] = {}
+        where: dict[str, tuple[str, str]] = {}
+        inner: set[str] = set()  # keys that called another module: not leaves
+        for n in self.gm.graph.nodes:
+            if n.op != "call_function":
+                continue
+            st = _stack(n)
+            inner.update(k for k, _, _ in st[:-1])
+            if st and n not in catalog:
+                key, path, typ = st[-1]
+                groups.setdefault(key, []).append(n)
+                where[key] = (path, typ)
+        out = {}
+        for key, members in groups.items():
+            mem = set(members)
+            # sizes computed here and read elsewhere are recomputed where they are read
+            exits = [m for m in members if any(u not in mem for u in m.users)
+                     and isinstance(m.meta.get("val"), torch.Tensor)]
+            if key in inner or len(exits) != 1 or not self.proper(exits[0]) or \
+                    sum(1 for m in members if m.target is not operator.getitem and "sym_size" not in str(m.target)) < 2:
+                continue
+            for m in members:
+                out[m] = (*where[key], exits[0], mem)
+        return out
+
+    def program(self, root: fx.Node, inside: set | frozenset = frozenset()) -> tuple[list, dict, dict, list[fx.Node]]:
+        """The Op node that computes `root` (with the calls of `inside`): its calls,
+        weights (specs and values) and the diagram values it reads."""
         code: list = []
         weights: dict[str, dict] = {}
         values: dict[str, torch.Tensor] = {}
@@ -355,7 +386,7 @@ class _Reader:
         def emit(n: fx.Node) -> str:
             if n in names:
                 return names[n]
-            if n is not root and (self.proper(n) or n in self.user_inputs):
+            if n is not root and n not in inside and (self.proper(n) or n in self.user_inputs):
                 inputs.append(n)
                 names[n] = f"in{len(inputs) - 1}"
                 return names[n]
@@ -411,6 +442,7 @@ class _Reader:
 
     def read(self) -> None:
         regions = self.regions()
+        leaves = self.leaf_regions(regions)
         calls: Counter = Counter()
         for n in self.gm.graph.nodes:
             try:
@@ -439,6 +471,11 @@ class _Reader:
                         for k, t in r.module.state_dict(keep_vars=True).items():
                             self.keep(nid, k, t, k in params)
                     continue
+                if n in leaves:
+                    path, typ, out, members = leaves[n]
+                    if n is out:
+                        self.generic(n, members, label=_short_type(typ), base=path)
+                    continue
                 self.generic(n)
             except (_Unsupported, OpError) as exc:
                 self.problems.append(f"'{n.name}'{_where(n)}: {exc}")
@@ -447,16 +484,20 @@ class _Reader:
                 self.notes.append(f"'{path}' is called {c} times: its parameters are shared; its buffers "
                                   "(running statistics) are kept per call")
 
-    def generic(self, n: fx.Node) -> None:
-        code, weights, values, inputs = self.program(n)
+    def generic(self, n: fx.Node, inside: set | frozenset = frozenset(), label: str = "",
+                base: str | None = None) -> None:
+        code, weights, values, inputs = self.program(n, inside)
         if len(code) == 1 and inputs and _is_noop(code[0]):
             self.ids[n] = self.ids[inputs[0]]  # x[:, ...], x.contiguous(): the same value
             return
         kind, params = _catalog_form(code, weights, inputs, self)
         if kind is None:
             kind, params = "Op", {"inputs": len(inputs), "code": code, "weights": weights}
+            if label:
+                params["label"] = label
         stack = _stack(n)
-        base = f"{stack[-1][1]}.{n.name}" if stack else n.name
+        if base is None:
+            base = f"{stack[-1][1]}.{n.name}" if stack else n.name
         nid = self.add(kind, params, base, n, inputs)
         if kind == "Op":
             for w, t in values.items():

@@ -42,6 +42,52 @@ def _tt(v):
     return torch.as_tensor(v) if isinstance(v, np.ndarray) else v
 
 
+class _Scope(nn.Module):
+    """One module of the source model's tree, rebuilt from the ONNX file's scope names:
+    running an ONNX node inside it makes torch.export record the node's module path, so
+    the imported diagram keeps the hierarchy (Node.scope)."""
+
+    def forward(self, fn, *args):
+        return fn(*args)
+
+
+_SCOPE_TYPES: dict[str, type] = {}
+
+
+def _scope_type(name: str) -> type:
+    name = re.sub(r"[^A-Za-z0-9_]", "_", name) or "Block"
+    if name not in _SCOPE_TYPES:
+        _SCOPE_TYPES[name] = type(name, (_Scope,), {"__module__": "onnx_scope", "__qualname__": name})
+    return _SCOPE_TYPES[name]
+
+
+def _scopes(node) -> list[tuple[str, str]]:
+    """(module path, type) from the outside in: torch's exporter writes them as metadata;
+    other files name scopes with '/' (Caffe2-era model-zoo files: 'inception_3a/1x1')."""
+    import ast
+
+    meta = {p.key: p.value for p in node.metadata_props}
+    if "pkg.torch.onnx.name_scopes" in meta:
+        try:
+            names = ast.literal_eval(meta["pkg.torch.onnx.name_scopes"])
+            types = ast.literal_eval(meta.get("pkg.torch.onnx.class_hierarchy", "[]"))
+        except (ValueError, SyntaxError):
+            return []
+        return [(n, str(types[i]).rpartition(".")[2] if i < len(types) else "Module")
+                for i, n in enumerate(names[1:-1], start=1) if isinstance(n, str) and n]
+    labels = [node.name, *(node.output[:1])]
+    label = next((x for x in labels if x and "/" in x), "")
+    parts = [p for p in label.split("/")[:-1] if p]
+    return [(".".join(parts[: i + 1]), "Block") for i in range(len(parts))]
+
+
+def _run_scoped(chain: list, fn, args: tuple):
+    """fn(*args) called through each scope module of `chain`, as the source's forward did."""
+    if not chain:
+        return fn(*args)
+    return chain[0](lambda *a: _run_scoped(chain[1:], fn, a), *args)
+
+
 def _attrs(node) -> dict:
     from onnx import helper
 
@@ -75,7 +121,8 @@ class OnnxModule(nn.Module):
         g = model.graph
         self.source = source
         self._const_learn: dict[str, bool] = {}  # value -> it is (made from) a learned weight
-        self._layers: dict[str, str] = {}  # ONNX node -> attribute of its nn layer
+        self._layers: dict[str, tuple] = {}  # ONNX node -> (module holding its nn layer, attribute)
+        self._run_in: dict[str, list] = {}  # ONNX node -> the scope modules it runs in
         self._np: dict[str, np.ndarray] = {}  # integer constants, as numpy while the module runs
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
         self._taken: set[str] = set(dir(nn.Module)) | {"forward"}
@@ -125,6 +172,7 @@ class OnnxModule(nn.Module):
                 problems.append(str(exc))
                 continue
             self.steps.append((node, fn))
+            self._step_scope(node)  # its place in the module tree, made before anything is traced
         if problems:
             raise InteropError(f"cannot import {source}: {len(problems)} operator(s) cannot be read:\n"
                                + "\n".join(f"  - {p}" for p in problems))
@@ -153,24 +201,65 @@ class OnnxModule(nn.Module):
         c = self._const[name]
         return getattr(self, c) if isinstance(c, str) else c
 
+    def _module_at(self, path: str, typ: str) -> nn.Module:
+        """The scope module at a dotted path of the source's tree (made on first use;
+        the path's uncalled parents, a ModuleList say, become plain containers)."""
+        mod: nn.Module = self
+        parts = path.split(".")
+        for i, part in enumerate(parts):
+            attr = re.sub(r"[^A-Za-z0-9_]", "_", part) or "scope"
+            child = mod._modules.get(attr)
+            if child is not None and not isinstance(child, _Scope):
+                attr += "_scope"  # a layer sits there already
+                child = mod._modules.get(attr)
+            if child is None:
+                if mod is self and (attr in self._taken or hasattr(self, attr)):
+                    attr = _name(attr, self._taken)
+                self._taken.add(attr) if mod is self else None
+                child = _scope_type(typ if i == len(parts) - 1 else "Module")()
+                mod.add_module(attr, child)
+            mod = child
+        return mod
+
+    def _chain(self, scopes: list[tuple[str, str]]) -> list[nn.Module]:
+        return [self._module_at(path, typ) for path, typ in scopes]
+
     def _layer(self, node, make):
-        """The nn layer of an ONNX node, created once when the module is built."""
+        """The nn layer of an ONNX node, created once when the module is built, at its
+        place in the source's module tree when the file names one."""
         key = node.output[0] if node.output else node.name
         if key not in self._layers:
-            attr = _name(node.name or node.output[0], self._taken)
-            self.add_module(attr, make())
-            self._layers[key] = attr
-        return getattr(self, self._layers[key])
+            scopes = _scopes(node)
+            chain = self._chain(scopes[:-1])
+            parent = chain[-1] if chain else self
+            base = scopes[-1][0].rpartition(".")[2] if scopes else (node.name or node.output[0])
+            attr = re.sub(r"[^A-Za-z0-9_]", "_", base) or "layer"
+            if parent is self:
+                attr = _name(attr, self._taken)
+            while attr in parent._modules:
+                attr += "_"
+            parent.add_module(attr, make())
+            self._layers[key] = (parent, attr)
+            self._run_in[key] = chain
+        parent, attr = self._layers[key]
+        return getattr(parent, attr)
 
     def forward(self, *xs):
         env = dict(zip(self.inputs, xs))
         for node, fn in self.steps:
             ins = [self._value(i, env) for i in node.input]
-            outs = fn(node, ins, _attrs(node), build=False)
+            outs = _run_scoped(self._step_scope(node), fn, (node, ins, _attrs(node), False))
             for o, v in zip(node.output, outs if isinstance(outs, tuple) else (outs,)):
                 env[o] = v
         res = [self._value(o, env) for o in self.outputs]
         return res[0] if len(res) == 1 else tuple(res)
+
+    def _step_scope(self, node) -> list[nn.Module]:
+        """The scope modules an ONNX node runs inside, outermost first."""
+        key = node.output[0] if node.output else node.name
+        if key not in self._run_in:
+            self._run_in[key] = self._chain(_scopes(node))
+        return self._run_in[key]
 
     # ----- helpers --------------------------------------------------------------
     def _fail(self, node, why: str):

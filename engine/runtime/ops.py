@@ -137,7 +137,11 @@ def _fmt_arg(v: Any) -> str:
 
 
 def describe(params: dict) -> str:
-    """The program as one short line of calls, e.g. 'permute(in0, [0, 2, 1])'."""
+    """The program as one short line of calls, e.g. 'permute(in0, [0, 2, 1])', or its
+    label (the module it came from) and how many calls it makes."""
+    if params.get("label"):
+        n = sum(1 for c in params.get("code") or [] if not (c[1].startswith("aten.sym_size") or c[1] == "operator.getitem"))
+        return f"{params['label']} ({n} call{'s' if n != 1 else ''})"
     parts = []
     for out, op, args, kwargs in params.get("code") or []:
         name = op.split(".")[1] if op.count(".") >= 1 else op

@@ -188,3 +188,5 @@ def test_opening_a_project_with_its_own_code_asks_first_and_runs_nothing_untrust
     assert w.open_project(mine)
     assert len(asked["questions"]) == n + 1 and w.controller.result.ok
     assert w.open_project(mine) and len(asked["questions"]) == n + 1  # remembered
+    assert w.open_project(path) and not trust.allowed("tests.engine.interop_models:Swish")  # per project
+    trust.allow_in_process(())

@@ -219,3 +219,18 @@ def test_output_into_a_closed_pipe_is_no_traceback(tmp_path):
     r = subprocess.run(f"{sys.executable} {ROOT / 'main.py'} summary {path} | head -1", shell=True, cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr
+
+
+@pytest.mark.parametrize("placement, message", [
+    ({"pp": 8, "microbatches": 8}, "placement.pp=8 asks for 8 pipeline stages but the model has only 5 layer(s)"),
+    ({"pp": 5}, "placement.schedule 1f1b needs placement.microbatches >= stages"),
+])
+def test_validate_checks_the_placement_too(tmp_path, capsys, placement, message):
+    p = load_project(MLP)
+    p.placement = p.placement.model_copy(update=placement)
+    path = save_project(p, tmp_path / "p.lflow")
+    assert main(["validate", str(path)]) == 1
+    assert message in capsys.readouterr().err
+    assert main(["plan", str(path)]) == 1  # the same finding, no traceback
+    out = capsys.readouterr()
+    assert message in out.out and "Traceback" not in out.err

@@ -30,7 +30,12 @@ def _project(tmp_path, custom: dict[str, dict], name="shared.lflow"):
 
 @pytest.fixture(autouse=True)
 def config(tmp_path, monkeypatch):
+    from engine import trust
+
     monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(tmp_path / "config"))
+    trust.allow_in_process(())  # nothing a GUI test allowed in this worker process
+    yield
+    trust.allow_in_process(())
 
 
 @pytest.mark.parametrize("command", [["validate"], ["summary"], ["plan"], ["export", "--onnx", "m.onnx"]])
