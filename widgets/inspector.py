@@ -59,21 +59,15 @@ def parse(spec: ParamSpec, text: str) -> Any:
         if len(v) not in (1, 2):
             raise ValueError(f"{spec.name} must be one integer or two (height, width), e.g. 3 or 3, 5")
         return v[0] if len(v) == 1 else v
-    if spec.kind == "json":
+    if spec.kind in ("json", "list"):
         try:
-            v = json.loads(text or "{}")
+            v = json.loads(text or ("{}" if spec.kind == "json" else "[]"))
         except json.JSONDecodeError as e:
             raise ValueError(f"{spec.name}: not valid JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(v, dict):
+        if spec.kind == "json" and not isinstance(v, dict):
             raise ValueError(f"{spec.name} must be a JSON object such as {{\"inplace\": true}}")
-        return v
-    if spec.kind == "list":
-        try:
-            v = json.loads(text or "[]")
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{spec.name}: not valid JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(v, list):
-            raise ValueError(f"{spec.name} must be a JSON list")
+        if spec.kind == "list" and not isinstance(v, list):
+            raise ValueError(f"{spec.name} must be a JSON list, e.g. the calls of an Op node")
         return v
     return text
 

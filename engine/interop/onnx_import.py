@@ -138,6 +138,20 @@ def _scopes(node) -> tuple[list[str], list[str]]:
     return list(names), list(classes)
 
 
+def _unit_scope(u: _Unit) -> list[list[str]] | None:
+    """The module tree around a unit: what the scope names of all its ONNX nodes share."""
+    from engine.interop.onnx_to_torch import _scopes as scope_chain
+
+    chains = [scope_chain(n) for n in u.nodes]
+    common = chains[0] if chains else []
+    for c in chains[1:]:
+        k = 0
+        while k < min(len(common), len(c)) and common[k] == c[k]:
+            k += 1
+        common = common[:k]
+    return [list(x) for x in common] or None
+
+
 def _round(v: float) -> float:
     """float32 attributes read back as 9.99999974e-06; give the user 1e-05."""
     return float(f"{float(v):.6g}")
@@ -1088,6 +1102,7 @@ def _import_catalog(path: Path, model, name: str | None) -> Imported:
             continue
         nid = make_id(u.name, taken)
         graph.add_node(ctype, params, id=nid)
+        graph.nodes[nid].scope = _unit_scope(u)
         for k, v in wstate.items():
             state[f"{nid}.{k}"] = v
         value_node[u.output] = nid

@@ -13,6 +13,8 @@ from engine.compile import compile_graph
 from engine.planner import make_plan
 from engine.project import ProjectError, loads_project
 
+from test_project import _paths
+
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "resources" / "examples").glob("*.lflow"))
 TEXTS = [p.read_text() for p in EXAMPLES]
 
@@ -23,16 +25,6 @@ hostile = st.recursive(
                        "/dev/zero", "../../etc/passwd", "in", "out", 2 ** 63, -1, 10 ** 30]),
     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
     max_leaves=12)
-
-
-def _paths(obj, prefix=()):
-    yield prefix
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _paths(v, prefix + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            yield from _paths(v, prefix + (i,))
 
 
 def _replace(obj, path, value):
