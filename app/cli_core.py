@@ -50,21 +50,39 @@ def cmd_validate(args) -> int:
         return 1
     pl = project.placement
     world = pl.pp * pl.dp * pl.tp
-    if world > 1:  # the placement must be runnable too: the planner's own checks
-        from engine.planner import make_plan
+    # the placement must be runnable too (memory included): the planner's own checks
+    from engine.planner import make_plan
 
-        plan = make_plan(project, world, compiled=result)
-        for w in plan.warnings:
-            print(f"warning: {w}", file=sys.stderr)
-        if plan.errors:
-            for e in plan.errors:
-                print(f"error: {e}", file=sys.stderr)
-            print(f"{args.project}: the diagram compiles but its placement cannot run: {len(plan.errors)} error(s)",
-                  file=sys.stderr)
-            return 1
+    plan = make_plan(project, world, compiled=result)
+    for w in plan.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if plan.errors:
+        for e in plan.errors:
+            print(f"error: {e}", file=sys.stderr)
+        print(f"{args.project}: the diagram compiles but cannot run as placed: {len(plan.errors)} error(s)",
+              file=sys.stderr)
+        return 1
     print(f"{args.project}: valid ({len(project.graph.nodes)} nodes, {result.total_params:,} parameters"
           + (f", {world} processes" if world > 1 else "") + ")")
     return 0
+
+
+def _check_fits(project) -> None:
+    """One process: the planner's memory prediction against this machine, before anything
+    is allocated (out_features 3e7 or a batch of 1e6 is refused with the numbers)."""
+    from app.cli import CliError
+    from engine.compile import compile_graph
+    from engine.planner import make_plan
+
+    result = compile_graph(project.graph)
+    if not result.ok:
+        return  # prepare_run names the diagram's errors
+    plan = make_plan(project, 1, compiled=result)
+    too_big = [e for e in plan.errors if " needs " in e and " device has " in e]
+    if too_big:
+        raise CliError(too_big[0].replace("raise pp or tp, use data_parallel fsdp, or raise microbatches",
+                                          "lower training.batch_size or the model's sizes, or train on several "
+                                          "processes or a cluster (placement pp/tp, data_parallel fsdp)"))
 
 
 def cmd_summary(args) -> int:
@@ -150,6 +168,8 @@ def cmd_train(args) -> int:
                 if args.nproc and args.nproc > 1 and pl.pp * pl.dp * pl.tp == 1:
                     overrides["dp"] = args.nproc  # `--nproc N` alone: data parallel over N processes
                 plan = plan_for_run(project, args.nproc, overrides)
+            else:
+                _check_fits(project)
             run_dir = prepare_run(project, args.out, steps=args.steps, seed=args.seed, placement=overrides, plan=plan)
         except RunError as exc:
             raise CliError(str(exc)) from None

@@ -131,19 +131,75 @@ class LocalJob:
         self.returncode = rc
         if rc != 0:
             self.failure = failing_rank(self.run_dir)
+            if self.failure is not None:
+                _record_failure(self.run_dir, *self.failure)
 
     def describe_failure(self) -> str:
         if self.failure is None:
             return f"torchrun exited with {self.returncode}; see {self.log_path}"
         rank, tb = self.failure
-        return f"rank {rank} failed first (log: {self.run_dir / 'logs' / f'rank{rank}.log'}):\n{tb}"
+        try:
+            import json
+
+            step = json.loads((self.run_dir / "status.json").read_text()).get("step")
+        except (OSError, ValueError):
+            step = None
+        at = f" at step {step}" if step else ""
+        return f"rank {rank} failed first{at} (log: {self.run_dir / 'logs' / f'rank{rank}.log'}):\n{tb}"
+
+
+def torchrun_root_cause(log_path: Path) -> tuple[int, int, str] | None:
+    """(rank, exit code, signal name or '') of torchrun's "Root Cause (first observed
+    failure)" in its log: the one place that knows of a rank killed by a signal, which
+    leaves no traceback and no error file behind."""
+    import re
+
+    try:
+        text = Path(log_path).read_text(errors="replace")
+    except OSError:
+        return None
+    i = text.rfind("Root Cause (first observed failure)")
+    if i < 0:
+        return None
+    block = text[i:i + 2000]
+    rank, code = re.search(r"rank\s*:\s*(\d+)", block), re.search(r"exitcode\s*:\s*(-?\d+)", block)
+    if not rank or not code:
+        return None
+    sig = re.search(r"exitcode\s*:\s*-?\d+[^\n]*\((SIG[A-Z0-9]+)\)", block)
+    return int(rank.group(1)), int(code.group(1)), sig.group(1) if sig else ""
+
+
+def _record_failure(run_dir: Path, rank: int, text: str) -> None:
+    """status.json says which rank failed first and how (the GUI and `status` read it)."""
+    import json
+
+    path = Path(run_dir) / "status.json"
+    try:
+        st = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    st["failed_rank"] = rank
+    st["failure"] = text.strip().splitlines()[-1][:500] if text.strip() else ""
+    first = text.strip().splitlines()[0][:500] if text.strip() else ""
+    if first and first != st.get("error"):  # what the first rank died of, not what its peers saw after
+        st["peer_error"], st["error"] = st.get("error"), f"rank {rank}: {first}"
+    from engine.project import atomic_write
+
+    atomic_write(path, json.dumps(st, indent=1, sort_keys=True).encode())
 
 
 def failing_rank(run_dir: Path) -> tuple[int, str] | None:
-    """The rank that failed first and its traceback. Each failing rank writes
-    logs/rank{R}.error with the time; peers that fail later (a closed connection
-    to the dead rank) have later times."""
+    """The rank that failed first and its traceback (or how it was killed). A rank killed
+    by a signal is named by torchrun's root cause; each rank that fails by itself writes
+    logs/rank{R}.error with the time, and peers that fail later (a closed connection to
+    the dead rank) have later times."""
     logs = Path(run_dir) / "logs"
+    cause = torchrun_root_cause(logs / "launcher.log")
+    if cause and cause[1] < 0:
+        rank, code, sig = cause
+        tail = _tail(logs / f"rank{rank}.log")
+        return rank, (f"rank {rank} was killed by {sig or f'signal {-code}'} (exit code {code}); it left no "
+                      f"traceback. The end of its log:\n{tail}\nkilled by {sig or f'signal {-code}'}")
     errors = []
     for p in logs.glob("rank*.error"):
         try:
@@ -163,6 +219,13 @@ def failing_rank(run_dir: Path) -> tuple[int, str] | None:
             rank = next((int(x) for x in p.parent.name.split("_") if x.isdigit()), -1)
             return rank, tb
     return None
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 def _last_traceback(path: Path) -> str | None:

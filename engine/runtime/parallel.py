@@ -444,6 +444,16 @@ def init_distributed() -> torch.device:
     return device
 
 
+def _ended(run_dir: Path) -> bool:
+    """status.json already says how the run ended (fit's own record, with its step)."""
+    import json
+
+    try:
+        return json.loads((run_dir / "status.json").read_text()).get("state") in ("failed", "cancelled", "succeeded")
+    except (OSError, ValueError):
+        return False
+
+
 def run_distributed(run_dir: str | Path, *, resume: bool = False) -> dict:
     """Every rank runs this; rank 0 writes metrics and status (train.fit)."""
     from .train import Status, fit, load_spec, seed_all
@@ -474,7 +484,7 @@ def run_distributed(run_dir: str | Path, *, resume: bool = False) -> dict:
             # the launcher reports the first rank that failed: the time says which
             err = {"rank": rank, "time": time.time(), "error": f"{type(exc).__name__}: {exc}"}
             (run_dir / "logs" / f"rank{rank}.error").write_text(repr(err))
-            if rank == 0:
+            if rank == 0 and not _ended(run_dir):  # fit() already wrote the step it reached
                 Status(run_dir, int(spec.get("total_steps", 0))).update(
                     state="failed", ended=time.time(), error=err["error"])
             raise

@@ -123,3 +123,33 @@ def test_cli_resume_under_another_layout(tmp_path):
     assert sorted(got) == [1, 2, 3, 4, 5, 6]
     for step in got:
         assert got[step] == pytest.approx(want[step], rel=1e-4), step
+
+
+def test_a_rank_killed_by_a_signal_is_named_with_the_step_reached(tmp_path):
+    """SIGKILL leaves no traceback: rank 0 then fails on the lost connection, and only
+    torchrun's root cause says which rank died first."""
+    d = prepare_run(load_project(MLP), tmp_path / "run", steps=100_000, placement={"dp": 2})
+    job = launch_local(d, 2)
+    metrics = d / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and len(metrics.read_text().splitlines() if metrics.exists() else []) < 20:
+        time.sleep(0.3)
+    victim = None
+    from remote.procs import descendants
+
+    for pid in descendants(job.pid):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if b"LOCAL_RANK=1" in env and b"engine.runtime.train" in open(f"/proc/{pid}/cmdline", "rb").read():
+            victim = pid
+    assert victim, "rank 1 not found"
+    os.kill(victim, signal.SIGKILL)
+    assert job.wait(timeout=300) != 0
+    rank, text = job.failure
+    assert rank == 1 and "killed by SIGKILL" in text
+    st = json.loads((d / "status.json").read_text())
+    assert st["state"] == "failed" and st["failed_rank"] == 1 and st["step"] >= 10
+    assert st["error"].startswith("rank 1: rank 1 was killed by SIGKILL")
+    assert f"rank 1 failed first at step {st['step']}" in job.describe_failure()

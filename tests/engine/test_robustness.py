@@ -234,3 +234,16 @@ def test_validate_checks_the_placement_too(tmp_path, capsys, placement, message)
     assert main(["plan", str(path)]) == 1  # the same finding, no traceback
     out = capsys.readouterr()
     assert message in out.out and "Traceback" not in out.err
+
+
+def test_a_run_that_cannot_fit_this_machine_is_refused_before_it_starts(tmp_path, capsys):
+    p = load_project(MLP)
+    p.graph.set_param("fc1", "out_features", 30_000_000)  # validates as a diagram; ~70 GiB to train
+    path = save_project(p, tmp_path / "huge.lflow")
+    assert main(["validate", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "rank 0 (stage 0) needs" in err and "GiB" in err and "device has" in err
+    assert main(["train", str(path), "--out", str(tmp_path / "run"), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "needs" in err and "lower training.batch_size" in err
+    assert not (tmp_path / "run").exists()
