@@ -571,7 +571,13 @@ class MainWindow(QMainWindow):
                 self.set_project(project)
                 self._dirty_extra = True
                 self._update_title()
-                data.unlink(missing_ok=True)
+                # The autosave becomes this window's own: kept until the work is saved, so a
+                # second crash before that still finds it (and no other window offers it now).
+                from engine.project import atomic_write
+
+                mine, mine_meta = self._autosave_paths()
+                os.replace(data, mine)
+                atomic_write(mine_meta, json.dumps({**info, "pid": os.getpid(), "time": time.time()}).encode())
                 data.with_suffix(".json").unlink(missing_ok=True)
                 self.statusBar().showMessage(f"Recovered unsaved changes to {what}", 10000)
                 return True

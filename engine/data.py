@@ -180,6 +180,28 @@ def _csv(d: CsvFile, base: Path) -> Arrays:
     return _split(x, y, d.val_fraction, d.seed, "regression")
 
 
+def _checked(a: Arrays, path: str) -> Arrays:
+    """A user's arrays hold numbers, one label or target per sample, no negative class."""
+    where = f"training.dataset.path: {path}"
+    for name in ("x_train", "y_train", "x_val", "y_val"):
+        v = getattr(a, name)
+        if v.ndim == 0:
+            raise ProjectError(f"{where}: {name} is a single value, not one entry per sample")
+        if v.dtype.kind not in "biuf":
+            raise ProjectError(f"{where}: {name} holds {v.dtype} values; it must hold numbers (integers or floats)")
+        if v.dtype.kind == "f" and not np.isfinite(v).all():
+            raise ProjectError(f"{where}: {name} holds NaN or infinite values")
+    for x, y, part in ((a.x_train, a.y_train, "train"), (a.x_val, a.y_val, "val")):
+        if len(x) != len(y):
+            raise ProjectError(f"{where}: x_{part} has {len(x)} samples but y_{part} has {len(y)}")
+        if x.ndim < 2 and x.size:
+            raise ProjectError(f"{where}: x_{part} has shape {list(x.shape)}; give one row of features per sample")
+    if a.task == "classification" and (a.y_train.size and a.y_train.min() < 0 or a.y_val.size and a.y_val.min() < 0):
+        low = min(a.y_train.min() if a.y_train.size else 0, a.y_val.min() if a.y_val.size else 0)
+        raise ProjectError(f"{where}: class labels must be 0 or more, but the smallest is {low}")
+    return a
+
+
 def load_arrays(project: Project) -> Arrays:
     d = project.training.dataset
     if isinstance(d, SyntheticClassification):
@@ -193,7 +215,7 @@ def load_arrays(project: Project) -> Arrays:
     if isinstance(d, Digits):
         return _digits(d)
     if isinstance(d, NpzFile):
-        return _npz(d, project.directory)
+        return _checked(_npz(d, project.directory), d.path)
     if isinstance(d, CsvFile):
-        return _csv(d, project.directory)
+        return _checked(_csv(d, project.directory), d.path)
     raise ProjectError(f"training.dataset: unknown kind {getattr(d, 'kind', d)!r}")

@@ -58,6 +58,13 @@ def check_data(result, arrays) -> list[str]:
     if not inp.params["dtype"].startswith(kind):
         errs.append(f"node '{inp.id}' (Input): dtype is {inp.params['dtype']} but the data set holds "
                     f"{arrays.x_train.dtype}; set dtype to {'int64' if kind == 'int' else 'float32'}")
+    if kind == "int":  # token ids must fit every Embedding's vocabulary
+        top = max(int(arrays.x_train.max()) if arrays.x_train.size else 0,
+                  int(arrays.x_val.max()) if arrays.x_val.size else 0)
+        for nid, info in result.nodes.items():
+            if info.type == "Embedding" and top >= info.params.get("num_embeddings", top + 1):
+                errs.append(f"node '{nid}' (Embedding): the data set's token ids go up to {top} but num_embeddings "
+                            f"is {info.params['num_embeddings']}; set num_embeddings to at least {top + 1}")
     out_id = result.output_node()
     loss = result.loss()
     if out_id and loss == "cross_entropy" and arrays.task != "classification":

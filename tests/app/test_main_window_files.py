@@ -133,7 +133,12 @@ def test_recovery_after_a_crash(qtbot, asked, tmp_path):
     assert "relu1" in g.nodes and g.nodes["fc"].params["out_features"] == 7
     assert w.project.path == path and w.is_dirty()
     assert load_project(path).graph.nodes["fc"].params["out_features"] == 3  # the file itself is untouched
-    assert not list(w.settings.autosave_dir.glob("*.lflow"))  # offered once
+    # offered once, and kept (as this window's own) until the recovered work is saved
+    assert [p.name for p in w.settings.autosave_dir.glob("*.lflow")] == [f"{w._autosave_key}.lflow"]
+    import json
+
+    meta = json.loads((w.settings.autosave_dir / f"{w._autosave_key}.json").read_text())
+    assert meta["pid"] == os.getpid() and meta["path"] == str(path)  # a second crash leaves it to recover
     # a running window's own autosave is not offered to another window
     w.autosave_now()
     assert window(qtbot, recover=True).project.graph.nodes == {} and len(asked["questions"]) == 1

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from app.cli import main
@@ -247,3 +248,48 @@ def test_a_run_that_cannot_fit_this_machine_is_refused_before_it_starts(tmp_path
     err = capsys.readouterr().err
     assert "needs" in err and "lower training.batch_size" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("arrays, message", [
+    ({"x": np.array(["a", "b"] * 8).reshape(8, 2), "y": np.zeros(8, np.int64)}, "x_train holds <U1 values"),
+    ({"x": np.ones((8, 2), np.complex64), "y": np.zeros(8, np.int64)}, "holds complex64 values"),
+    ({"x": np.ones((8, 2), np.float32), "y": -np.ones(8, np.int64)}, "class labels must be 0 or more, but the smallest is -1"),
+    ({"x": np.ones((8, 2), np.float32), "y": np.zeros(7, np.int64)}, "x has 8 rows but y has 7"),
+    ({"x_train": np.float32(1), "y_train": np.int64(0), "x_val": np.float32(1), "y_val": np.int64(0)},
+     "x_train is a single value"),
+    ({"x": np.full((8, 2), np.nan, np.float32), "y": np.zeros(8, np.int64)}, "NaN or infinite"),
+])
+def test_bad_data_files_are_named(tmp_path, arrays, message):
+    from engine.data import load_arrays
+    from engine.project import NpzFile
+
+    np.savez(tmp_path / "d.npz", **arrays)
+    p = load_project(MLP)
+    p.path = tmp_path / "p.lflow"
+    p.training.dataset = NpzFile(kind="npz", path="d.npz")
+    with pytest.raises(ProjectError, match=message):
+        load_arrays(p)
+
+
+def test_settings_out_of_range_name_their_field():
+    d = load_project(MLP).to_dict()
+    for field, value, where in (("seed", -1, "training.seed"), ("seed", 10 ** 30, "training.seed")):
+        bad = json.loads(json.dumps(d))
+        bad["training"][field] = value
+        with pytest.raises(ProjectError, match=where):
+            loads_project(json.dumps(bad))
+    bad = json.loads(json.dumps(d))
+    bad["training"]["optimizer"]["betas"] = [float("nan"), 0.9]
+    with pytest.raises(ProjectError, match=r"training.optimizer.betas.0"):
+        loads_project(json.dumps(bad))
+
+
+def test_token_ids_beyond_the_vocabulary_are_named(tmp_path):
+    from engine.run import RunError, prepare_run
+
+    p = load_project(ROOT / "resources" / "examples" / "transformer_synthetic.lflow")
+    emb = next(n for n in p.graph.nodes.values() if n.type == "Embedding")
+    p.graph.set_param(emb.id, "num_embeddings", 8)  # the synthetic sequences use 32 tokens
+    with pytest.raises(RunError, match=rf"node '{emb.id}' \(Embedding\): the data set's token ids go up to \d+ but "
+                                       r"num_embeddings is 8"):
+        prepare_run(p, tmp_path / "run", steps=1)
