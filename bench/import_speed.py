@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     torch.set_num_threads(1)
+    _export(GPT(n_layer=1).eval(), [_sample([16], "int64")], "warm-up")  # torch.export's first call pays for imports
     cases = [("GPT, 8 blocks", lambda: GPT(n_layer=8), [16], "int64"),
              ("GPT, 48 blocks", lambda: GPT(n_layer=48), [16], "int64"),
              ("ResNet 2x4 blocks", lambda: ResNet(layers=(4, 4)), [3, 16, 16], "float32")]

@@ -81,6 +81,15 @@ def _scopes(node) -> list[tuple[str, str]]:
     return [(".".join(parts[: i + 1]), "Block") for i in range(len(parts))]
 
 
+def _loaded(m: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
+    """A fresh layer with the file's weight (and bias)."""
+    with torch.no_grad():
+        m.weight.copy_(weight)
+        if bias is not None:
+            m.bias.copy_(bias)
+    return m
+
+
 def _run_scoped(chain: list, fn, args: tuple):
     """fn(*args) called through each scope module of `chain`, as the source's forward did."""
     if not chain:
@@ -292,11 +301,7 @@ class OnnxModule(nn.Module):
             m = cls(w.shape[1] * a.get("group", 1), w.shape[0], tuple(w.shape[2:]), stride=tuple(a.get("strides", [1] * nd)),
                     padding=sym if sym is not None else 0, dilation=tuple(a.get("dilations", [1] * nd)),
                     groups=a.get("group", 1), bias=b is not None)
-            with torch.no_grad():
-                m.weight.copy_(w)
-                if b is not None:
-                    m.bias.copy_(b)
-            return m
+            return _loaded(m, w, b)
         m = self._layer(node, make)
         if build:
             return None
@@ -311,14 +316,8 @@ class OnnxModule(nn.Module):
         b = self._weight(node, 2) if len(node.input) > 2 and node.input[2] else None
         alpha, beta = a.get("alpha", 1.0), a.get("beta", 1.0)
 
-        def make():
-            m = nn.Linear(w.shape[1], w.shape[0], bias=b is not None)
-            with torch.no_grad():
-                m.weight.copy_(w * alpha)
-                if b is not None:
-                    m.bias.copy_((b * beta).expand(w.shape[0]))
-            return m
-        m = self._layer(node, make)
+        bias = (b * beta).expand(w.shape[0]) if b is not None else None
+        m = self._layer(node, lambda: _loaded(nn.Linear(w.shape[1], w.shape[0], bias=b is not None), w * alpha, bias))
         return None if build else m(ins[0])
 
     def _matmul_general(self, node, ins, a, build):
@@ -334,13 +333,7 @@ class OnnxModule(nn.Module):
         if node.input[1] in self._const and self._weight(node, 1).dim() == 2 and node.input[0] not in self._const \
                 and self.uses.get(node.input[1], 0) == 1:  # a weight read by others stays shared
             w = self._weight(node, 1)
-
-            def make():
-                m = nn.Linear(w.shape[0], w.shape[1], bias=False)
-                with torch.no_grad():
-                    m.weight.copy_(w.t())
-                return m
-            m = self._layer(node, make)
+            m = self._layer(node, lambda: _loaded(nn.Linear(w.shape[0], w.shape[1], bias=False), w.t(), None))
             return None if build else m(ins[0])
         return None if build else torch.matmul(_tt(ins[0]), _tt(ins[1]))
 
@@ -356,20 +349,11 @@ class OnnxModule(nn.Module):
         return None if build else m(ins[0])
 
     def _op_LayerNormalization(self, node, ins, a, build):
-        axis = a.get("axis", -1)
+        # ONNX normalizes over dims axis.. whose shape the scale has: nn.LayerNorm(scale.shape) does the same
         scale = self._weight(node, 1)
         bias = self._weight(node, 2) if len(node.input) > 2 and node.input[2] else None
-
-        def make():
-            m = nn.LayerNorm(tuple(scale.shape), eps=a.get("epsilon", 1e-5), bias=bias is not None)
-            with torch.no_grad():
-                m.weight.copy_(scale)
-                if bias is not None:
-                    m.bias.copy_(bias)
-            return m
-        m = self._layer(node, make)
-        if axis not in (-1, -scale.dim()) and build:
-            pass
+        m = self._layer(node, lambda: _loaded(nn.LayerNorm(tuple(scale.shape), eps=a.get("epsilon", 1e-5),
+                                                           bias=bias is not None), scale, bias))
         return None if build else m(ins[0])
 
     def _pool(self, node, ins, a, build, kind: str):
@@ -451,29 +435,20 @@ class OnnxModule(nn.Module):
     def _op_Pow(self, node, ins, a, build):
         return None if build and None in ins else torch.pow(_tt(ins[0]), _scalar(ins[1]))
 
-    def _op_Sum(self, node, ins, a, build):
-        if build and None in ins:
-            return None
-        out = ins[0]
-        for x in ins[1:]:
-            out = out + x
-        return out
+    def _variadic(f):
+        """Sum, Max, Min: f folded over any number of inputs."""
+        def op(self, node, ins, a, build):
+            if build and None in ins:
+                return None
+            out = ins[0]
+            for x in ins[1:]:
+                out = f(out, x)
+            return out
+        return op
 
-    def _op_Max(self, node, ins, a, build):
-        if build and None in ins:
-            return None
-        out = ins[0]
-        for x in ins[1:]:
-            out = torch.maximum(out, x)
-        return out
-
-    def _op_Min(self, node, ins, a, build):
-        if build and None in ins:
-            return None
-        out = ins[0]
-        for x in ins[1:]:
-            out = torch.minimum(out, x)
-        return out
+    _op_Sum = _variadic(lambda x, y: x + y)
+    _op_Max = _variadic(torch.maximum)
+    _op_Min = _variadic(torch.minimum)
 
     def _unary(f):
         def op(self, node, ins, a, build):
