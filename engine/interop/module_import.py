@@ -224,11 +224,11 @@ class _Region:
 
 
 class _Reader:
-    def __init__(self, module: nn.Module, ep, batch_sym: str | None, source: str):
-        self.module, self.ep, self.source = module, ep, source
+    def __init__(self, module: nn.Module, ep, batch_sym: str | None, input_names: list[str] | None = None):
+        self.module, self.ep = module, ep
         self.gm = ep.graph_module
         self.batch_sym = batch_sym
-        self.input_names: list[str] | None = None
+        self.input_names = input_names
         sig = ep.graph_signature
         self.user_inputs = [n for n in self.gm.graph.nodes if n.op == "placeholder" and n.name in sig.user_inputs]
         self.lifted: dict[str, tuple[str, torch.Tensor]] = {}  # placeholder -> (kind, tensor)
@@ -270,7 +270,7 @@ class _Reader:
         if not isinstance(val, torch.Tensor) or val.dim() == 0:
             return False
         d0 = val.shape[0]
-        return str(d0) == self.batch_sym if self.batch_sym else d0 == SAMPLE_BATCH and n in self.dep
+        return str(d0) == self.batch_sym if self.batch_sym else d0 == SAMPLE_BATCH
 
     # ----- catalog layers -----------------------------------------------------
     def regions(self) -> dict[fx.Node, _Region]:
@@ -490,7 +490,7 @@ class _Reader:
         if len(code) == 1 and inputs and _is_noop(code[0]):
             self.ids[n] = self.ids[inputs[0]]  # x[:, ...], x.contiguous(): the same value
             return
-        kind, params = _catalog_form(code, weights, inputs, self)
+        kind, params = _catalog_form(code, weights, inputs)
         if kind is None:
             kind, params = "Op", {"inputs": len(inputs), "code": code, "weights": weights}
             if label:
@@ -577,7 +577,7 @@ _ACTS = {"aten.relu.default": "ReLU", "aten.sigmoid.default": "Sigmoid", "aten.t
 _BIG = 2 ** 62
 
 
-def _catalog_form(code: list, weights: dict, inputs: list[fx.Node], reader: _Reader) -> tuple[str | None, dict]:
+def _catalog_form(code: list, weights: dict, inputs: list[fx.Node]) -> tuple[str | None, dict]:
     """A one-call program that a catalog layer expresses (friendlier to read and to
     place: Add and Mul join the tensor-parallel regions, Reshape keeps the batch)."""
     if weights:
@@ -692,18 +692,7 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
     module = module.eval()
     dtypes = list(input_dtypes or []) + ["float32"] * max(0, len(input_shapes) - len(input_dtypes or []))
     samples = [_sample(s, d) for s, d in zip(input_shapes, dtypes)]
-    import inspect
-
-    try:
-        sig = inspect.signature(module.forward)
-        required = [p for p in sig.parameters.values() if p.default is p.empty
-                    and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        if len(required) > len(samples) or len(samples) > len(sig.parameters):
-            raise InteropError(f"{source}: forward takes {len(required)} input(s) "
-                               f"({', '.join(p.name for p in required)}) but {len(samples)} input shape(s) were given "
-                               "(--input-shape)")
-    except (TypeError, ValueError):
-        pass
+    _check_arity(module, len(samples), source)
     try:
         with torch.no_grad():
             module(*samples)
@@ -713,8 +702,7 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
                            f"{', '.join(str((SAMPLE_BATCH, *s)) for s in input_shapes)} failed: {type(exc).__name__}: {first}") from None
     root = _Root(make_id(type(module).__name__.lower(), set()), module) if type(module) in MODULES else module
     ep, batch_sym = _export(root, samples, source)
-    reader = _Reader(root, ep, batch_sym, source)
-    reader.input_names = input_names
+    reader = _Reader(root, ep, batch_sym, input_names)
     if batch_sym is None:
         reader.notes.append(f"the model fixes its batch size in forward: exported for a batch of {SAMPLE_BATCH}")
     reader.read()
@@ -730,6 +718,23 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
     synthetic_training(project)
     _check_outputs(imported, module, samples)
     return imported
+
+
+def _check_arity(module: nn.Module, n: int, source: str) -> None:
+    """As many input shapes as forward takes tensors (arguments with defaults may be left out)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):  # a builtin or C++ forward: running it will tell
+        return
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    if not len(required) <= n <= len(positional):
+        raise InteropError(f"{source}: forward takes {len(required)} input(s) ({', '.join(p.name for p in required)}) "
+                           f"but {n} input shape(s) were given (--input-shape)")
 
 
 def _check_outputs(imported: Imported, module: nn.Module, samples: list[torch.Tensor]) -> None:

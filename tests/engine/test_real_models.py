@@ -215,6 +215,12 @@ def test_an_operator_that_cannot_be_represented_is_named_with_its_line():
     assert "test_real_models.py" in msg and "return twice(self.fc(x))" in msg
 
 
+def test_input_shapes_must_match_forward():
+    torch.manual_seed(0)
+    with pytest.raises(InteropError, match=r"forward takes 1 input\(s\) \(x\) but 2 input shape\(s\) were given"):
+        from_module(VISION["resnet"][0](), [[3, 16, 16], [3, 16, 16]])
+
+
 def test_an_op_node_cannot_name_anything_but_aten():
     from engine.graph import Graph
 
