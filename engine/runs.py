@@ -265,6 +265,16 @@ def failure_report(path: str | os.PathLike, node_ids=()) -> dict:
     """What went wrong in a failed run: {rank, traceback, node} from the rank logs
     (the first rank that has a traceback) or status.json's error."""
     p = Path(path)
+    status = _read_json(p / "status.json")
+    if isinstance(status.get("failed_rank"), int):  # the launcher knew which rank died first
+        rank = status["failed_rank"]
+        log = p / "logs" / f"rank{rank}.log"
+        try:
+            tb = last_traceback(log.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            tb = None
+        tb = tb or str(status.get("error") or status.get("failure") or "")
+        return {"rank": rank, "traceback": tb, "node": node_from_traceback(tb, node_ids), "log": str(log)}
     logs = sorted((p / "logs").glob("rank*.log"), key=lambda f: (len(f.name), f.name))
     for log in [*logs, p / "logs" / "launcher.log"]:
         try:

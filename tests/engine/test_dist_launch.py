@@ -153,3 +153,7 @@ def test_a_rank_killed_by_a_signal_is_named_with_the_step_reached(tmp_path):
     assert st["state"] == "failed" and st["failed_rank"] == 1 and st["step"] >= 10
     assert st["error"].startswith("rank 1: rank 1 was killed by SIGKILL")
     assert f"rank 1 failed first at step {st['step']}" in job.describe_failure()
+    from engine.runs import failure_report
+
+    report = failure_report(d)  # what the app's failure dialog shows
+    assert report["rank"] == 1 and "SIGKILL" in report["traceback"]
