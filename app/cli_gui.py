@@ -46,32 +46,31 @@ def _app(offscreen: bool = False):
     return app
 
 
-def _start_project(path: str | None):
-    """The project to open first: the given one, else the last one, else the example."""
+def _start_path(path: str | None) -> str | None:
+    """The file to open first: the given one, else the last one, else the example."""
     from app.main_window import EXAMPLE
     from app.settings import Settings
-    from engine.project import Project, load_project
 
-    candidates = [path] if path else [Settings().last_project(), str(EXAMPLE)]
-    for c in candidates:
-        if c and Path(c).exists():
-            return load_project(c)
     if path:
-        from app.cli import CliError
+        if not Path(path).exists():
+            from app.cli import CliError
 
-        raise CliError(f"{path}: no such file")
-    return Project()
+            raise CliError(f"{path}: no such file")
+        return path
+    return next((c for c in (Settings().last_project(), str(EXAMPLE)) if c and Path(c).exists()), None)
 
 
 def _run_window(project_path: str | None) -> int:
     app = _app()
     from app.main_window import MainWindow
 
-    project = _start_project(project_path)
-    w = MainWindow(project)
-    if project.path:
-        w.settings.add_recent(project.path)
+    path = _start_path(project_path)
+    w = MainWindow()  # offers to recover a crashed session's work first
     w.show()
+    if path and not w.is_dirty():
+        # as File > Open does: a file that cannot be read is a message in the window, and a
+        # project that names its own code asks before that code runs
+        w.open_project(path)
     return app.exec()
 
 

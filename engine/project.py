@@ -37,7 +37,7 @@ class SyntheticClassification(_Strict):
     n_classes: int = Field(4, ge=2, le=10_000)
     noise: float = Field(0.5, ge=0)
     val_fraction: float = Field(0.2, gt=0, lt=1)
-    seed: int = Field(0, ge=0, le=2 ** 32 - 1)  # what numpy and torch seed with
+    seed: int = Field(0, ge=0, le=2 ** 31 - 1)  # numpy and torch take it; so does a spin box
 
 
 class SyntheticRegression(_Strict):
@@ -47,7 +47,7 @@ class SyntheticRegression(_Strict):
     n_targets: int = Field(1, ge=1, le=10_000)
     noise: float = Field(0.1, ge=0)
     val_fraction: float = Field(0.2, gt=0, lt=1)
-    seed: int = Field(0, ge=0, le=2 ** 32 - 1)  # what numpy and torch seed with
+    seed: int = Field(0, ge=0, le=2 ** 31 - 1)  # numpy and torch take it; so does a spin box
 
 
 class SyntheticSequence(_Strict):
@@ -60,7 +60,7 @@ class SyntheticSequence(_Strict):
     # each position is the next token (per-token logits (B, T, vocab) against (B, T))
     task: Literal["classify", "next_token"] = "classify"
     val_fraction: float = Field(0.2, gt=0, lt=1)
-    seed: int = Field(0, ge=0, le=2 ** 32 - 1)  # what numpy and torch seed with
+    seed: int = Field(0, ge=0, le=2 ** 31 - 1)  # numpy and torch take it; so does a spin box
 
 
 class SyntheticImages(_Strict):
@@ -72,7 +72,7 @@ class SyntheticImages(_Strict):
     n_classes: int = Field(4, ge=2, le=10_000)
     noise: float = Field(0.5, ge=0)
     val_fraction: float = Field(0.2, gt=0, lt=1)
-    seed: int = Field(0, ge=0, le=2 ** 32 - 1)  # what numpy and torch seed with
+    seed: int = Field(0, ge=0, le=2 ** 31 - 1)  # numpy and torch take it; so does a spin box
 
 
 class Digits(_Strict):
@@ -81,7 +81,7 @@ class Digits(_Strict):
     kind: Literal["digits"]
     image: bool = False  # True: (1, 8, 8) images; False: 64 features
     val_fraction: float = Field(0.2, gt=0, lt=1)
-    seed: int = Field(0, ge=0, le=2 ** 32 - 1)  # what numpy and torch seed with
+    seed: int = Field(0, ge=0, le=2 ** 31 - 1)  # numpy and torch take it; so does a spin box
 
 
 class NpzFile(_Strict):
@@ -90,7 +90,7 @@ class NpzFile(_Strict):
     kind: Literal["npz"]
     path: str = Field(min_length=1)
     val_fraction: float = Field(0.2, gt=0, lt=1)
-    seed: int = Field(0, ge=0, le=2 ** 32 - 1)  # what numpy and torch seed with
+    seed: int = Field(0, ge=0, le=2 ** 31 - 1)  # numpy and torch take it; so does a spin box
 
 
 class CsvFile(_Strict):
@@ -100,7 +100,7 @@ class CsvFile(_Strict):
     task: Literal["classification", "regression"] = "classification"
     header: bool = True
     val_fraction: float = Field(0.2, gt=0, lt=1)
-    seed: int = Field(0, ge=0, le=2 ** 32 - 1)  # what numpy and torch seed with
+    seed: int = Field(0, ge=0, le=2 ** 31 - 1)  # numpy and torch take it; so does a spin box
 
 
 Dataset = Union[SyntheticClassification, SyntheticRegression, SyntheticSequence, SyntheticImages, Digits, NpzFile, CsvFile]
@@ -134,7 +134,7 @@ class Training(_Strict):
     epochs: Optional[int] = Field(None, ge=1)
     eval_interval: int = Field(50, ge=1)  # steps between evaluations
     checkpoint_interval: int = Field(100, ge=1)  # steps between checkpoints
-    seed: int = Field(0, ge=0, le=2 ** 32 - 1)  # what numpy and torch seed with
+    seed: int = Field(0, ge=0, le=2 ** 31 - 1)  # numpy and torch take it; so does a spin box
     grad_clip: Optional[float] = Field(None, gt=0)
     # micro-batches per optimizer step in one process: the batch is cut into this many equal
     # parts, their gradients add up, one step (what a pipeline's micro-batches do)

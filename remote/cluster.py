@@ -39,6 +39,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+_HOST_RE = re.compile(r"[A-Za-z0-9_.:%-]+")
+
+
 class Host(_Strict):
     address: str = Field(min_length=1)  # host name or IP that ssh connects to
     port: int = Field(22, ge=1, le=65535)
@@ -47,11 +50,15 @@ class Host(_Strict):
     jump: Optional["Host"] = None  # ProxyJump: reach `address` through this host
     rdzv_address: Optional[str] = None  # how the other nodes reach this one (default: address)
 
-    @field_validator("address")
+    @field_validator("address", "rdzv_address")
     @classmethod
-    def _no_spaces(cls, v: str) -> str:
-        if any(c.isspace() for c in v) or v.startswith("-"):
-            raise ValueError(f"not a host name: {v!r}")
+    def _host_name(cls, v: str | None) -> str | None:
+        """A host name or an IP address (v4, v6 with an optional %zone), checked before any
+        lookup: shell metacharacters, spaces and a leading '-' are refused."""
+        if v is None:
+            return v
+        if v.startswith("-") or not _HOST_RE.fullmatch(v) or len(v) > 253:
+            raise ValueError(f"not a host name or IP address: {v!r}")
         return v
 
     @property

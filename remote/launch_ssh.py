@@ -95,10 +95,13 @@ def _endpoint(addr: str, port: int) -> str:
 
 
 def _torchrun(job: Job, cluster: Cluster, i: int, nnodes: int, nproc: int) -> str:
-    return " ".join(quote(a) for a in [
-        cluster.python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+    # One node needs no rendezvous port of the cluster's: torchrun --standalone picks a free one.
+    rdzv = ["--standalone"] if nnodes == 1 else [
         f"--node-rank={i}", "--rdzv-backend=c10d", f"--rdzv-endpoint={_endpoint(rdzv_address(cluster), cluster.rdzv_port)}",
-        f"--rdzv-id={job.token}", f"--max-restarts={cluster.max_restarts}", "--monitor-interval=1",
+        f"--rdzv-id={job.token}"]
+    return " ".join(quote(a) for a in [
+        cluster.python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", *rdzv,
+        f"--max-restarts={cluster.max_restarts}", "--monitor-interval=1",
         "-m", "engine.runtime.train", "run"])
 
 
@@ -146,7 +149,8 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
     cluster_used = cluster.model_copy(update={"hosts": cluster.hosts[:nnodes]})
     conns = [Connection.to(cluster, h, accept) for h in cluster_used.hosts]
     try:
-        report = preflight(cluster_used, accept=accept, connections=conns)
+        # the rendezvous port is checked only where one is used: several nodes
+        report = preflight(cluster_used, accept=accept, connections=conns, rendezvous=nnodes > 1)
         if on_preflight:
             on_preflight(report)
         if not report.ok:

@@ -1,6 +1,8 @@
 """`python main.py screenshot`: the real main window rendered offscreen to a PNG."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from PySide6.QtGui import QImage
 
@@ -44,15 +46,37 @@ def test_screenshot_errors_are_one_line(project_file, tmp_path, capsys):
 
 def test_start_project_is_the_last_one_or_the_example(tmp_path, monkeypatch, project_file):
     monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(tmp_path / "home"))
-    from app.cli_gui import _start_project
+    from app.cli import CliError
+    from app.cli_gui import _start_path
     from app.main_window import EXAMPLE
     from app.settings import Settings
 
-    first = _start_project(None)
-    assert first.path == (EXAMPLE if EXAMPLE.exists() else None)
+    assert _start_path(None) == (str(EXAMPLE) if EXAMPLE.exists() else None)
     Settings().add_recent(project_file)
-    assert _start_project(None).path.resolve() == project_file.resolve()
-    assert _start_project(str(project_file)).name == "tiny"
+    assert Path(_start_path(None)).resolve() == project_file.resolve()
+    assert _start_path(str(project_file)) == str(project_file)
+    with pytest.raises(CliError, match="no such file"):
+        _start_path(str(tmp_path / "missing.lflow"))
+
+
+def test_opening_an_unreadable_file_shows_the_window_with_the_reason(qtbot, tmp_path, monkeypatch):
+    """`main.py open BAD.lflow`: the window opens and says why the file cannot be read."""
+    monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(tmp_path / "home"))
+    from PySide6.QtWidgets import QApplication
+
+    from app import cli_gui
+    from app.main_window import MainWindow
+
+    bad = tmp_path / "bad.lflow"
+    bad.write_text('{"format_version": 1, "training": {"seed": -1}}')
+    asked = []
+    monkeypatch.setattr(MainWindow, "ask", lambda self, kind, title, text, buttons, default: asked.append((title, text)) or default)
+    monkeypatch.setattr(QApplication, "exec", lambda self: 0)
+    assert cli_gui.cmd_open(type("A", (), {"project": str(bad)})()) == 0
+    wins = [w for w in QApplication.topLevelWidgets() if isinstance(w, MainWindow) and w.isVisible()]
+    assert wins and asked and asked[-1][0] == "Cannot open project" and "training.seed" in asked[-1][1]
+    for w in wins:
+        w.close()
 
 
 def test_layout_command_lays_the_diagram_out_left_to_right(project_file, tmp_path):
