@@ -265,6 +265,7 @@ class Connection:
             chan.shutdown_write()
             out, err = bytearray(), bytearray()
             nap = 0.001
+            quiet_since: float | None = None  # exit status in, no data since
             while True:
                 got = False
                 while chan.recv_ready():
@@ -273,10 +274,14 @@ class Connection:
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(1 << 16)
                     got = True
-                # exit-status arrives after all of the command's data (SSH keeps order), so
-                # once it is in and both buffers are empty, nothing more is coming.
+                # sshd can send exit-status before the last stderr data (it reads the two pipes
+                # separately); the channel's EOF comes after all of both streams. So: exit
+                # status in, EOF in (or 2 s without data from a server that sends none), and
+                # both buffers empty, then nothing more is coming.
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                    break
+                    if chan.eof_received or (quiet_since is not None and time.monotonic() - quiet_since > 2.0):
+                        break
+                    quiet_since = quiet_since if quiet_since is not None and not got else time.monotonic()
                 if time.monotonic() > deadline:
                     chan.close()
                     raise socket.timeout(f"no exit within {timeout:g} s")
