@@ -10,6 +10,7 @@ one mistake does not cascade into a page of messages.
 from __future__ import annotations
 
 import json
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,12 +171,13 @@ def compile_graph(graph: Graph) -> CompileResult:
         params[nid] = merged
         if not perrs:
             infos[nid].params = dict(merged)
-        if spec.type == "Custom" and not perrs and merged["path"] and not trust.allowed(merged["path"]):
-            _err(errors, nid, node.type, f"not checked: its code ('{merged['path']}') runs only once you trust this "
-                                         "project; read it, then run `layerflow trust PROJECT` or add --trust", "path")
-            del specs[nid]  # nothing of it is built or run
-            continue
         if spec.type == "Custom" and not perrs and merged["path"]:
+            if not trust.allowed(merged["path"]):
+                _err(errors, nid, node.type, f"not checked: its code ('{merged['path']}') runs only once you trust "
+                                             "this project; read it, then run `layerflow trust PROJECT` or add --trust",
+                     "path")
+                del specs[nid]  # nothing of it is built or run
+                continue
             try:
                 from engine.runtime.layers import import_object
 
@@ -322,10 +324,7 @@ def _check_ties(ties: dict[str, str], infos: dict[str, NodeInfo], errors: list[C
         elif a != b:
             _err(errors, dn, infos[dn].type, f"tie {dst} = {src}: shapes {list(a)} and {list(b)} differ")
         elif dst != src:
-            n = 1
-            for d in a:
-                n *= d
-            infos[dn].n_params -= n
+            infos[dn].n_params -= math.prod(a)
 
 
 # Per-layer results keyed by (type, params, input shapes and dtypes): the GUI compiles

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine.graph import MAX_ID_LEN
 from engine.project import Project, atomic_write, save_project
 
 # Names a node may not take: fx would rename it (keywords, builtins, names fx's
@@ -75,6 +76,7 @@ def make_id(base: str, taken: set[str]) -> str:
     s = re.sub(r"_+", "_", s) or "node"
     if s[0].isdigit():
         s = "n_" + s
+    s = s[:MAX_ID_LEN - 8]  # room for a numeric suffix within the id rule's length
     if s not in taken and s not in _RESERVED:
         taken.add(s)
         return s
