@@ -40,8 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _consent(project_path: str | None, given: bool):
-    """Allow the project's code paths if the user trusted them before (or does now, --trust)."""
+def _consent(project_path: str | None, given: bool, once: bool = False):
+    """Allow the project's code paths if the user trusted them before (or does now, --trust;
+    or for this command only, --trust-once: the app's own runs of a project it trusts)."""
     import contextlib
 
     from engine import trust
@@ -49,7 +50,9 @@ def _consent(project_path: str | None, given: bool):
 
     if not project_path or not isinstance(project_path, str) or not os.path.isfile(project_path):
         return contextlib.nullcontext()
-    paths = trust.code_paths(load_project(project_path).graph)
+    paths = trust.needs_consent(load_project(project_path))
+    if once and paths:
+        return trust.allowing(paths)
     if given and paths:
         trust.trust(project_path, paths)
     if paths and trust.is_trusted(project_path, paths):
@@ -61,14 +64,21 @@ def cmd_trust(args) -> int:
     from engine import trust
     from engine.project import load_project
 
-    paths = trust.code_paths(load_project(args.project).graph)
+    paths = trust.needs_consent(load_project(args.project))
     if not paths:
-        print(f"{args.project}: runs no code of its own (only torch layers and ATen operators); nothing to trust")
+        print(f"{args.project}: runs no code of its own (only torch layers and ATen operators) and reads no file "
+              "outside its folder; nothing to trust")
         return 0
     trust.trust(args.project, paths)
-    print(f"{args.project}: trusted; these imports may now run when it is compiled, trained or exported:")
-    for p in paths:
-        print(f"  {p}")
+    code = [p for p in paths if not p.startswith("file:")]
+    files = [p[len("file:"):] for p in paths if p.startswith("file:")]
+    print(f"{args.project}: trusted")
+    if code:
+        print("  these imports may now run when it is compiled, trained or exported:")
+        print("\n".join(f"    {p}" for p in code))
+    if files:
+        print("  these files outside its folder may now be read:")
+        print("\n".join(f"    {p}" for p in files))
     return 0
 
 
@@ -77,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     consent = "--trust" in argv  # any command: run the project's own code (Custom layers), and remember it
-    argv = [a for a in argv if a != "--trust"]
+    once = "--trust-once" in argv  # the same for this command only, remembered nowhere (the app's runs)
+    argv = [a for a in argv if a not in ("--trust", "--trust-once")]
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -86,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        with _consent(getattr(args, "project", None), consent):
+        with _consent(getattr(args, "project", None), consent, once):
             return int(args.func(args) or 0)
     except (CliError, ProjectError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -57,6 +57,9 @@ class MainWindow(QMainWindow):
 
     def __init__(self, project: Project | None = None, settings: Settings | None = None, recover: bool = True):
         super().__init__()
+        from engine import trust
+
+        trust.interactive()  # the user's own edits here may run; a project file's code asks first (ask_trust)
         self.settings = settings or Settings()
         self.run_openers: list = []  # callables (window, run_dir) from the run dashboard
         self._dirty_extra = False  # changes outside the undo stack not on disk yet (recovered content, collapse)
@@ -466,21 +469,28 @@ class MainWindow(QMainWindow):
         trusts it; asked once per project and set of imports (engine/trust.py)."""
         from engine import trust
 
-        paths = trust.code_paths(project.graph)
-        trust.allow_in_process(())  # what the previous project was allowed does not carry over
+        paths = trust.needs_consent(project)
         if not paths or project.path is None:
             return True
         if not trust.is_trusted(project.path, paths):
             B = QMessageBox.StandardButton
-            listing = "\n".join(f"    {p}" for p in paths)
-            r = self.ask("warning", "Trust this project's code?",
-                         f"{project.path.name} imports and runs Python code of its own when it is compiled, "
-                         f"trained or exported:\n\n{listing}\n\nTrust it only if you know where it comes from. "
-                         "No: it opens with those layers marked 'not checked' and nothing of it runs.",
+            code = [p for p in paths if not p.startswith("file:")]
+            files = [p[len("file:"):] for p in paths if p.startswith("file:")]
+            text = ""
+            if code:
+                text += ("It imports and runs Python code of its own when it is compiled, trained or exported:\n\n"
+                         + "\n".join(f"    {p}" for p in code) + "\n\n")
+            if files:
+                text += ("It reads files outside its folder when it trains:\n\n"
+                         + "\n".join(f"    {p}" for p in files) + "\n\n")
+            r = self.ask("warning", "Trust this project?",
+                         f"{project.path.name} asks for more than a diagram.\n\n{text}Trust it only if you know "
+                         "where it comes from. No: it opens with those layers marked 'not checked', and nothing of "
+                         "it runs or is read.",
                          B.Yes | B.No, B.No)
             if r != B.Yes:
-                self.statusBar().showMessage(f"Opened without running its code ({len(paths)} import path(s) not trusted)",
-                                             10000)
+                trust.refuse(paths)
+                self.statusBar().showMessage(f"Opened without trusting it ({len(paths)} item(s) not trusted)", 10000)
                 return False
             trust.trust(project.path, paths)
         trust.allow_in_process(paths)

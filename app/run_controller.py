@@ -107,7 +107,7 @@ class RunController(QObject):
         A project with unsaved changes (`unsaved`, or never saved) is run as it is on
         screen: a snapshot is written beside it (so relative data paths resolve) and
         removed when the run ends."""
-        from engine.project import save_project
+        from engine.project import load_project, save_project
         from engine.run import new_run_dir
 
         self._refuse_if_running()
@@ -121,6 +121,7 @@ class RunController(QObject):
         else:
             project_file = Path(project.path)
         cmd = [self.python, str(MAIN), "train", str(project_file), "--out", str(run_dir)]
+        cmd += self._consent(load_project(project_file))  # the file the CLI reads: its paths, resolved as it will
         if nproc > 1:
             cmd += ["--nproc", str(nproc)]
         if steps:
@@ -135,11 +136,25 @@ class RunController(QObject):
         latest = run_dir / "checkpoints" / "latest"
         if not latest.is_file():
             raise ValueError(f"{run_dir.name}: no checkpoint to resume from (checkpoints/latest is missing)")
+        from engine.project import load_project
+
         cmd = [self.python, str(MAIN), "train", str(run_dir / "project.lflow"), "--resume", str(run_dir)]
+        try:
+            cmd += self._consent(load_project(run_dir / "project.lflow"))
+        except Exception:  # noqa: BLE001  (an unreadable copy: the CLI names what is wrong with it)
+            pass
         if nproc > 1:
             cmd += ["--nproc", str(nproc)]
         self.node_ids = tuple(node_ids)
         return self.launch(run_dir, cmd, resume=True, nproc=nproc)
+
+    @staticmethod
+    def _consent(project) -> list[str]:
+        """The run is the CLI in another process, on a snapshot or a run folder's copy: it may
+        run what this process may (the user's own edits, a project they trusted), no more."""
+        from engine import trust
+
+        return ["--trust-once"] if trust.needs_consent(project) and trust.consented(project) else []
 
     def _refuse_if_running(self) -> None:
         if self.active is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.project import (CsvFile, checked_input, Digits, NpzFile, Project, ProjectError, SyntheticClassification,
+from engine.project import (CsvFile, Digits, NpzFile, Project, ProjectError, SyntheticClassification,
                             SyntheticImages, SyntheticRegression, SyntheticSequence)
 
 
@@ -118,8 +118,7 @@ def _task_of(y: np.ndarray) -> tuple[str, int | None]:
     return "regression", None
 
 
-def _npz(d: NpzFile, base: Path) -> Arrays:
-    path = checked_input((base / d.path) if not Path(d.path).is_absolute() else Path(d.path), "training.dataset.path")
+def _npz(d: NpzFile, path: Path) -> Arrays:
     try:
         z = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
@@ -137,8 +136,7 @@ def _npz(d: NpzFile, base: Path) -> Arrays:
     raise ProjectError(f"training.dataset.path: {path} holds {sorted(keys)}; expected x and y (or x_train, y_train, x_val, y_val)")
 
 
-def _csv(d: CsvFile, base: Path) -> Arrays:
-    path = checked_input((base / d.path) if not Path(d.path).is_absolute() else Path(d.path), "training.dataset.path")
+def _csv(d: CsvFile, path: Path) -> Arrays:
     try:
         with open(path, newline="") as f:
             rows = list(csv.reader(f))
@@ -215,7 +213,7 @@ def load_arrays(project: Project) -> Arrays:
     if isinstance(d, Digits):
         return _digits(d)
     if isinstance(d, NpzFile):
-        return _checked(_npz(d, project.directory), d.path)
+        return _checked(_npz(d, project.input_file(d.path, "training.dataset.path")), d.path)
     if isinstance(d, CsvFile):
-        return _checked(_csv(d, project.directory), d.path)
+        return _checked(_csv(d, project.input_file(d.path, "training.dataset.path")), d.path)
     raise ProjectError(f"training.dataset: unknown kind {getattr(d, 'kind', d)!r}")

@@ -231,8 +231,13 @@ class Project:
 
     def input_file(self, rel: str, field: str) -> Path:
         """A data or weights file named by the project: a regular file (not a FIFO or a
-        device), at most $LAYERFLOW_MAX_INPUT_MB megabytes; else ProjectError naming `field`."""
-        return checked_input(self.resolve_path(rel), field)
+        device), at most $LAYERFLOW_MAX_INPUT_MB megabytes, inside the project's folder unless
+        the user consented (engine/trust.py); else ProjectError naming `field`."""
+        from engine import trust
+
+        path = self.resolve_path(rel)
+        trust.check_file(self, path, field)
+        return checked_input(path, field)
 
     def resolve_path(self, rel: str) -> Path:
         """A path written in the project (data set, weights), relative to its folder."""

@@ -11,6 +11,11 @@ colleagues, downloaded examples). So a Custom path is imported only when
   on any command, or the GUI's prompt. A changed set of paths asks again.
 
 Generic Op nodes (engine/runtime/ops.py) name only ATen operators and need no consent.
+
+The same consent covers the files a project reads from outside its own folder (a data
+set or weights at `/home/me/.ssh/...` or `../../secret.npz`): each is one more entry,
+`file:/resolved/path`, in the set the user agrees to. Files inside the project's folder
+(symlinks resolved) need none.
 """
 from __future__ import annotations
 
@@ -23,7 +28,11 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 _ALLOWED: ContextVar[frozenset[str]] = ContextVar("layerflow_allowed_code", default=frozenset())
-_PROCESS: set[str] = set()  # consented in this process (the GUI; its worker threads see it too)
+# The GUI (engine code never sets these): what the user draws or types themselves may run;
+# what came in a project file they refused to trust may not, for the rest of the process
+# (a refused node pasted into another project stays refused).
+_INTERACTIVE = False
+_REFUSED: set[str] = set()
 
 
 def config_home() -> Path:
@@ -53,15 +62,73 @@ def code_paths(graph) -> list[str]:
     return sorted(p for p in paths if p and not is_torch_layer(p))
 
 
+def outside_files(project) -> list[str]:
+    """The data and weights files a saved project names outside its own folder (resolved)."""
+    if project.path is None:
+        return []  # a diagram not saved yet is the user's own: the files are the ones they picked
+    home = project.directory.resolve()
+    named = [project.weights, getattr(project.training.dataset, "path", None)]
+    out = set()
+    for rel in named:
+        if not rel:
+            continue
+        p = project.resolve_path(str(rel)).resolve()
+        if not p.is_relative_to(home):
+            out.add(str(p))
+    return sorted(out)
+
+
+def needs_consent(project) -> list[str]:
+    """What of a project runs only with the user's consent: its code paths and its files
+    outside its folder (as `file:PATH`)."""
+    return code_paths(project.graph) + [f"file:{p}" for p in outside_files(project)]
+
+
+def check_file(project, path, field: str) -> None:
+    """Refuse to read a file outside the project's folder unless the user consented."""
+    from engine.project import ProjectError
+
+    if project.path is None:
+        return
+    p = Path(path).resolve()
+    if p.is_relative_to(project.directory.resolve()) or allowed(f"file:{p}"):
+        return
+    raise ProjectError(f"{field}: {p} is outside the project's folder ({project.directory.resolve()}); Layerflow "
+                       f"reads it only with your consent: `python main.py trust {project.path.name}`, or --trust "
+                       "on the command, or Yes when the app asks")
+
+
 def allowed(path: str) -> bool:
-    return is_torch_layer(path) or path in _ALLOWED.get() or path in _PROCESS
+    return is_torch_layer(path) or path in _ALLOWED.get() or (_INTERACTIVE and path not in _REFUSED)
+
+
+def consented(project) -> bool:
+    """Everything of this project that needs consent may run in this process."""
+    return all(allowed(p) for p in needs_consent(project))
+
+
+def interactive() -> None:
+    """This process is the user's editor: their own edits may run; only what a project file
+    brought and the user refused to trust may not (see refuse / allow_in_process)."""
+    global _INTERACTIVE
+    _INTERACTIVE = True
+
+
+def refuse(paths: Iterable[str]) -> None:
+    """The user declined to trust these (opened from a project file): never run them here."""
+    _REFUSED.update(paths)
 
 
 def allow_in_process(paths: Iterable[str]) -> None:
-    """The project open in this process (the GUI) may run these paths, and only these:
-    opening another project replaces them (call with nothing to allow nothing)."""
-    _PROCESS.clear()
-    _PROCESS.update(paths)
+    """The user trusted these after all (the GUI's prompt)."""
+    _REFUSED.difference_update(paths)
+
+
+def reset_process() -> None:
+    """Back to a process that runs nothing without consent (tests that share a worker)."""
+    global _INTERACTIVE
+    _INTERACTIVE = False
+    _REFUSED.clear()
 
 
 @contextlib.contextmanager
@@ -114,7 +181,7 @@ def trust(project_path: str | os.PathLike, paths: Iterable[str]) -> None:
 @contextlib.contextmanager
 def as_consented(project) -> Iterator[None]:
     """Run a block with the project's code allowed if (and only if) the user trusted it."""
-    paths = code_paths(project.graph)
+    paths = needs_consent(project)
     ok = project.path is not None and paths and is_trusted(project.path, paths)
     with allowing(paths if ok else ()):
         yield

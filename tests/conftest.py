@@ -38,3 +38,16 @@ def _no_question_blocks_the_suite(monkeypatch):
 
     monkeypatch.setattr(mw.MainWindow, "ask",
                         lambda self, kind, title, text, buttons, default: QMessageBox.StandardButton.Discard)
+
+
+@pytest.fixture(autouse=True)
+def _trust_nothing(tmp_path, monkeypatch):
+    """Each test starts in a process that runs no project code without consent, with a
+    consent store of its own: a GUI test (an interactive process) does not leak into the
+    next test of its worker."""
+    from engine import trust
+
+    monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(tmp_path / "config"))
+    trust.reset_process()
+    yield
+    trust.reset_process()

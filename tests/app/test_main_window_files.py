@@ -174,7 +174,7 @@ def test_opening_a_project_with_its_own_code_asks_first_and_runs_nothing_untrust
     asked["answers"] = [B.No]
     assert w.open_project(path)
     title, text = asked["questions"][-1]
-    assert title == "Trust this project's code?" and "shutil:rmtree" in text
+    assert title == "Trust this project?" and "shutil:rmtree" in text
     errs = w.controller.result.errors_for("wipe")
     assert errs and "not checked" in str(errs[0])
     assert victim.exists()
@@ -193,5 +193,7 @@ def test_opening_a_project_with_its_own_code_asks_first_and_runs_nothing_untrust
     assert w.open_project(mine)
     assert len(asked["questions"]) == n + 1 and w.controller.result.ok
     assert w.open_project(mine) and len(asked["questions"]) == n + 1  # remembered
-    assert w.open_project(path) and not trust.allowed("tests.engine.interop_models:Swish")  # per project
-    trust.allow_in_process(())
+    # the refused project's code stays refused when it is opened again, and in any project
+    # its node is pasted into; what the user draws themselves is theirs
+    assert w.open_project(path) and not trust.allowed("shutil:rmtree")
+    assert trust.allowed("tests.engine.interop_models:Swish")

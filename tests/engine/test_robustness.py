@@ -174,8 +174,12 @@ def test_weights_and_data_are_read_only_from_regular_files_that_fit(tmp_path, ca
             setattr(p, k, v) if k == "weights" else setattr(p.training, k, v)
         return prepare_run(p, tmp_path / f"run{len(list(tmp_path.iterdir()))}", steps=1)
 
-    with pytest.raises((RunError, ProjectError), match="/dev/zero is not a regular file"):
+    from engine import trust
+
+    with pytest.raises(ProjectError, match="weights: /dev/zero is outside the project's folder"):
         run_with(weights="/dev/zero")
+    with trust.allowing(["file:/dev/zero"]), pytest.raises((RunError, ProjectError), match="/dev/zero is not a regular file"):
+        run_with(weights="/dev/zero")  # consented, and still never read
     fifo = tmp_path / "data.fifo"
     os.mkfifo(fifo)
     with pytest.raises(ProjectError, match="training.dataset.path: .*data.fifo is not a regular file"):

@@ -33,9 +33,9 @@ def config(tmp_path, monkeypatch):
     from engine import trust
 
     monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(tmp_path / "config"))
-    trust.allow_in_process(())  # nothing a GUI test allowed in this worker process
+    trust.reset_process()  # nothing a GUI test allowed in this worker process
     yield
-    trust.allow_in_process(())
+    trust.reset_process()
 
 
 @pytest.mark.parametrize("command", [["validate"], ["summary"], ["plan"], ["export", "--onnx", "m.onnx"]])
@@ -80,3 +80,98 @@ def test_torch_layers_need_no_consent(tmp_path):
     assert main(["validate", str(p)]) == 0
     hub = _project(tmp_path, {"hub": {"path": "torch.hub:load", "kwargs": {"repo_or_dir": str(tmp_path)}}}, "hub.lflow")
     assert main(["validate", str(hub)]) == 1  # torch, but not a torch.nn layer class
+
+
+def _data_project(folder, data_path: str, name="p.lflow"):
+    from engine.project import Training
+
+    g = Graph()
+    g.add_node("Input", {"shape": [4]}, id="x")
+    g.add_node("Linear", {"out_features": 2}, id="fc")
+    g.add_node("Output", {"loss": "cross_entropy"}, id="y")
+    g.connect("x", "out", "fc", "in")
+    g.connect("fc", "out", "y", "in")
+    p = Project(g, name="data")
+    p.training = Training.model_validate({"dataset": {"kind": "npz", "path": data_path}, "batch_size": 4, "steps": 1})
+    folder.mkdir(parents=True, exist_ok=True)
+    return save_project(p, folder / name)
+
+
+def _npz(path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    np.savez(path, x=rng.normal(size=(16, 4)).astype("float32"), y=rng.integers(0, 2, 16))
+    return path
+
+
+@pytest.mark.parametrize("how", ["absolute", "relative", "symlink"])
+def test_a_data_file_outside_the_project_folder_is_read_only_with_consent(tmp_path, capsys, how):
+    """A shared project naming ../../secret.npz (or a link to it) reads nothing until trusted;
+    the consent is the same one that covers its code, tied to the resolved path."""
+    from engine.data import load_arrays
+    from engine.project import ProjectError, load_project
+
+    (tmp_path / "elsewhere").mkdir()
+    secret = _npz(tmp_path / "elsewhere" / "secret.npz")
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    if how == "symlink":
+        (folder / "data.npz").symlink_to(secret)
+        named = "data.npz"
+    else:
+        named = str(secret) if how == "absolute" else "../elsewhere/secret.npz"
+    p = _data_project(folder, named)
+    with pytest.raises(ProjectError, match=r"training.dataset.path: .*secret.npz is outside the project's folder"):
+        load_arrays(load_project(p))
+    assert main(["train", str(p), "--out", str(tmp_path / "run1")]) == 2
+    assert "outside the project's folder" in capsys.readouterr().err and not (tmp_path / "run1" / "run.json").exists()
+
+    assert main(["trust", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert str(secret.resolve()) in out and "file:" not in out  # printed as a plain path
+    from engine import trust
+
+    with trust.as_consented(load_project(p)):
+        assert len(load_arrays(load_project(p)).x_train) > 0
+    assert main(["train", str(p), "--out", str(tmp_path / "run2")]) == 0
+    # inside the folder needs nothing
+    inside = _data_project(tmp_path / "mine", "d.npz")
+    _npz(tmp_path / "mine" / "d.npz")
+    assert trust.needs_consent(load_project(inside)) == []
+    assert main(["train", str(inside), "--out", str(tmp_path / "run3")]) == 0
+
+
+def test_weights_outside_the_project_folder_need_consent(tmp_path):
+    import torch
+
+    from engine.project import ProjectError, load_project
+    from engine.run import prepare_run
+
+    p = _data_project(tmp_path / "shared", "d.npz")
+    _npz(tmp_path / "shared" / "d.npz")
+    torch.save({"fc.weight": torch.zeros(2, 4), "fc.bias": torch.zeros(2)}, tmp_path / "w.pt")
+    proj = load_project(p)
+    proj.weights = "../w.pt"
+    save_project(proj, p)
+    with pytest.raises(ProjectError, match=r"weights: .*w.pt is outside the project's folder"):
+        prepare_run(load_project(p), tmp_path / "run")
+    assert main(["train", str(p), "--trust", "--out", str(tmp_path / "run")]) == 0
+    assert (tmp_path / "run" / "weights.pt").is_file()
+
+
+def test_the_apps_runs_carry_its_consent_and_no_more(tmp_path):
+    """The GUI runs the CLI on a snapshot: what the user drew may run there (--trust-once,
+    remembered nowhere); what they refused on open may not."""
+    from app.run_controller import RunController
+    from engine import trust
+    from engine.project import load_project
+
+    mine = _project(tmp_path, {"act": {"path": "tests.engine.interop_models:Swish"}}, "mine.lflow")
+    assert RunController._consent(load_project(mine)) == []  # a CLI process: nothing without consent
+    trust.interactive()
+    assert RunController._consent(load_project(mine)) == ["--trust-once"]
+    trust.refuse(["tests.engine.interop_models:Swish"])
+    assert RunController._consent(load_project(mine)) == []
+    assert main(["validate", str(mine), "--trust-once"]) == 0
+    assert not (tmp_path / "config" / "trust.json").exists()  # once: not remembered
