@@ -214,7 +214,7 @@ def _train_single(run_dir, resume: bool) -> int:
 
     try:
         status = run(run_dir, resume=resume, progress=progress)
-    except (ValueError, FileNotFoundError, FloatingPointError) as exc:
+    except (ValueError, OSError, FloatingPointError) as exc:  # OSError: a missing file, a full disk
         from app.cli import CliError
 
         raise CliError(f"training failed: {exc} (log: {run_dir / 'logs' / 'rank0.log'})") from None

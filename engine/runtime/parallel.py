@@ -427,7 +427,9 @@ class ParallelTrainer:
     def save_final(self, path: Path) -> None:
         full = dist_checkpoint.full_model_state(self.state_model)
         if self.rank == 0:
-            torch.save(full, path)
+            from .train import save_tensors
+
+            save_tensors(full, path)
 
 
 # ----- entry under torchrun ---------------------------------------------------------

@@ -20,10 +20,12 @@ states; metrics written after the checkpoint are cut off before training goes on
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import os
 import random
+import shutil
 import signal
 import sys
 import time
@@ -118,10 +120,40 @@ def seed_all(seed: int) -> None:
 
 
 # ----- run folder files ---------------------------------------------------------
-def write_json_atomic(path: Path, obj: dict) -> None:
+DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+STATUS_BYTES = 2048  # status.json is padded to this: on a full disk it is rewritten in place, in blocks it owns
+
+
+def disk_full(exc: BaseException | None) -> OSError | None:
+    """The 'no space left' (or quota) error behind `exc`, if that is what it is."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def save_tensors(obj, path: Path) -> None:
+    """torch.save through a Python file: a full disk raises OSError(ENOSPC), not torch's
+    opaque 'unexpected pos' RuntimeError."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, obj: dict) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=True))
 
 
 class Status:
@@ -132,7 +164,25 @@ class Status:
 
     def update(self, **kw) -> None:
         self.fields.update(kw)
-        write_json_atomic(self.path, self.fields)
+        text = json.dumps(self.fields, indent=1, sort_keys=True)
+        try:
+            write_text_atomic(self.path, text.ljust(STATUS_BYTES))
+        except OSError as exc:
+            if not disk_full(exc):
+                raise
+            self._rewrite_in_place(text)
+
+    def _rewrite_in_place(self, text: str) -> None:
+        """No room for a temp file: overwrite the padded file within its own size, so the
+        run still ends as 'failed' with its reason rather than staying 'running'."""
+        fields = dict(self.fields)
+        data = text.encode()
+        if len(data) > STATUS_BYTES and fields.get("error"):
+            fields["error"] = str(fields["error"])[:STATUS_BYTES // 2] + "..."
+            data = json.dumps(fields, indent=1, sort_keys=True).encode()
+        with open(self.path, "r+b") as f:
+            f.write(data.ljust(max(STATUS_BYTES, len(data))))
+            f.truncate()
 
 
 class MetricsWriter:
@@ -160,8 +210,9 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     marker = run_dir / "checkpoints" / "latest"
     if not marker.exists():
         return None
-    p = run_dir / "checkpoints" / marker.read_text().strip()
-    return p if p.exists() else None
+    name = marker.read_text().strip()
+    p = run_dir / "checkpoints" / name
+    return p if name and p.is_dir() else None
 
 
 # ----- the single-process trainer ---------------------------------------------
@@ -229,8 +280,8 @@ class Trainer:
 
     def save_checkpoint(self, path: Path, extra: dict) -> None:
         path.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                    "scheduler": self.sched.state_dict(), "rng": rng_state(), **extra}, path / "state.pt")
+        save_tensors({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                      "scheduler": self.sched.state_dict(), "rng": rng_state(), **extra}, path / "state.pt")
 
     def load_checkpoint(self, path: Path) -> dict:
         if (path / ".metadata").exists():  # written by the distributed trainer (any layout)
@@ -248,7 +299,7 @@ class Trainer:
         return state
 
     def save_final(self, path: Path) -> None:
-        torch.save(self.model.state_dict(), path)
+        save_tensors(self.model.state_dict(), path)
 
 
 # ----- the loop -----------------------------------------------------------------
@@ -366,10 +417,15 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
 
     def checkpoint(at: int) -> None:
         d = run_dir / "checkpoints" / f"step_{at}"
-        trainer.save_checkpoint(d, {"step": at, "elapsed": time.perf_counter() - t0,
-                                    "metrics_offset": metrics.offset() if metrics else None})
-        if writes_metrics:
-            (run_dir / "checkpoints" / "latest").write_text(d.name)
+        try:
+            trainer.save_checkpoint(d, {"step": at, "elapsed": time.perf_counter() - t0,
+                                        "metrics_offset": metrics.offset() if metrics else None})
+            if writes_metrics:  # `latest` moves only once the checkpoint is whole
+                write_text_atomic(run_dir / "checkpoints" / "latest", d.name)
+        except BaseException:
+            if writes_metrics and latest_checkpoint(run_dir) != d:
+                shutil.rmtree(d, ignore_errors=True)  # half a checkpoint: gone, and its space with it
+            raise
 
     try:
         if status:
@@ -415,12 +471,24 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
             checkpoint(step)
     except BaseException as exc:
         state_name, error = "failed", f"{type(exc).__name__}: {exc}"
-        log(traceback.format_exc())
+        full = disk_full(exc)
+        if full is not None:
+            error = disk_full_message(run_dir, full, step)
+        try:
+            log(traceback.format_exc())
+        except OSError:
+            pass  # the log is on the full disk too; status.json carries the reason
+        if full is not None:
+            raise DiskFull(full.errno, error) from exc
         raise
     finally:
         if metrics:
-            metrics.write({"event": "end", "state": state_name, "step": step, "time": round(time.perf_counter() - t0, 4)})
-            metrics.close()
+            try:
+                metrics.write({"event": "end", "state": state_name, "step": step,
+                               "time": round(time.perf_counter() - t0, 4)})
+                metrics.close()
+            except OSError:
+                pass  # a full disk: status.json still says how the run ended
         if status:
             status.update(state=state_name, step=step, ended=time.time(), error=error)
         if old_handler is not None:
@@ -428,6 +496,28 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
         if lock:
             lock.release()
     return status.fields if status else {"state": state_name, "step": step}
+
+
+class DiskFull(OSError):
+    """The run folder's disk filled up; the message says what to do."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
+
+def disk_full_message(run_dir: Path, exc: OSError, step: int) -> str:
+    try:
+        free = shutil.disk_usage(run_dir).free / 2 ** 20
+        room = f", {free:,.1f} MB free"
+    except OSError:
+        room = ""
+    ckpt = latest_checkpoint(run_dir)
+    where = f" at {exc.filename}" if getattr(exc, "filename", None) else ""
+    then = (f"the latest whole checkpoint is {ckpt.name}: free space, then resume it "
+            f"(python main.py train {run_dir / 'project.lflow'} --resume {run_dir})"
+            if ckpt else "no checkpoint was written yet: free space and start the run again")
+    return (f"disk full: {exc.strerror or 'no space left on device'}{where} at step {step} "
+            f"(the run folder's disk{room}); {then}")
 
 
 def load_spec(run_dir: Path) -> dict:

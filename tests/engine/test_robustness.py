@@ -297,3 +297,69 @@ def test_token_ids_beyond_the_vocabulary_are_named(tmp_path):
     with pytest.raises(RunError, match=rf"node '{emb.id}' \(Embedding\): the data set's token ids go up to \d+ but "
                                        r"num_embeddings is 8"):
         prepare_run(p, tmp_path / "run", steps=1)
+
+
+DISK_FULL_SCRIPT = r"""
+set -e
+mount -t tmpfs -o size=1600k tmpfs "$SMALL"
+cp -r "$PREP" "$SMALL/run"
+set +e
+"$PY" -m engine.runtime.train "$SMALL/run" > "$OUT/first.txt" 2>&1
+echo $? > "$OUT/first.rc"
+set -e
+cp -r "$SMALL/run" "$OUT/failed"
+mount -o remount,size=64m "$SMALL"
+"$PY" -m engine.runtime.train "$SMALL/run" --resume > "$OUT/second.txt" 2>&1
+cp -r "$SMALL/run" "$OUT/resumed"
+"""
+
+
+def test_a_full_disk_ends_the_run_as_failed_with_the_reason_and_a_resumable_checkpoint(tmp_path):
+    """A real full disk: the run folder on a 1.6 MB tmpfs in a mount namespace of the test's
+    own. The run ends 'failed' with the reason in status.json (not 'running', no half
+    checkpoint named latest), and resumes once there is room."""
+    import shutil as _shutil
+
+    from engine.project import Training
+    from engine.run import prepare_run
+
+    unshare = _shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("needs util-linux's unshare to make a small filesystem of the test's own")
+    probe = subprocess.run([unshare, "-rm", "sh", "-c", f"mount -t tmpfs tmpfs {tmp_path}"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs in a user+mount namespace here: {probe.stderr.decode().strip()}")
+    p = load_project(MLP)
+    p.path = tmp_path / "p.lflow"
+    p.graph.nodes["fc1"].params["out_features"] = 512  # ~0.45 MB a checkpoint with Adam's state
+    p.training = Training.model_validate({**p.training.model_dump(), "steps": 60, "checkpoint_interval": 5,
+                                          "eval_interval": 1000})
+    prep = prepare_run(p, tmp_path / "prep")
+    (tmp_path / "small").mkdir()
+    (tmp_path / "out").mkdir()
+    env = {**os.environ, "PREP": str(prep), "SMALL": str(tmp_path / "small"), "OUT": str(tmp_path / "out"),
+           "PY": sys.executable}
+    r = subprocess.run([unshare, "-rm", "bash", "-c", DISK_FULL_SCRIPT], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    out = tmp_path / "out"
+    assert r.returncode == 0, r.stderr
+    assert (out / "first.rc").read_text().strip() == "1"
+    status = json.loads((out / "failed" / "status.json").read_text())
+    assert status["state"] == "failed", status
+    assert status["error"].startswith("disk full: No space left on device"), status["error"]
+    assert "--resume" in status["error"] and 5 <= status["step"] < 60
+    latest = (out / "failed" / "checkpoints" / "latest").read_text().strip()
+    assert f"latest whole checkpoint is {latest}" in status["error"]
+    import torch
+
+    state = torch.load(out / "failed" / "checkpoints" / latest / "state.pt", weights_only=False)  # whole, loadable
+    assert state["step"] == int(latest.removeprefix("step_"))
+    kept = [d for d in (out / "failed" / "checkpoints").iterdir() if d.is_dir()]
+    assert kept and all(torch.load(d / "state.pt", weights_only=False)["step"] for d in kept)  # no half checkpoint
+    assert "Traceback" not in status["error"]
+
+    resumed = json.loads((out / "resumed" / "status.json").read_text())
+    assert resumed["state"] == "succeeded" and resumed["step"] == 60, (out / "second.txt").read_text()
+    steps = [json.loads(line)["step"] for line in (out / "resumed" / "metrics.jsonl").read_text().splitlines()
+             if '"loss"' in line]
+    assert steps == list(range(1, 61))  # every step once: the lines after the checkpoint were cut off
