@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     consent = "--trust" in argv  # any command: run the project's own code (Custom layers), and remember it
     once = "--trust-once" in argv  # the same for this command only, remembered nowhere (the app's runs)
     argv = [a for a in argv if a not in ("--trust", "--trust-once")]
+    if argv and argv[0].endswith(".lflow") and "app.cli_gui" in COMMAND_MODULES:
+        argv.insert(0, "open")  # `layerflow FILE.lflow` opens it, as a desktop file association does
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -159,6 +159,8 @@ class EditorController(QObject):
         self.plan = None
         self.plan_error: str | None = None
         self.plan_info = ({}, [], [])
+        self.placement_errors: list = []  # the plan's problems (engine.planner.plan_problems)
+        self.placement_warnings: list = []
         self.devices = None  # (nproc, DeviceSpec) of a cluster's real devices; None: this machine
         self._timer = QTimer(self, singleShot=True, interval=COMPILE_DELAY_MS, timeout=self._recompile)
         self._version = 0  # bumped by every edit
@@ -235,9 +237,33 @@ class EditorController(QObject):
         if seconds:
             self._slow = seconds > SLOW_S
         self.result, self.plan, self.plan_error, self.plan_info = result, plan, plan_error, plan_info
-        self.scene.set_result(result, plan_info[0])
+        self.placement_errors, self.placement_warnings = self._placement_problems()
+        self.scene.set_result(result, plan_info[0], self.placement_errors + self.placement_warnings)
         self.compiled.emit(result)
         self.plan_changed.emit(plan_info)
+
+    def _placement_problems(self):
+        if self.result is None or not self.result.ok:
+            return [], []  # no plan of a diagram that does not compile: its errors come first
+        from engine.planner import plan_problems
+
+        return plan_problems(self.plan, self.plan_error)
+
+    def problems(self) -> tuple[list, list]:
+        """(errors, warnings) of the diagram and of its placement, as the Problems list shows them."""
+        if self.result is None:
+            return [], []
+        return (list(self.result.errors) + self.placement_errors,
+                list(self.result.warnings) + self.placement_warnings)
+
+    def run_blocker(self) -> str | None:
+        """Why Run cannot start now (the first error), or None."""
+        errors = self.problems()[0]
+        if not errors:
+            return None
+        e = errors[0]
+        more = f" (and {len(errors) - 1} more in Problems)" if len(errors) > 1 else ""
+        return f"{e.message}{more}"
 
     def set_devices(self, devices) -> None:
         """Plan for these real devices ((nproc, DeviceSpec)) or, with None, this machine."""

@@ -240,6 +240,9 @@ class MainWindow(QMainWindow):
         tb.setToolButtonStyle(Qt.ToolButtonTextBesideIcon)
         for k in ("new", "open", "save", None, "undo", "redo", None, "fit", "layout", "group"):
             tb.addSeparator() if k is None else tb.addAction(self.actions[k])
+        for k in ("undo", "redo"):  # their text names the command ("Undo Add Linear"): icon only, so the
+            button = tb.widgetForAction(self.actions[k])  # toolbar never changes width; the text is the tooltip
+            button.setToolButtonStyle(Qt.ToolButtonIconOnly)
         self.addToolBar(tb)
         self.main_toolbar = tb
         self.run_toolbar = QToolBar("Run", self)
@@ -320,12 +323,13 @@ class MainWindow(QMainWindow):
             self._update_devices()
 
     def _on_compiled(self, result) -> None:
-        self.problems.set_problems(result.errors, result.warnings)
+        errors, warnings = self.controller.problems()  # the compiler's and the placement's
+        self.problems.set_problems(errors, warnings)
         self.summary.set_result(self.project.graph, result, self.project.training.batch_size)
         self.summary.set_devices(self.controller.plan_info[1])
         self.inspector.set_result(result)
         self._update_devices()
-        n = len(result.errors)
+        n = len(errors)
         self.problems_dock.setWindowTitle(f"Problems ({n})" if n else "Problems")
 
     def _on_selection(self) -> None:
@@ -509,7 +513,11 @@ class MainWindow(QMainWindow):
                 return False
             if not path.endswith(SUFFIX):
                 path += SUFFIX
-        return self._write(Path(path))
+        path = Path(path)
+        old_stem = self.project.path.name[: -len(SUFFIX)] if self.project.path else None
+        if self.project.name in ("untitled", "", old_stem):  # the project takes its file's name
+            self.project.name = path.name[: -len(SUFFIX)] if path.name.endswith(SUFFIX) else path.stem
+        return self._write(path)
 
     def _write(self, path: Path) -> bool:
         self.controller.flush()

@@ -83,6 +83,11 @@ class RunUI(QObject):
         p.resume_requested.connect(lambda path: self.resume(path, self.toolbar.procs.value()))
         p.refresh_requested.connect(self.refresh)
         window.project_changed.connect(self._on_project_changed)
+        editor = getattr(window, "controller", None)
+        if editor is not None:  # Run follows the problems, the process count the placement
+            editor.compiled.connect(lambda _r: self.toolbar.set_blocked(editor.run_blocker()))
+            editor.placement_changed.connect(self._follow_placement)
+            self.toolbar.set_blocked(editor.run_blocker())  # the project's first check ran before this
         window.run_openers.append(self._open_for_window)
         window.installEventFilter(self)
         app = QApplication.instance()
@@ -113,9 +118,12 @@ class RunUI(QObject):
     def _on_project_changed(self) -> None:
         if not self.controller.running and self._dashboard is not None:
             self._dashboard.clear()
+        self._follow_placement()
+        self.refresh()
+
+    def _follow_placement(self) -> None:
         pl = self.window.project.placement
         self.toolbar.set_processes(pl.dp * pl.tp * pl.pp)
-        self.refresh()
 
     # ----- running ----------------------------------------------------------------
     def run(self, target: str = "local", nproc: int = 1, steps: int | None = None) -> Path | None:
@@ -124,6 +132,13 @@ class RunUI(QObject):
         if target != "local":
             self._message(f"Target {target!r} is not available yet; training on this machine needs target 'local'")
             return None
+        editor = getattr(self.window, "controller", None)
+        if editor is not None:
+            editor.flush()
+            blocker = editor.run_blocker()
+            if blocker:
+                self._message(f"Cannot run: {blocker}")
+                return None
         try:
             run_dir = self.controller.start(self.window.project, nproc=nproc, steps=steps,
                                             unsaved=self.window.is_dirty())

@@ -75,12 +75,14 @@ def balanced_stages(compiled: CompileResult, pp: int, device: DeviceSpec, *, dp:
     return stages, reasons
 
 
-def auto_tp_styles(compiled: CompileResult, tp: int) -> dict[str, str]:
+def auto_tp_styles(compiled: CompileResult, tp: int, only: set[str] | None = None) -> dict[str, str]:
     """Megatron's pattern where it applies: Linear -> elementwise* -> Linear becomes
     colwise then rowwise (one all-reduce per pair); attention is split by heads.
-    Only layers whose split dimension tp divides take part."""
+    Only layers whose split dimension tp divides take part, and, given `only`, only
+    those nodes (a pair is taken whole or not at all)."""
     if tp == 1:
         return {}
+    free = (lambda n: True) if only is None else (lambda n: n in only)  # noqa: E731
     from engine.planner import ELEMENTWISE
 
     graph = compiled.graph
@@ -88,6 +90,8 @@ def auto_tp_styles(compiled: CompileResult, tp: int) -> dict[str, str]:
     for n in compiled.order:
         node = graph.nodes[n]
         p = compiled.nodes[n].params
+        if not free(n):
+            continue
         if node.type == "MultiheadAttention" and p.get("num_heads", 1) % tp == 0:
             styles[n] = "colwise"
         if node.type != "Linear" or n in styles or p.get("out_features", 1) % tp:
@@ -99,7 +103,8 @@ def auto_tp_styles(compiled: CompileResult, tp: int) -> dict[str, str]:
                 break
             nxt = outs[0].dst
             t = graph.nodes[nxt].type
-            if t == "Linear" and nxt not in styles and compiled.nodes[nxt].params.get("in_features", 1) % tp == 0:
+            if t == "Linear" and nxt not in styles and free(nxt) and \
+                    compiled.nodes[nxt].params.get("in_features", 1) % tp == 0:
                 styles[n], styles[nxt] = "colwise", "rowwise"
                 break
             if t not in ELEMENTWISE:
@@ -231,6 +236,14 @@ def auto_place(project: Project, nproc: int, device: DeviceSpec | None = None,
         reasons += balanced_stages(compiled, pl["pp"], device, dp=pl["dp"], tp=pl["tp"],
                                    microbatches=pl["microbatches"], batch_size=B, optimizer=opt)[1]
     return AutoPlacement(pl, stages, styles, plan, reasons, cands)
+
+
+def auto_microbatches(B: int, dp: int, pp: int, least: int) -> int:
+    """Micro-batches when the placement leaves them to the planner: the smallest count
+    >= `least` (the stages) that divides each replica's batch, else `least` (the planner
+    then names the batch size to change)."""
+    local = B // dp if dp and B % dp == 0 else 0
+    return next((m for m in range(least, local + 1) if local % m == 0), least)
 
 
 def _microbatches(B: int, dp: int, pp: int) -> int | None:

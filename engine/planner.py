@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 
-from engine.compile import CompileResult, compile_graph
+from engine.compile import CompileError, CompileResult, compile_graph
 from engine.cost import FLOAT_BYTES, DeviceSpec, bubble_fraction, collective_bytes, comm_time, local_cpu, step_time
 from engine.layers import get_layer
 from engine.project import Project
@@ -236,12 +237,20 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
     device = device or local_cpu(nproc)
     errors: list[str] = []
     warnings: list[str] = []
+    notes: list[str] = []  # what the planner chose where the placement left it open: not problems
     if not compiled.ok:
         return Plan({"version": PLAN_VERSION}, ["the diagram has errors: " + "; ".join(map(str, compiled.errors))], [])
     graph = compiled.graph
     B = project.training.batch_size
-    m = int(pl["microbatches"]) if pp > 1 else 1
     schedule = pl["schedule"]
+    if pp == 1:
+        m = 1
+    elif pl.get("microbatches"):
+        m = int(pl["microbatches"])
+    else:  # not set: one per stage at least (1F1B's need), dividing each replica's batch
+        from engine.autoplace import auto_microbatches
+
+        m = auto_microbatches(B, dp, pp, 2 * pp if schedule == "interleaved1f1b" else pp)
 
     if world != nproc:
         errors.append(f"placement pp={pp} x dp={dp} x tp={tp} = {world} processes, but {nproc} are available; "
@@ -249,7 +258,7 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
     interleaved = pp > 1 and schedule == "interleaved1f1b"
     if pp > 1 and schedule == "1f1b" and m < pp:
         errors.append(f"placement.schedule 1f1b needs placement.microbatches >= stages, but microbatches is {m} and "
-                      f"pp is {pp}; raise microbatches to {pp} or choose gpipe")
+                      f"pp is {pp}; raise placement.microbatches to {pp} (or leave it unset: the planner picks it), or choose gpipe")
     if dp > 1 and tp > 1 and pl["data_parallel"] == "ddp":
         errors.append(f"data_parallel ddp with tp={tp}: torch's DDP swaps tensor-parallel DTensor parameters for "
                       f"local ones, which breaks optimizer state and distributed checkpoints; set "
@@ -288,7 +297,7 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
 
             stages, _ = balanced_stages(compiled, n_stages, device, dp=dp, tp=tp, microbatches=m,
                                         batch_size=B, optimizer=project.training.optimizer.name)
-            warnings.append(f"no node has a pipeline stage: the planner cut the model into {n_stages} balanced stages")
+            notes.append(f"no node has a pipeline stage: the planner cut the model into {n_stages} balanced stages")
         else:
             stages = [[] for _ in range(n_stages)]
             cur = 0
@@ -325,8 +334,14 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
                       f"processes; set it to 1 (a pipeline cuts the batch into placement.microbatches itself)")
 
     # ---- tensor-parallel styles ----
+    auto_styles: dict[str, str] = {}
     if styles is None:
         styles = {n: graph.nodes[n].tp for n in compute if graph.nodes[n].tp not in (None, "replicate")}
+        if tp > 1:  # nodes left on auto: Megatron's pairs and attention heads, where tp divides them
+            from engine.autoplace import auto_tp_styles
+
+            auto_styles = auto_tp_styles(compiled, tp, only={n for n in compute if graph.nodes[n].tp is None})
+            styles.update(auto_styles)
     if tp == 1:
         styles = {}
     for n, style in list(styles.items()):
@@ -347,6 +362,10 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
                               f"choose tp among {', '.join(map(str, divs))} or set its tp style to replicate")
     tp_plan, tp_layout, tp_errors = tp_layouts(graph, compiled, styles, stage, tp)
     errors += tp_errors
+    if tp > 1 and not any(e["style"] not in ("replicate",) for e in tp_plan.values()):
+        warnings.append(f"placement.tp={tp} splits no layer: every tp rank holds and computes the whole model; set "
+                        f"nodes' tp style (colwise then rowwise Linear pairs, attention by heads) or leave them on "
+                        f"auto with sizes that tp divides, or lower placement.tp to 1")
 
     # ---- batch-dependent layers ----
     local_b, mb = B // max(1, dp), B // max(1, dp * m)
@@ -441,7 +460,7 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
         "schedule": schedule if pp > 1 else "none", "microbatches": m,
         "mixed_precision": pl["mixed_precision"], "sync_batchnorm": bool(pl.get("sync_batchnorm")),
         "batch": {"global": B, "per_replica": B // max(1, dp), "per_microbatch": B // max(1, dp * m)},
-        "stages": stages, "stages_per_rank": v, "tp_plan": tp_plan,
+        "stages": stages, "stages_per_rank": v, "tp_plan": tp_plan, "tp_auto": sorted(auto_styles), "notes": notes,
         "checkpoint": [n for n in compute if graph.nodes[n].checkpoint],
         "layouts": layouts, "communication": comms, "devices": devices,
         "bubble_fraction": bubble_fraction(pp, m, v),
@@ -452,6 +471,26 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
         warnings.append(f"FSDP with reshard_after_forward under pp={pp}: parameters are gathered again for every one "
                         f"of the {m} micro-batches; set placement.reshard_after_forward to false to gather once per step")
     return Plan(doc, errors, warnings)
+
+
+_NODE_RE = re.compile(r"\bnode '([^']+)'")
+_EDGE_RE = re.compile(r"\bedge ([A-Za-z_]\w*) -> ([A-Za-z_]\w*)")
+
+
+def plan_problems(plan: "Plan | None", error: str | None = None) -> tuple[list[CompileError], list[CompileError]]:
+    """The plan's errors and warnings as problems (field 'placement'), each on the node
+    it names (an edge's problem on the node it enters), for the editor's Problems list
+    and node badges."""
+    def one(msg: str, severity: str) -> CompileError:
+        m, e = _NODE_RE.search(msg), _EDGE_RE.search(msg)
+        return CompileError(msg, m.group(1) if m else (e.group(2) if e else None), "placement", severity=severity)
+
+    errors = [one(m, "error") for m in (plan.errors if plan else [])
+              if not m.startswith("the diagram has errors")]  # those are the compiler's own, listed already
+    if error:
+        errors.append(one(f"the plan failed: {error}", "error"))
+    warnings = [one(w, "warning") for w in (plan.warnings if plan else [])]
+    return errors, warnings
 
 
 def _gib(n: float) -> str:
@@ -608,6 +647,17 @@ def _tp_comms(n: str, ent: dict, in_b: int, out_b: int, tp: int, norm_params: in
     return c
 
 
+MAX_ROWS = 64  # a plan of 65,536 ranks prints what a terminal can show, then says how many more
+
+
+def _first_rows(rows: list, what: str) -> tuple[list, list[str]]:
+    """The rows to print (all, or the first MAX_ROWS) and the line that says how many were
+    left out (the --json document has every one)."""
+    if len(rows) <= MAX_ROWS:
+        return rows, []
+    return rows[:MAX_ROWS], [f"... {len(rows) - MAX_ROWS:,} more {what} not listed (--json has all)"]
+
+
 def format_plan(plan: Plan) -> str:
     """The plan as a person reads it on a terminal."""
     d = plan.doc
@@ -616,28 +666,43 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"mesh: pp={d['pp']} x dp={d['dp']} x tp={d['tp']} = {d['world']} ranks; "
                      f"data parallel: {d['data_parallel']}; schedule: {d['schedule']}, microbatches {d['microbatches']}; "
                      f"bubble {d['bubble_fraction']:.1%}")
-        for s, ids in enumerate(d["stages"]):
-            ranks = sorted({dv["rank"] for dv in d["devices"] if s in dv["stages"]})
-            lines.append(f"stage {s} (ranks {ranks}): {', '.join(ids)}")
-        for n, e in d["tp_plan"].items():
-            lines.append(f"tp {n} ({e['type']}): {e['style']}, in {e['input']} ({oneflow_name(e['input'])}) -> "
-                         f"out {e['output']} ({oneflow_name(e['output'])})")
-        for c in d["communication"]:
+        on_stage: dict[int, list[int]] = {}
+        for dv in d["devices"]:
+            for s in dv["stages"]:
+                on_stage.setdefault(s, []).append(dv["rank"])
+        rows, more = _first_rows(list(enumerate(d["stages"])), "stages")
+        for s, ids in rows:
+            ranks = sorted(on_stage.get(s, []))
+            shown = ranks if len(ranks) <= 16 else [*ranks[:8], "...", *ranks[-4:]]
+            lines.append(f"stage {s} (ranks {shown}): {', '.join(ids)}".replace("'...'", "..."))
+        lines += more
+        auto = set(d.get("tp_auto") or ())
+        rows, more = _first_rows(list(d["tp_plan"].items()), "tensor-parallel layers")
+        for n, e in rows:
+            lines.append(f"tp {n} ({e['type']}): {e['style']}{' (auto)' if n in auto else ''}, in {e['input']} "
+                         f"({oneflow_name(e['input'])}) -> out {e['output']} ({oneflow_name(e['output'])})")
+        lines += more
+        rows, more = _first_rows(d["communication"], "communications")
+        for c in rows:
             lines.append(f"comm {c['op']:<14} {c['where']:<28} group {c['group']}({c['group_size']})  "
                          f"{_gib(c['bytes_per_step'])}/step  [{c['oneflow']}] {c['why']}")
+        lines += more
         lines.append("rank stage dp tp     params      grads  optimizer  activations      total   GFLOP/step")
-        for dv in d["devices"]:
+        rows, more = _first_rows(d["devices"], "ranks")
+        for dv in rows:
             mm = dv["memory"]
             lines.append(f"{dv['rank']:>4} {dv['stage']:>5} {dv['dp_rank']:>2} {dv['tp_rank']:>2} "
                          f"{_gib(mm['params_bytes']):>10} {_gib(mm['grads_bytes']):>10} {_gib(mm['optimizer_bytes']):>10} "
                          f"{_gib(mm['activations_bytes']):>12} {_gib(mm['total_bytes']):>10} {dv['flops_per_step'] / 1e9:>11.3f}")
+        lines += more
         p = d["predicted"]
         lines.append(f"predicted step: {p['step_s'] * 1e3:.2f} ms (compute {p['compute_s'] * 1e3:.2f} ms, "
                      f"optimizer {p.get('update_s', 0) * 1e3:.2f} ms, communication {p['comm_s'] * 1e3:.2f} ms) "
                      f"on {d['device']['name']}")
+    lines += [f"note: {n}" for n in d.get("notes", [])]
     lines += [f"warning: {w}" for w in plan.warnings]
     lines += [f"error: {e}" for e in plan.errors]
     return "\n".join(lines)
 
 
-__all__ = ["Plan", "make_plan", "format_plan", "chunk_len", "mesh_ranks", "oneflow_name", "tp_layouts"]
+__all__ = ["Plan", "make_plan", "format_plan", "plan_problems", "chunk_len", "mesh_ranks", "oneflow_name", "tp_layouts"]

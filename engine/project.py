@@ -160,7 +160,8 @@ class Placement(_Strict):
     tp: int = Field(1, ge=1, le=MAX_PROCESSES)
     data_parallel: Literal["ddp", "fsdp"] = "ddp"
     reshard_after_forward: bool = True  # FSDP2: free gathered params after forward
-    microbatches: int = Field(1, ge=1)
+    # None: as the planner chooses (at least one per pipeline stage, dividing the batch)
+    microbatches: int | None = Field(None, ge=1, le=MAX_PROCESSES)
     schedule: Literal["gpipe", "1f1b", "interleaved1f1b"] = "1f1b"
     mixed_precision: Literal["none", "bf16"] = "none"
     sync_batchnorm: bool = False

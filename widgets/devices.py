@@ -11,11 +11,14 @@ import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains 
 
 from PySide6.QtCore import QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QFontDatabase, QFontMetricsF, QPainter
-from PySide6.QtWidgets import (QComboBox, QFormLayout, QGridLayout, QHBoxLayout, QLabel, QPlainTextEdit,
-                               QPushButton, QSizePolicy, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QComboBox, QFormLayout, QFrame, QGridLayout, QHBoxLayout, QLabel, QPlainTextEdit,
+                               QPushButton, QScrollArea, QSizePolicy, QSpinBox, QVBoxLayout, QWidget)
 
 from engine.graph import TP_STYLES
 from widgets.style import LIGHT, stage_color
+
+
+LANES_SHOWN = 4  # lanes visible at once; more scroll
 
 
 class StageLanes(QWidget):
@@ -40,6 +43,9 @@ class StageLanes(QWidget):
             lanes.append((f"stage ≥ {pp}: beyond pp={pp}", -1, beyond))
         self.lanes = lanes
         self.setMinimumHeight(max(60, 46 * len(lanes) + 4))
+        scroll = self.parentWidget().parentWidget() if self.parentWidget() else None
+        if isinstance(scroll, QScrollArea):  # at least two lanes' height, up to LANES_SHOWN when there is room
+            scroll.setMinimumHeight(min(self.minimumHeight(), 2 * 46 + 6))
         self.update()
 
     def paintEvent(self, e) -> None:
@@ -123,8 +129,11 @@ class DevicesPanel(QWidget):
         self.world = QLabel()
         form.addRow("devices", self.world)
         self.micro = QSpinBox()
-        self.micro.setRange(1, 4096)
-        self.micro.valueChanged.connect(lambda v: self._mesh("microbatches", v))
+        self.micro.setRange(0, 4096)
+        self.micro.setObjectName("microbatches")
+        self.micro.setSpecialValueText("auto")  # 0: the planner picks (at least one per stage)
+        self.micro.setToolTip("micro-batches per step in a pipeline; auto: at least one per stage, dividing the batch")
+        self.micro.valueChanged.connect(lambda v: self._mesh("microbatches", v or None))
         form.addRow("micro-batches", self.micro)
         self.schedule = QComboBox()
         self.schedule.addItems(["gpipe", "1f1b", "interleaved1f1b"])
@@ -136,7 +145,15 @@ class DevicesPanel(QWidget):
         form.addRow("data parallel", self.dpmode)
         lay.addLayout(form)
         self.lanes = StageLanes()
-        lay.addWidget(self.lanes)
+        # many stages scroll within four lanes' height: the dock (and the window) keep their size
+        self.lanes_scroll = QScrollArea()
+        self.lanes_scroll.setObjectName("stage_lanes")
+        self.lanes_scroll.setWidget(self.lanes)
+        self.lanes_scroll.setWidgetResizable(True)
+        self.lanes_scroll.setFrameShape(QFrame.NoFrame)
+        self.lanes_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.lanes_scroll.setMaximumHeight(LANES_SHOWN * 46 + 6)
+        lay.addWidget(self.lanes_scroll)
         row = QHBoxLayout()
         self.stage_combo = QComboBox()
         self.assign_btn = QPushButton("Assign selected")
@@ -177,7 +194,7 @@ class DevicesPanel(QWidget):
         try:
             for key, s in self.spins.items():
                 s.setValue(getattr(placement, key))
-            self.micro.setValue(placement.microbatches)
+            self.micro.setValue(placement.microbatches or 0)
             self.schedule.setCurrentText(placement.schedule)
             self.dpmode.setCurrentText(placement.data_parallel)
             self.world.setText(f"{placement.pp * placement.dp * placement.tp}  (pp {placement.pp} × dp {placement.dp} × tp {placement.tp})")

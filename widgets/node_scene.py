@@ -675,17 +675,26 @@ class NodeScene(QGraphicsScene):
             self.apply_collapse()
 
     # ----- compile results ----------------------------------------------------
-    def set_result(self, result, edge_notes: dict[Edge, str] | None = None) -> None:
+    def set_result(self, result, edge_notes: dict[Edge, str] | None = None, more_problems=()) -> None:
+        """A compile result; the notes the plan puts on edges; problems found beyond the
+        compiler's (the placement's), badged on their nodes like its own."""
         self.result = result
         self.edge_notes = dict(edge_notes or {})
+        self.more_problems = list(more_problems)
         self.apply_result()
 
     def apply_result(self) -> None:
         r = self.result
+        more: dict[str, list] = {}
+        for p in getattr(self, "more_problems", ()):
+            if p.node:
+                more.setdefault(p.node, []).append(p)
         for nid, item in self.node_items.items():
             errs = r.errors_for(nid) if r else []
             warns = [w for w in r.warnings if w.node == nid] if r else []
-            item.set_problems(errs, warns)
+            extra = more.get(nid, [])
+            item.set_problems(errs + [p for p in extra if p.severity == "error"],
+                              warns + [p for p in extra if p.severity != "error"])
         for e, item in self.edge_items.items():
             info = r.edge_info(e) if r else None
             item.set_label(info.label() if info else "", self.edge_notes.get(e, ""))

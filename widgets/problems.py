@@ -28,12 +28,13 @@ class ProblemsList(QTreeWidget):
     def set_problems(self, errors, warnings) -> None:
         self.clear()
         for p in [*errors, *warnings]:
-            it = QTreeWidgetItem(self, ["", p.node or "(diagram)", p.message])
+            where = p.node or ("(placement)" if getattr(p, "field", None) == "placement" else "(diagram)")
+            it = QTreeWidgetItem(self, ["", where, p.message])
             it.setIcon(0, self._icons["error" if p.severity == "error" else "warning"])
             it.setData(0, Qt.UserRole, p.node)
             it.setToolTip(2, p.message)
         if not errors and not warnings:
-            QTreeWidgetItem(self, ["", "", "No problems: the diagram compiles."])
+            QTreeWidgetItem(self, ["", "", "No problems: the diagram compiles and its placement can run."])
 
     def messages(self) -> list[str]:
         items = [self.topLevelItem(i) for i in range(self.topLevelItemCount())]

@@ -49,11 +49,18 @@ class RunToolbar(QtCore.QObject):
         self.set_running(False)
 
     def set_running(self, running: bool, can_resume: bool = False) -> None:
-        self.run_action.setEnabled(not running)
+        self._running = running
+        self.run_action.setEnabled(not running and not getattr(self, "blocker", None))
         self.stop_action.setEnabled(running)
         self.resume_action.setEnabled(not running and can_resume)
         self.target.setEnabled(not running)
         self.procs.setEnabled(not running)
+
+    def set_blocked(self, reason: str | None) -> None:
+        """Run stays off while the diagram or its placement has an error; its tooltip says which."""
+        self.blocker = reason
+        self.run_action.setEnabled(not getattr(self, "_running", False) and not reason)
+        self.run_action.setToolTip(f"Cannot run: {reason}" if reason else "Train this project (F5)")
 
     def set_processes(self, n: int) -> None:
         self.procs.setValue(max(1, n))

@@ -218,7 +218,7 @@ def default_plan(spec: dict, gm: nn.Module, world: int) -> dict:
     pl = spec.get("placement") or {}
     plan = {"pp": int(pl.get("pp", 1)), "dp": int(pl.get("dp", 1)), "tp": int(pl.get("tp", 1)),
             "data_parallel": pl.get("data_parallel", "ddp"), "schedule": pl.get("schedule", "1f1b"),
-            "microbatches": int(pl.get("microbatches", 1)), "reshard_after_forward": pl.get("reshard_after_forward", True),
+            "microbatches": int(pl.get("microbatches") or pl.get("pp", 1)), "reshard_after_forward": pl.get("reshard_after_forward", True),
             "mixed_precision": pl.get("mixed_precision", "none"), "tp_plan": {}, "checkpoint": []}
     if plan["pp"] * plan["dp"] * plan["tp"] == 1 and world > 1:
         plan["dp"] = world  # plain `--nproc N` with nothing else said: data parallel

@@ -45,7 +45,7 @@ TRANSFORMER_PP = [["embed", "pos", "ln1", "attn", "res1", "ln2"],  # res1 and ln
 LAYOUTS_2 = {
     "ddp": ("mlp_digits", {"dp": 2, "data_parallel": "ddp"}, None, None),
     "fsdp": ("mlp_digits", {"dp": 2, "data_parallel": "fsdp"}, None, None, ["fc2"]),  # + activation checkpointing
-    "tp": ("mlp_digits", {"tp": 2}, None, MLP_TP),
+    "tp": ("mlp_digits", {"tp": 2}, None, None),  # every node on auto: the planner pairs fc1 and fc2 (MLP_TP)
     "tp_attention": ("transformer_synthetic", {"tp": 2}, None, TRANSFORMER_TP),
     "tp_sequence": ("transformer_synthetic", {"tp": 2}, None, TRANSFORMER_SP),
     "pp_gpipe": ("resnet_synthetic", {"pp": 2, "schedule": "gpipe", "microbatches": 2}, RESNET_2, None),
@@ -231,6 +231,14 @@ def test_sequence_parallel_norms_hold_half_the_tokens(runs, name, batch):
         assert held == {n: want[n] for n in held}, f"rank {dev['rank']}"
     assert {c["op"] for c in plan.doc["communication"] if c["group"] == "tp"} == {"all-gather", "reduce-scatter",
                                                                                   "all-reduce"}
+
+
+def test_tp_on_auto_is_megatrons_pair_and_trains_as_one_process(runs):
+    """The layout the 'tp' run trained with (its losses match one process above) was chosen
+    by the planner for nodes left on auto."""
+    plan = runs[1]["tp"][2]
+    assert {n: e["style"] for n, e in plan.doc["tp_plan"].items()} == MLP_TP
+    assert plan.doc["tp_auto"] == sorted(MLP_TP)
 
 
 def test_checkpointed_layers_are_in_the_plan(runs):

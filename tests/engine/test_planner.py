@@ -112,7 +112,7 @@ def test_stages_must_follow_the_data_flow():
 def test_1f1b_needs_microbatches_at_least_stages():
     e = one_error(make_plan(proj("resnet_synthetic"), 4, placement={"pp": 4, "microbatches": 2, "schedule": "1f1b"}),
                   "microbatches is 2", "pp is 4")
-    assert "raise microbatches to 4 or choose gpipe" in e
+    assert "raise placement.microbatches to 4 (or leave it unset" in e
     assert make_plan(proj("resnet_synthetic"), 4, placement={"pp": 4, "microbatches": 2, "schedule": "gpipe"}).ok
 
 

@@ -39,3 +39,33 @@ def test_plan_auto_explains_and_accepts(tmp_path, capsys):
 def test_plan_bad_device_is_a_clear_error(capsys):
     assert main(["plan", str(EXAMPLES / "mlp_digits.lflow"), "--device", "tpu9"]) == 2
     assert "unknown device 'tpu9'" in capsys.readouterr().err
+
+
+import pytest  # noqa: E402
+
+EDGES = [("pp", 1), ("pp", 7), ("pp", 65_536), ("dp", 65_536), ("tp", 65_536), ("tp", 7), ("microbatches", 1),
+         ("microbatches", 65_536), ("schedule", "gpipe"), ("schedule", "interleaved1f1b"), ("data_parallel", "fsdp"),
+         ("reshard_after_forward", False), ("mixed_precision", "bf16"), ("sync_batchnorm", True)]
+
+
+@pytest.mark.parametrize("example", ["mlp_digits", "transformer_synthetic"])
+@pytest.mark.parametrize("field,value", EDGES)
+def test_validate_and_plan_answer_every_placement_edge_value_without_a_traceback(tmp_path, capsys, example, field,
+                                                                                  value):
+    """`validate` and `plan` run the same check: both valid, or both errors naming the setting."""
+    from engine.project import Placement, save_project
+
+    if value == 65_536 and example != "mlp_digits":
+        value = 1024  # the largest on the small example only: 65,536 ranks of a transformer take 20 s
+    p = load_project(EXAMPLES / f"{example}.lflow")
+    p.placement = Placement.model_validate({**p.placement.model_dump(), field: value})
+    path = save_project(p, tmp_path / "p.lflow")
+    rc_validate = main(["validate", str(path)])
+    err = capsys.readouterr().err
+    rc_plan = main(["plan", str(path)])
+    out = capsys.readouterr()
+    assert "Traceback" not in err + out.out + out.err
+    assert rc_validate in (0, 1) and rc_plan in (0, 1)
+    assert (rc_validate == 0) == (rc_plan == 0), (err, out.out)
+    if rc_validate:
+        assert "error: " in err

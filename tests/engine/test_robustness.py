@@ -228,7 +228,7 @@ def test_output_into_a_closed_pipe_is_no_traceback(tmp_path):
 
 @pytest.mark.parametrize("placement, message", [
     ({"pp": 8, "microbatches": 8}, "placement.pp=8 asks for 8 pipeline stages but the model has only 5 layer(s)"),
-    ({"pp": 5}, "placement.schedule 1f1b needs placement.microbatches >= stages"),
+    ({"pp": 5, "microbatches": 2}, "placement.schedule 1f1b needs placement.microbatches >= stages"),
 ])
 def test_validate_checks_the_placement_too(tmp_path, capsys, placement, message):
     p = load_project(MLP)
