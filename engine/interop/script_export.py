@@ -22,6 +22,7 @@ from __future__ import annotations
 import inspect
 import io
 import pprint
+import re
 import textwrap
 from pathlib import Path
 
@@ -199,12 +200,15 @@ def _data_code(project: Project, data_file: str | None) -> str:
             ''')
     gen = _GENERATORS[d.kind]
     fields = d.model_dump(mode="json")
+    def source(f) -> str:  # the settings' type (a pydantic model of engine/project.py) is no name in the script
+        return re.sub(r"\(d: \w+", "(d", inspect.getsource(f))
+
     parts = [
         "class ProjectError(ValueError):\n    pass\n",
         inspect.getsource(edata.Arrays),
         inspect.getsource(edata._split),
-        *([inspect.getsource(edata._next_token)] if gen is edata._sequence else []),
-        inspect.getsource(gen),
+        *([source(edata._next_token)] if gen is edata._sequence else []),
+        source(gen),
         textwrap.dedent(f'''\
             def load_data():
                 """{d.kind}, generated exactly as Layerflow's engine/data.py does."""
@@ -239,6 +243,12 @@ def _plan_of(project: Project, plan) -> dict:
         plan = plan.runtime_plan()
     if plan:
         base.update({k: plan[k] for k in base if k in plan})
+    if not base["microbatches"]:  # left to the planner: as it chooses
+        from engine.autoplace import auto_microbatches
+
+        pp = int(base["pp"])
+        base["microbatches"] = auto_microbatches(project.training.batch_size, max(1, int(base["dp"])), pp, pp) \
+            if pp > 1 else 1
     return base
 
 
@@ -262,6 +272,7 @@ def init_distributed(pp: int, dp: int, tp: int):
 
 
 def apply_dp(module: nn.Module, dp_mesh, kind: str, reshard_after_forward: bool, mixed_precision: str) -> nn.Module:
+    #@fsdp
     if kind == "fsdp":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \\
             if mixed_precision == "bf16" else MixedPrecisionPolicy()
@@ -271,9 +282,12 @@ def apply_dp(module: nn.Module, dp_mesh, kind: str, reshard_after_forward: bool,
                 fully_shard(child, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
         fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
         return module
+    #@end
+    #@tp
     if any(hasattr(p, "device_mesh") for p in module.parameters()):
         raise SystemExit("DDP does not combine with tensor parallel (it swaps the DTensor parameters for "
                          "local ones); plan data_parallel fsdp instead")
+    #@end
     return DDP(module, process_group=dp_mesh.get_group(), gradient_as_bucket_view=True)
 '''
 
@@ -314,7 +328,10 @@ def main() -> None:
     else:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         rank, dp_rank, dp, pp_rank, tp_rank = 0, 0, 1, 0, 0
-    first, last = pp_rank == 0, pp_rank == pp - 1
+    #@pp
+    first = pp_rank == 0  # the first stage reads the batch, the last one computes the loss
+    #@end
+    last = pp_rank == pp - 1
 
     seed_all(SEED)
     torch.manual_seed(SEED)  # the same initial weights as Layerflow's runtime for this seed
@@ -322,22 +339,30 @@ def main() -> None:
     if WEIGHTS:
         state = torch.load(Path(__file__).with_name(WEIGHTS), map_location="cpu", weights_only=True)
         model.load_state_dict(state, strict=False)
+    #@pp
     if pp > 1:  # this rank's pipeline stage: the full model's layers of that stage
         model = Stage(model, pp_rank)
+    #@end
     model.to(device).train()
+    #@syncbn
     if distributed and PLAN["sync_batchnorm"] and dp > 1:
         # batch statistics over the whole data-parallel batch (torch's SyncBatchNorm on GPUs, an all-reduce on CPU)
         model = convert_sync_batchnorm(model, mesh["dp"].get_group(), device)
+    #@end
+    #@tp
     if tp > 1:  # first TP (parameters become DTensors over the tp mesh), then DP wraps what TP made
         apply_tp(model, mesh["tp"], PLAN["tp_plan"])
+    #@end
     if distributed and dp > 1:
         model = apply_dp(model, mesh["dp"], PLAN["data_parallel"], PLAN["reshard_after_forward"],
                          PLAN["mixed_precision"])
     schedule = None
+    #@pp
     if pp > 1:
         stage = PipelineStage(model, pp_rank, pp, device, group=mesh["pp"].get_group())
         cls = ScheduleGPipe if PLAN["schedule"] == "gpipe" else Schedule1F1B
         schedule = cls(stage, PLAN["microbatches"], loss_fn=lambda out, y: compute_loss(LOSS, out, y))
+    #@end
     opt = make_optimizer(model.parameters(), OPTIMIZER)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(SCHEDULE, args.steps))
     x_train, y_train, x_val, y_val = load_data()
@@ -359,22 +384,26 @@ def main() -> None:
                 loss = compute_loss(LOSS, model(xm), ym) / GRAD_ACCUMULATION
                 loss.backward()
                 value += loss.item()
+        #@pp
         else:  # micro-batches flow through the stages; the last one computes their losses
             losses = []
             if step == 0:
                 infer_stage_shapes(schedule, [model], (x,) if first else (), y if last else None)
             schedule.step(*((x,) if first else ()), target=y if last else None, losses=losses, return_outputs=False)
             value = torch.stack([v.detach() for v in losses]).mean().item() if last else 0.0
+        #@end
         if GRAD_CLIP:  # by the norm over the whole model, as one process would
             grads = [p.grad for p in model.parameters() if p.grad is not None]
             # a sharded gradient (FSDP, TP) is a DTensor: full_tensor() adds its shards' squares
             norms = [torch.linalg.vector_norm(g) for g in grads]
             norm = torch.linalg.vector_norm(torch.stack([n.full_tensor() if hasattr(n, "full_tensor") else n
                                                          for n in norms]))
+            #@pp
             if pp > 1:  # stages add their squares
                 sq = norm.pow(2)
                 dist.all_reduce(sq, group=mesh["pp"].get_group())
                 norm = sq.sqrt()
+            #@end
             coef = min(1.0, GRAD_CLIP / (float(norm) + 1e-6))  # torch's clip_grad_norm_ formula
             for g in grads:
                 g.mul_(coef)
@@ -393,17 +422,24 @@ def main() -> None:
             metrics.write(json.dumps(rec) + "\\n")
             metrics.flush()
             print(" ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in rec.items()))
+    if metrics:
+        metrics.close()
+    #@pp
     if pp > 1:  # each stage saves its own layers (their keys are the full model's)
         state = model.module.state_dict() if isinstance(model, DDP) else model.state_dict()
         if dp_rank == 0 and PLAN["data_parallel"] != "fsdp":
             torch.save(state, out / f"model.stage{pp_rank}.pt")
         dist.destroy_process_group()
-    elif distributed:
+        return
+    #@end
+    if distributed:
         if dp == 1 and tp == 1:
             state = model.state_dict()
+        #@sharded
         elif tp > 1 or PLAN["data_parallel"] == "fsdp":  # gather the DTensor shards into whole tensors
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
             state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        #@end
         else:
             state = model.module.state_dict()
         if rank == 0:
@@ -411,13 +447,78 @@ def main() -> None:
         dist.destroy_process_group()
     else:
         torch.save(model.state_dict(), out / "model.pt")
-    if metrics:
-        metrics.close()
 
 
 if __name__ == "__main__":
     main()
 '''
+
+
+def _features(pl: dict) -> set[str]:
+    """What of the parallel code this plan runs: the script holds that and nothing else."""
+    used = set()
+    if pl["pp"] > 1:
+        used.add("pp")
+    if pl["tp"] > 1:
+        used.add("tp")
+    if pl["data_parallel"] == "fsdp":
+        used.add("fsdp")
+    if used & {"tp", "fsdp"}:
+        used.add("sharded")
+    if pl["sync_batchnorm"]:
+        used.add("syncbn")
+    return used
+
+
+def _only(code: str, used: set[str]) -> str:
+    """`code` without the blocks between `#@feature` and `#@end` lines whose feature the
+    plan does not use (blocks nest; the marker lines go too)."""
+    out, tags = [], []
+    for line in code.splitlines(keepends=True):
+        mark = line.strip()
+        if mark.startswith("#@"):
+            tags.pop() if mark == "#@end" else tags.append(mark[2:])
+            continue
+        if all(t in used for t in tags):
+            out.append(line)
+    return "".join(out)
+
+
+def _parallel_code(used: set[str]) -> list[str]:
+    funcs = [*((rparallel._layout, rparallel.tp_module_plan, rparallel.apply_tp) if "tp" in used else ()),
+             *((rparallel.infer_stage_shapes,) if "pp" in used else ())]
+    if not funcs:
+        return []
+    return ["# ----- tensor parallelism and pipelining: engine/runtime/parallel.py's functions ---",
+            "\n\n".join(inspect.getsource(f) for f in funcs)]
+
+
+def prune_imports(code: str) -> str:
+    """Drop the top-level imports (or the names of a `from` import) that the script never
+    uses, so that what it imports is what it needs (pyflakes' F401, by the AST)."""
+    import ast
+
+    tree = ast.parse(code)
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    used |= {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+    lines = code.splitlines(keepends=True)
+    for node in reversed(tree.body):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)) or node.end_lineno != node.lineno:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            continue
+        keep = [a for a in node.names if (a.asname or a.name).split(".")[0] in used]
+        if len(keep) == len(node.names):
+            continue
+        names = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in keep)
+        if not keep:
+            text = ""
+        elif isinstance(node, ast.ImportFrom):
+            text = f"from {'.' * node.level}{node.module} import {names}\n"
+        else:
+            text = f"import {names}\n"
+        lines[node.lineno - 1] = text
+    return "".join(lines)
 
 
 def _sync_bn_code(pl: dict) -> list[str]:
@@ -454,6 +555,7 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
 
     steps = total_steps(project, len(arrays.x_train))
     pl = _plan_of(project, plan)
+    used = _features(pl)
     model_code, pre, fwd_by_id = _model_code(result)
     if pl["pp"] > 1:
         if not pl.get("stages"):
@@ -462,8 +564,6 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
 
             pl["stages"] = even_stages(build_graph_module(result.spec, device="meta"), pl["pp"])
         model_code += "\n\n\n" + _stage_code(result, fwd_by_id, pl["stages"])
-    else:
-        model_code += "\n\n\nclass Stage(nn.Module):  # no pipeline in this plan\n    pass"
     name = Path(project.path).stem if project.path else project.name
     script = f"{name}.py"
     notes = ""
@@ -526,7 +626,7 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
         import torch.distributed as dist
         import torch.nn.functional as F
         from torch import nn
-        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
         from torch.distributed.tensor import Replicate, Shard
@@ -540,14 +640,12 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
         "# ----- the model " + "-" * 60, *pre, model_code,
         "# ----- the data " + "-" * 61, _data_code(project, data_file),
         "# ----- training: the functions of Layerflow's engine/runtime (train.py, data.py) " + "-" * 2, runtime,
-        "# ----- the mesh and data parallelism " + "-" * 40, DIST_CODE,
-        "# ----- tensor parallelism and pipelining: engine/runtime/parallel.py's functions ---",
-        "\n\n".join(inspect.getsource(f) for f in (rparallel._layout, rparallel.tp_module_plan, rparallel.apply_tp,
-                                                    rparallel.infer_stage_shapes)),
+        "# ----- the mesh and data parallelism " + "-" * 40, _only(DIST_CODE, used),
+        *_parallel_code(used),
         *_sync_bn_code(pl),
-        "# ----- the loop " + "-" * 61, MAIN_CODE,
+        "# ----- the loop " + "-" * 61, _only(MAIN_CODE, used),
     ]
-    return "\n\n".join(s.rstrip() + "\n" for s in sections)
+    return prune_imports("\n\n".join(s.rstrip() + "\n" for s in sections))
 
 
 def export_script(project: Project, path: str | Path, plan: dict | None = None) -> Path:

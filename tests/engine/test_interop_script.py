@@ -236,3 +236,43 @@ def test_a_data_set_that_does_not_fit_is_refused(tmp_path):
     with pytest.raises(InteropError, match="shape is \\[16\\] but the data set's samples are \\[7\\]"):
         export_script(project, tmp_path / "bad.py")
     assert not (tmp_path / "bad.py").exists()
+
+
+LINT_LAYOUTS = {"one": {}, "ddp": {"dp": 2}, "fsdp_syncbn": {"dp": 2, "data_parallel": "fsdp", "sync_batchnorm": True},
+                "pp": {"pp": 2}, "tp": {"tp": 2, "data_parallel": "fsdp"}}
+
+
+@pytest.mark.parametrize("example", ["mlp_digits", "cnn_digits", "resnet_synthetic", "transformer_synthetic"])
+def test_every_exported_script_lints_clean_and_holds_only_what_its_plan_uses(example, tmp_path):
+    """pyflakes' checks through ruff (unused imports, undefined names, unused locals) and
+    py_compile, for every example under every layout the tests train; a one-process
+    script carries no FSDP, pipeline or tensor-parallel code."""
+    import py_compile
+    import shutil as _shutil
+
+    from engine.planner import make_plan
+
+    ruff = _shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
+    assert Path(ruff).exists(), "ruff is a test dependency (pyproject's [test] extra)"
+    written = []
+    for name, placement in LINT_LAYOUTS.items():
+        project = load_project(EX / f"{example}.lflow")
+        project.placement = project.placement.model_copy(update=placement)
+        world = project.placement.pp * project.placement.dp * project.placement.tp
+        plan = make_plan(project, world)
+        if not plan.ok:
+            continue  # a layout this model cannot take (the planner says why elsewhere)
+        script = export_script(project, tmp_path / name / f"{example}.py", plan=plan if world > 1 else None)
+        py_compile.compile(str(script), doraise=True)
+        written.append(script)
+        text = script.read_text()
+        if name == "one":
+            for absent in ("fully_shard", "PipelineStage", "apply_tp", "class Stage", "convert_sync_batchnorm",
+                           "infer_stage_shapes"):
+                assert absent not in text, absent
+        if name == "pp":
+            assert "PipelineStage(" in text and "class Stage(nn.Module)" in text and "fully_shard" not in text
+    assert len(written) >= 4, [p.parent.name for p in written]
+    r = subprocess.run([ruff, "check", "--no-cache", "--isolated", "--select", "F,E9", "--output-format", "concise",
+                        *map(str, written)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
