@@ -296,6 +296,12 @@ class EditorController(QObject):
         if isinstance(pos, QPointF):
             pos = (pos.x(), pos.y())
         pos = (round(pos[0] / 20) * 20.0, round(pos[1] / 20) * 20.0) if self.scene.snap else pos
+        if node_type == "Input" and params is None and not any(n.type == "Input" for n in self.graph.nodes.values()):
+            from engine.data import sample_shape
+
+            fits = sample_shape(self.project.training.dataset)  # the first Input takes the data set's sample
+            if fits:
+                params = {"shape": fits[0], "dtype": fits[1]}
         cmd = C.AddNode(self.graph, node_type, pos, params)
         self.push(cmd)
         self.scene.select_nodes([cmd.node.id])

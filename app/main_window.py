@@ -193,7 +193,7 @@ class MainWindow(QMainWindow):
         self._act("zoom_in", "Zoom &In", lambda: self.view.set_zoom(self.view.zoom() * 1.25), QKeySequence.ZoomIn)
         self._act("zoom_out", "Zoom &Out", lambda: self.view.set_zoom(self.view.zoom() / 1.25), QKeySequence.ZoomOut)
         self._act("zoom_reset", "&Actual Size", lambda: self.view.set_zoom(1.0), "Ctrl+0")
-        self._act("layout", "Auto-&Layout", lambda: c.auto_layout(), "Ctrl+L", "layout")
+        self._act("layout", "Auto-&Layout", self.auto_layout, "Ctrl+L", "layout")
         self._act("layout_sel", "Auto-Layout &Selection", lambda: c.auto_layout(True), "Ctrl+Shift+L")
         snap = self._act("snap", "Snap to &Grid", self._toggle_snap, checkable=True)
         snap.setChecked(True)
@@ -390,12 +390,18 @@ class MainWindow(QMainWindow):
         for g in groups:
             self.scene.toggle_collapsed(g)
 
+    def auto_layout(self) -> None:
+        """Lay the whole diagram out, then show all of it."""
+        self.controller.auto_layout()
+        self.controller.flush()
+        self.view.fit()
+
     def repeat_selected(self) -> None:
         groups = {self.project.graph.nodes[n].group for n in self.scene.selected_ids()} - {None}
         if len(groups) != 1:
             self.statusBar().showMessage("Select (a node of) one block to repeat", 5000)
             return
-        times, ok = QInputDialog.getInt(self, "Repeat block", "Number of copies in the stack:", 2, 2, 128)
+        times, ok = QInputDialog.getInt(self, "Repeat block", "Blocks in the stack, this one included:", 2, 2, 128)
         if ok:
             self.controller.repeat_block(groups.pop(), times)
 

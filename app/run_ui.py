@@ -110,7 +110,8 @@ class RunUI(QObject):
         return runs_dir(self.window.project.directory)
 
     def refresh(self) -> None:
-        runs = list_runs(self.runs_dir)
+        # projects in one folder share runs/: each lists its own (a run records its project's name)
+        runs = [r for r in list_runs(self.runs_dir) if r.name == self.window.project.name]
         self.runs_panel.set_runs(runs)
         can_resume = any(r.state in RESUMABLE and (r.path / "checkpoints" / "latest").is_file() for r in runs)
         self.toolbar.set_running(self.controller.running, can_resume)

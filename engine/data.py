@@ -200,6 +200,20 @@ def _checked(a: Arrays, path: str) -> Arrays:
     return a
 
 
+def sample_shape(d) -> tuple[list[int], str] | None:
+    """(shape of one sample, dtype) of a data set, from its settings alone (nothing is
+    read or generated); None for files, whose shape is known only once read."""
+    if isinstance(d, (SyntheticClassification, SyntheticRegression)):
+        return [d.n_features], "float32"
+    if isinstance(d, SyntheticSequence):
+        return [d.seq_len], "int64"
+    if isinstance(d, SyntheticImages):
+        return [d.channels, d.height, d.width], "float32"
+    if isinstance(d, Digits):
+        return ([1, 8, 8] if d.image else [64]), "float32"
+    return None
+
+
 def load_arrays(project: Project) -> Arrays:
     d = project.training.dataset
     if isinstance(d, SyntheticClassification):

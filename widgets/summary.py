@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains None)
 
-from PySide6.QtWidgets import QFormLayout, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFormLayout, QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
 from widgets.style import human, human_bytes
 
@@ -26,6 +26,7 @@ class SummaryPanel(QWidget):
         self.devices = QTableWidget(0, 3)
         self.devices.setHorizontalHeaderLabels(["device", "memory (predicted)", "stage"])
         self.devices.horizontalHeader().setStretchLastSection(True)
+        self.devices.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)  # no cut header
         self.devices.verticalHeader().hide()
         self.devices.hide()
         lay.addWidget(self.devices)

@@ -138,3 +138,50 @@ def test_save_as_names_the_project_and_the_toolbar_keeps_its_width(qtbot, tmp_pa
     assert w.save_as(tmp_path / "my_mlp.lflow")
     assert w.project.name == "my_mlp" and load_project(tmp_path / "my_mlp.lflow").name == "my_mlp"
     assert w.windowTitle().startswith("my_mlp.lflow")
+
+
+def test_a_new_projects_input_matches_its_data_set_and_auto_layout_shows_everything(qtbot, tmp_path):
+    from engine.project import Project
+
+    w = MainWindow(Project(), settings=Settings(tmp_path / "home"), recover=False)
+    qtbot.addWidget(w)
+    w.resize(1200, 800)
+    w.show()
+    c = w.controller
+    x = c.add_node("Input", (0, 0))
+    ds = w.project.training.dataset
+    assert w.project.graph.nodes[x].params["shape"] == [ds.n_features]  # 32 features, not the palette's 64
+    second = c.add_node("Input", (0, 200))
+    assert w.project.graph.nodes[second].params == {}  # only the first Input follows the data set
+    fc = c.add_node("Linear", (4000, 3000))  # far away: off the screen
+    c.connect_ports(x, "out", fc, "in")
+    c.flush()
+    w.view.set_zoom(3.0)
+    w.auto_layout()
+    visible = w.view.visible_scene_rect()
+    for nid in (x, second, fc):
+        assert visible.contains(w.scene.node_items[nid].sceneBoundingRect()), nid
+
+
+def test_projects_sharing_a_folder_list_only_their_own_runs(qtbot, tmp_path):
+    from engine.project import save_project
+    from engine.run import prepare_run
+
+    folder = tmp_path / "work"
+    folder.mkdir()
+    a = load_project(MLP)
+    a.name = "alpha"
+    save_project(a, folder / "alpha.lflow")
+    b = load_project(MLP)
+    b.name = "beta"
+    save_project(b, folder / "beta.lflow")
+    prepare_run(load_project(folder / "alpha.lflow"), folder / "runs" / "alpha-1", steps=1)
+    prepare_run(load_project(folder / "beta.lflow"), folder / "runs" / "beta-1", steps=1)
+    w = MainWindow(load_project(folder / "alpha.lflow"), settings=Settings(tmp_path / "home"), recover=False)
+    qtbot.addWidget(w)
+    w.run_ui.refresh()
+    assert [s.name for s in w.run_ui.runs_panel._summaries.values()] == ["alpha"]
+    w.set_project(load_project(folder / "beta.lflow"))
+    w.run_ui.refresh()
+    assert [s.name for s in w.run_ui.runs_panel._summaries.values()] == ["beta"]
+    w.run_ui.shutdown()
