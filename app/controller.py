@@ -448,6 +448,10 @@ class EditorController(QObject):
         edges = [dict(e, src=rename[e["src"]], dst=rename[e["dst"]]) for e in sub.get("edges", [])
                  if e["src"] in rename and e["dst"] in rename]
         self.push(C.AddSubgraph(self.graph, {"nodes": nodes, "edges": edges}, text))
+        shut = {new for old, new in group_map.items() if old in self.scene.collapsed}
+        if shut:  # a copy of a collapsed block arrives collapsed, like the original
+            self.scene.collapsed |= shut
+            self.scene.apply_collapse()
         self.scene.select_nodes(rename.values())
         return list(rename.values())
 

@@ -398,7 +398,27 @@ class GroupItem(QGraphicsItem):
                 scene._item_moved(nid, refit=False)
         return super().itemChange(change, value)
 
+    def on_arrow(self, pos: QPointF) -> bool:
+        """Where a click collapses or expands the block: an expanded frame's ▾ and name, a
+        collapsed card's ▸ (the rest of its title drags it; a double-click expands it)."""
+        r = self._rect
+        if pos.y() < r.top() or pos.y() > r.top() + (HEADER_H if self.collapsed else 30):
+            return False
+        fm = QFontMetricsF(_TITLE_FONT)
+        hot = fm.horizontalAdvance("▸ ") + 12 if self.collapsed else fm.horizontalAdvance(f"▾ {self.name}") + 16
+        return r.left() <= pos.x() < r.left() + hot
+
+    def mousePressEvent(self, e) -> None:
+        if e.button() == Qt.LeftButton and self.on_arrow(e.pos()):
+            self.scene().toggle_collapsed(self.name)
+            e.accept()
+            return
+        super().mousePressEvent(e)
+
     def mouseDoubleClickEvent(self, e) -> None:
+        if self.on_arrow(e.pos()):  # its first click toggled it already
+            e.accept()
+            return
         if self.collapsed or e.pos().y() < self._rect.top() + 30:  # the title bar
             self.scene().toggle_collapsed(self.name)
             e.accept()

@@ -373,3 +373,23 @@ def test_a_wire_picked_up_by_its_input_end_moves_or_goes(qtbot, asked):
     drag(w, port_point(w, "res", "b", True), port_point(w, "ln", "in", True))
     assert Edge("x", "out", "ln", "in") in g.edges and Edge("x", "out", "res", "b") not in g.edges
     assert w.actions["undo"].text() == "&Undo Reconnect x.out → ln.in"
+
+
+def test_a_click_on_the_arrow_collapses_and_expands_and_a_copy_keeps_the_state(qtbot, asked):
+    w = make_window(qtbot, transformer_block_project())
+    w.scene.select_nodes(["ln", "lin", "res"])
+    w.controller.group_selected("layer")
+    frame = w.scene.group_items["layer"]
+    arrow = vp_pos(w, frame.mapToScene(frame.boundingRect().topLeft()) + QPointF(14, 14))
+    QTest.mouseClick(w.view.viewport(), Qt.LeftButton, Qt.NoModifier, arrow)
+    assert frame.collapsed and not w.scene.node_items["lin"].isVisible()
+    arrow = vp_pos(w, frame.mapToScene(frame._rect.topLeft()) + QPointF(8, 10))
+    QTest.mouseClick(w.view.viewport(), Qt.LeftButton, Qt.NoModifier, arrow)
+    assert not frame.collapsed and w.scene.node_items["lin"].isVisible()
+    QTest.mouseClick(w.view.viewport(), Qt.LeftButton, Qt.NoModifier,
+                     vp_pos(w, frame.mapToScene(frame._rect.topLeft()) + QPointF(14, 14)))
+    assert frame.collapsed
+    w.controller.repeat_block("layer", 2)  # two in the stack, this one included
+    groups = sorted({n.group for n in w.project.graph.nodes.values()} - {None})
+    assert groups == ["layer", "layer_2"]
+    assert w.scene.group_items["layer_2"].collapsed  # the copy arrives as the original is
