@@ -9,6 +9,7 @@ diagram after undo equals (==) the one before the edit.
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 from PySide6.QtGui import QUndoCommand
@@ -214,18 +215,23 @@ class SetProjectPlacement(QUndoCommand):
 
     ID = 1002
 
+    MERGE_S = 1.5  # typing "12" into a spin box is one edit; a change a while later is another
+
     def __init__(self, project, key: str, value: Any, changed=lambda: None):
         self.project, self.key, self.value, self.changed = project, key, value, changed
         self.old = getattr(project.placement, key)
+        self.at = time.monotonic()
         super().__init__(f"Set {key} = {value}")
 
     def id(self) -> int:
         return self.ID
 
     def mergeWith(self, other) -> bool:  # noqa: N802
-        if not isinstance(other, SetProjectPlacement) or other.key != self.key:
+        if not isinstance(other, SetProjectPlacement) or other.key != self.key or other.at - self.at > self.MERGE_S:
             return False
-        self.value = other.value
+        self.value, self.at = other.value, other.at
+        self.setText(f"Set {self.key} = {self.value}")  # named after the value it ends with
+        self.setObsolete(self.value == self.old)  # typed back to where it was: no step at all
         return True
 
     def _set(self, value) -> None:

@@ -14,10 +14,10 @@ import os
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QPointF, Qt, QTimer, Signal
+from PySide6.QtCore import QByteArray, QEvent, QObject, QPointF, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QActionGroup, QColor, QIcon, QKeySequence, QPalette
 from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QInputDialog, QLabel, QMainWindow,
-                               QMessageBox, QStyle, QToolBar)
+                               QMessageBox, QStyle, QToolBar, QWidget)
 
 from app.controller import EditorController
 from app.settings import Settings
@@ -36,6 +36,29 @@ EXAMPLE = RESOURCES / "examples" / "transformer_synthetic.lflow"
 
 # Callables ext(window), run at the end of MainWindow.__init__ (see the module doc).
 EXTENSIONS: list = []
+
+
+class _PanelUndo(QObject):
+    """Ctrl+Z / Ctrl+Shift+Z in a field of the side panels undoes the project's last edit,
+    as everywhere else in the window: a spin box or line edit would otherwise take the
+    keys for its own (already committed) text and do nothing."""
+
+    def __init__(self, window: "MainWindow"):
+        super().__init__(window)
+        self.window = window
+
+    def eventFilter(self, obj, e) -> bool:  # noqa: N802
+        if e.type() != QEvent.ShortcutOverride or not isinstance(obj, QWidget):
+            return False
+        if not (e.matches(QKeySequence.Undo) or e.matches(QKeySequence.Redo)
+                or QKeySequence(e.keyCombination()) == QKeySequence("Ctrl+Shift+Z")):
+            return False
+        docks = [d for d in (getattr(self.window, n, None) for n in ("inspector_dock", "devices_dock", "training_dock"))
+                 if d is not None]
+        if not any(d.isAncestorOf(obj) for d in docks):
+            return False
+        e.ignore()  # not the field's: the window's Undo/Redo shortcut takes it
+        return True
 
 
 def _slug(title: str) -> str:
@@ -118,6 +141,8 @@ class MainWindow(QMainWindow):
         self.run_toolbar.setVisible(bool(self.run_toolbar.actions()))
         if not isinstance(state, QByteArray):
             self.default_dock_sizes()
+        self._panel_undo = _PanelUndo(self)
+        QApplication.instance().installEventFilter(self._panel_undo)  # shortcut overrides go to the focus widget
 
     def default_dock_sizes(self) -> None:
         """The canvas gets most of the window; side panels a readable width."""

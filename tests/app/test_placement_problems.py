@@ -185,3 +185,30 @@ def test_projects_sharing_a_folder_list_only_their_own_runs(qtbot, tmp_path):
     w.run_ui.refresh()
     assert [s.name for s in w.run_ui.runs_panel._summaries.values()] == ["beta"]
     w.run_ui.shutdown()
+
+
+def test_ctrl_z_in_a_panel_field_undoes_the_edit_and_typed_numbers_are_one_step(win, qtbot):
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QSpinBox
+
+    w = win
+    w.select_and_show("fc1")
+    w.inspector_dock.raise_()
+    field = w.inspector.findChild(QSpinBox, "out_features")
+    field.setFocus()
+    field.selectAll()
+    qtbot.keyClicks(field, "96")
+    qtbot.keyClick(field, Qt.Key_Return)
+    assert w.project.graph.nodes["fc1"].params["out_features"] == 96
+    qtbot.keyClick(field, Qt.Key_Z, Qt.ControlModifier)  # in the field: the project's undo, not the text's
+    assert w.project.graph.nodes["fc1"].params["out_features"] == 128
+
+    spin = w.devices.spins["pp"]
+    w.devices_dock.raise_()
+    spin.setFocus()
+    spin.selectAll()
+    qtbot.keyClicks(spin, "12")  # 1 -> 1 (ignored), 1 -> 12: one edit, named after the value it ends with
+    assert w.project.placement.pp == 12
+    assert w.actions["undo"].text() == "&Undo Set pp = 12"
+    qtbot.keyClick(spin, Qt.Key_Z, Qt.ControlModifier)
+    assert w.project.placement.pp == 1
