@@ -19,7 +19,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QProgressBar, QSystemTr
 from app.main_window import EXTENSIONS
 from app.run_controller import RunController, _fmt_eta
 from engine.runs import confusion_matrix, delete_run, list_runs, peak_memory_per_rank, runs_dir, summarize_run
-from engine.tail import MetricsTail, read_metrics
+from engine.tail import MetricsTail, RankMetricsTail, read_metrics
 from widgets.dashboard import Dashboard
 from widgets.run_toolbar import RunToolbar
 from widgets.runs_panel import RunsPanel
@@ -47,6 +47,7 @@ class RunUI(QObject):
         # Opened runs that are still being written (a remote job's mirror, a run of
         # another window or of the CLI) are followed by byte offset, like the live run.
         self._followed: dict[str, MetricsTail] = {}
+        self._rank_tails: dict[str, RankMetricsTail] = {}  # per-rank numbers of the runs shown
         self._follow_timer = QTimer(self, interval=500, timeout=self._poll_followed)
 
         self.dashboard_dock = window.add_dock("Dashboard", self._dash_holder, Qt.BottomDockWidgetArea)
@@ -82,6 +83,7 @@ class RunUI(QObject):
         p.delete_requested.connect(self.delete)
         p.resume_requested.connect(lambda path: self.resume(path, self.toolbar.procs.value()))
         p.refresh_requested.connect(self.refresh)
+        p.logs_requested.connect(self.show_logs)
         window.project_changed.connect(self._on_project_changed)
         editor = getattr(window, "controller", None)
         if editor is not None:  # Run follows the problems, the process count the placement
@@ -188,6 +190,7 @@ class RunUI(QObject):
     def _on_started(self, run_dir: str) -> None:
         self.dashboard.clear()
         self.dashboard.add_run(run_dir, Path(run_dir).name)
+        self._rank_tails = {run_dir: RankMetricsTail(run_dir)}
         self.toolbar.set_running(True)
         self.progress.setRange(0, 0)  # busy until the first step arrives
         self.progress.setFormat("starting…")
@@ -197,7 +200,7 @@ class RunUI(QObject):
 
     def _on_records(self, run_dir: str, records: list) -> None:
         first = not self.dashboard.records(run_dir) if run_dir in self.dashboard.run_keys() else True
-        self.dashboard.append(run_dir, records)
+        self.dashboard.append(run_dir, records + self._rank_records(run_dir))
         if first:
             self.refresh()  # the folder became a run: list it
 
@@ -210,6 +213,9 @@ class RunUI(QObject):
 
     def _on_finished(self, run_dir: str, state: str) -> None:
         self.progress.setVisible(False)
+        last = self._rank_records(run_dir)  # the ranks' last lines, flushed as they ended
+        if last and run_dir in self.dashboard.run_keys():
+            self.dashboard.append(run_dir, last)
         self.refresh()
         name = Path(run_dir).name
         s = summarize_run(run_dir) if Path(run_dir).exists() else None
@@ -278,13 +284,15 @@ class RunUI(QObject):
             if key != live:
                 self.dashboard.remove_run(key)
         self._followed.clear()
+        self._rank_tails = {k: t for k, t in self._rank_tails.items() if k == live}
         for p in paths:
             p = str(Path(p))
             if p == live:
                 continue
             tail = MetricsTail(Path(p) / "metrics.jsonl")
             records = tail.poll_records()
-            self.dashboard.set_records(p, records, label=Path(p).name)
+            self._rank_tails[p] = RankMetricsTail(p)
+            self.dashboard.set_records(p, records + self._rank_records(p), label=Path(p).name)
             self._show_rank_peaks(p)
             if not self._has_ended(p, records):
                 self._followed[p] = tail
@@ -313,11 +321,25 @@ class RunUI(QObject):
                 continue
             records = tail.poll_records()
             if records:
-                self.dashboard.append(key, records)
+                self.dashboard.append(key, records + self._rank_records(key))
             elif self._has_ended(key, records):  # nothing new and the run is over
                 del self._followed[key]
         if not self._followed:
             self._follow_timer.stop()
+
+    def show_logs(self, run_dir) -> "LogViewer":
+        """Every rank's log of a run, in a window that follows them while it runs."""
+        from app.log_viewer import LogViewer
+
+        viewer = LogViewer(run_dir, self.window)
+        viewer.show()
+        self.log_viewers = [v for v in getattr(self, "log_viewers", []) if v.isVisible()] + [viewer]
+        return viewer
+
+    def _rank_records(self, run_dir: str) -> list[dict]:
+        """New per-rank step time, throughput and loss of a multi-process run shown here."""
+        tail = self._rank_tails.get(run_dir)
+        return tail.poll_records() if tail is not None else []
 
     def _show_rank_peaks(self, run_dir: str) -> None:
         peaks = peak_memory_per_rank(run_dir)

@@ -74,6 +74,36 @@ class MetricsTail(FileTail):
         return parse_jsonl(self.poll())
 
 
+RANK_KEYS = ("step_ms", "samples_per_s", "loss")
+
+
+class RankMetricsTail:
+    """The per-rank records of a multi-process run (logs/rankN.metrics.jsonl, written
+    by every rank) as dashboard records: {"step", "time", "step_ms_rank1": ...}. Files
+    that appear later (ranks starting) are picked up on the next poll."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.logs = Path(run_dir) / "logs"
+        self.tails: dict[Path, MetricsTail] = {}
+
+    def poll_records(self) -> list[dict]:
+        try:
+            for p in sorted(self.logs.glob("rank*.metrics.jsonl")):
+                self.tails.setdefault(p, MetricsTail(p))
+        except OSError:
+            return []
+        out = []
+        for tail in self.tails.values():
+            for r in tail.poll_records():
+                rank, step = r.get("rank"), r.get("step")
+                if not isinstance(rank, int) or not isinstance(step, int):
+                    continue
+                rec = {"step": step, "time": r.get("time")}
+                rec.update({f"{k}_rank{rank}": r[k] for k in RANK_KEYS if k in r})
+                out.append(rec)
+        return out
+
+
 def read_metrics(path: str | os.PathLike) -> list[dict]:
     """All records of a metrics.jsonl (a finished or running run)."""
     return MetricsTail(path).poll_records()

@@ -53,6 +53,7 @@ PLOTS = [
     PlotSpec("lr", "Learning rate", "lr", log_able=True),
     PlotSpec("throughput", "Throughput", "samples/s"),
     PlotSpec("memory", "Peak memory per rank", "MB", legend_at_bottom=True),
+    PlotSpec("step_time", "Step time per rank", "ms", legend_at_bottom=True),
 ]
 
 
@@ -81,6 +82,11 @@ _STATIC = {
 # Peak memory: a list per rank (`"peak_mem_mb": [r0, r1]`), a scalar (rank 0), or
 # one key per rank (`"peak_mem_mb_rank1"`); all land on the memory plot.
 _MEM = re.compile(r"^(peak_)?mem(ory)?(_\w*?)?(_rank(?P<rank>\d+))?$")
+# One rank's own numbers in a multi-process run (engine/tail.py RankMetricsTail):
+# its step time, its throughput and, on a last pipeline stage, its replica's loss.
+_PER_RANK = re.compile(r"^(?P<what>step_ms|samples_per_s|loss)_rank(?P<rank>\d+)$")
+_PER_RANK_PLOT = {"step_ms": ("step_time", "rank {}"), "samples_per_s": ("throughput", "rank {}"),
+                  "loss": ("loss", "rank {} (its replica)")}
 
 
 _SPEC_CACHE: dict[str, SeriesSpec | None] = {}
@@ -94,7 +100,11 @@ def _spec_for(key: str) -> SeriesSpec | None:
     except KeyError:
         pass
     spec = _STATIC.get(key)
-    if spec is None:
+    if spec is None and (m := _PER_RANK.match(key)):
+        plot, label = _PER_RANK_PLOT[m.group("what")]
+        r = int(m.group("rank"))
+        spec = SeriesSpec(key, plot, label.format(r), smooth=plot != "step_time", rank=r)
+    elif spec is None:
         m = _MEM.match(key)
         if m:
             r = int(m.group("rank") or 0)
@@ -317,7 +327,7 @@ class Dashboard(QtWidgets.QWidget):
     """Plots of one or more runs' metrics, updated live."""
 
     UPDATE_MS = 100  # 10 updates a second
-    COLUMNS = 3
+    COLUMNS = 4  # 6 plots and the confusion matrix in two rows
     run_visibility_changed = QtCore.Signal(str, bool)
 
     def __init__(self, parent=None, smoothing: float = 0.0):
@@ -679,7 +689,8 @@ class Dashboard(QtWidgets.QWidget):
     def _make_curve(self, run: _Run, s: _Series) -> pg.PlotDataItem:
         spec = s.spec
         style = Qt.DashLine if spec.eval else RANK_STYLES[spec.rank % len(RANK_STYLES)]
-        pen = pg.mkPen(run.color, width=2 if not spec.eval else 1.5, style=style)
+        per_rank = _PER_RANK.match(spec.key) is not None and spec.plot != "step_time"  # beside the run's own curve
+        pen = pg.mkPen(run.color, width=1 if per_rank else 2 if not spec.eval else 1.5, style=style)
         kw = {}
         if spec.eval:
             kw = dict(symbol="o", symbolSize=5, symbolBrush=run.color, symbolPen=None)

@@ -48,6 +48,7 @@ class RunsPanel(QtWidgets.QWidget):
     compare_requested = QtCore.Signal(str, str)
     delete_requested = QtCore.Signal(str)
     resume_requested = QtCore.Signal(str)
+    logs_requested = QtCore.Signal(str)  # run folder: show its ranks' logs
     refresh_requested = QtCore.Signal()
 
     def __init__(self, parent=None):
@@ -80,6 +81,9 @@ class RunsPanel(QtWidgets.QWidget):
         self.resume_button = QtWidgets.QPushButton("Resume")
         self.resume_button.setToolTip("Continue the selected run from its latest checkpoint")
         self.resume_button.clicked.connect(lambda: self._emit_one(self.resume_requested))
+        self.logs_button = QtWidgets.QPushButton("Logs…")
+        self.logs_button.setToolTip("Every rank's log of the selected run (followed while it runs)")
+        self.logs_button.clicked.connect(lambda: self._emit_one(self.logs_requested))
         self.delete_button = QtWidgets.QPushButton("Delete…")
         self.delete_button.setToolTip("Delete the selected run's folder (asks first)")
         self.delete_button.clicked.connect(lambda: self._emit_one(self.delete_requested))
@@ -93,7 +97,7 @@ class RunsPanel(QtWidgets.QWidget):
 
         buttons = QtWidgets.QHBoxLayout()
         buttons.setContentsMargins(0, 0, 0, 0)
-        for b in (self.open_button, self.compare_button, self.resume_button, self.delete_button):
+        for b in (self.open_button, self.compare_button, self.resume_button, self.logs_button, self.delete_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
         buttons.addWidget(self.refresh_button)
@@ -161,6 +165,7 @@ class RunsPanel(QtWidgets.QWidget):
         self.open_button.setEnabled(len(sel) >= 1)
         self.compare_button.setEnabled(len(sel) == 2)
         self.delete_button.setEnabled(len(sel) == 1)
+        self.logs_button.setEnabled(len(sel) == 1)
         s = self._summaries.get(sel[0]) if len(sel) == 1 else None
         self.resume_button.setEnabled(bool(s and s.state in ("cancelled", "failed", "interrupted")))
 

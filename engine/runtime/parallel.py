@@ -324,6 +324,7 @@ class ParallelTrainer:
             self._clip(float(self.grad_clip))
         self.opt.step()
         self.sched.step()
+        self.local_loss = local if self.is_last else None  # this replica's own (the per-rank plot)
         return self._from_last_stage(local) / self.dims.dp
 
     def _from_last_stage(self, value: float) -> float:

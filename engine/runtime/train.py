@@ -206,6 +206,47 @@ class MetricsWriter:
         self.f.close()
 
 
+class RankMetrics:
+    """logs/rankN.metrics.jsonl of a multi-process run: this rank's own step time,
+    throughput and (where it computes one) local loss, for the dashboard's per-rank
+    plots. Buffered, flushed every FLUSH_EVERY steps and at the end: no sync, no
+    collective. A resumed run keeps the lines up to its checkpoint's step."""
+
+    FLUSH_EVERY = 10
+
+    def __init__(self, run_dir: Path, rank: int, resume_step: int | None = None):
+        self.path = run_dir / "logs" / f"rank{rank}.metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.rank = rank
+        if resume_step is not None and self.path.exists():
+            kept = []
+            for ln in self.path.read_text(errors="replace").splitlines(keepends=True):
+                try:
+                    if ln.endswith("\n") and int(json.loads(ln).get("step", 0)) <= resume_step:
+                        kept.append(ln)
+                except (ValueError, TypeError, AttributeError):
+                    continue  # a torn or foreign line
+            write_text_atomic(self.path, "".join(kept))
+        self.f = open(self.path, "a" if resume_step is not None else "w")
+        self.n = 0
+
+    def write(self, step: int, t: float, step_s: float, samples: int, loss: float | None) -> None:
+        rec = {"step": step, "time": round(t, 4), "rank": self.rank, "step_ms": round(step_s * 1e3, 3),
+               "samples_per_s": round(samples / max(step_s, 1e-9), 2)}
+        if loss is not None and math.isfinite(loss):
+            rec["loss"] = loss
+        self.f.write(json.dumps(rec) + "\n")
+        self.n += 1
+        if self.n % self.FLUSH_EVERY == 0:
+            self.f.flush()
+
+    def close(self) -> None:
+        try:
+            self.f.close()
+        except OSError:
+            pass
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     marker = run_dir / "checkpoints" / "latest"
     if not marker.exists():
@@ -404,6 +445,8 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
         start, elapsed0, offset = int(state["step"]), float(state.get("elapsed", 0.0)), state.get("metrics_offset")
         log(f"resumed from {ckpt.name} at step {start}")
     metrics = MetricsWriter(run_dir / "metrics.jsonl", truncate_at=offset if resume else 0) if writes_metrics else None
+    distributed = hasattr(trainer, "agree_stop")
+    rank_metrics = RankMetrics(run_dir, int(trainer.rank), start if resume else None) if distributed else None
     stop = _Stop()
     watch_parent(stop)
     old_handler = None
@@ -443,6 +486,8 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
                    "peak_mem_mb": round(peak_mem_mb(trainer.device), 1)}
             if metrics:
                 metrics.write(rec)
+            if rank_metrics:
+                rank_metrics.write(step, rec["time"], dt, trainer.local_batch, getattr(trainer, "local_loss", None))
             if step % eval_every == 0 or step == total:
                 ev = trainer.evaluate()
                 if metrics:
@@ -482,6 +527,8 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
             raise DiskFull(full.errno, error) from exc
         raise
     finally:
+        if rank_metrics:
+            rank_metrics.close()
         if metrics:
             try:
                 metrics.write({"event": "end", "state": state_name, "step": step,
