@@ -48,6 +48,8 @@ class RunUI(QObject):
         # another window or of the CLI) are followed by byte offset, like the live run.
         self._followed: dict[str, MetricsTail] = {}
         self._rank_tails: dict[str, RankMetricsTail] = {}  # per-rank numbers of the runs shown
+        self._bottom_h: int | None = None  # the bottom area's height before the Dashboard took it
+        self._watched_bars: list = []
         self._follow_timer = QTimer(self, interval=500, timeout=self._poll_followed)
 
         self.dashboard_dock = window.add_dock("Dashboard", self._dash_holder, Qt.BottomDockWidgetArea)
@@ -269,10 +271,37 @@ class RunUI(QObject):
 
     # ----- history: open, compare, delete ------------------------------------------
     def show_dashboard(self) -> None:
+        """The plots, tall enough to read; the bottom area gets its old height back when the
+        user turns to another of its tabs (Problems, Summary), so the canvas is not left small."""
+        bar = self._bottom_tabs()
+        if bar is not None and bar.tabText(bar.currentIndex()) != "Dashboard":
+            self._bottom_h = self.dashboard_dock.height() if self.dashboard_dock.isVisible() else None
         self.dashboard_dock.show()
         self.dashboard_dock.raise_()
         h = self.window.height()
         self.window.resizeDocks([self.dashboard_dock], [max(360, int(h * 0.58))], Qt.Vertical)
+
+    def _bottom_tabs(self):
+        """The tab bar of the bottom dock area that holds the Dashboard (Qt makes it when
+        docks are tabified), watched so that leaving the Dashboard gives the height back."""
+        from PySide6.QtWidgets import QTabBar
+
+        for bar in self.window.findChildren(QTabBar):
+            if "Dashboard" in [bar.tabText(i) for i in range(bar.count())]:
+                if bar not in self._watched_bars:
+                    self._watched_bars.append(bar)
+                    bar.currentChanged.connect(lambda i, bar=bar: self._bottom_tab_changed(bar, i))
+                return bar
+        return None
+
+    def _bottom_tab_changed(self, bar, index: int) -> None:
+        if bar.tabText(index) == "Dashboard" or not self._bottom_h:
+            return
+        h, self._bottom_h = self._bottom_h, None
+        dock = next((d for d in (getattr(self.window, n, None) for n in ("problems_dock", "summary_dock"))
+                     if d is not None and d.windowTitle().startswith(bar.tabText(index).split(" (")[0])), None)
+        if dock is not None:
+            self.window.resizeDocks([dock], [h], Qt.Vertical)
 
     def _live(self) -> str | None:
         a = self.controller.active

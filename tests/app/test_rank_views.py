@@ -55,3 +55,19 @@ def test_a_two_rank_run_shows_each_ranks_step_time_loss_and_log(qtbot, tmp_path)
     assert viewer.text.toPlainText().endswith("one more line")
     w.run_ui.shutdown()
 
+
+
+def test_the_bottom_area_gets_its_height_back_when_the_user_leaves_the_dashboard(qtbot, tmp_path):
+    w = MainWindow(load_project(ROOT / "resources" / "examples" / "mlp_digits.lflow"),
+                   settings=Settings(tmp_path / "home"), recover=False)
+    qtbot.addWidget(w)
+    w.resize(1400, 900)
+    w.show()
+    qtbot.wait(20)
+    w.run_ui.show_dashboard()
+    qtbot.wait(20)
+    tall = w.run_ui.dashboard_dock.height()
+    assert tall >= 0.5 * w.height()
+    w.problems_dock.raise_()  # the user clicks the Problems tab
+    qtbot.waitUntil(lambda: w.problems_dock.height() < tall - 100, timeout=2000)
+    w.run_ui.shutdown()
