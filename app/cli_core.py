@@ -30,12 +30,39 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="one process: cut each batch into N micro-batches, one optimizer step "
                         "(sets training.grad_accumulation)")
     p.add_argument("--nproc", type=int, help="processes on this machine (default: dp*tp*pp of the placement)")
+    add_placement_flags(p)
+    p.set_defaults(func=cmd_train)
+
+
+def add_placement_flags(p) -> None:
+    """The placement overrides; `train` and `plan` take the same ones, meaning the same."""
     p.add_argument("--dp", type=int, help="data-parallel degree")
     p.add_argument("--tp", type=int, help="tensor-parallel degree")
     p.add_argument("--pp", type=int, help="pipeline-parallel degree (stages)")
     p.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved1f1b"], help="pipeline schedule")
-    p.add_argument("--microbatches", type=int, help="micro-batches per step (pipelining)")
-    p.set_defaults(func=cmd_train)
+    p.add_argument("--microbatches", type=int, help="micro-batches per step (pipelining; default: as the planner "
+                                                     "picks, at least one per stage)")
+
+
+def with_placement_flags(project, args):
+    """The project with the command line's placement overrides applied (checked as the file's are)."""
+    from pydantic import ValidationError
+
+    from app.cli import CliError
+    from engine.project import Placement
+
+    overrides = {k: getattr(args, k) for k in PLACEMENT_FLAGS if getattr(args, k, None) is not None}
+    for k, v in overrides.items():
+        if isinstance(v, int) and v < 1:
+            raise CliError(f"--{k} must be at least 1, not {v}")
+    if overrides:
+        try:
+            project.placement = Placement.model_validate({**project.placement.model_dump(), **overrides})
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = "--" + str(err["loc"][0]) if err.get("loc") else "the placement flags"
+            raise CliError(f"{where}: {err['msg'].removeprefix('Value error, ')}") from None
+    return project
 
 
 def cmd_validate(args) -> int:

@@ -17,6 +17,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-gb", type=float, help="memory per device in GiB (overrides the device kind's)")
     p.add_argument("--accept", action="store_true", help="with --auto: write the chosen placement into the project file")
     p.add_argument("--json", action="store_true", help="machine-readable output (the plan document)")
+    from app.cli_core import add_placement_flags
+
+    add_placement_flags(p)
     p.set_defaults(func=cmd_plan)
 
 
@@ -46,7 +49,9 @@ def cmd_plan(args) -> int:
 
     if args.nproc is not None and args.nproc < 1:
         raise CliError(f"--nproc must be at least 1, not {args.nproc}")
-    project = load_project(args.project)
+    from app.cli_core import with_placement_flags
+
+    project = with_placement_flags(load_project(args.project), args)
     compiled = compile_graph(project.graph)
     if not compiled.ok:
         raise CliError("the diagram has errors:\n" + "\n".join(f"  {e}" for e in compiled.errors))

@@ -96,17 +96,8 @@ def cmd_layout(args) -> int:
 
 
 def _frame(view, zoom: float | None) -> None:
-    """Fit the diagram; if that makes labels unreadably small, show its start
-    at a readable zoom instead (the minimap still shows the whole)."""
-    from PySide6.QtCore import QPointF
-
-    view.fit()
-    if zoom is None and view.zoom() >= 0.6:
-        return
-    view.set_zoom((zoom or 60.0) / 100.0)
-    items = view.scene().itemsBoundingRect()
-    vis = view.visible_scene_rect()
-    view.centerOn(QPointF(items.left() - 30 + vis.width() / 2, items.center().y()))
+    """Zoom in percent, or the editor's own first view (fit, but readable)."""
+    view.frame_readable(zoom / 100.0 if zoom else None)
 
 
 def cmd_screenshot(args) -> int:

@@ -461,7 +461,7 @@ class MainWindow(QMainWindow):
         self.inspector.show_node(self.project.graph, None)
         self._on_compiled(self.controller.result)
         self._update_title()
-        QTimer.singleShot(0, self.view.fit)
+        QTimer.singleShot(0, self.view.frame_readable)  # names readable from the first look
 
     def maybe_save(self) -> bool:
         """True when it is fine to drop the current project."""
@@ -486,9 +486,11 @@ class MainWindow(QMainWindow):
                                                   f"Layerflow projects (*{SUFFIX});;All files (*)")
             if not path:
                 return False
+        note = ""
         try:
+            path, note = self._example_copy(Path(path))
             project = load_project(path)
-        except ProjectError as exc:
+        except (ProjectError, OSError) as exc:
             self.statusBar().showMessage(str(exc).splitlines()[0], 15000)
             B = QMessageBox.StandardButton
             self.ask("warning", "Cannot open project", str(exc), B.Ok, B.Ok)
@@ -496,8 +498,25 @@ class MainWindow(QMainWindow):
         self.ask_trust(project)
         self.set_project(project)
         self.settings.add_recent(path)
-        self.statusBar().showMessage(f"Opened {path}", 5000)
+        self.statusBar().showMessage(note or f"Opened {path}", 8000)
         return True
+
+    @staticmethod
+    def _example_copy(path: Path) -> tuple[Path, str]:
+        """A bundled example opens as the user's own copy (saves and runs never touch the
+        installed package): made in their projects folder the first time, reopened after."""
+        from engine.runs import INSTALLED_EXAMPLES
+
+        if path.resolve().parent != INSTALLED_EXAMPLES:
+            return path, ""
+        home = Path(os.environ.get("LAYERFLOW_PROJECTS_DIR") or Path.home() / "Layerflow")
+        copy = home / "examples" / path.name
+        if copy.exists():
+            return copy, f"Opened your copy of the example {path.name}: {copy}"
+        from engine.project import atomic_write
+
+        atomic_write(copy, path.read_bytes())
+        return copy, f"The example {path.name} is copied to {copy}: edit, save and run it there"
 
     def ask_trust(self, project: Project) -> bool:
         """A project that names its own Python code (Custom layers) runs it only if the user

@@ -26,7 +26,9 @@ class RunError(ValueError):
 
 
 def default_runs_dir(project: Project) -> Path:
-    return project.directory / "runs"
+    from engine.runs import runs_dir
+
+    return runs_dir(project.directory)
 
 
 def new_run_dir(project: Project, runs_dir: Path | None = None) -> Path:

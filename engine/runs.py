@@ -28,9 +28,26 @@ RUN_MARKERS = ("run.json", "status.json", "metrics.jsonl")
 FINAL_STATES = ("succeeded", "failed", "cancelled", "interrupted")
 
 
+INSTALLED_EXAMPLES = Path(__file__).resolve().parents[1] / "resources" / "examples"
+
+
+def user_data_home() -> Path:
+    """$LAYERFLOW_DATA_DIR when set (tests), else the platform's user data folder."""
+    env = os.environ.get("LAYERFLOW_DATA_DIR")
+    if env:
+        return Path(env)
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("layerflow", appauthor=False))
+
+
 def runs_dir(project_dir: str | os.PathLike) -> Path:
-    """Where a project's runs live: <project folder>/runs."""
-    return Path(project_dir) / RUNS_DIRNAME
+    """Where a project's runs live: <project folder>/runs; for the bundled examples, a
+    folder in the user's data folder, never the source tree or the installed package."""
+    d = Path(project_dir)
+    if d.resolve() == INSTALLED_EXAMPLES:
+        return user_data_home() / "example-runs"
+    return d / RUNS_DIRNAME
 
 
 def is_run_dir(path: str | os.PathLike) -> bool:

@@ -48,6 +48,8 @@ def _trust_nothing(tmp_path, monkeypatch):
     from engine import trust
 
     monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("LAYERFLOW_PROJECTS_DIR", str(tmp_path / "projects"))  # copies of the examples
+    monkeypatch.setenv("LAYERFLOW_DATA_DIR", str(tmp_path / "data"))  # the examples' runs
     trust.reset_process()
     yield
     trust.reset_process()

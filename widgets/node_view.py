@@ -64,6 +64,20 @@ class NodeView(QGraphicsView):
     def visible_scene_rect(self) -> QRectF:
         return self.mapToScene(self.viewport().rect()).boundingRect()
 
+    READABLE = 0.6  # the zoom where node names can be read
+
+    def frame_readable(self, zoom: float | None = None) -> None:
+        """Fit the diagram; if that makes names unreadably small, show its start at a
+        readable zoom instead (the minimap still shows the whole)."""
+        self.fit()
+        if zoom is None and self.zoom() >= self.READABLE:
+            return
+        self.set_zoom(zoom or self.READABLE)
+        items = self.scene().itemsBoundingRect()
+        vis = self.visible_scene_rect()
+        self.centerOn(QPointF(items.left() - 30 + vis.width() / 2, items.center().y()))
+        self.viewport_moved.emit()
+
     def fit(self, rect: QRectF | None = None) -> None:
         """Fit the whole diagram (or rect), never zooming in past 100%."""
         r = rect if rect is not None else self.scene().itemsBoundingRect()

@@ -69,3 +69,18 @@ def test_validate_and_plan_answer_every_placement_edge_value_without_a_traceback
     assert (rc_validate == 0) == (rc_plan == 0), (err, out.out)
     if rc_validate:
         assert "error: " in err
+
+
+def test_plan_takes_the_placement_flags_train_takes(capsys):
+    path = str(EXAMPLES / "mlp_digits.lflow")
+    assert main(["plan", path, "--pp", "2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["pp"] == 2 and len(doc["stages"]) == 2 and doc["microbatches"] >= 2
+    assert main(["plan", path, "--tp", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tp_auto"] == ["fc1", "fc2"]
+    assert main(["plan", path, "--pp", "2", "--microbatches", "1", "--schedule", "1f1b"]) == 1
+    assert "needs placement.microbatches >= stages" in capsys.readouterr().out
+    assert main(["plan", path, "--pp", "0"]) == 2
+    assert "--pp must be at least 1" in capsys.readouterr().err
+    assert main(["plan", path, "--dp", "70000"]) == 2
+    assert "--dp" in capsys.readouterr().err

@@ -9,14 +9,16 @@ forwarder a test puts in front of sshd and stops to cut a connection mid-run.
 from __future__ import annotations
 
 import getpass
+import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
-SSHD = "/usr/sbin/sshd"
-REMOTE_PYTHON = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python")
+SSHD = os.environ.get("LAYERFLOW_TEST_SSHD", "/usr/sbin/sshd")  # another path: the newcomer test
+REMOTE_PYTHON = sys.executable  # the "cluster" runs the interpreter running this (tests, bench/deploy.py)
 ADDRS = ("127.0.0.2", "127.0.0.3")
 USER = getpass.getuser()  # sshd logs in the user running the tests (root here)
 
