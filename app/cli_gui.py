@@ -5,8 +5,6 @@ the real main window offscreen and exits (how docs and checks see the app), and
 """
 from __future__ import annotations
 
-import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains None)
-
 import argparse
 import os
 import sys

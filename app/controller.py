@@ -101,15 +101,12 @@ def _plan(project: Project, result, devices=None):
     make = getattr(planner, "make_plan", None)
     if make is None or not result.ok:
         return None, None
-    try:
-        try:
-            if devices is not None:
-                return make(project, devices[0], devices[1], compiled=result), None
-            return make(project, compiled=result), None  # reuse this compile
-        except TypeError:
-            return make(project), None
+    try:  # a planner failure is shown as an error, never replaced by a plan for other devices
+        if devices is not None:
+            return make(project, devices[0], devices[1], compiled=result), None
+        return make(project, compiled=result), None  # reuse this compile
     except Exception as exc:  # noqa: BLE001 - shown to the user, never a crash
-        return None, str(exc)
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 def analyse(project: Project, devices=None):
@@ -344,9 +341,12 @@ class EditorController(QObject):
             self.push(C.SetParam(self.graph, node_id, key, value))
 
     def rename(self, old: str, new: str) -> bool:
-        if new in self.graph.nodes or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", new):
+        from engine.graph import valid_id
+
+        if new in self.graph.nodes or not valid_id(new):  # the model's one id rule (keywords refused too)
             self.status.emit(f"Cannot rename '{old}' to '{new}': " + (
-                "that name is taken" if new in self.graph.nodes else "use letters, digits and _, not starting with a digit"))
+                "that name is taken" if new in self.graph.nodes else
+                "use letters, digits and _, not starting with a digit and not a Python keyword"))
             return False
         ok = self.push(C.Rename(self.graph, old, new))
         if ok:

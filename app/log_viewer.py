@@ -2,8 +2,6 @@
 it follows a file that is still growing (a live run), as `tail -f` does."""
 from __future__ import annotations
 
-import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains None)
-
 from pathlib import Path
 
 from PySide6.QtCore import QTimer

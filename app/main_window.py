@@ -7,8 +7,6 @@ Other areas extend the window without editing this file: append a callable
 """
 from __future__ import annotations
 
-import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains None)
-
 import json
 import os
 import time

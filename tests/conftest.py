@@ -15,7 +15,6 @@ if "LAYERFLOW_CACHE_DIR" not in os.environ:
 
 import torch  # noqa: E402
 
-import widgets.qt_fix  # noqa: E402,F401  (PySide6 6.12 on Python 3.11: see that file)
 
 torch.set_num_threads(1)
 

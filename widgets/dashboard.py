@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains None/True/False)
 import pyqtgraph as pg
 from PySide6 import QtCore, QtGui, QtWidgets
 from PySide6.QtCore import Qt

@@ -8,8 +8,6 @@ inspector never changes the model itself.
 """
 from __future__ import annotations
 
-import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains None)
-
 import json
 from typing import Any
 

@@ -2,8 +2,6 @@
 grid, a minimap, palette drops and Tab search-to-add."""
 from __future__ import annotations
 
-import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains None)
-
 import math
 
 from PySide6.QtCore import QEvent, QLineF, QPointF, QRectF, Qt, Signal

@@ -5,8 +5,6 @@ Double-click or Enter asks to add the layer at the centre of the canvas.
 """
 from __future__ import annotations
 
-import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains None)
-
 from PySide6.QtCore import QMimeData, Qt, Signal
 from PySide6.QtWidgets import QAbstractItemView, QLineEdit, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget
 

@@ -1,8 +1,6 @@
 """Every validation error and warning of the diagram; clicking one selects its node."""
 from __future__ import annotations
 
-import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains None)
-
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QStyle, QTreeWidget, QTreeWidgetItem
 

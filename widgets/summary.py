@@ -1,8 +1,6 @@
 """Totals for the diagram: parameters, FLOPs, memory per device (when a plan exists)."""
 from __future__ import annotations
 
-import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains None)
-
 from PySide6.QtWidgets import QFormLayout, QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
 from widgets.style import human, human_bytes

@@ -14,8 +14,6 @@ project keeps its last valid settings. The panel never changes the project itsel
 """
 from __future__ import annotations
 
-import widgets.qt_fix  # noqa: F401  (first: PySide6 6.12 on Python 3.11 drains None)
-
 import math
 import os
 import re

@@ -212,3 +212,23 @@ def test_ctrl_z_in_a_panel_field_undoes_the_edit_and_typed_numbers_are_one_step(
     assert w.actions["undo"].text() == "&Undo Set pp = 12"
     qtbot.keyClick(spin, Qt.Key_Z, Qt.ControlModifier)
     assert w.project.placement.pp == 1
+
+
+def test_rename_follows_the_models_id_rule_and_a_planner_failure_is_an_error(win, monkeypatch):
+    w = win
+    assert not w.controller.rename("fc1", "class")  # a keyword: fx could not name it
+    assert not w.controller.rename("fc1", "x" * 300)
+    assert "fc1" in w.project.graph.nodes
+    assert w.controller.rename("fc1", "encoder_in")
+
+    import engine.planner as planner
+
+    def broken(*a, **k):
+        raise TypeError("a bug in the planner")
+
+    monkeypatch.setattr(planner, "make_plan", broken)
+    w.controller.compile_now()
+    assert w.controller.plan is None
+    errors, _ = w.controller.problems()
+    assert any("the plan failed: TypeError: a bug in the planner" in e.message for e in errors)
+    assert not w.run_ui.toolbar.run_action.isEnabled()
