@@ -70,8 +70,7 @@ def cmd_trust(args) -> int:
               "outside its folder; nothing to trust")
         return 0
     trust.trust(args.project, paths)
-    code = [p for p in paths if not p.startswith("file:")]
-    files = [p[len("file:"):] for p in paths if p.startswith("file:")]
+    code, files = trust.split(paths)
     print(f"{args.project}: trusted")
     if code:
         print("  these imports may now run when it is compiled, trained or exported:")

@@ -526,8 +526,7 @@ class MainWindow(QMainWindow):
             return True
         if not trust.is_trusted(project.path, paths):
             B = QMessageBox.StandardButton
-            code = [p for p in paths if not p.startswith("file:")]
-            files = [p[len("file:"):] for p in paths if p.startswith("file:")]
+            code, files = trust.split(paths)
             text = ""
             if code:
                 text += ("It imports and runs Python code of its own when it is compiled, trained or exported:\n\n"

@@ -50,6 +50,7 @@ class RunUI(QObject):
         self._rank_tails: dict[str, RankMetricsTail] = {}  # per-rank numbers of the runs shown
         self._bottom_h: int | None = None  # the bottom area's height before the Dashboard took it
         self._watched_bars: list = []
+        self.log_viewers: list = []
         self._follow_timer = QTimer(self, interval=500, timeout=self._poll_followed)
 
         self.dashboard_dock = window.add_dock("Dashboard", self._dash_holder, Qt.BottomDockWidgetArea)
@@ -295,13 +296,11 @@ class RunUI(QObject):
         return None
 
     def _bottom_tab_changed(self, bar, index: int) -> None:
-        if bar.tabText(index) == "Dashboard" or not self._bottom_h:
+        problems = getattr(self.window, "problems_dock", None)  # tabified with the rest: one height for all
+        if bar.tabText(index) == "Dashboard" or not self._bottom_h or problems is None:
             return
         h, self._bottom_h = self._bottom_h, None
-        dock = next((d for d in (getattr(self.window, n, None) for n in ("problems_dock", "summary_dock"))
-                     if d is not None and d.windowTitle().startswith(bar.tabText(index).split(" (")[0])), None)
-        if dock is not None:
-            self.window.resizeDocks([dock], [h], Qt.Vertical)
+        self.window.resizeDocks([problems], [h], Qt.Vertical)
 
     def _live(self) -> str | None:
         a = self.controller.active
@@ -362,7 +361,7 @@ class RunUI(QObject):
 
         viewer = LogViewer(run_dir, self.window)
         viewer.show()
-        self.log_viewers = [v for v in getattr(self, "log_viewers", []) if v.isVisible()] + [viewer]
+        self.log_viewers = [v for v in self.log_viewers if v.isVisible()] + [viewer]  # kept while open
         return viewer
 
     def _rank_records(self, run_dir: str) -> list[dict]:

@@ -362,7 +362,7 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
                               f"choose tp among {', '.join(map(str, divs))} or set its tp style to replicate")
     tp_plan, tp_layout, tp_errors = tp_layouts(graph, compiled, styles, stage, tp)
     errors += tp_errors
-    if tp > 1 and not any(e["style"] not in ("replicate",) for e in tp_plan.values()):
+    if tp > 1 and all(e["style"] == "replicate" for e in tp_plan.values()):
         warnings.append(f"placement.tp={tp} splits no layer: every tp rank holds and computes the whole model; set "
                         f"nodes' tp style (colwise then rowwise Linear pairs, attention by heads) or leave them on "
                         f"auto with sizes that tp divides, or lower placement.tp to 1")
@@ -672,9 +672,9 @@ def format_plan(plan: Plan) -> str:
                 on_stage.setdefault(s, []).append(dv["rank"])
         rows, more = _first_rows(list(enumerate(d["stages"])), "stages")
         for s, ids in rows:
-            ranks = sorted(on_stage.get(s, []))
+            ranks = [str(r) for r in sorted(on_stage.get(s, []))]
             shown = ranks if len(ranks) <= 16 else [*ranks[:8], "...", *ranks[-4:]]
-            lines.append(f"stage {s} (ranks {shown}): {', '.join(ids)}".replace("'...'", "..."))
+            lines.append(f"stage {s} (ranks [{', '.join(shown)}]): {', '.join(ids)}")
         lines += more
         auto = set(d.get("tp_auto") or ())
         rows, more = _first_rows(list(d["tp_plan"].items()), "tensor-parallel layers")

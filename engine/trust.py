@@ -84,6 +84,13 @@ def needs_consent(project) -> list[str]:
     return code_paths(project.graph) + [f"file:{p}" for p in outside_files(project)]
 
 
+def split(paths: Iterable[str]) -> tuple[list[str], list[str]]:
+    """needs_consent's entries as (code paths, file paths), for listing them to the user."""
+    paths = list(paths)
+    return ([p for p in paths if not p.startswith("file:")],
+            [p.removeprefix("file:") for p in paths if p.startswith("file:")])
+
+
 def check_file(project, path, field: str) -> None:
     """Refuse to read a file outside the project's folder unless the user consented."""
     from engine.project import ProjectError

@@ -445,7 +445,7 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
         start, elapsed0, offset = int(state["step"]), float(state.get("elapsed", 0.0)), state.get("metrics_offset")
         log(f"resumed from {ckpt.name} at step {start}")
     metrics = MetricsWriter(run_dir / "metrics.jsonl", truncate_at=offset if resume else 0) if writes_metrics else None
-    distributed = hasattr(trainer, "agree_stop")
+    distributed = hasattr(trainer, "agree_stop")  # parallel.py's trainer: ranks agree on stopping
     rank_metrics = RankMetrics(run_dir, int(trainer.rank), start if resume else None) if distributed else None
     stop = _Stop()
     watch_parent(stop)
@@ -502,13 +502,13 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
             if progress:
                 progress(step, total, rec)
             # ranks must agree on stopping (each gets SIGTERM at its own moment)
-            if (trainer.agree_stop(stop.requested) if hasattr(trainer, "agree_stop") else stop.requested):
+            if (trainer.agree_stop(stop.requested) if distributed else stop.requested):
                 checkpoint(step)
                 state_name = "cancelled"
                 break
         else:
             state_name = "succeeded"
-            if writes_metrics or hasattr(trainer, "agree_stop"):  # distributed: a collective; rank 0 writes
+            if writes_metrics or distributed:  # distributed: a collective; rank 0 writes
                 trainer.save_final(run_dir / "model.pt")
     except KeyboardInterrupt:
         state_name = "cancelled"
