@@ -503,12 +503,11 @@ class MainWindow(QMainWindow):
     def _example_copy(path: Path) -> tuple[Path, str]:
         """A bundled example opens as the user's own copy (saves and runs never touch the
         installed package): made in their projects folder the first time, reopened after."""
-        from engine.runs import INSTALLED_EXAMPLES
+        from engine.runs import INSTALLED_EXAMPLES, user_projects_home
 
         if path.resolve().parent != INSTALLED_EXAMPLES:
             return path, ""
-        home = Path(os.environ.get("LAYERFLOW_PROJECTS_DIR") or Path.home() / "Layerflow")
-        copy = home / "examples" / path.name
+        copy = user_projects_home() / "examples" / path.name
         if copy.exists():
             return copy, f"Opened your copy of the example {path.name}: {copy}"
         from engine.project import atomic_write

@@ -41,6 +41,13 @@ def user_data_home() -> Path:
     return Path(user_data_dir("layerflow", appauthor=False))
 
 
+def user_projects_home() -> Path:
+    """$LAYERFLOW_PROJECTS_DIR when set (tests), else ~/Layerflow: where the bundled
+    examples are copied to be opened, edited and run as the user's own."""
+    env = os.environ.get("LAYERFLOW_PROJECTS_DIR")
+    return Path(env) if env else Path.home() / "Layerflow"
+
+
 def runs_dir(project_dir: str | os.PathLike) -> Path:
     """Where a project's runs live: <project folder>/runs; for the bundled examples, a
     folder in the user's data folder, never the source tree or the installed package."""

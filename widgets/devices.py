@@ -41,9 +41,6 @@ class StageLanes(QWidget):
             lanes.append((f"stage ≥ {pp}: beyond pp={pp}", -1, beyond))
         self.lanes = lanes
         self.setMinimumHeight(max(60, 46 * len(lanes) + 4))
-        scroll = self.parentWidget().parentWidget() if self.parentWidget() else None
-        if isinstance(scroll, QScrollArea):  # at least two lanes' height, up to LANES_SHOWN when there is room
-            scroll.setMinimumHeight(min(self.minimumHeight(), 2 * 46 + 6))
         self.update()
 
     def paintEvent(self, e) -> None:
@@ -205,6 +202,8 @@ class DevicesPanel(QWidget):
         finally:
             self._updating = False
         self.lanes.set_lanes(placement.pp, placement.dp, placement.tp, nodes)
+        # at least two lanes' height, up to LANES_SHOWN when there is room; the rest scrolls
+        self.lanes_scroll.setMinimumHeight(min(self.lanes.minimumHeight(), 2 * 46 + 6))
         self.assign_btn.setEnabled(bool(selected))
         self.tp_btn.setEnabled(bool(selected))
         self.selection_label.setText(f"{len(selected)} node(s) selected" if selected else "select nodes to place them")
