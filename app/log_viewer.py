@@ -54,8 +54,15 @@ class LogViewer(QDialog):
         self._tail: FileTail | None = None
         self.files.currentIndexChanged.connect(lambda _i: self._show(self.files.currentData()))
         self._fill()
-        self._timer = QTimer(self, interval=500, timeout=self.poll)
+        self._timer = QTimer(self, interval=500, timeout=self.poll)  # runs only while the window is shown
+
+    def showEvent(self, e) -> None:  # noqa: N802
         self._timer.start()
+        super().showEvent(e)
+
+    def hideEvent(self, e) -> None:  # noqa: N802
+        self._timer.stop()  # a closed viewer reads nothing more
+        super().hideEvent(e)
 
     def _fill(self) -> None:
         current = self.files.currentData()
