@@ -200,14 +200,26 @@ def _short_type(t) -> str:
     return (t if isinstance(t, str) else t.__qualname__).rpartition(".")[2]
 
 
-def _stack(n: fx.Node) -> list[tuple[str, str, str]]:
-    """(key, module path, type) from the outside in, without the root module."""
+_NAME_HOLDER = "engine.interop.onnx_to_torch.NodeName"
+
+
+def _raw_stack(n: fx.Node) -> list[tuple[str, str, str]]:
     out = []
     for key, val in (n.meta.get("nn_module_stack") or {}).items():
         path, typ = val if isinstance(val, tuple) and len(val) == 2 else ("", "")
         if path and not key.startswith("_empty"):
             out.append((key, path, typ if isinstance(typ, str) else f"{typ.__module__}.{typ.__qualname__}"))
     return out
+
+
+def _stack(n: fx.Node) -> list[tuple[str, str, str]]:
+    """(key, module path, type) from the outside in, without the root module."""
+    return [e for e in _raw_stack(n) if e[2] != _NAME_HOLDER]
+
+
+def _given_name(n: fx.Node) -> str | None:
+    """The name the source gave the call (an ONNX node's name), if any."""
+    return next((path.rpartition(".")[2] for _, path, typ in _raw_stack(n) if typ == _NAME_HOLDER), None)
 
 
 @dataclass
@@ -490,18 +502,18 @@ class _Reader:
         if len(code) == 1 and inputs and _is_noop(code[0]):
             self.ids[n] = self.ids[inputs[0]]  # x[:, ...], x.contiguous(): the same value
             return
-        kind, params = _catalog_form(code, weights, inputs)
+        kind, params, keys = _catalog_form(code, weights, inputs)
         if kind is None:
             kind, params = "Op", {"inputs": len(inputs), "code": code, "weights": weights}
+            keys = {w: w for w in weights}
             if label:
                 params["label"] = label
         stack = _stack(n)
         if base is None:
-            base = f"{stack[-1][1]}.{n.name}" if stack else n.name
+            base = _given_name(n) or (f"{stack[-1][1]}.{n.name}" if stack else n.name)
         nid = self.add(kind, params, base, n, inputs)
-        if kind == "Op":
-            for w, t in values.items():
-                self.keep(nid, w, t, weights[w]["grad"])
+        for w, key in keys.items():
+            self.keep(nid, key, values[w], weights[w]["grad"])
 
     def outputs(self, n: fx.Node) -> None:
         outs = n.args[0] if isinstance(n.args[0], (tuple, list)) else [n.args[0]]
@@ -526,6 +538,26 @@ class _Reader:
             ports = get_layer(node.type).input_ports(node.params)
             for port, a in zip(ports, inputs):
                 self.graph.add_edge_unchecked(Edge(self.ids[a], "out", nid, port))
+
+
+def _merge_scales(graph: Graph) -> None:
+    """x / 2 - 1 is one Scale: a scalar Scale whose only reader is another takes it in."""
+    for nid in list(graph.nodes):
+        node = graph.nodes.get(nid)
+        if node is None or node.type != "Scale" or node.params.get("shape"):
+            continue
+        while True:
+            outs = graph.outgoing(nid)
+            nxt = graph.nodes[outs[0].dst] if len(outs) == 1 else None
+            if nxt is None or nxt.type != "Scale" or nxt.params.get("shape") or nxt.scope != node.scope:
+                break
+            a, b = node.params["scale"], node.params["shift"]
+            c, d = nxt.params["scale"], nxt.params["shift"]
+            node.params = {"scale": a * c, "shift": b * c + d, "shape": []}
+            _, edges = graph.remove_node(nxt.id)
+            for e in edges:
+                if e.src == nxt.id:
+                    graph.add_edge_unchecked(Edge(nid, e.src_port, e.dst, e.dst_port))
 
 
 _ALIASES = {"aten.clone.default", "aten.contiguous.default", "aten.alias.default", "aten.detach.default",
@@ -571,17 +603,199 @@ def _batch_from_first_input(code: list, inputs: list[fx.Node]) -> tuple[list, li
     return code, [inputs[i] for i in keep]
 
 
+# ----- written-out layers read back whole -------------------------------------------
+_A = torch.ops.aten
+
+
+def _scalar_arg(n: fx.Node, target, value: float | None = None) -> fx.Node | None:
+    """`n` is target(x, c) (or (c, x) for add/mul) with a Python number c (= value when
+    given, to 1e-4): x, else None."""
+    if not isinstance(n, fx.Node) or n.op != "call_function" or n.target is not target or len(n.args) != 2 or n.kwargs:
+        return None
+    for x, c in ((n.args[0], n.args[1]), (n.args[1], n.args[0])):
+        if isinstance(x, fx.Node) and isinstance(c, (int, float)) and not isinstance(c, bool):
+            if value is None or math.isclose(float(c), value, rel_tol=1e-4):
+                return x
+        if target not in (_A.add.Tensor, _A.mul.Tensor):
+            break  # div and sub are not symmetric
+    return None
+
+
+def _only_user(n: fx.Node) -> fx.Node | None:
+    return next(iter(n.users)) if len(n.users) == 1 else None
+
+
+def _factors(n: fx.Node, depth: int = 2) -> list:
+    """The factors of a product of single-use multiplications (x * 0.5 * y -> [x, 0.5, y])."""
+    if n.op != "call_function" or n.target is not _A.mul.Tensor or n.kwargs or depth < 0:
+        return [n]
+    out = []
+    for a in n.args:
+        if isinstance(a, fx.Node) and a.target is _A.mul.Tensor and len(a.users) == 1:
+            out += _factors(a, depth - 1)
+        else:
+            out.append(a)
+    return out
+
+
+def _replace(g: fx.Graph, root: fx.Node, target, args: tuple, dead: list[fx.Node]) -> None:
+    """Put target(*args) in place of `root`; the nodes of `dead` (the pattern) go."""
+    with g.inserting_before(root):
+        new = g.call_function(target, args)
+    new.meta = dict(root.meta)
+    root.replace_all_uses_with(new)
+    left = [root, *dead]
+    while left:  # the pattern's nodes, each once nothing reads it any more
+        gone = [d for d in left if not d.users]
+        if not gone:
+            break
+        for d in gone:
+            g.erase_node(d)
+            left.remove(d)
+
+
+def _fuse_gelu(g: fx.Graph, erf: fx.Node) -> bool:
+    """x * 0.5 * (1 + erf(x / sqrt(2))), in any order -> gelu(x)."""
+    scaled = erf.args[0]
+    x = _scalar_arg(scaled, _A.div.Tensor, math.sqrt(2)) or _scalar_arg(scaled, _A.mul.Tensor, 1 / math.sqrt(2))
+    one = _only_user(erf)
+    if x is None or len(scaled.users) != 1 or one is None or _scalar_arg(one, _A.add.Tensor, 1.0) is not erf:
+        return False
+    root = _only_user(one)
+    while root is not None:
+        fs = _factors(root)
+        rest = [f for f in fs if f is not x and f is not one]
+        if len(fs) == 3 and x in fs and one in fs and len(rest) == 1 and isinstance(rest[0], (int, float)) \
+                and math.isclose(float(rest[0]), 0.5, rel_tol=1e-4):
+            inner = [a for a in root.all_input_nodes if a.target is _A.mul.Tensor and a is not x and a is not one]
+            _replace(g, root, _A.gelu.default, (x,), [*inner, one, erf, scaled])
+            return True
+        root = _only_user(root) if root.target is _A.mul.Tensor else None
+    return False
+
+
+def _fuse_silu(g: fx.Graph, sig: fx.Node) -> bool:
+    """x * sigmoid(x) -> silu(x)."""
+    x, m = sig.args[0], _only_user(sig)
+    if m is None or m.target is not _A.mul.Tensor or m.kwargs or set(m.args) != {x, sig} or len(m.args) != 2:
+        return False
+    _replace(g, m, _A.silu.default, (x,), [sig])
+    return True
+
+
+def _fuse_rms(g: fx.Graph, mean: fx.Node) -> bool:
+    """x * 1/sqrt(mean(x^2, -1, keepdim) + eps) (* w) -> rms_norm(x, [C], w, eps): RMSNorm
+    as exporters write it out (Pow, ReduceMean, Add, Sqrt, Reciprocal or Div, Mul)."""
+    sq = mean.args[0]
+    if mean.target is not _A.mean.dim or len(mean.args) < 3 or mean.args[2] is not True or \
+            list(mean.args[1]) not in ([-1],) and not (isinstance(sq, fx.Node) and list(mean.args[1]) == [
+                sq.meta["val"].dim() - 1]) or not isinstance(sq, fx.Node) or len(sq.users) != 1:
+        return False
+    if sq.target is _A.pow.Tensor_Scalar and sq.args[1] == 2:
+        x = sq.args[0]
+    elif sq.target is _A.mul.Tensor and len(sq.args) == 2 and sq.args[0] is sq.args[1]:
+        x = sq.args[0]
+    else:
+        return False
+    add = _only_user(mean)
+    if add is None or _scalar_arg(add, _A.add.Tensor) is not mean:
+        return False
+    eps = float(next(a for a in add.args if not isinstance(a, fx.Node)))
+    nxt, chain = _only_user(add), [add, mean, sq]
+    if nxt is not None and nxt.target is _A.rsqrt.default:
+        inv = nxt
+    elif nxt is not None and nxt.target is _A.sqrt.default and _only_user(nxt) is not None and \
+            _only_user(nxt).target is _A.reciprocal.default:
+        chain.append(nxt)
+        inv = _only_user(nxt)
+    else:
+        return False
+    m = _only_user(inv)
+    if m is None or m.target is not _A.mul.Tensor or set(m.args) != {x, inv}:
+        return False
+    c = x.meta["val"].shape[-1]
+    w, root = None, m
+    wm = _only_user(m)
+    if wm is not None and wm.target is _A.mul.Tensor and m in wm.args and len(wm.args) == 2:
+        other = wm.args[1] if wm.args[0] is m else wm.args[0]
+        if isinstance(other, fx.Node) and other.op == "placeholder" and isinstance(other.meta.get("val"), torch.Tensor) \
+                and tuple(other.meta["val"].shape) == (c,):
+            w, root = other, wm
+    dead = [m, inv, *chain] if root is wm else [inv, *chain]
+    _replace(g, root, _A.rms_norm.default, (x, [int(c)], w, eps), dead)
+    return True
+
+
+def _fuse(gm: fx.GraphModule) -> None:
+    """Read layers that a model (or an ONNX exporter) wrote out op by op as the one call
+    they are, so they come in as catalog layers: GELU, SiLU, RMSNorm. The import's final
+    check (the diagram equals the source) covers these rewrites too."""
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or getattr(n, "_erased", False):
+            continue
+        try:
+            if n.target is _A.erf.default:
+                _fuse_gelu(gm.graph, n)
+            elif n.target is _A.sigmoid.default:
+                _fuse_silu(gm.graph, n)
+            elif n.target is _A.mean.dim:
+                _fuse_rms(gm.graph, n)
+        except (KeyError, AttributeError, IndexError, TypeError):
+            continue  # not the pattern (a value without meta, an odd signature)
+
+
 # ----- plain calls that read as catalog layers ------------------------------------
 _ACTS = {"aten.relu.default": "ReLU", "aten.sigmoid.default": "Sigmoid", "aten.tanh.default": "Tanh",
          "aten.silu.default": "SiLU"}
 _BIG = 2 ** 62
 
 
-def _catalog_form(code: list, weights: dict, inputs: list[fx.Node]) -> tuple[str | None, dict]:
-    """A one-call program that a catalog layer expresses (friendlier to read and to
-    place: Add and Mul join the tensor-parallel regions, Reshape keeps the batch)."""
+def _weighted_form(code: list, weights: dict, inputs: list[fx.Node]) -> tuple[str | None, dict, dict]:
+    """A functional call with learned weights that a catalog layer is (F.layer_norm,
+    F.embedding, an RMSNorm read whole): (type, params, weight name -> layer's key)."""
+    if len(code) != 1 or len(inputs) != 1 or not all(w["grad"] for w in weights.values()):
+        return None, {}, {}
+    _, op, args, kwargs = code[0]
+    ref = lambda v: v.get("$") if isinstance(v, dict) else None  # noqa: E731
+    shape = lambda w: weights[w]["shape"] if w in weights else None  # noqa: E731
+    if kwargs:
+        return None, {}, {}
+    if op == "aten.embedding.default" and len(args) == 2 and ref(args[1]) == "in0" and len(shape(ref(args[0])) or []) == 2:
+        n, d = shape(ref(args[0]))
+        return "Embedding", {"num_embeddings": n, "embedding_dim": d}, {ref(args[0]): "weight"}
+    if op in ("aten.layer_norm.default", "aten.rms_norm.default") and args and ref(args[0]) == "in0" \
+            and isinstance(args[1], list) and len(args[1]) == 1:
+        c = args[1][0]
+        at = lambda i, default=None: args[i] if len(args) > i else default  # noqa: E731
+        layer = op == "aten.layer_norm.default"
+        w, b = ref(at(2)), ref(at(3)) if layer else None
+        eps = at(4, 1e-5) if layer else at(3)
+        if eps is None and not layer:
+            eps = torch.finfo(torch.float32).eps  # torch's default for float32
+        eps = eps if isinstance(eps, (int, float)) and not isinstance(eps, bool) else None
+        if eps is None or (w is not None and shape(w) != [c]) or (b is not None and shape(b) != [c]):
+            return None, {}, {}
+        if op == "aten.layer_norm.default":
+            if (w is None) != (b is None):
+                return None, {}, {}  # the catalog's LayerNorm has both or neither
+            keys = {w: "weight", b: "bias"} if w else {}
+            return "LayerNorm", {"normalized_shape": c, "eps": float(eps), "elementwise_affine": w is not None}, keys
+        return "RMSNorm", {"normalized_shape": c, "eps": float(eps), "elementwise_affine": w is not None}, \
+            ({w: "weight"} if w else {})
+    return None, {}, {}
+
+
+def _catalog_form(code: list, weights: dict, inputs: list[fx.Node]) -> tuple[str | None, dict, dict]:
+    """A program that a catalog layer expresses (friendlier to read and to place: Add
+    and Mul join the tensor-parallel regions, Reshape keeps the batch): (type, params,
+    weight name -> the layer's state key); type None when none does."""
     if weights:
-        return None, {}
+        return _weighted_form(code, weights, inputs)
+    kind, params = _plain_form(code, inputs)
+    return kind, params, {}
+
+
+def _plain_form(code: list, inputs: list[fx.Node]) -> tuple[str | None, dict]:
     main = code[-1]
     _, op, args, kwargs = main
     ins = [{"$": f"in{i}"} for i in range(len(inputs))]
@@ -620,6 +834,14 @@ def _catalog_form(code: list, weights: dict, inputs: list[fx.Node]) -> tuple[str
                     return "Slice", {"dim": rest[0], "start": start or 0, "end": end, "step": step or 1}
             if op == "aten.adaptive_avg_pool2d.default" and len(rest) == 1 and rest[0] in ([1, 1], 1):
                 return "AdaptiveAvgPool2d", {"output_size": 1}
+            if op == "aten.mean.dim" and len(shapes[0]) == 4 and len(rest) == 2 and rest[1] is True and \
+                    isinstance(rest[0], list) and sorted(d % 4 for d in rest[0]) == [2, 3] and not kwargs:
+                return "AdaptiveAvgPool2d", {"output_size": 1}  # global average pooling written as a mean
+            if op == "aten.permute.default" and len(rest) == 1 and isinstance(rest[0], list):
+                perm = [d % len(shapes[0]) for d in rest[0]]
+                moved = [i for i, d in enumerate(perm) if d != i]
+                if len(moved) == 2 and 0 not in moved and perm[moved[0]] == moved[1]:
+                    return "Transpose", {"dim0": moved[0], "dim1": moved[1]}
             if op in ("aten.mul.Tensor", "aten.add.Tensor", "aten.sub.Tensor", "aten.div.Tensor") and len(rest) == 1 \
                     and isinstance(rest[0], (int, float)) and not isinstance(rest[0], bool) and not kwargs:
                 c = float(rest[0])
@@ -629,6 +851,11 @@ def _catalog_form(code: list, weights: dict, inputs: list[fx.Node]) -> tuple[str
                     return "Scale", {"scale": scale, "shift": shift, "shape": []}
             if op == "aten.rsub.Scalar" and len(rest) == 1 and isinstance(rest[0], (int, float)) and not kwargs:
                 return "Scale", {"scale": -1.0, "shift": float(rest[0]), "shape": []}
+    if op in ("aten.view.default", "aten.reshape.default") and len(code) == 1 and len(ins) == 1 and \
+            args[0] == ins[0] and isinstance(args[1], list) and len(args[1]) >= 2 and args[1][0] == -1 and \
+            all(isinstance(v, int) and v > 0 for v in args[1][1:]) and \
+            math.prod(args[1][1:]) == math.prod(int(d) for d in shapes[0][1:]):
+        return "Reshape", {"shape": list(args[1][1:])}  # x.reshape(-1, C): the batch is what is left
     # x.view(x.size(0), ...) / x.reshape(B, ...) / x.flatten(1) after folding: Reshape
     if op in ("aten.view.default", "aten.reshape.default") and len(ins) == 1 and args[0] == ins[0] and \
             isinstance(args[1], list) and args[1] and all(isinstance(v, int) for v in args[1][1:]):
@@ -702,6 +929,7 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
                            f"{', '.join(str((SAMPLE_BATCH, *s)) for s in input_shapes)} failed: {type(exc).__name__}: {first}") from None
     root = _Root(make_id(type(module).__name__.lower(), set()), module) if type(module) in MODULES else module
     ep, batch_sym = _export(root, samples, source)
+    _fuse(ep.graph_module)
     reader = _Reader(root, ep, batch_sym, input_names)
     if batch_sym is None:
         reader.notes.append(f"the model fixes its batch size in forward: exported for a batch of {SAMPLE_BATCH}")
@@ -711,6 +939,7 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
                            + "\n".join(f"  - {p}" for p in reader.problems))
     reader.wire()
     graph = reader.graph
+    _merge_scales(graph)
     layered_layout(graph)
     project = Project(graph, name=name or type(module).__name__, description=f"Imported from {source}")
     imported = Imported(project, reader.state, source, reader.notes)

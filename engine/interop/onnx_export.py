@@ -7,10 +7,9 @@ into one initializer and cuts a PositionalEmbedding table down to the rows one
 sequence uses. Unoptimized, every initializer is named by its state_dict key and
 holds the whole parameter, so an import gets back exactly what was exported.
 
-Add/Mul/MatMul/Concat are wrapped in tiny modules before export so that each ONNX node
-records the diagram's node id in its scope metadata; the importer names nodes
-after it. The diagram itself travels in the model's metadata ("layerflow.diagram")
-for what ONNX cannot say (dropout rates, positions on the canvas, the loss).
+The diagram itself travels in the model's metadata ("layerflow.diagram"): names, blocks,
+positions and what ONNX cannot say (dropout rates, the loss). The importer takes it
+back only when it computes what the file's operators compute (engine/interop/onnx_import.py).
 """
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from torch import fx, nn
+from torch import fx
 
 from engine.compile import compile_graph
 from engine.interop.common import InteropError
@@ -31,64 +30,6 @@ from engine.runtime.model import load_weights
 
 DEFAULT_OPSET = 20  # Gelu is one op from 20 on; LayerNormalization needs 17+
 DIAGRAM_KEY = "layerflow.diagram"
-
-
-class Add(nn.Module):
-    def forward(self, a, b):
-        return a + b
-
-
-class Mul(nn.Module):
-    def forward(self, a, b):
-        return a * b
-
-
-class MatMul(nn.Module):
-    def forward(self, a, b):
-        return a @ b
-
-
-class Concat(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.dim = dim
-
-    def forward(self, *xs):
-        return torch.cat(xs, dim=self.dim)
-
-
-class Identity(nn.Module):
-    """nn.Identity leaves no trace in ONNX; a clone becomes an Identity op, so the
-    node survives a round trip."""
-
-    def forward(self, x):
-        return x.clone()
-
-
-def _wrap_functions(gm: fx.GraphModule, spec: dict) -> fx.GraphModule:
-    """Turn the call_function nodes of Add/Mul/MatMul/Concat into call_module nodes."""
-    types = {n["id"]: (n["type"], n["params"]) for n in spec["nodes"]}
-    for nid, (ntype, _) in types.items():
-        if ntype == "Identity":
-            setattr(gm, nid, Identity())
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.name not in types:
-            continue
-        ntype, params = types[node.name]
-        mod = {"Add": Add, "Mul": Mul, "MatMul": MatMul}.get(ntype)
-        args = node.args
-        if ntype == "Concat":
-            mod, args = (lambda: Concat(params["dim"])), tuple(node.args[0])
-        if mod is None:
-            continue
-        gm.add_submodule(node.name, mod())
-        with gm.graph.inserting_before(node):
-            new = gm.graph.call_module(node.name, args)
-        node.replace_all_uses_with(new)
-        gm.graph.erase_node(node)
-        new.name = node.name
-    gm.recompile()
-    return gm
 
 
 def build_for_export(project: Project, seed: int | None = None) -> tuple[fx.GraphModule, tuple, dict]:
@@ -120,7 +61,6 @@ def to_onnx_model(project: Project, opset: int = DEFAULT_OPSET):
     import onnx
 
     gm, inputs, spec = build_for_export(project)
-    gm = _wrap_functions(gm, spec)
     batch = torch.export.Dim("batch", min=1)
     dynamic = tuple({0: batch} for _ in inputs)
     custom = [n["id"] for n in spec["nodes"] if n["type"] == "Custom"]
@@ -159,7 +99,6 @@ class _quiet:
 
     def __enter__(self):
         import contextlib
-        import sys
 
         self._log = logging.getLogger("torch.onnx")
         self._level = self._log.level

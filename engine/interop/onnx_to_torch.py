@@ -29,10 +29,18 @@ class _Sizes(list):
     """A shape as Python sizes (ints, or the symbolic batch while exporting)."""
 
 
+def _f32(v: float) -> float:
+    """A float32 number as the shortest decimal that is the same float32 (1e-06, not
+    9.99999997e-07): what the file's author wrote, and exact in float32 arithmetic."""
+    return float(str(np.float32(v))) if np.isfinite(v) else float(v)
+
+
 def _scalar(v):
     """A one-element numpy constant as a Python number (it becomes an argument of the
     op, e.g. x * 0.5); other numpy constants as tensors."""
     if isinstance(v, np.ndarray) and v.size == 1:
+        if v.dtype == np.float32:
+            return _f32(v.reshape(-1)[0])
         return v.reshape(-1)[0].item() if v.ndim == 0 or v.dtype.kind == "f" else torch.as_tensor(v)
     return _tt(v)
 
@@ -49,6 +57,11 @@ class _Scope(nn.Module):
 
     def forward(self, fn, *args):
         return fn(*args)
+
+
+class NodeName(_Scope):
+    """Carries an ONNX node's name to the fx nodes it gives (module_import names the
+    diagram node after it); not part of the module tree."""
 
 
 _SCOPE_TYPES: dict[str, type] = {}
@@ -100,7 +113,15 @@ def _run_scoped(chain: list, fn, args: tuple):
 def _attrs(node) -> dict:
     from onnx import helper
 
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    out = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        if a.type == a.FLOAT:
+            v = _f32(v)
+        elif a.type == a.FLOATS:
+            v = [_f32(x) for x in v]
+        out[a.name] = v
+    return out
 
 
 def _name(s: str, taken: set[str]) -> str:
@@ -145,10 +166,17 @@ class OnnxModule(nn.Module):
         self.declared_batch = [
             (i.type.tensor_type.shape.dim[0].dim_value if i.type.tensor_type.shape.dim else 0) for i in g.input
             if i.name not in inits]
+        self._elem = {vi.name: vi.type.tensor_type.elem_type
+                      for vi in (*g.value_info, *g.input, *g.output) if vi.type.HasField("tensor_type")}
+        self._elem.update({i.name: i.data_type for i in g.initializer})
+        self._rank = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in (*g.value_info, *g.input, *g.output)
+                      if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")}
         self.uses: dict[str, int] = {}  # how many nodes read each value
         for node in g.node:
             for i in node.input:
                 self.uses[i] = self.uses.get(i, 0) + 1
+        self._bias_for = self._linear_biases(g)  # MatMul output -> (bias, the Add that adds it)
+        self._absorbed: dict[str, str] = {}  # Add output -> the Linear output it passes on
         self.steps: list[tuple] = []  # (node, op function, attribute names)
         problems = []
         for node in g.node:
@@ -158,11 +186,13 @@ class OnnxModule(nn.Module):
                 problems.append(f"node '{label}' ({node.op_type}{', domain ' + node.domain if node.domain else ''}): "
                                 "no torch equivalent in Layerflow's ONNX reader")
                 continue
-            shared = any(self._const_learn.get(i) and self.uses.get(i, 0) > 1 for i in node.input)
-            if all(i == "" or i in self._const for i in node.input) and node.op_type not in ("Dropout",) \
+            shared = node.op_type not in ("Shape", "Size") and \
+                any(self._const_learn.get(i) and self.uses.get(i, 0) > 1 for i in node.input)
+            needed = node.input[:1] if node.op_type == "CastLike" and node.input[1] in self._elem else node.input
+            if all(i == "" or i in self._const for i in needed) and node.op_type not in ("Dropout",) \
                     and not shared:  # (a weight several nodes read stays one tensor: it is not folded)
                 try:  # constants only: fold now
-                    outs = fn(node, [self._value(i) for i in node.input], _attrs(node), build=True)
+                    outs = fn(node, [self._value(i) for i in needed], _attrs(node), build=True)
                 except InteropError as exc:
                     problems.append(str(exc))
                     continue
@@ -185,6 +215,28 @@ class OnnxModule(nn.Module):
         if problems:
             raise InteropError(f"cannot import {source}: {len(problems)} operator(s) cannot be read:\n"
                                + "\n".join(f"  - {p}" for p in problems))
+
+    def _linear_biases(self, g) -> dict[str, tuple[str, str]]:
+        """MatMul by a weight, then Add of a bias vector read nowhere else: one Linear
+        with a bias (exporters write nn.Linear on 3-D inputs this way)."""
+        inits = {i.name: i for i in g.initializer}
+        readers: dict[str, list] = {}
+        for node in g.node:
+            for i in node.input:
+                readers.setdefault(i, []).append(node)
+        out = {}
+        for node in g.node:
+            if node.op_type != "MatMul" or len(readers.get(node.output[0], [])) != 1:
+                continue
+            add = readers[node.output[0]][0]
+            if add.op_type != "Add" or len(add.input) != 2:
+                continue
+            bias = add.input[1] if add.input[0] == node.output[0] else add.input[0]
+            b = inits.get(bias)
+            if b is not None and len(b.dims) == 1 and len(readers.get(bias, [])) == 1 and \
+                    b.data_type in (1, 11):  # FLOAT, DOUBLE
+                out[node.output[0]] = (bias, add.output[0])
+        return out
 
     def _store(self, name: str, t: torch.Tensor, learn: bool) -> None:
         if not t.is_floating_point() or t.numel() == 1:  # shapes, axes, indices, scalars: plain numbers, never traced
@@ -264,10 +316,20 @@ class OnnxModule(nn.Module):
         return res[0] if len(res) == 1 else tuple(res)
 
     def _step_scope(self, node) -> list[nn.Module]:
-        """The scope modules an ONNX node runs inside, outermost first."""
+        """The scope modules an ONNX node runs inside, outermost first. A node of a file
+        without scopes runs inside a NodeName module, so its diagram node takes its name."""
         key = node.output[0] if node.output else node.name
         if key not in self._run_in:
-            self._run_in[key] = self._chain(_scopes(node))
+            scopes = _scopes(node)
+            chain = self._chain(scopes)
+            if not scopes and node.name and key not in self._layers:
+                if "onnx_nodes" not in self._modules:
+                    self.add_module("onnx_nodes", nn.Module())
+                holder = self._modules["onnx_nodes"]
+                attr = _name(node.name, set(holder._modules) | set(dir(nn.Module)))
+                holder.add_module(attr, NodeName())
+                chain = [*chain, holder._modules[attr]]
+            self._run_in[key] = chain
         return self._run_in[key]
 
     # ----- helpers --------------------------------------------------------------
@@ -333,15 +395,23 @@ class OnnxModule(nn.Module):
         if node.input[1] in self._const and self._weight(node, 1).dim() == 2 and node.input[0] not in self._const \
                 and self.uses.get(node.input[1], 0) == 1:  # a weight read by others stays shared
             w = self._weight(node, 1)
-            m = self._layer(node, lambda: _loaded(nn.Linear(w.shape[0], w.shape[1], bias=False), w.t(), None))
+            bias, add = self._bias_for.get(node.output[0], (None, None))
+            b = self._value(bias).detach() if bias is not None else None
+            if b is not None and tuple(b.shape) != (w.shape[1],):
+                b = None
+            if b is not None:
+                self._absorbed[add] = node.output[0]
+            m = self._layer(node, lambda: _loaded(nn.Linear(w.shape[0], w.shape[1], bias=b is not None), w.t(), b))
             return None if build else m(ins[0])
         return None if build else torch.matmul(_tt(ins[0]), _tt(ins[1]))
 
     def _op_BatchNormalization(self, node, ins, a, build):
         scale, bias, mean, var = (self._weight(node, i) for i in range(1, 5))
 
+        cls = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 5: nn.BatchNorm3d}.get(self._rank.get(node.input[0]), nn.BatchNorm2d)
+
         def make():
-            m = nn.BatchNorm2d(scale.shape[0], eps=a.get("epsilon", 1e-5), momentum=1 - a.get("momentum", 0.9))
+            m = cls(scale.shape[0], eps=a.get("epsilon", 1e-5), momentum=1 - a.get("momentum", 0.9))
             with torch.no_grad():
                 m.weight.copy_(scale), m.bias.copy_(bias), m.running_mean.copy_(mean), m.running_var.copy_(var)
             return m
@@ -355,6 +425,16 @@ class OnnxModule(nn.Module):
         m = self._layer(node, lambda: _loaded(nn.LayerNorm(tuple(scale.shape), eps=a.get("epsilon", 1e-5),
                                                            bias=bias is not None), scale, bias))
         return None if build else m(ins[0])
+
+    def _op_SimplifiedLayerNormalization(self, node, ins, a, build):
+        # RMSNorm as onnxruntime (and opset 23's RMSNormalization) write it: over the dims the scale has
+        scale = self._weight(node, 1)
+        if a.get("axis", -1) != -scale.dim():
+            self._fail(node, f"axis {a.get('axis')} with a scale of {scale.dim()} dim(s)")
+        m = self._layer(node, lambda: _loaded(nn.RMSNorm(tuple(scale.shape), eps=a.get("epsilon", 1e-5)), scale, None))
+        return None if build else m(ins[0])
+
+    _op_RMSNormalization = _op_SimplifiedLayerNormalization
 
     def _pool(self, node, ins, a, build, kind: str):
         k = a["kernel_shape"]
@@ -414,6 +494,8 @@ class OnnxModule(nn.Module):
         return f(_scalar(a), _scalar(b))
 
     def _op_Add(self, node, ins, a, build):
+        if node.output[0] in self._absorbed:  # the bias of the Linear before it
+            return None if build else ins[list(node.input).index(self._absorbed[node.output[0]])]
         return None if build and None in ins else self._binary(ins, lambda x, y: x + y)
 
     def _op_Sub(self, node, ins, a, build):
@@ -476,7 +558,14 @@ class OnnxModule(nn.Module):
     _op_Sin = _unary(lambda x, a: torch.sin(x))
 
     def _op_Dropout(self, node, ins, a, build):
-        return None if build else ins[0]  # inference: identity (the mask output is unused)
+        # identity in inference (the mask output is unused); kept as a layer so that
+        # training the imported model drops out as its source did
+        ratio = a.get("ratio", 0.5)
+        if self.opset >= 12:
+            ratio = float(np.asarray(self._value(node.input[1])).reshape(-1)[0]) \
+                if len(node.input) > 1 and node.input[1] in self._const else 0.5
+        m = self._layer(node, lambda: nn.Dropout(ratio))
+        return None if build else m(ins[0])
 
     def _op_Clip(self, node, ins, a, build):
         if build and ins[0] is None:
@@ -515,8 +604,13 @@ class OnnxModule(nn.Module):
         if build and ins[0] is None:
             return None
         x, shape = ins[0], self._ints(ins[1]) if not isinstance(ins[1], _Sizes) else list(ins[1])
-        if not isinstance(x, torch.Tensor):
-            return _Sizes(x)
+        if not isinstance(x, torch.Tensor):  # sizes: a size is a shape of one, a shape of one a size
+            sizes = _Sizes(x) if isinstance(x, (list, tuple, np.ndarray)) else _Sizes([x])
+            if not shape:
+                if len(sizes) != 1:
+                    self._fail(node, f"reshapes {len(sizes)} sizes to a scalar")
+                return sizes[0]
+            return sizes
         shape = [x.shape[i] if s == 0 and not a.get("allowzero", 0) else s for i, s in enumerate(shape)]
         if shape and x.dim() and self.declared_batch and isinstance(shape[0], int) and shape[0] == self.declared_batch[0] \
                 and shape[0] != x.shape[0]:
@@ -544,6 +638,12 @@ class OnnxModule(nn.Module):
             return None
         axes = self._axes(ins, a)
         x = ins[0]
+        if isinstance(x, _Sizes):  # a one-element shape squeezed to its size
+            if len(x) != 1:
+                self._fail(node, f"squeezes a shape of {len(x)} sizes")
+            return x[0]
+        if isinstance(x, np.ndarray):
+            return np.squeeze(x, tuple(axes)) if axes else np.squeeze(x)
         return x.squeeze(tuple(axes)) if axes else x.squeeze()
 
     def _op_Concat(self, node, ins, a, build):
@@ -607,7 +707,15 @@ class OnnxModule(nn.Module):
         from onnx import helper
 
         dt = torch.from_numpy(np.zeros(1, dtype=helper.tensor_dtype_to_np_dtype(a["to"]))).dtype
+        if isinstance(ins[0], _Sizes) and dt.is_floating_point and all(isinstance(v, int) for v in ins[0]):
+            return torch.tensor(list(ins[0]), dtype=dt)  # sizes used in arithmetic (1 / sqrt(head_dim))
         return ins[0] if isinstance(ins[0], (_Sizes, int, np.ndarray)) else ins[0].to(dt)
+
+    def _op_CastLike(self, node, ins, a, build):
+        if node.input[1] not in self._elem:  # no type known: the other tensor tells it while running
+            return None if build and None in ins else (ins[0].to(ins[1].dtype) if isinstance(ins[0], torch.Tensor)
+                                                       else ins[0])
+        return self._op_Cast(node, ins[:1], {"to": self._elem[node.input[1]]}, build)
 
     def _op_Constant(self, node, ins, a, build):
         if "value" in a:
@@ -662,6 +770,10 @@ class OnnxModule(nn.Module):
         if build and ins[0] is None:
             return None
         shape = list(ins[1]) if isinstance(ins[1], _Sizes) else self._ints(ins[1])
+        if isinstance(ins[0], _Sizes):  # a shape vector broadcast (to itself, as exporters write it)
+            if len(shape) != 1 or shape[0] not in (1, len(ins[0])) and len(ins[0]) != 1:
+                self._fail(node, f"expands a shape of {len(ins[0])} sizes to {shape}")
+            return _Sizes(ins[0] * (shape[0] if len(ins[0]) == 1 else 1))
         x = _tt(ins[0])
         if x.dim() > len(shape) or any(isinstance(s, int) and s == 1 for s in shape):
             # ONNX broadcasts both ways (a 1 in the shape keeps the input's size)

@@ -177,3 +177,57 @@ def test_cli_module_import(tmp_path):
     project = load_project(tmp_path / "lin.lflow")
     assert [n.type for n in project.graph.nodes.values()] == ["Input", "Linear", "Output"]
     assert (tmp_path / "lin.weights.pt").exists()
+
+
+def test_layers_written_out_by_hand_come_in_as_catalog_layers():
+    """GELU in its erf form, x * sigmoid(x), an RMSNorm written as reference code writes
+    it, F.layer_norm and F.embedding with the module's own weights, a global average
+    pool as a mean and a permute that swaps two dims: each is one catalog layer, with
+    the weights it read, and the diagram computes what the module computes."""
+
+    class RMS(nn.Module):  # as in the Llama reference code
+        def __init__(self, dim, eps=1e-6):
+            super().__init__()
+            self.eps, self.weight = eps, nn.Parameter(torch.rand(dim) + 0.5)
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Parameter(torch.randn(11, 8))
+            self.ln_w, self.ln_b = nn.Parameter(torch.rand(8) + 0.5), nn.Parameter(torch.randn(8) * 0.1)
+            self.norm = RMS(8)
+            self.conv = nn.Conv2d(1, 4, 3, padding=1)
+            self.fc = nn.Linear(8 + 4, 5)
+
+        def forward(self, tokens):
+            h = F.embedding(tokens, self.table)                      # (B, T, 8)
+            h = F.layer_norm(h, (8,), self.ln_w, self.ln_b, 1e-5)
+            h = 0.5 * h * (1.0 + torch.erf(h / math.sqrt(2.0)))      # GELU, written out
+            h = h * torch.sigmoid(h)                                 # SiLU, written out
+            h = self.norm(h)
+            img = self.conv(h.permute(0, 2, 1)[:, None])             # (B, 4, T, 8)
+            pooled = img.mean(dim=(2, 3), keepdim=True).flatten(1)  # global average pooling
+            return self.fc(torch.cat([h.mean(1), pooled], dim=1))
+
+    import math
+
+    torch.manual_seed(0)
+    m = Net().eval()
+    imp = from_module(m, [[6]], ["int64"])
+    nodes = imp.project.graph.nodes
+    types = [n.type for n in nodes.values()]
+    for t in ("Embedding", "LayerNorm", "GELU", "SiLU", "RMSNorm", "Transpose", "AdaptiveAvgPool2d"):
+        assert t in types, (t, types)
+    assert "Op" not in [n.type for n in nodes.values() if n.type in ("Embedding", "LayerNorm", "RMSNorm")]
+    rms = next(n for n in nodes.values() if n.type == "RMSNorm")
+    assert rms.params == {"normalized_shape": 8, "eps": 1e-6, "elementwise_affine": True} and rms.scope == [["norm", "RMS"]]
+    emb = next(nid for nid, n in nodes.items() if n.type == "Embedding")
+    torch.testing.assert_close(imp.state[f"{emb}.weight"], m.table.detach())
+    assert compile_graph(imp.project.graph).total_params == sum(p.numel() for p in m.parameters())
+    gm = compile_graph(imp.project.graph).build()
+    gm.load_state_dict(imp.state)
+    x = torch.randint(0, 11, (4, 6))
+    torch.testing.assert_close(gm.eval()(x), m(x), rtol=1e-5, atol=1e-5)

@@ -64,11 +64,11 @@ def test_import_gives_the_same_function_names_and_parameter_count(exported, name
     src, got = compile_graph(project.graph), compile_graph(imp.project.graph)
     assert got.ok, got.errors
     assert got.total_params == src.total_params  # exactly
-    # Every layer comes back under its own name and type (Dropout's p from the embedded diagram).
+    # Every layer comes back under its own name, type and parameters as drawn (Dropout's p
+    # and the loss from the embedded diagram, which the file's own computation confirmed).
     for nid, node in project.graph.nodes.items():
         assert imp.project.graph.nodes[nid].type == node.type
-        assert {k: v for k, v in imp.project.graph.nodes[nid].params.items() if v is not None} == \
-            {k: v for k, v in got.nodes[nid].params.items() if v is not None}
+        assert imp.project.graph.nodes[nid].params == node.params
     for nid, info in src.nodes.items():
         assert got.nodes[nid].params == info.params, nid
     new = got.build(seed=1)
@@ -227,8 +227,9 @@ def test_cli_export_then_import(exported, tmp_path):
 
 def test_import_of_an_optimized_torch_transformer(tmp_path):
     """torch.onnx's default export folds and renames weights (a transposed in_proj
-    becomes `val_2`, equal LayerNorm weights are shared): the encoder layer is still
-    read whole, its weights taken by role."""
+    becomes `val_2`, equal LayerNorm weights are shared) and writes the encoder layer
+    out op by op: it comes in as its parts, each keeping its module path (`enc`,
+    `enc.self_attn`: a block in the editor), and computes what the model computes."""
     from torch import nn
 
     class Tiny(nn.Module):
@@ -248,10 +249,20 @@ def test_import_of_an_optimized_torch_transformer(tmp_path):
                              dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
     onnx.save(prog.model_proto, str(tmp_path / "tiny.onnx"))
     imp = import_onnx(tmp_path / "tiny.onnx")
-    assert [n.type for n in imp.project.graph.nodes.values()] == \
-        ["Input", "Embedding", "TransformerEncoderLayer", "Mean", "Linear", "Output"]
+    nodes = imp.project.graph.nodes
+    assert nodes["emb_embedding"].type == "Embedding" and nodes["head"].type == "Linear"
+    inside = {nid: n for nid, n in nodes.items() if n.scope and n.scope[0][0] == "enc"}
+    assert {nid: n.type for nid, n in inside.items() if n.type != "Op" and "self_attn" not in nid} == {
+        "enc_add": "Add", "enc_norm1": "LayerNorm", "enc_linear1": "Linear", "enc_relu": "ReLU",
+        "enc_linear2": "Linear", "enc_add_1": "Add", "enc_norm2": "LayerNorm"}
+    assert all(n.scope[0] == ["enc", "TransformerEncoderLayer"] for n in inside.values())
+    assert {n.type for nid, n in inside.items() if "self_attn" in nid} >= {"MatMul", "Softmax"}
     result = compile_graph(imp.project.graph)
-    assert result.total_params == sum(p.numel() for p in m.parameters())
+    # q, k and v read one packed in_proj tensor: tied, so it is counted once; the optimizer
+    # dropped out_proj's all-zero bias from the file, so that one is not there to count
+    assert "out_proj.bias" not in {i.name.rpartition("self_attn.")[2] for i in prog.model_proto.graph.initializer}
+    assert result.total_params == sum(p.numel() for p in m.parameters()) - m.enc.self_attn.out_proj.bias.numel()
+    assert sum(k.endswith("__weight") for k in imp.project.graph.ties) == 2  # k and v tied to q's tensor
     gm = result.build()
     gm.load_state_dict(imp.state)
     torch.testing.assert_close(gm.eval()(x), m(x), **TOL)
@@ -283,7 +294,8 @@ def test_every_listed_operator_imports_from_a_plain_onnx_graph(tmp_path):
     """A hand-written ONNX graph (no torch metadata) with each operator the importer
     promises: Conv, BatchNormalization, Relu, MaxPool, AveragePool, Mul, Concat,
     GlobalAveragePool, Flatten, Gemm, MatMul+Add, Gelu, Sigmoid, Tanh, Dropout,
-    Identity, LayerNormalization, Reshape, Softmax, Add; outputs equal onnxruntime's."""
+    Identity, LayerNormalization, Reshape, Softmax, Add; outputs equal onnxruntime's.
+    Identity computes nothing, so it leaves no node; Dropout keeps the file's ratio."""
     rng = np.random.default_rng(0)
     f = TensorProto.FLOAT
     inits = []
@@ -329,8 +341,9 @@ def test_every_listed_operator_imports_from_a_plain_onnx_graph(tmp_path):
     imp = import_onnx(tmp_path / "plain.onnx")
     types = {n.type for n in imp.project.graph.nodes.values()}
     assert types == {"Input", "Conv2d", "BatchNorm2d", "ReLU", "MaxPool2d", "AvgPool2d", "Mul", "Concat",
-                     "AdaptiveAvgPool2d", "Flatten", "Linear", "GELU", "Sigmoid", "Tanh", "Dropout", "Identity",
+                     "AdaptiveAvgPool2d", "Flatten", "Linear", "GELU", "Sigmoid", "Tanh", "Dropout",
                      "Add", "LayerNorm", "Reshape", "Softmax", "Output"}
+    assert imp.project.graph.nodes["matmul"].params["bias"] is True  # MatMul + Add: one Linear
     result = compile_graph(imp.project.graph)
     assert result.total_params == sum(int(np.prod(t.dims)) for t in inits if t.name not in ("m", "v", "shape"))
     x = rng.normal(size=(3, 2, 8, 8)).astype(np.float32)
@@ -372,7 +385,9 @@ def test_new_operators_import_from_a_plain_onnx_graph(tmp_path):
     """No torch metadata: Transpose (one swap), Slice with constant starts/ends/axes/steps
     (and the whole-range Slice torch writes for the batch, which is no layer), MatMul of
     two computed tensors, Mul/Add/Sub/Div by scalars and broadcast constants, RMSNorm as
-    SimplifiedLayerNormalization, Conv and pools with non-square kernels."""
+    SimplifiedLayerNormalization, Conv and pools with non-square kernels. Constants of
+    the file that multiply or add tensors are initializers, so possibly learned: they
+    come in as Op nodes that own them as weights; scalars fold into one Scale."""
     rng = np.random.default_rng(1)
     f = TensorProto.FLOAT
     inits = []
@@ -412,18 +427,20 @@ def test_new_operators_import_from_a_plain_onnx_graph(tmp_path):
     imp = import_onnx(tmp_path / "new_ops.onnx")
     nodes_ = imp.project.graph.nodes
     assert [n.type for n in nodes_.values()] == [
-        "Input", "Conv2d", "MaxPool2d", "AvgPool2d", "Scale", "Reshape", "Transpose", "Slice", "RMSNorm",
-        "Transpose", "MatMul", "Scale", "Scale", "Output"]  # x / 2 - 1 and a * x + b: one Scale each
+        "Input", "Conv2d", "MaxPool2d", "AvgPool2d", "Op", "Reshape", "Transpose", "Slice", "RMSNorm",
+        "Transpose", "MatMul", "Scale", "Op", "Op", "Output"]  # x / 2 - 1: one Scale
     assert {k: nodes_["conv"].params[k] for k in ("kernel_size", "stride", "padding")} == \
         {"kernel_size": [3, 5], "stride": [1, 2], "padding": [1, 2]}
     assert nodes_["maxpool"].params["kernel_size"] == [2, 1] and nodes_["avgpool"].params["padding"] == [0, 1]
     assert nodes_["odd_rows"].params == {"dim": 1, "start": 1, "end": -1, "step": 2}
     assert nodes_["transpose"].params == {"dim0": 1, "dim1": 2}
     assert nodes_["halve"].params == {"scale": 0.5, "shift": -1.0, "shape": []}
-    assert nodes_["decay"].params["shape"] == [7, 7]  # (7,) times, then (7, 1) added
+    assert [nodes_[k].params["weights"] for k in ("decay", "bias")] == [
+        {"decay": {"shape": [7], "dtype": "float32", "grad": True}},
+        {"bias": {"shape": [7, 1], "dtype": "float32", "grad": True}}]
     assert nodes_["rmsnorm"].params == {"normalized_shape": 4, "eps": 1e-5, "elementwise_affine": True}
     result = compile_graph(imp.project.graph)
-    assert result.total_params == 4 * 2 * 3 * 5 + 4 + 4  # conv, RMSNorm; constants are buffers
+    assert result.total_params == 4 * 2 * 3 * 5 + 4 + 4 + 4 + 7 + 7  # conv, RMSNorm, the three initializers
     x = rng.normal(size=(3, 2, 8, 8)).astype(np.float32)
     gm = result.build()
     gm.load_state_dict(imp.state)
@@ -520,3 +537,39 @@ def test_operators_the_catalog_refuses_come_in_as_torch_calls(tmp_path):
     want = ort.InferenceSession(str(tmp_path / "odd.onnx")).run(None, {"x": x})[0]
     got = ort.InferenceSession(str(again)).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_an_embedded_diagram_is_taken_only_when_it_computes_what_the_file_computes(exported, tmp_path):
+    """A Layerflow export carries its diagram, taken back with the file's weights (changed
+    weights are the file's weights); a file whose operators were edited by another tool
+    (ReLU made Tanh) no longer agrees with it, so the file is read as torch calls; a
+    diagram that names code (a Custom layer) is never taken from a file, nor its code imported."""
+    import sys
+
+    project, _, path = exported["mlp"]
+    model = onnx.load(str(path))
+    w = next(i for i in model.graph.initializer if i.name == "fc2.weight")
+    w.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(w) * 2.0, "fc2.weight"))
+    onnx.save(model, str(tmp_path / "new_weights.onnx"))
+    imp = import_onnx(tmp_path / "new_weights.onnx")
+    assert imp.project.graph.to_dict() == project.graph.to_dict()
+    torch.testing.assert_close(imp.state["fc2.weight"], torch.from_numpy(onnx.numpy_helper.to_array(w)))
+
+    next(n for n in model.graph.node if n.op_type == "Relu").op_type = "Tanh"
+    onnx.save(model, str(tmp_path / "edited.onnx"))
+    imp = import_onnx(tmp_path / "edited.onnx")
+    assert "Layerflow export" not in imp.project.description
+    types = [n.type for n in imp.project.graph.nodes.values()]
+    assert "Tanh" in types and "ReLU" not in types
+    x = sample(project.graph, 3, seed=2)
+    gm = compile_graph(imp.project.graph).build()
+    gm.load_state_dict(imp.state)
+    np.testing.assert_allclose(forward(gm.eval(), x), run_ort(tmp_path / "edited.onnx", x), **TOL)
+
+    diagram = json.loads(next(p.value for p in model.metadata_props if p.key == "layerflow.diagram"))
+    diagram["nodes"].insert(1, {"id": "evil", "type": "Custom", "params": {"path": "layerflow_never_imported:Net"}})
+    next(p for p in model.metadata_props if p.key == "layerflow.diagram").value = json.dumps(diagram)
+    onnx.save(model, str(tmp_path / "custom.onnx"))
+    imp = import_onnx(tmp_path / "custom.onnx")
+    assert "evil" not in imp.project.graph.nodes and "layerflow_never_imported" not in sys.modules
+    assert all(n.type != "Custom" for n in imp.project.graph.nodes.values())
