@@ -8,7 +8,7 @@ batch dimension is left out.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 Shape = tuple[int, ...]
@@ -99,6 +99,24 @@ Resolver = Callable[[dict, list[Shape], list[str]], dict]
 
 
 @dataclass(frozen=True)
+class TPRule:
+    """What one tensor-parallel style cuts: the parameter whose size tp must divide
+    (`splits`, said as `what` in messages) and the dimension each weight is cut along
+    (a name, or a prefix ending in '.' for a sub-layer's weights; weights not named are
+    replicated)."""
+    style: str
+    splits: str
+    what: str
+    shards: tuple[tuple[str, int], ...]
+
+    def shard_dim(self, pname: str) -> int | None:
+        for name, dim in self.shards:
+            if pname == name or (name.endswith(".") and pname.startswith(name)):
+                return dim
+        return None
+
+
+@dataclass(frozen=True)
 class LayerSpec:
     type: str
     category: str
@@ -110,8 +128,12 @@ class LayerSpec:
     # inferred sizes filled; raises FieldError. None: nothing to infer or check.
     resolve: Resolver | None = None
     tp_styles: tuple[str, ...] = ()  # tensor-parallel styles this layer supports
+    tp_rules: tuple[TPRule, ...] = ()  # what each splitting style cuts (the planner's memory and checks)
     batch_dependent: bool = False  # result depends on how the batch is cut
     kind: str = "module"  # module | function | input | output
+
+    def tp_rule(self, style: str | None) -> TPRule | None:
+        return next((r for r in self.tp_rules if r.style == style), None)
 
     def input_ports(self, params: dict) -> list[str]:
         return list(self.inputs(params)) if callable(self.inputs) else list(self.inputs)
@@ -413,7 +435,9 @@ _add(LayerSpec("Linear", "Dense", "y = x W^T + b over the last dimension.", (
     P("in_features", "int", None, "input size (inferred from the incoming shape)", min=1, inferred=True),
     P("out_features", "int", 64, "output size", min=1),
     _BIAS,
-), resolve=_linear, tp_styles=("colwise", "rowwise", "replicate")))
+), resolve=_linear, tp_styles=("colwise", "rowwise", "replicate"), tp_rules=(
+    TPRule("colwise", "out_features", "output features", (("weight", 0), ("bias", 0))),
+    TPRule("rowwise", "in_features", "input features", (("weight", 1),)))))
 for _nd in (1, 2):
     _K, _HW = ("int", "") if _nd == 1 else ("int2", "; one number, or h, w")
     _add(LayerSpec(f"Conv{_nd}d", "Convolution", f"{_nd}-D convolution over (B, C, {'L' if _nd == 1 else 'H, W'}).", (
@@ -493,7 +517,9 @@ _add(LayerSpec("Scale", "Arithmetic", "Multiplies by a constant and adds a const
 _add(LayerSpec("Embedding", "Sequence", "Looks up a vector for each integer token id.", (
     P("num_embeddings", "int", 1000, "vocabulary size", min=1),
     P("embedding_dim", "int", 64, "vector size", min=1),
-), resolve=_embedding, tp_styles=("colwise", "rowwise", "replicate")))
+), resolve=_embedding, tp_styles=("colwise", "rowwise", "replicate"), tp_rules=(
+    TPRule("colwise", "embedding_dim", "embedding size", (("weight", 1),)),
+    TPRule("rowwise", "num_embeddings", "vocabulary", (("weight", 0),)))))
 _add(LayerSpec("PositionalEmbedding", "Sequence", "Adds a learned vector for each position to (B, T, C).", (
     P("max_len", "int", 512, "longest sequence", min=1),
     P("dim", "int", None, "vector size (inferred)", min=1, inferred=True),
@@ -504,7 +530,8 @@ _add(LayerSpec("MultiheadAttention", "Sequence", "Multi-head self-attention on (
     P("dropout", "float", 0.0, "attention dropout", min=0.0, max=1.0),
     _BIAS,
     P("causal", "bool", False, "each position attends only to earlier ones"),
-), resolve=_mha, tp_styles=("colwise", "replicate")))
+), resolve=_mha, tp_styles=("colwise", "replicate"), tp_rules=(
+    TPRule("colwise", "num_heads", "heads", (("q.", 0), ("k.", 0), ("v.", 0), ("out.weight", 1))),)))
 _add(LayerSpec("TransformerEncoderLayer", "Sequence", "Self-attention + feed-forward block on (B, T, C).", (
     P("d_model", "int", None, "model width (inferred)", min=1, inferred=True),
     P("nhead", "int", 4, "attention heads; must divide d_model", min=1),

@@ -33,16 +33,6 @@ from engine.project import Project
 PLAN_VERSION = 1
 ONEFLOW = {"Replicate()": "broadcast", "Partial()": "partial_sum"}
 ELEMENTWISE = {"ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Dropout", "Identity"}
-# the dimension each style splits, for the divisibility check: (param, what it is)
-SPLIT_DIM = {
-    ("Linear", "colwise"): ("out_features", "output features"),
-    ("Linear", "rowwise"): ("in_features", "input features"),
-    ("Embedding", "colwise"): ("embedding_dim", "embedding size"),
-    ("Embedding", "rowwise"): ("num_embeddings", "vocabulary"),
-    ("MultiheadAttention", "colwise"): ("num_heads", "heads"),
-}
-
-
 def oneflow_name(layout: str) -> str:
     if layout.startswith("Shard("):
         return "split(" + layout[6:-1] + ")"
@@ -205,22 +195,10 @@ def tp_layouts(graph, compiled: CompileResult, styles: dict[str, str], stage: di
 
 
 def param_shards(ntype: str, style: str, pname: str) -> int | None:
-    """Which dimension of a parameter TP splits (None: replicated)."""
-    if style in (None, "replicate"):
-        return None
-    if ntype == "Linear":
-        if style == "colwise":
-            return 0
-        return 1 if pname == "weight" else None
-    if ntype == "Embedding":
-        return 1 if style == "colwise" else 0
-    if ntype == "MultiheadAttention" and style == "colwise":
-        sub, _, leaf = pname.partition(".")
-        if sub in ("q", "k", "v"):
-            return 0
-        if sub == "out":
-            return 1 if leaf == "weight" else None
-    return None
+    """Which dimension of a parameter TP splits (None: replicated); the layer's TPRule says."""
+    spec = get_layer(ntype)
+    rule = spec.tp_rule(style) if spec else None
+    return rule.shard_dim(pname) if rule else None
 
 
 # ----- the planner ---------------------------------------------------------------
@@ -353,12 +331,12 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
                           f"{', '.join(spec.tp_styles) if spec and spec.tp_styles else 'only replicate'}")
             del styles[n]
             continue
-        key = SPLIT_DIM.get((ntype, style))
-        if key:
-            size = compiled.nodes[n].params.get(key[0])
+        rule = spec.tp_rule(style)
+        if rule:
+            size = compiled.nodes[n].params.get(rule.splits)
             if size and size % tp:
                 divs = [d for d in range(2, size + 1) if size % d == 0][:6]
-                errors.append(f"node '{n}' ({ntype}): tp={tp} does not divide its {key[1]} ({key[0]}={size}); "
+                errors.append(f"node '{n}' ({ntype}): tp={tp} does not divide its {rule.what} ({rule.splits}={size}); "
                               f"choose tp among {', '.join(map(str, divs))} or set its tp style to replicate")
     tp_plan, tp_layout, tp_errors = tp_layouts(graph, compiled, styles, stage, tp)
     errors += tp_errors

@@ -28,13 +28,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import fx, nn
 
 from engine.graph import Edge, Graph
 from engine.interop.common import Imported, InteropError, check_imported, make_id, synthetic_training
 from engine.interop.layout import layered_layout
-from engine.layers import get_layer
+from engine.layers import FieldError, get_layer
 from engine.project import Project
 from engine.runtime import layers as rl
 from engine.runtime.ops import PY_OPS, OpError, encode_float
@@ -47,122 +46,102 @@ class _Unsupported(Exception):
     pass
 
 
-def _one(v, what: str) -> int:
-    vals = list(v) if isinstance(v, (tuple, list)) else [v]
-    if len(set(vals)) != 1:
-        raise _Unsupported(f"{what} {tuple(vals)} differs per dimension; the catalog layer takes one value")
-    return int(vals[0])
+def _plain(v):
+    """A module attribute as a project file holds it: (3, 3) -> 3, (3, 5) -> [3, 5]."""
+    if isinstance(v, (tuple, list)):
+        vals = [int(x) if isinstance(x, (int, torch.SymInt)) else x for x in v]
+        return vals[0] if len(set(map(repr, vals))) == 1 else vals
+    return v
 
 
-def _hw(v, what: str) -> int | list[int]:
-    """A 2-D size: an int when height and width agree, else [h, w]."""
-    vals = [int(x) for x in v] if isinstance(v, (tuple, list)) else [int(v)]
-    return vals if len(vals) == 2 and vals[0] != vals[1] else _one(vals, what)
+def _config(m: nn.Module) -> dict:
+    """What makes a module compute what it does, beyond its tensors: its plain attributes
+    (ceil_mode, padding_mode, count_include_pad, affine, batch_first, ...) and the names
+    and shapes of its parameters and buffers."""
+    plain = {f"{name}.{k}": repr(_plain(v)) for name, sub in m.named_modules() for k, v in vars(sub).items()
+             if not k.startswith("_") and k not in _NO_MATTER and not isinstance(v, (torch.Tensor, nn.Module))}
+    return {"attrs": plain, "state": {k: tuple(t.shape) for k, t in m.state_dict().items()}}
 
 
-def _conv(m: nn.Module) -> tuple[str, dict]:
-    if m.padding_mode != "zeros":
-        raise _Unsupported(f"padding_mode='{m.padding_mode}' (the catalog pads with zeros)")
-    if isinstance(m.padding, str):
-        if m.padding != "valid":
-            raise _Unsupported(f"padding='{m.padding}'")
-        pad = 0
-    else:
-        pad = _hw(m.padding, "padding")
-    nd = 1 if isinstance(m, nn.Conv1d) else 2
-    return f"Conv{nd}d", {"in_channels": m.in_channels, "out_channels": m.out_channels,
-                          "kernel_size": _hw(m.kernel_size, "kernel_size"), "stride": _hw(m.stride, "stride"),
-                          "padding": pad, "dilation": _one(m.dilation, "dilation"), "groups": m.groups,
-                          "bias": m.bias is not None}
+_NO_MATTER = {"training", "inplace"}  # an in-place ReLU computes what ReLU computes
 
 
-def _pool(m: nn.Module) -> tuple[str, dict]:
-    if m.ceil_mode:
-        raise _Unsupported("ceil_mode=True")
-    if isinstance(m, nn.MaxPool2d):
-        if m.return_indices or _one(m.dilation, "dilation") != 1:
-            raise _Unsupported("MaxPool2d with dilation or return_indices")
-        kind = "MaxPool2d"
-    else:
-        if not m.count_include_pad or m.divisor_override is not None:
-            raise _Unsupported("AvgPool2d with count_include_pad=False or divisor_override")
-        kind = "AvgPool2d"
-    stride = m.stride if m.stride is not None else m.kernel_size
-    k, st = _hw(m.kernel_size, "kernel_size"), _hw(stride, "stride")
-    return kind, {"kernel_size": k, "stride": None if st == k else st,
-                  "padding": _hw(m.padding, "padding")}
+def _read_ctor(kind: str, m: nn.Module) -> dict:
+    """The catalog parameters of a torch module, read through the layer's constructor
+    declaration (engine/runtime/layers.py CTORS) and checked by building the catalog's
+    module from them: anything it would compute differently (ceil_mode=True, a reflect
+    padding, affine=False, bias=False on a LayerNorm) is refused."""
+    ctor, spec = rl.CTORS[kind], get_layer(kind)
+    kinds = {ps.name: ps.kind for ps in spec.params}
+    params = {}
+    for name in (*ctor.args, *(k.partition("=")[2] or k for k in ctor.kwargs)):
+        v = getattr(m, name)
+        if kinds.get(name) == "bool" and (v is None or isinstance(v, torch.Tensor)):
+            v = v is not None  # bias=True: the module has a bias tensor
+        params[name] = _plain(v)
+    if kind == "Conv2d" or kind == "Conv1d":
+        if params["padding"] == "valid":
+            params["padding"] = 0
+        for k in ("kernel_size", "stride", "padding") if kind == "Conv1d" else ():
+            params[k] = _plain(params[k])
+    if kind in ("LayerNorm", "RMSNorm") and params["eps"] is None:
+        params["eps"] = torch.finfo(torch.float32).eps  # torch's default for float32
+    for k, v in ctor.defaults:
+        if params.get(k) == params.get(v) and k in params:
+            params[k] = None  # pool stride = kernel: the catalog's default
+    try:
+        checked = {ps.name: ps.check(params[ps.name]) for ps in spec.params if ps.name in params}
+    except FieldError as exc:
+        raise _Unsupported(str(exc)) from None
+    src = _config(m)
+    if getattr(m, "eps", 0) is None:  # RMSNorm(eps=None): torch's default, which the catalog writes out
+        src["attrs"][".eps"] = repr(params["eps"])
+    try:
+        same = _config(ctor.build(spec.defaults() | checked)) == src
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise _Unsupported(f"{type(exc).__name__}: {exc}") from None
+    if not same:
+        raise _Unsupported(f"{type(m).__name__} configured beyond what the catalog's {kind} declares")
+    return checked
 
 
-def _bn(m: nn.Module) -> tuple[str, dict]:
-    if not m.affine or not m.track_running_stats or m.momentum is None:
-        raise _Unsupported("BatchNorm without affine, running statistics or momentum")
-    return type(m).__name__, {"num_features": m.num_features, "eps": m.eps, "momentum": m.momentum}
+def _read_scale(m: rl.Scale) -> dict:
+    if isinstance(m.scale, float):
+        return {"scale": m.scale, "shift": m.shift, "shape": []}
+    return {"shape": list(m.scale.shape)}  # the constants travel as its buffers
 
 
-def _ln(m: nn.LayerNorm) -> tuple[str, dict]:
-    if len(m.normalized_shape) != 1:
-        raise _Unsupported(f"normalized_shape {tuple(m.normalized_shape)} (the catalog normalizes the last dimension)")
-    if m.elementwise_affine and getattr(m, "bias", True) is None:
-        raise _Unsupported("LayerNorm(bias=False)")
-    return "LayerNorm", {"normalized_shape": m.normalized_shape[0], "eps": m.eps, "elementwise_affine": m.elementwise_affine}
+# torch module class -> (catalog type, reader); most read through their constructor declaration
+MODULES: dict[type, tuple[str, object]] = {c.cls: (t, None) for t, c in rl.CTORS.items()}
+MODULES.update({
+    nn.TransformerEncoderLayer: ("TransformerEncoderLayer", lambda m: {
+        "d_model": m.linear1.in_features, "nhead": m.self_attn.num_heads, "dim_feedforward": m.linear1.out_features,
+        "dropout": m.dropout.p, "norm_first": m.norm_first,
+        "activation": {1: "relu", 2: "gelu"}.get(getattr(m, "activation_relu_or_gelu", 0), repr(m.activation))}),
+    rl.SelfAttention: ("MultiheadAttention", lambda m: {
+        "embed_dim": m.q.in_features, "num_heads": m.num_heads, "dropout": m.dropout, "bias": m.q.bias is not None,
+        "causal": m.causal}),
+    rl.PositionalEmbedding: ("PositionalEmbedding", lambda m: {"max_len": m.weight.shape[0], "dim": m.weight.shape[1]}),
+    rl.Scale: ("Scale", _read_scale),
+})
 
 
-def _rms(m: nn.RMSNorm) -> tuple[str, dict]:
-    if len(m.normalized_shape) != 1:
-        raise _Unsupported(f"normalized_shape {tuple(m.normalized_shape)} (the catalog normalizes the last dimension)")
-    eps = m.eps if m.eps is not None else torch.finfo(torch.float32).eps  # torch's default for float32
-    return "RMSNorm", {"normalized_shape": m.normalized_shape[0], "eps": eps, "elementwise_affine": m.elementwise_affine}
-
-
-def _encoder(m: nn.TransformerEncoderLayer) -> tuple[str, dict]:
-    if not m.self_attn.batch_first:
-        raise _Unsupported("batch_first=False (the catalog's encoder layer takes (B, T, C))")
-    act = {1: "relu", 2: "gelu"}.get(getattr(m, "activation_relu_or_gelu", 0))
-    if act is None:
-        act = "relu" if m.activation in (F.relu,) else "gelu" if m.activation in (F.gelu,) else None
-    if act is None:
-        raise _Unsupported(f"activation {m.activation} (the catalog offers relu and gelu)")
-    if abs(m.norm1.eps - 1e-5) > 1e-12 or m.linear1.bias is None:
-        raise _Unsupported("layer_norm_eps other than 1e-5 or bias=False")
-    return "TransformerEncoderLayer", {"d_model": m.linear1.in_features, "nhead": m.self_attn.num_heads,
-                                       "dim_feedforward": m.linear1.out_features, "dropout": m.dropout.p,
-                                       "activation": act, "norm_first": m.norm_first}
-
-
-def _embedding(m: nn.Embedding) -> tuple[str, dict]:
-    if m.max_norm is not None or m.scale_grad_by_freq or m.sparse:
-        raise _Unsupported("Embedding with max_norm, scale_grad_by_freq or sparse")
-    return "Embedding", {"num_embeddings": m.num_embeddings, "embedding_dim": m.embedding_dim}
-
-
-def _softmax(dim) -> tuple[str, dict]:
-    if dim is None:
-        raise _Unsupported("Softmax without dim")
-    return "Softmax", {"dim": int(dim)}
-
-
-MODULES = {
-    nn.Linear: lambda m: ("Linear", {"in_features": m.in_features, "out_features": m.out_features, "bias": m.bias is not None}),
-    nn.Conv1d: _conv, nn.Conv2d: _conv, nn.MaxPool2d: _pool, nn.AvgPool2d: _pool,
-    nn.AdaptiveAvgPool2d: lambda m: ("AdaptiveAvgPool2d", {"output_size": _one(m.output_size, "output_size")}),
-    nn.BatchNorm1d: _bn, nn.BatchNorm2d: _bn, nn.LayerNorm: _ln, nn.RMSNorm: _rms,
-    nn.Dropout: lambda m: ("Dropout", {"p": m.p}),
-    nn.ReLU: lambda m: ("ReLU", {}), nn.SiLU: lambda m: ("SiLU", {}), nn.Tanh: lambda m: ("Tanh", {}),
-    nn.Sigmoid: lambda m: ("Sigmoid", {}), nn.GELU: lambda m: ("GELU", {"approximate": m.approximate}),
-    nn.Softmax: lambda m: _softmax(m.dim),
-    nn.Flatten: lambda m: ("Flatten", {"start_dim": m.start_dim, "end_dim": m.end_dim}),
-    nn.Embedding: _embedding, nn.Identity: lambda m: ("Identity", {}),
-    nn.TransformerEncoderLayer: _encoder,
-    rl.SelfAttention: lambda m: ("MultiheadAttention", {"embed_dim": m.q.in_features, "num_heads": m.num_heads,
-                                                        "dropout": m.dropout, "bias": m.q.bias is not None, "causal": m.causal}),
-    rl.PositionalEmbedding: lambda m: ("PositionalEmbedding", {"max_len": m.weight.shape[0], "dim": m.weight.shape[1]}),
-    rl.Reshape: lambda m: ("Reshape", {"shape": list(m.shape)}),
-    rl.Mean: lambda m: ("Mean", {"dim": m.dim, "keepdim": m.keepdim}),
-    rl.Transpose: lambda m: ("Transpose", {"dim0": m.dim0, "dim1": m.dim1}),
-    rl.Slice: lambda m: ("Slice", {"dim": m.dim, "start": m.start, "end": m.end, "step": m.step}),
-    rl.Scale: lambda m: ("Scale", {"scale": m.scale, "shift": m.shift, "shape": []} if isinstance(m.scale, float)
-                         else {"shape": list(m.scale.shape)}),  # the constants travel as its buffers
-}
+def catalog_layer(m: nn.Module) -> tuple[str, dict] | None:
+    """(catalog type, parameters) of a torch module the catalog has, else None."""
+    kind, reader = MODULES.get(type(m), (None, None))
+    if kind is None:
+        return None
+    try:
+        if reader is None:
+            return kind, _read_ctor(kind, m)
+        params = reader(m)
+        spec = get_layer(kind)
+        checked = {ps.name: ps.check(params[ps.name]) for ps in spec.params if ps.name in params}
+        if kind != "Scale" and _config(rl.CTORS[kind].build(spec.defaults() | checked)) != _config(m):
+            return None
+        return kind, checked
+    except (_Unsupported, FieldError, TypeError, ValueError, RuntimeError, AttributeError):
+        return None
 
 
 # ----- reading torch.export's graph --------------------------------------------
@@ -292,12 +271,7 @@ class _Reader:
 
         def catalog(path: str):
             if path not in cache:
-                m = self.module.get_submodule(path)
-                builder = MODULES.get(type(m))
-                try:
-                    cache[path] = builder(m) if builder else None
-                except _Unsupported:
-                    cache[path] = None
+                cache[path] = catalog_layer(self.module.get_submodule(path))
             return cache[path]
 
         found: dict[str, _Region] = {}

@@ -39,8 +39,7 @@ from engine.runtime import sync_bn as rsync_bn
 from engine.runtime import train as rtrain
 
 # Layerflow's own layer classes, copied into the script when the diagram uses them.
-OWN_CLASSES = {"Reshape": rl.Reshape, "Mean": rl.Mean, "PositionalEmbedding": rl.PositionalEmbedding,
-               "MultiheadAttention": rl.SelfAttention, "Transpose": rl.Transpose, "Slice": rl.Slice, "Scale": rl.Scale}
+OWN_CLASSES = {t: c.cls for t, c in rl.CTORS.items() if c.own}
 # stateless layers written inline in forward (engine/runtime/layers.py FUNCTION_LAYERS)
 _INLINE = {"Add": "{} + {}", "Mul": "{} * {}", "MatMul": "{} @ {}"}
 _LOCAL_CLASH = {"self", "torch", "nn", "F", "np", "math"}
@@ -49,67 +48,15 @@ _GENERATORS = {"synthetic_classification": edata._classification, "synthetic_reg
 
 
 def _ctor(ntype: str, p: dict) -> str:
-    """The constructor call engine/runtime/layers.py MODULE_BUILDERS makes, as code."""
-    r = repr
-    if ntype == "Linear":
-        return f"nn.Linear({p['in_features']}, {p['out_features']}, bias={p['bias']})"
-    if ntype in ("Conv1d", "Conv2d"):
-        return (f"nn.{ntype}({p['in_channels']}, {p['out_channels']}, {_hw(p['kernel_size'])}, "
-                f"stride={_hw(p['stride'])}, padding={_hw(p['padding'])}, dilation={p['dilation']}, "
-                f"groups={p['groups']}, bias={p['bias']})")
-    if ntype in ("MaxPool2d", "AvgPool2d"):
-        return (f"nn.{ntype}({_hw(p['kernel_size'])}, stride={_hw(p['stride'] or p['kernel_size'])}, "
-                f"padding={_hw(p['padding'])})")
-    if ntype == "AdaptiveAvgPool2d":
-        return f"nn.AdaptiveAvgPool2d({p['output_size']})"
-    if ntype in ("BatchNorm1d", "BatchNorm2d"):
-        return f"nn.{ntype}({p['num_features']}, eps={r(p['eps'])}, momentum={r(p['momentum'])})"
-    if ntype == "LayerNorm":
-        return f"nn.LayerNorm({p['normalized_shape']}, eps={r(p['eps'])}, elementwise_affine={p['elementwise_affine']})"
-    if ntype == "RMSNorm":
-        return f"nn.RMSNorm({p['normalized_shape']}, eps={r(p['eps'])}, elementwise_affine={p['elementwise_affine']})"
-    if ntype == "Dropout":
-        return f"nn.Dropout({r(p['p'])})"
-    if ntype in ("ReLU", "SiLU", "Tanh", "Sigmoid", "Identity"):
-        return f"nn.{ntype}()"
-    if ntype == "GELU":
-        return f"nn.GELU(approximate={r(p['approximate'])})"
-    if ntype == "Softmax":
-        return f"nn.Softmax(dim={p['dim']})"
-    if ntype == "Flatten":
-        return f"nn.Flatten({p['start_dim']}, {p['end_dim']})"
-    if ntype == "Reshape":
-        return f"Reshape({list(p['shape'])})"
-    if ntype == "Embedding":
-        return f"nn.Embedding({p['num_embeddings']}, {p['embedding_dim']})"
-    if ntype == "PositionalEmbedding":
-        return f"PositionalEmbedding({p['max_len']}, {p['dim']})"
-    if ntype == "MultiheadAttention":
-        return (f"SelfAttention({p['embed_dim']}, {p['num_heads']}, dropout={r(p['dropout'])}, bias={p['bias']}, "
-                f"causal={p['causal']})")
-    if ntype == "TransformerEncoderLayer":
-        return (f"nn.TransformerEncoderLayer({p['d_model']}, {p['nhead']}, dim_feedforward={p['dim_feedforward']}, "
-                f"dropout={r(p['dropout'])}, activation={r(p['activation'])}, batch_first=True, "
-                f"norm_first={p['norm_first']})")
-    if ntype == "Mean":
-        return f"Mean({p['dim']}, {p['keepdim']})"
-    if ntype == "Transpose":
-        return f"Transpose({p['dim0']}, {p['dim1']})"
-    if ntype == "Slice":
-        return f"Slice({p['dim']}, {p['start']}, {p['end']}, {p['step']})"
-    if ntype == "Scale":
-        shape = f", {tuple(p['shape'])}" if p["shape"] else ""
-        return f"Scale({r(p['scale'])}, {r(p['shift'])}{shape})"
+    """The constructor call the runtime makes for a node (engine/runtime/layers.py CTORS), as code."""
+    if ntype in rl.CTORS:
+        return rl.CTORS[ntype].code(p)
     if ntype == "Custom":
-        return f"import_object({r(p['path'])})(**{r(p.get('kwargs') or {})})"
+        return f"import_object({p['path']!r})(**{p.get('kwargs') or {}!r})"
     if ntype == "Op":  # the generic op: its ATen calls as data, run by AtenOp (copied into the script)
-        return f"AtenOp({p['inputs']}, {r(p['code'])}, {r(p['weights'])})  # {describe(p)}"
+        return f"AtenOp({p['inputs']}, {p['code']!r}, {p['weights']!r})  # {describe(p)}"
     raise InteropError(f"layer type '{ntype}' has no script form; this exporter needs an update")
 
-
-def _hw(v) -> str:
-    """A size that is one int or [h, w] as torch code: 3 or (3, 5)."""
-    return repr(tuple(v)) if isinstance(v, (list, tuple)) else repr(v)
 
 
 def _var(nid: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import operator
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -157,45 +158,102 @@ def _hw(v: int | list[int]) -> int | tuple[int, int]:
     return tuple(v) if isinstance(v, list) else v
 
 
+@dataclass(frozen=True)
+class Ctor:
+    """How a layer type's module is made: `cls(*args, **kwargs)` with the values of the
+    node's parameters of those names (`out=param` where the keyword differs, `fixed` for
+    constants). One declaration gives the module (build), the line the exported script
+    writes (code) and what the module importer reads back from a torch module of this
+    class (engine/interop/module_import.py): a new layer type is one line here and one
+    LayerSpec in engine/layers.py (that one is not shipped to cluster nodes)."""
+
+    cls: type
+    args: tuple[str, ...] = ()
+    kwargs: tuple[str, ...] = ()  # "stride" (param of the same name) or "dim=dim_param"
+    fixed: tuple[tuple[str, Any], ...] = ()  # keywords the catalog always passes (batch_first=True)
+    defaults: tuple[tuple[str, str], ...] = ()  # (param, param whose value it takes when None): pool stride
+
+    def values(self, p: dict) -> tuple[list, dict]:
+        p = dict(p)
+        for k, other in self.defaults:
+            if p.get(k) is None:
+                p[k] = p[other]
+        args = [_hw(p[a]) for a in self.args]
+        kw = {}
+        for spec in self.kwargs:
+            key, _, param = spec.partition("=")
+            kw[key] = _hw(p[param or key])
+        return args, {**kw, **dict(self.fixed)}
+
+    def build(self, p: dict) -> nn.Module:
+        args, kw = self.values(p)
+        return self.cls(*args, **kw)
+
+    def code(self, p: dict) -> str:
+        """The constructor call as source code: nn.Linear(64, 10, bias=True)."""
+        args, kw = self.values(p)
+        import inspect
+
+        defaults = [q.default for q in list(inspect.signature(self.cls.__init__).parameters.values())[1:len(args) + 1]]
+        while args and len(defaults) == len(args) and defaults[-1] in ((), None) and defaults[-1] == args[-1]:
+            args.pop()  # a trailing empty argument: Scale(0.25, 0.0), not Scale(0.25, 0.0, ())
+            defaults.pop()
+        name = f"nn.{self.cls.__name__}" if self.cls.__module__.startswith("torch.nn") else self.cls.__name__
+        return f"{name}({', '.join([*map(repr, args), *(f'{k}={v!r}' for k, v in kw.items())])})"
+
+    @property
+    def own(self) -> bool:
+        """A class of this file (the exported script carries its source)."""
+        return self.cls.__module__ == __name__
+
+
+def _conv(cls: type) -> Ctor:
+    return Ctor(cls, ("in_channels", "out_channels", "kernel_size"),
+                ("stride", "padding", "dilation", "groups", "bias"))
+
+
+def _pool(cls: type) -> Ctor:
+    return Ctor(cls, ("kernel_size",), ("stride", "padding"), defaults=(("stride", "kernel_size"),))
+
+
+def _bn(cls: type) -> Ctor:
+    return Ctor(cls, ("num_features",), ("eps", "momentum"))
+
+
+def _norm(cls: type) -> Ctor:
+    return Ctor(cls, ("normalized_shape",), ("eps", "elementwise_affine"))
+
+
+# type -> how its module is made (from the node's resolved parameters)
+CTORS: dict[str, Ctor] = {
+    "Linear": Ctor(nn.Linear, ("in_features", "out_features"), ("bias",)),
+    "Conv1d": _conv(nn.Conv1d), "Conv2d": _conv(nn.Conv2d),
+    "MaxPool2d": _pool(nn.MaxPool2d), "AvgPool2d": _pool(nn.AvgPool2d),
+    "AdaptiveAvgPool2d": Ctor(nn.AdaptiveAvgPool2d, ("output_size",)),
+    "BatchNorm1d": _bn(nn.BatchNorm1d), "BatchNorm2d": _bn(nn.BatchNorm2d),
+    "LayerNorm": _norm(nn.LayerNorm), "RMSNorm": _norm(nn.RMSNorm),
+    "Dropout": Ctor(nn.Dropout, ("p",)),
+    "ReLU": Ctor(nn.ReLU), "SiLU": Ctor(nn.SiLU), "Tanh": Ctor(nn.Tanh), "Sigmoid": Ctor(nn.Sigmoid),
+    "Identity": Ctor(nn.Identity),
+    "GELU": Ctor(nn.GELU, (), ("approximate",)),
+    "Softmax": Ctor(nn.Softmax, (), ("dim",)),
+    "Flatten": Ctor(nn.Flatten, ("start_dim", "end_dim")),
+    "Embedding": Ctor(nn.Embedding, ("num_embeddings", "embedding_dim")),
+    "TransformerEncoderLayer": Ctor(nn.TransformerEncoderLayer, ("d_model", "nhead"),
+                                    ("dim_feedforward", "dropout", "activation", "norm_first"),
+                                    fixed=(("batch_first", True),)),
+    "Reshape": Ctor(Reshape, ("shape",)),
+    "Mean": Ctor(Mean, ("dim", "keepdim")),
+    "Transpose": Ctor(Transpose, ("dim0", "dim1")),
+    "Slice": Ctor(Slice, ("dim", "start", "end", "step")),
+    "Scale": Ctor(Scale, ("scale", "shift", "shape")),
+    "PositionalEmbedding": Ctor(PositionalEmbedding, ("max_len", "dim")),
+    "MultiheadAttention": Ctor(SelfAttention, ("embed_dim", "num_heads"), ("dropout", "bias", "causal")),
+}
+
 # type -> callable(resolved params) -> nn.Module
 MODULE_BUILDERS: dict[str, Callable[[dict], nn.Module]] = {
-    "Linear": lambda p: nn.Linear(p["in_features"], p["out_features"], bias=p["bias"]),
-    "Conv1d": lambda p: nn.Conv1d(
-        p["in_channels"], p["out_channels"], p["kernel_size"], stride=p["stride"],
-        padding=p["padding"], dilation=p["dilation"], groups=p["groups"], bias=p["bias"]),
-    "Conv2d": lambda p: nn.Conv2d(
-        p["in_channels"], p["out_channels"], _hw(p["kernel_size"]), stride=_hw(p["stride"]),
-        padding=_hw(p["padding"]), dilation=p["dilation"], groups=p["groups"], bias=p["bias"]),
-    "MaxPool2d": lambda p: nn.MaxPool2d(_hw(p["kernel_size"]), stride=_hw(p["stride"] or p["kernel_size"]),
-                                        padding=_hw(p["padding"])),
-    "AvgPool2d": lambda p: nn.AvgPool2d(_hw(p["kernel_size"]), stride=_hw(p["stride"] or p["kernel_size"]),
-                                        padding=_hw(p["padding"])),
-    "AdaptiveAvgPool2d": lambda p: nn.AdaptiveAvgPool2d(p["output_size"]),
-    "BatchNorm1d": lambda p: nn.BatchNorm1d(p["num_features"], eps=p["eps"], momentum=p["momentum"]),
-    "BatchNorm2d": lambda p: nn.BatchNorm2d(p["num_features"], eps=p["eps"], momentum=p["momentum"]),
-    "LayerNorm": lambda p: nn.LayerNorm(p["normalized_shape"], eps=p["eps"], elementwise_affine=p["elementwise_affine"]),
-    "RMSNorm": lambda p: nn.RMSNorm(p["normalized_shape"], eps=p["eps"], elementwise_affine=p["elementwise_affine"]),
-    "Dropout": lambda p: nn.Dropout(p["p"]),
-    "ReLU": lambda p: nn.ReLU(),
-    "GELU": lambda p: nn.GELU(approximate=p["approximate"]),
-    "SiLU": lambda p: nn.SiLU(),
-    "Tanh": lambda p: nn.Tanh(),
-    "Sigmoid": lambda p: nn.Sigmoid(),
-    "Softmax": lambda p: nn.Softmax(dim=p["dim"]),
-    "Flatten": lambda p: nn.Flatten(p["start_dim"], p["end_dim"]),
-    "Reshape": lambda p: Reshape(p["shape"]),
-    "Embedding": lambda p: nn.Embedding(p["num_embeddings"], p["embedding_dim"]),
-    "PositionalEmbedding": lambda p: PositionalEmbedding(p["max_len"], p["dim"]),
-    "MultiheadAttention": lambda p: SelfAttention(
-        p["embed_dim"], p["num_heads"], dropout=p["dropout"], bias=p["bias"], causal=p["causal"]),
-    "TransformerEncoderLayer": lambda p: nn.TransformerEncoderLayer(
-        p["d_model"], p["nhead"], dim_feedforward=p["dim_feedforward"], dropout=p["dropout"],
-        activation=p["activation"], batch_first=True, norm_first=p["norm_first"]),
-    "Mean": lambda p: Mean(p["dim"], p["keepdim"]),
-    "Transpose": lambda p: Transpose(p["dim0"], p["dim1"]),
-    "Slice": lambda p: Slice(p["dim"], p["start"], p["end"], p["step"]),
-    "Scale": lambda p: Scale(p["scale"], p["shift"], p["shape"]),
-    "Identity": lambda p: nn.Identity(),
+    **{t: c.build for t, c in CTORS.items()},
     "Custom": _custom,
     "Op": lambda p: AtenOp(p["inputs"], p["code"], p["weights"]),
 }

@@ -553,7 +553,7 @@ def test_an_embedded_diagram_is_taken_only_when_it_computes_what_the_file_comput
     onnx.save(model, str(tmp_path / "new_weights.onnx"))
     imp = import_onnx(tmp_path / "new_weights.onnx")
     assert imp.project.graph.to_dict() == project.graph.to_dict()
-    torch.testing.assert_close(imp.state["fc2.weight"], torch.from_numpy(onnx.numpy_helper.to_array(w)))
+    torch.testing.assert_close(imp.state["fc2.weight"], torch.from_numpy(np.array(onnx.numpy_helper.to_array(w))))
 
     next(n for n in model.graph.node if n.op_type == "Relu").op_type = "Tanh"
     onnx.save(model, str(tmp_path / "edited.onnx"))

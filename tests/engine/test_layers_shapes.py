@@ -179,3 +179,48 @@ def test_square_kernels_keep_their_int_form():
     assert r.nodes["layer"].params["kernel_size"] == 3
     r = compile_graph(one_layer("MaxPool2d", (3, 8, 8), "float32", {"kernel_size": [2, 4]}))
     assert r.nodes["layer"].params["kernel_size"] == [2, 4] and r.nodes["layer"].out.shape == (3, 4, 2)
+
+
+@pytest.mark.parametrize("layer_type", sorted(set(CASES) - {"Custom", "Op"}))
+def test_one_declaration_builds_prints_and_reads_back_each_layer(layer_type):
+    """A layer type's constructor declaration (engine/runtime/layers.py CTORS) is the one
+    place its module, its line in the exported script and its reading by the module
+    importer come from: the script's line builds the same module, and importing that
+    module gives back the node's parameters."""
+    from torch import nn
+
+    from engine.interop.module_import import catalog_layer
+    from engine.interop.script_export import _ctor
+    from engine.runtime import layers as rl
+
+    shape, dtype, params = CASES[layer_type]
+    r = compile_graph(one_layer(layer_type, shape, dtype, params))
+    resolved = r.nodes["layer"].params
+    built = rl.build_layer(layer_type, resolved)
+    code = _ctor(layer_type, resolved)
+    again = eval(code, {"nn": nn, **{c.cls.__name__: c.cls for c in rl.CTORS.values()}})  # noqa: S307
+    assert repr(again) == repr(built) and type(again) is type(built), code
+    assert {k: tuple(v.shape) for k, v in again.state_dict().items()} == \
+        {k: tuple(v.shape) for k, v in built.state_dict().items()}
+    kind, read = catalog_layer(built)
+    assert kind == layer_type
+    assert {k: v for k, v in read.items() if k in resolved} == {k: v for k, v in resolved.items() if k in read}
+
+
+def test_a_torch_module_configured_beyond_the_catalog_is_not_read_as_it():
+    """The importer reads a module as a catalog layer only when the catalog's module
+    computes the same: ceil_mode, reflect padding, affine=False, LayerNorm without bias
+    and a padding_idx are refused (they come in as generic calls instead); an in-place
+    ReLU is a ReLU."""
+    from torch import nn
+
+    from engine.interop.module_import import catalog_layer
+
+    for m in (nn.MaxPool2d(2, ceil_mode=True), nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect"),
+              nn.BatchNorm2d(4, affine=False), nn.LayerNorm(8, bias=False), nn.Embedding(5, 3, padding_idx=0),
+              nn.AvgPool2d(2, count_include_pad=False), nn.Conv2d(3, 4, 3, dilation=(1, 2))):
+        assert catalog_layer(m) is None, m
+    assert catalog_layer(nn.ReLU(inplace=True)) == ("ReLU", {})
+    assert catalog_layer(nn.MaxPool2d(3, 2, 1)) == ("MaxPool2d", {"kernel_size": 3, "stride": 2, "padding": 1})
+    assert catalog_layer(nn.MaxPool2d((2, 2), (2, 2), (0, 0))) == ("MaxPool2d", {"kernel_size": 2, "stride": None,
+                                                                                 "padding": 0})
