@@ -82,7 +82,7 @@ def cmd_open(args) -> int:
 
 def cmd_layout(args) -> int:
     """The editor's Auto-Layout, headless (pure Python: no Qt needed)."""
-    from app.controller_layout import layered_layout
+    from engine.layout import layered_layout
     from engine.project import load_project, save_project
 
     project = load_project(args.project)

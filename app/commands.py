@@ -276,3 +276,31 @@ class SetTraining(QUndoCommand):
 
     def undo(self) -> None:
         self._set(self.old)
+
+
+class ToggleBlock(QUndoCommand):
+    """Collapse or expand a block, and where the diagram is laid out by its hierarchy
+    (imported models) move the nodes to the new view's layout: one undo step."""
+
+    def __init__(self, scene, name: str, collapse: bool, layout):
+        self.scene, self.name, self.collapse, self.layout = scene, name, collapse, layout
+        self.moves: dict[str, tuple[tuple[float, float], tuple[float, float]]] | None = None
+        super().__init__(f"{'Collapse' if collapse else 'Expand'} {name.rpartition('/')[2]}")
+
+    def redo(self) -> None:
+        graph = self.scene.graph
+        if self.moves is None:  # the first time: lay out the view it leads to
+            was = set(graph.collapsed)
+            graph.collapsed = (was | {self.name}) if self.collapse else (was - {self.name})
+            new = self.layout(graph) if graph.layout == "hierarchy" else {}
+            graph.collapsed = was
+            self.moves = {n: (graph.nodes[n].pos, p) for n, p in new.items() if graph.nodes[n].pos != p}
+        for nid, (_, new) in self.moves.items():
+            graph.move(nid, new)
+        self.scene.set_collapsed(self.name, self.collapse)
+
+    def undo(self) -> None:
+        graph = self.scene.graph
+        for nid, (old, _) in self.moves.items():
+            graph.move(nid, old)
+        self.scene.set_collapsed(self.name, not self.collapse)

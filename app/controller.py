@@ -14,7 +14,7 @@ from PySide6.QtGui import QUndoStack
 from PySide6.QtWidgets import QApplication
 
 from app import commands as C
-from app.controller_layout import COL_W, layered_layout
+from engine.layout import COL_W, layered_layout, view_layout
 from engine.compile import compile_graph
 from engine.graph import Edge, GraphError
 from engine.layers import get_layer
@@ -152,6 +152,7 @@ class EditorController(QObject):
         self.scene.connect_requested.connect(self.connect_ports)
         self.scene.nodes_moved.connect(self.move_nodes)
         self.scene.rewire_requested.connect(self.rewire)
+        self.scene.toggle_handler = self.toggle_block
         self.result = None
         self.plan = None
         self.plan_error: str | None = None
@@ -515,11 +516,20 @@ class EditorController(QObject):
         return True
 
     # ----- layout -------------------------------------------------------------
+    def toggle_block(self, name: str) -> None:
+        """Collapse or expand a block as one undo step (laid out again for imported models)."""
+        if name not in self.graph.blocks():
+            return
+        self.push(C.ToggleBlock(self.scene, name, name not in self.graph.collapsed, view_layout))
+
     def auto_layout(self, selection_only: bool = False) -> None:
         ids = self.scene.selected_ids() if selection_only else None
         if selection_only and len(ids) < 2:
             ids = None
-        pos = layered_layout(self.graph, ids)
+        if ids is None and self.graph.blocks():  # blocks laid out as units, inside out
+            pos = view_layout(self.graph)
+        else:
+            pos = layered_layout(self.graph, ids)
         moves = {n: (self.graph.nodes[n].pos, p) for n, p in pos.items() if self.graph.nodes[n].pos != p}
         if moves:
             self.push(C.MoveNodes(self.graph, moves, "Auto-layout"))

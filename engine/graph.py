@@ -52,7 +52,8 @@ class Node:
     stage: int | None = None
     tp: str | None = None
     checkpoint: bool = False
-    # Name of the block (group) this node belongs to in the editor; None: none.
+    # The block (group) this node belongs to in the editor; None: none. Blocks nest:
+    # "layer1/layer1.0" is block layer1.0 inside block layer1 (see block_path).
     group: str | None = None
     # Where an imported node came from: the module tree from the outside in, as
     # [path, type] pairs, e.g. [["layer1", "Sequential"], ["layer1.0", "Bottleneck"]].
@@ -130,6 +131,41 @@ def ports_of(node_type: str, params: dict) -> tuple[list[str], list[str]]:
     return spec.input_ports(params), spec.output_ports(params)
 
 
+BLOCK_SEP = "/"
+LAYOUTS = ("hierarchy",)
+
+
+def block_path(group: str | None) -> list[str]:
+    """The blocks that hold a node of `group`, outside in: 'a/b' -> ['a', 'a/b']."""
+    if not group:
+        return []
+    parts = group.split(BLOCK_SEP)
+    return [BLOCK_SEP.join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def block_name(block: str) -> str:
+    """A block's own name (the last part of its path)."""
+    return block.rpartition(BLOCK_SEP)[2]
+
+
+def block_type(graph: "Graph", block: str) -> str | None:
+    """What an imported block is (its module's class, e.g. Bottleneck), from the
+    module tree its nodes keep; None for blocks drawn by hand."""
+    depth = block.count(BLOCK_SEP)
+    name = block_name(block)
+    for n in graph.nodes.values():
+        if in_block(n.group, block) and n.scope and len(n.scope) > depth:
+            for path, kind in n.scope:
+                if path.replace(BLOCK_SEP, "_") == name:
+                    return kind
+    return None
+
+
+def in_block(group: str | None, block: str) -> bool:
+    """A node of `group` is inside `block` (directly or in a block it holds)."""
+    return bool(group) and (group == block or group.startswith(block + BLOCK_SEP))
+
+
 class Graph:
     """Nodes and edges plus change events. Each input port takes one edge; an
     output port feeds any number."""
@@ -138,6 +174,9 @@ class Graph:
         self.nodes: dict[str, Node] = {}
         self.edges: list[Edge] = []
         self.collapsed: set[str] = set()  # blocks the editor shows as one card (saved with the diagram)
+        # "hierarchy": the editor lays the diagram out again, blocks as units, whenever a
+        # block is collapsed or expanded (imported models); None: positions are the user's.
+        self.layout: str | None = None
         # Shared parameters: "node.param" -> "node.param" it is the very same tensor as
         # (a module called twice, an embedding tied to the output layer).
         self.ties: dict[str, str] = {}
@@ -400,13 +439,28 @@ class Graph:
             "nodes": [n.to_dict() for n in self.nodes.values()],
             "edges": [e.to_dict() for e in self.edges],
         }
-        blocks = {n.group for n in self.nodes.values()}
+        blocks = self.blocks()
         if self.collapsed & blocks:  # written only when some block is collapsed
             d["collapsed"] = sorted(self.collapsed & blocks)
         ties = self.live_ties()
         if ties:
             d["ties"] = dict(sorted(ties.items()))
+        if self.layout:
+            d["layout"] = self.layout
         return d
+
+    def blocks(self) -> set[str]:
+        """Every block of the diagram, nested ones included ('a', 'a/b')."""
+        return {b for n in self.nodes.values() for b in block_path(n.group)}
+
+    def block_members(self, block: str) -> list[str]:
+        """The nodes inside a block, nested blocks' included, in model order."""
+        return [nid for nid, n in self.nodes.items() if in_block(n.group, block)]
+
+    def outermost_collapsed(self, nid: str) -> str | None:
+        """The outermost collapsed block holding a node: what the editor shows for it."""
+        node = self.nodes.get(nid)
+        return next((b for b in block_path(node.group if node else None) if b in self.collapsed), None)
 
     def live_ties(self) -> dict[str, str]:
         """The ties whose two nodes are in the diagram (a deleted node's ties come back
@@ -452,7 +506,9 @@ class Graph:
         self.nodes = nodes
         self.edges = edges
         self.ties = ties
-        self.collapsed = {str(b) for b in d.get("collapsed", [])} & {n.group for n in nodes.values()}
+        self.collapsed = {str(b) for b in d.get("collapsed", [])} & {
+            b for n in nodes.values() for b in block_path(n.group)}
+        self.layout = d.get("layout") if d.get("layout") in LAYOUTS else None
         self._emit(GraphEvent("reset"))
 
     def copy(self) -> "Graph":

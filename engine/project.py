@@ -182,7 +182,7 @@ class _NodeModel(_Strict):
     stage: Optional[int] = Field(None, ge=0)
     tp: Optional[Literal[TP_STYLES]] = None  # type: ignore[valid-type]
     checkpoint: bool = False
-    group: Optional[str] = None  # editor block name
+    group: Optional[str] = None  # editor block: its path, "layer1/layer1.0" for a block inside layer1
     scope: Optional[list[tuple[str, str]]] = None  # imported: module path and type, outside in
 
 
@@ -198,6 +198,7 @@ class _DiagramModel(_Strict):
     edges: list[_EdgeModel] = Field(default_factory=list)
     collapsed: list[str] = Field(default_factory=list)  # blocks shown as one card in the editor
     ties: dict[str, str] = Field(default_factory=dict)  # shared parameters: "node.param" -> "node.param"
+    layout: Optional[Literal["hierarchy"]] = None  # laid out again on collapse/expand (imported models)
 
 
 class _ProjectModel(_Strict):

@@ -13,7 +13,8 @@ from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QGraphicsItem, QGraphicsPathItem, QGraphicsScene
 
-from engine.graph import Edge, Graph, GraphEvent, ports_of
+from engine.graph import BLOCK_SEP, Edge, Graph, GraphEvent, block_name, block_path, block_type, in_block, ports_of
+from engine.layout import CARD_EXTRA
 from engine.runtime.ops import describe
 from widgets.style import LIGHT, SceneTheme, human, stage_color
 
@@ -34,6 +35,14 @@ _SMALL_FONT = QFont()
 _SMALL_FONT.setPointSizeF(7.5)
 _NO_BRUSH = QBrush()
 _NO_PEN = QPen(Qt.NoPen)
+
+
+def _count(n: float) -> str:
+    """12,345,678 -> 12.3M (a block card's figures)."""
+    for div, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return f"{n:.0f}"
 
 
 def node_height(n_in: int, n_out: int) -> float:
@@ -342,7 +351,8 @@ class GroupItem(QGraphicsItem):
     def __init__(self, name: str, scene: "NodeScene"):
         super().__init__()
         self.name = name
-        self.setZValue(-1)
+        self.depth = name.count(BLOCK_SEP)  # nested frames sit above the frames that hold them
+        self.setZValue(-1 + 0.01 * self.depth)
         self._rect = QRectF()
         self.ins: list[tuple[str, str]] = []  # values (node, port) entering the block
         self.outs: list[tuple[str, str]] = []  # values leaving it
@@ -352,9 +362,40 @@ class GroupItem(QGraphicsItem):
     def collapsed(self) -> bool:
         return self.name in self.scene().collapsed
 
+    @property
+    def hidden_inside(self) -> bool:
+        """A block inside a collapsed block: not drawn at all."""
+        return any(b in self.scene().collapsed for b in block_path(self.name)[:-1])
+
     def members(self) -> list[str]:
+        """Its nodes, those of the blocks it holds included."""
         scene: NodeScene = self.scene()
-        return [n for n, node in scene.graph.nodes.items() if node.group == self.name and n in scene.node_items]
+        return [n for n, node in scene.graph.nodes.items() if in_block(node.group, self.name) and n in scene.node_items]
+
+    def title(self) -> str:
+        kind = block_type(self.scene().graph, self.name)
+        return f"{block_name(self.name)}" + (f"  {kind}" if kind else "")
+
+    def figures(self) -> tuple[str, str]:
+        """Its size (layers, parameters, FLOPs) and the shapes going in and out."""
+        scene: NodeScene = self.scene()
+        members = self.members()
+        r = scene.result
+        infos = [r.nodes.get(n) for n in members] if r is not None else []
+        infos = [i for i in infos if i is not None]
+        size = f"{len(members)} layers"
+        if infos:
+            size += f" · {_count(sum(i.n_params for i in infos))} params · {_count(sum(i.flops for i in infos))}FLOPs"
+        shapes = ""
+        if r is not None:
+            def shape(src, port):
+                info = r.nodes.get(src)
+                out = info.out if info is not None else None
+                return "(" + ", ".join(map(str, out.shape)) + ")" if out is not None else "?"
+            ins = ", ".join(shape(*v) for v in self.ins[:2]) + (" …" if len(self.ins) > 2 else "")
+            outs = ", ".join(shape(*v) for v in self.outs[:2]) + (" …" if len(self.outs) > 2 else "")
+            shapes = f"{ins} → {outs}" if self.ins or self.outs else ""
+        return size, shapes
 
     def refit(self) -> None:
         scene: NodeScene = self.scene()
@@ -369,7 +410,7 @@ class GroupItem(QGraphicsItem):
             g = scene.graph
             self.ins = list(dict.fromkeys((e.src, e.src_port) for e in g.edges if e.dst in members and e.src not in members))
             self.outs = list(dict.fromkeys((e.src, e.src_port) for e in g.edges if e.src in members and e.dst not in members))
-            self._rect = QRectF(rect.x(), rect.y(), NODE_W, node_height(len(self.ins), len(self.outs)))
+            self._rect = QRectF(rect.x(), rect.y(), NODE_W, node_height(len(self.ins), len(self.outs)) + CARD_EXTRA)
             self.setZValue(1)
             self.setFlags(QGraphicsItem.ItemIsMovable | QGraphicsItem.ItemIsSelectable | QGraphicsItem.ItemSendsGeometryChanges)
         else:
@@ -382,7 +423,7 @@ class GroupItem(QGraphicsItem):
         values = self.ins if is_input else self.outs
         i = values.index(value) if value in values else 0
         x = self._rect.left() if is_input else self._rect.right()
-        return self.mapToScene(QPointF(x, self._rect.top() + BODY_TOP + (i + 0.5) * ROW_H))
+        return self.mapToScene(QPointF(x, self._rect.top() + BODY_TOP + CARD_EXTRA + (i + 0.5) * ROW_H))
 
     def boundingRect(self) -> QRectF:
         return self._rect.adjusted(-PORT_R - 3, -2, PORT_R + 3, 2) if self.collapsed else self._rect
@@ -403,7 +444,7 @@ class GroupItem(QGraphicsItem):
         if pos.y() < r.top() or pos.y() > r.top() + (HEADER_H if self.collapsed else 30):
             return False
         fm = QFontMetricsF(_TITLE_FONT)
-        hot = fm.horizontalAdvance("▸ ") + 12 if self.collapsed else fm.horizontalAdvance(f"▾ {self.name}") + 16
+        hot = fm.horizontalAdvance("▸ ") + 12 if self.collapsed else fm.horizontalAdvance(f"▾ {self.title()}") + 16
         return r.left() <= pos.x() < r.left() + hot
 
     def mousePressEvent(self, e) -> None:
@@ -414,6 +455,12 @@ class GroupItem(QGraphicsItem):
         super().mousePressEvent(e)
 
     def mouseDoubleClickEvent(self, e) -> None:
+        # Qt hands a double-click to the item that took the last press while it still
+        # holds the point: an expanded frame around a card. The card under it is meant.
+        top = next((i for i in self.scene().items(e.scenePos()) if isinstance(i, GroupItem) and i.isVisible()), None)
+        if top is not None and top is not self:
+            top.mouseDoubleClickEvent(e)
+            return
         if self.on_arrow(e.pos()):  # its first click toggled it already
             e.accept()
             return
@@ -432,7 +479,7 @@ class GroupItem(QGraphicsItem):
             p.drawRoundedRect(self._rect, 10, 10)
             p.setPen(QColor(t.group_text))
             p.setFont(_TITLE_FONT)
-            p.drawText(self._rect.adjusted(12, 6, -12, 0), Qt.AlignLeft | Qt.AlignTop, f"▾ {self.name}")
+            p.drawText(self._rect.adjusted(12, 6, -12, 0), Qt.AlignLeft | Qt.AlignTop, f"▾ {self.title()}")
             return
         r = self._rect
         sel = self.isSelected()
@@ -445,15 +492,21 @@ class GroupItem(QGraphicsItem):
         p.fillRect(QRectF(r.x(), r.y() + HEADER_H - 8, r.width(), 8), QColor(t.group_border))
         p.setFont(_TITLE_FONT)
         p.setPen(QColor(t.header_text))
-        p.drawText(QRectF(r.x() + 10, r.y(), r.width() - 20, HEADER_H), Qt.AlignVCenter | Qt.AlignLeft, f"▸ {self.name}")
+        p.drawText(QRectF(r.x() + 10, r.y(), r.width() - 20, HEADER_H), Qt.AlignVCenter | Qt.AlignLeft,
+                   f"▸ {block_name(self.name)}")
         p.setFont(_TEXT_FONT)
         p.setPen(QColor(t.subtext))
-        p.drawText(QRectF(r.x() + 10, r.y() + HEADER_H, r.width() - 20, BODY_TOP - HEADER_H - 2),
-                   Qt.AlignVCenter | Qt.AlignLeft, f"block · {len(self.members())} layers")
+        kind = block_type(self.scene().graph, self.name) or "block"
+        size, shapes = self.figures()
+        line = QRectF(r.x() + 10, r.y() + HEADER_H, r.width() - 20, BODY_TOP - HEADER_H - 2)
+        p.drawText(line, Qt.AlignVCenter | Qt.AlignLeft, kind)
+        for k, text in enumerate((size, shapes)):
+            p.drawText(line.translated(0, (k + 1) * ROW_H), Qt.AlignVCenter | Qt.AlignLeft,
+                       QFontMetricsF(_TEXT_FONT).elidedText(text, Qt.ElideRight, line.width()))
         p.setPen(QColor(t.text))
         for values, is_input in ((self.ins, True), (self.outs, False)):
             for i, (src, _) in enumerate(values):
-                y = r.top() + BODY_TOP + (i + 0.5) * ROW_H
+                y = r.top() + BODY_TOP + CARD_EXTRA + (i + 0.5) * ROW_H
                 box = QRectF(r.x() + 12, y - ROW_H / 2, r.width() / 2 - 12, ROW_H) if is_input else \
                     QRectF(r.center().x(), y - ROW_H / 2, r.width() / 2 - 12, ROW_H)
                 p.drawText(box, Qt.AlignVCenter | (Qt.AlignLeft if is_input else Qt.AlignRight), src)
@@ -462,7 +515,7 @@ class GroupItem(QGraphicsItem):
         for values, is_input in ((self.ins, True), (self.outs, False)):
             for i in range(len(values)):
                 x = r.left() if is_input else r.right()
-                p.drawEllipse(QPointF(x, r.top() + BODY_TOP + (i + 0.5) * ROW_H), PORT_R, PORT_R)
+                p.drawEllipse(QPointF(x, r.top() + BODY_TOP + CARD_EXTRA + (i + 0.5) * ROW_H), PORT_R, PORT_R)
 
 
 class OverviewItem(QGraphicsItem):
@@ -541,6 +594,7 @@ class NodeScene(QGraphicsScene):
         self.node_items: dict[str, NodeItem] = {}
         self.edge_items: dict[Edge, EdgeItem] = {}
         self.group_items: dict[str, GroupItem] = {}
+        self.toggle_handler = None  # callable(block name) that collapses/expands it (the editor's undo step)
         self._edges_of: dict[str, set[Edge]] = {}
         self._syncing = False
         self.detail = True  # zoomed in enough for ports, labels and text
@@ -677,11 +731,13 @@ class NodeScene(QGraphicsScene):
             if item is not None:
                 item.update_path()
         node = self.graph.nodes.get(nid)
-        if refit and node is not None and node.group in self.group_items:
-            self.group_items[node.group].refit()
+        if refit and node is not None:
+            for b in block_path(node.group):
+                if b in self.group_items:
+                    self.group_items[b].refit()
 
     def _refit_groups(self) -> None:
-        names = {n.group for n in self.graph.nodes.values() if n.group}
+        names = self.graph.blocks()
         for name in list(self.group_items):
             if name not in names:
                 self.removeItem(self.group_items.pop(name))
@@ -738,8 +794,9 @@ class NodeScene(QGraphicsScene):
 
     # ----- queries ------------------------------------------------------------
     def _collapsed_group(self, nid: str) -> GroupItem | None:
-        g = self.graph.nodes[nid].group if nid in self.graph.nodes else None
-        return self.group_items.get(g) if g in self.collapsed else None
+        """The card that stands for a node: its outermost collapsed block's."""
+        b = self.graph.outermost_collapsed(nid) if self.graph is not None else None
+        return self.group_items.get(b) if b is not None else None
 
     def edge_ends(self, e: Edge) -> tuple[QPointF, QPointF]:
         """Where an edge starts and ends: at its ports, or at the card of a
@@ -762,7 +819,18 @@ class NodeScene(QGraphicsScene):
             self.graph.collapsed = names
 
     def toggle_collapsed(self, name: str) -> None:
-        self.collapsed.symmetric_difference_update({name})
+        """Collapse or expand a block: through `toggle_handler` when the editor set one
+        (an undo step that may lay the diagram out again), else here and now."""
+        if self.toggle_handler is not None:
+            self.toggle_handler(name)
+            return
+        self.set_collapsed(name, name not in self.collapsed)
+
+    def set_collapsed(self, name: str, collapsed: bool) -> None:
+        if collapsed:
+            self.collapsed.add(name)
+        else:
+            self.collapsed.discard(name)
         self.apply_collapse()
         self.collapsed_changed.emit(name)
 
@@ -771,6 +839,7 @@ class NodeScene(QGraphicsScene):
         self.collapsed &= set(self.group_items)
         for item in self.group_items.values():
             item.refit()
+            item.setVisible(not item.hidden_inside)
         for nid, item in self.node_items.items():
             hidden = self._collapsed_group(nid) is not None
             item.setVisible(not hidden)

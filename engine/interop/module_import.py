@@ -32,7 +32,7 @@ from torch import fx, nn
 
 from engine.graph import Edge, Graph
 from engine.interop.common import Imported, InteropError, check_imported, make_id, synthetic_training
-from engine.interop.layout import layered_layout
+from engine.layout import blocks_from_scopes
 from engine.layers import FieldError, get_layer
 from engine.project import Project
 from engine.runtime import layers as rl
@@ -914,7 +914,7 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
     reader.wire()
     graph = reader.graph
     _merge_scales(graph)
-    layered_layout(graph)
+    blocks_from_scopes(graph)
     project = Project(graph, name=name or type(module).__name__, description=f"Imported from {source}")
     imported = Imported(project, reader.state, source, reader.notes)
     check_imported(imported)

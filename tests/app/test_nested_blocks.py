@@ -1,0 +1,100 @@
+"""An imported ResNet-50 in the real editor: nested blocks opened and closed with the
+mouse, each one undo step that lays the view out again, saved with the project."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QPointF, Qt
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QApplication
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+from real_models import ResNet50  # noqa: E402
+
+pytestmark = pytest.mark.gui
+
+
+@pytest.fixture(scope="module")
+def resnet_project():
+    from engine.interop.module_import import from_module
+
+    return from_module(ResNet50(layers=(1, 2, 3, 1)), [[3, 32, 32]], name="resnet50").project
+
+
+def window(qtbot, project):
+    from app.main_window import MainWindow
+
+    w = MainWindow(project.copy())
+    qtbot.addWidget(w)
+    w.resize(1300, 850)
+    w.show()
+    qtbot.waitExposed(w)
+    QApplication.processEvents()
+    w.controller.flush()
+    return w
+
+
+def card_title(w, name):
+    card = w.scene.group_items[name]
+    return w.view.mapFromScene(card.mapToScene(card._rect.topLeft()) + QPointF(60, 12))
+
+
+def shown(w):
+    """The nodes and block cards the canvas shows."""
+    cards = sorted(n for n, g in w.scene.group_items.items() if g.collapsed and g.isVisible())
+    return cards, sorted(n for n, it in w.scene.node_items.items() if it.isVisible())
+
+
+def test_expand_a_stage_then_a_block_with_the_mouse_and_undo(qtbot, resnet_project, asked):
+    w = window(qtbot, resnet_project)
+    g = w.project.graph
+    cards, nodes = shown(w)
+    assert cards == ["layer1", "layer2", "layer3", "layer4"] and "layer3_0_conv1" not in nodes
+    card = w.scene.group_items["layer3"]
+    assert card.figures()[0].startswith(f"{len(g.block_members('layer3'))} layers · ")
+    assert "→" in card.figures()[1]  # its input and output shapes
+    before = g.to_dict()
+    w.view.set_zoom(0.8)
+    w.view.centerOn(card.sceneBoundingRect().center())
+    QTest.mouseDClick(w.view.viewport(), Qt.LeftButton, Qt.NoModifier, card_title(w, "layer3"))
+    cards, nodes = shown(w)
+    assert cards == ["layer1", "layer2", "layer3/layer3.0", "layer3/layer3.1", "layer3/layer3.2", "layer4"]
+    assert "layer3_0_conv1" not in nodes
+    # the view was laid out again: the next stage moved right to make room for the expanded one
+    assert g.nodes["layer4_0_conv1"].pos[0] > before_pos(before, "layer4_0_conv1")[0]
+    assert w.controller.stack.undoText() == "Expand layer3"
+    inner = w.scene.group_items["layer3/layer3.1"]
+    w.view.centerOn(inner.sceneBoundingRect().center())
+    qtbot.wait(QApplication.doubleClickInterval() + 50)  # a new double-click, not the third click of the last
+    QTest.mouseDClick(w.view.viewport(), Qt.LeftButton, Qt.NoModifier, card_title(w, "layer3/layer3.1"))
+    cards, nodes = shown(w)
+    assert "layer3/layer3.1" not in cards and "layer3_1_conv2" in nodes and "layer3_0_conv2" not in nodes
+    frame = w.scene.group_items["layer3/layer3.1"]
+    outer = w.scene.group_items["layer3"]
+    assert outer.sceneBoundingRect().contains(frame.sceneBoundingRect())  # nested frames
+    w.controller.stack.undo()
+    w.controller.stack.undo()
+    assert g.to_dict() == before and shown(w)[0] == ["layer1", "layer2", "layer3", "layer4"]
+    w.controller.stack.redo()
+    assert "layer3/layer3.0" in shown(w)[0]
+
+
+def before_pos(d, nid):
+    return next(n["pos"] for n in d["nodes"] if n["id"] == nid)
+
+
+def test_open_blocks_are_saved_and_the_file_opens_as_it_was_left(qtbot, resnet_project, asked, tmp_path):
+    import json
+
+    from engine.project import load_project
+
+    w = window(qtbot, resnet_project)
+    w.controller.toggle_block("layer2")
+    assert w.save_as(tmp_path / "r.lflow")
+    saved = json.loads((tmp_path / "r.lflow").read_text())["diagram"]
+    assert "layer2" not in saved["collapsed"] and "layer2/layer2.0" in saved["collapsed"]
+    assert saved["layout"] == "hierarchy"
+    again = window(qtbot, load_project(tmp_path / "r.lflow"))
+    assert shown(again) == shown(w)
