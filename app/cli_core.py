@@ -78,10 +78,10 @@ def cmd_validate(args) -> int:
     pl = project.placement
     world = pl.pp * pl.dp * pl.tp
     # the placement must be runnable too (memory included): the planner's own checks
-    from engine.planner import make_plan
+    from engine.planner import grouped, make_plan
 
     plan = make_plan(project, world, compiled=result)
-    for w in plan.warnings:
+    for w, _ in grouped(plan.warnings):
         print(f"warning: {w}", file=sys.stderr)
     if plan.errors:
         for e in plan.errors:

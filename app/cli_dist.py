@@ -90,12 +90,12 @@ def plan_for_run(project, nproc: int | None, overrides: dict):
     overrides. Returns (plan dict for run.json, warnings); raises CliError listing
     the validation errors."""
     from app.cli import CliError
-    from engine.planner import make_plan
+    from engine.planner import grouped, make_plan
 
     plan = make_plan(project, nproc, placement=overrides)
     if plan.errors:
         raise CliError("the placement cannot run:\n" + "\n".join(f"  {e}" for e in plan.errors))
-    for w in plan.warnings:
+    for w, _ in grouped(plan.warnings):
         print(f"warning: {w}", file=sys.stderr)
     return plan.runtime_plan()
 

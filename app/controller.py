@@ -522,6 +522,21 @@ class EditorController(QObject):
             return
         self.push(C.ToggleBlock(self.scene, name, name not in self.graph.collapsed, view_layout))
 
+    def reveal(self, target: str) -> None:
+        """Expand every collapsed block that holds a node or block (outside in), so the
+        canvas shows it: one undo step."""
+        from engine.graph import block_path
+
+        node = self.graph.nodes.get(target)
+        path = block_path(node.group) if node is not None else block_path(target)[:-1]
+        closed = [b for b in path if b in self.graph.collapsed]
+        if not closed:
+            return
+        self.stack.beginMacro(f"Reveal {target.rpartition('/')[2]}")
+        for b in closed:
+            self.toggle_block(b)
+        self.stack.endMacro()
+
     def auto_layout(self, selection_only: bool = False) -> None:
         ids = self.scene.selected_ids() if selection_only else None
         if selection_only and len(ids) < 2:

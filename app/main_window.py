@@ -223,6 +223,7 @@ class MainWindow(QMainWindow):
         mm = self._act("minimap", "&Minimap", lambda on: self.view.minimap.setVisible(on), checkable=True)
         mm.setChecked(True)
         self._act("search", "Add Layer by &Name…", lambda: (self.view.setFocus(), self.view.open_search()))
+        self._act("find", "&Find Node or Block…", self.find, QKeySequence.Find)
         group = QActionGroup(self)
         for name in ("light", "dark"):
             a = self._act(f"theme_{name}", name.capitalize(), lambda on, name=name: on and self.apply_theme(name), checkable=True)
@@ -248,7 +249,8 @@ class MainWindow(QMainWindow):
             m.addSeparator() if k is None else m.addAction(a[k])
         self.edit_menu = m
         m = self.menuBar().addMenu("&View")
-        for k in ("fit", "zoom_in", "zoom_out", "zoom_reset", None, "layout", "layout_sel", None, "snap", "minimap", "search"):
+        for k in ("fit", "zoom_in", "zoom_out", "zoom_reset", None, "layout", "layout_sel", None, "snap", "minimap", "search",
+                  "find"):
             m.addSeparator() if k is None else m.addAction(a[k])
         tm = m.addMenu("&Theme")
         tm.addAction(a["theme_light"])
@@ -266,8 +268,27 @@ class MainWindow(QMainWindow):
         for k in ("undo", "redo"):  # their text names the command ("Undo Add Linear"): icon only, so the
             button = tb.widgetForAction(self.actions[k])  # toolbar never changes width; the text is the tooltip
             button.setToolButtonStyle(Qt.ToolButtonIconOnly)
+        from PySide6.QtCore import QStringListModel
+        from PySide6.QtWidgets import QCompleter, QLabel, QLineEdit
+
+        tb.addSeparator()
+        self.find_box = QLineEdit(tb)
+        self.find_box.setPlaceholderText("Find node or block (Ctrl+F)")
+        self.find_box.setClearButtonEnabled(True)
+        self.find_box.setMaximumWidth(220)
+        self._find_model = QStringListModel(self)
+        completer = QCompleter(self._find_model, self.find_box)
+        completer.setFilterMode(Qt.MatchContains)
+        completer.setCaseSensitivity(Qt.CaseInsensitive)
+        completer.activated.connect(self._found)
+        self.find_box.setCompleter(completer)
+        self.find_box.returnPressed.connect(self._found)
+        tb.addWidget(self.find_box)
         self.addToolBar(tb)
         self.main_toolbar = tb
+        self.crumbs = QLabel(self)  # the selection's place in the nested blocks
+        self.crumbs.setObjectName("breadcrumbs")
+        self.statusBar().addPermanentWidget(self.crumbs)
         self.run_toolbar = QToolBar("Run", self)
         self.run_toolbar.setObjectName("run_toolbar")
         self.run_toolbar.setToolButtonStyle(Qt.ToolButtonTextBesideIcon)
@@ -291,6 +312,7 @@ class MainWindow(QMainWindow):
         c.stack.cleanChanged.connect(self._update_title)
         c.stack.indexChanged.connect(self._update_title)
         self.scene.selectionChanged.connect(self._on_selection)
+        self.scene.selectionChanged.connect(self._update_crumbs)
         self.scene.collapsed_changed.connect(self._mark_modified)  # saved with the diagram, not an undo step
         self.view.add_requested.connect(self._add_from_view)
         self.view.viewport_moved.connect(lambda: self.zoom_label.setText(f"{self.view.zoom() * 100:.0f}%"))
@@ -369,9 +391,56 @@ class MainWindow(QMainWindow):
                                self.controller.plan_info[2])
 
     def select_and_show(self, node_id: str) -> None:
+        """Select a node (or a block) and bring it into view, expanding what holds it."""
+        if node_id not in self.scene.node_items and node_id not in self.scene.group_items:
+            return
+        self.controller.reveal(node_id)
         if node_id in self.scene.node_items:
             self.scene.select_nodes([node_id])
-            self.view.centerOn(self.scene.node_items[node_id])
+            item = self.scene.node_items[node_id]
+        else:
+            item = self.scene.group_items[node_id]
+            self.scene.clearSelection()
+            item.setSelected(bool(item.flags() & item.GraphicsItemFlag.ItemIsSelectable))
+        if self.view.zoom() < self.view.READABLE:
+            self.view.set_zoom(self.view.READABLE)
+        self.view.centerOn(item.sceneBoundingRect().center())
+
+    def find(self) -> None:
+        """Ctrl+F: the find box, its list filled with every node and block name."""
+        from engine.graph import block_name
+
+        names = sorted(self.project.graph.nodes) + sorted(self.project.graph.blocks(), key=block_name)
+        self._find_model.setStringList(names)
+        self.find_box.setFocus()
+        self.find_box.selectAll()
+
+    def _found(self, text: str = "") -> None:
+        from engine.graph import block_name
+
+        text = (text or self.find_box.text()).strip()
+        g = self.project.graph
+        blocks = {b: b for b in g.blocks()} | {block_name(b): b for b in g.blocks()}
+        target = text if text in g.nodes else blocks.get(text)
+        if target is None:
+            hits = [n for n in g.nodes if text.lower() in n.lower()]
+            target = hits[0] if len(hits) == 1 else None
+        if target is None:
+            self.statusBar().showMessage(f"No node or block named '{text}'", 5000)
+            return
+        self.select_and_show(target)
+
+    def _update_crumbs(self) -> None:
+        """Where the selection sits in the nested blocks: model › layer3 › layer3.1."""
+        from engine.graph import block_name, block_path
+
+        ids = self.scene.selected_ids()
+        groups = self.scene.selected_groups()
+        where = self.project.graph.nodes[ids[0]].group if len(ids) == 1 else (groups[0] if len(groups) == 1 else None)
+        parts = [self.project.name or "diagram", *(block_name(b) for b in block_path(where))]
+        if len(ids) == 1:
+            parts.append(ids[0])
+        self.crumbs.setText("  ›  ".join(parts))
 
     def _paste_pos(self) -> QPointF | None:
         vp = self.view.viewport().mapFromGlobal(self.view.cursor().pos())

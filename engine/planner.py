@@ -455,6 +455,40 @@ _NODE_RE = re.compile(r"\bnode '([^']+)'")
 _EDGE_RE = re.compile(r"\bedge ([A-Za-z_]\w*) -> ([A-Za-z_]\w*)")
 
 
+_PER_NODE = re.compile(r"^node '([^']+)' \(([^)]+)\): (.*)$", re.S)
+SHOW_NODES = 6  # names listed in a grouped message before "..."
+
+
+def grouped(messages: list[str]) -> list[tuple[str, list[str]]]:
+    """Messages that say the same of many nodes as one: "53 BatchNorm2d nodes (bn1,
+    layer1_0_bn1, ...): statistics come from ...", with the nodes it covers. A message
+    about one node, or about none, stays as it is. Order: where each first appears."""
+    out: list[tuple[str, list[str]]] = []
+    groups: dict[tuple[str, str], int] = {}
+    for msg in messages:
+        m = _PER_NODE.match(msg)
+        if m is None:
+            out.append((msg, []))
+            continue
+        node, kind, rest = m.groups()
+        key = (kind, rest)
+        if key in groups:
+            out[groups[key]][1].append(node)
+        else:
+            groups[key] = len(out)
+            out.append((rest, [node]))
+    result = []
+    for i, (text, nodes) in enumerate(out):
+        kind = next((k for k, v in groups.items() if v == i), ("", ""))[0]
+        if len(nodes) == 1:
+            text = f"node '{nodes[0]}' ({kind}): {text}"
+        elif nodes:
+            names = ", ".join(nodes[:SHOW_NODES]) + (f", ... ({len(nodes) - SHOW_NODES} more)" if len(nodes) > SHOW_NODES else "")
+            text = f"{len(nodes)} {kind} nodes ({names}): {text}"
+        result.append((text, nodes))
+    return result
+
+
 def plan_problems(plan: "Plan | None", error: str | None = None) -> tuple[list[CompileError], list[CompileError]]:
     """The plan's errors and warnings as problems (field 'placement'), each on the node
     it names (an edge's problem on the node it enters), for the editor's Problems list
@@ -678,7 +712,7 @@ def format_plan(plan: Plan) -> str:
                      f"optimizer {p.get('update_s', 0) * 1e3:.2f} ms, communication {p['comm_s'] * 1e3:.2f} ms) "
                      f"on {d['device']['name']}")
     lines += [f"note: {n}" for n in d.get("notes", [])]
-    lines += [f"warning: {w}" for w in plan.warnings]
+    lines += [f"warning: {w}" for w, _ in grouped(plan.warnings)]
     lines += [f"error: {e}" for e in plan.errors]
     return "\n".join(lines)
 

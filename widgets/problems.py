@@ -24,13 +24,31 @@ class ProblemsList(QTreeWidget):
         }
 
     def set_problems(self, errors, warnings) -> None:
+        """One row per problem; problems that say the same of many nodes are one row
+        ("53 BatchNorm2d nodes: ...") whose nodes unfold under it."""
+        from engine.planner import grouped
+
         self.clear()
-        for p in [*errors, *warnings]:
-            where = p.node or ("(placement)" if getattr(p, "field", None) == "placement" else "(diagram)")
-            it = QTreeWidgetItem(self, ["", where, p.message])
-            it.setIcon(0, self._icons["error" if p.severity == "error" else "warning"])
-            it.setData(0, Qt.UserRole, p.node)
-            it.setToolTip(2, p.message)
+        self.setRootIsDecorated(False)
+        for severity, problems in (("error", errors), ("warning", warnings)):
+            by_text = {p.message: p for p in problems}
+            for text, nodes in grouped([p.message for p in problems]):
+                first = by_text.get(text)  # a problem of one node keeps its own text
+                if len(nodes) > 1:
+                    it = QTreeWidgetItem(self, ["", f"{len(nodes)} nodes", text])
+                    for n in nodes:
+                        child = QTreeWidgetItem(it, ["", n, ""])
+                        child.setData(0, Qt.UserRole, n)
+                    it.setData(0, Qt.UserRole, None)
+                    self.setRootIsDecorated(True)  # the arrow that lists them
+                else:
+                    p = first
+                    where = (p.node if p else None) or (
+                        "(placement)" if p is not None and getattr(p, "field", None) == "placement" else "(diagram)")
+                    it = QTreeWidgetItem(self, ["", where, text])
+                    it.setData(0, Qt.UserRole, p.node if p else None)
+                it.setIcon(0, self._icons[severity])
+                it.setToolTip(2, text)
         if not errors and not warnings:
             QTreeWidgetItem(self, ["", "", "No problems: the diagram compiles and its placement can run."])
 

@@ -98,3 +98,41 @@ def test_open_blocks_are_saved_and_the_file_opens_as_it_was_left(qtbot, resnet_p
     assert saved["layout"] == "hierarchy"
     again = window(qtbot, load_project(tmp_path / "r.lflow"))
     assert shown(again) == shown(w)
+
+
+def test_a_warning_about_many_nodes_is_one_row_that_unfolds(qtbot, resnet_project, asked):
+    w = window(qtbot, resnet_project)
+    w.controller.set_mesh("dp", 2)
+    w.controller.flush()
+    qtbot.waitUntil(lambda: any("BatchNorm2d nodes" in m for m in w.problems.messages()), timeout=20000)
+    n_bn = sum(1 for n in w.project.graph.nodes.values() if n.type == "BatchNorm2d")
+    rows = [w.problems.topLevelItem(i) for i in range(w.problems.topLevelItemCount())]
+    bn = [r for r in rows if "BatchNorm2d" in r.text(2)]
+    assert len(bn) == 1 and bn[0].text(1) == f"{n_bn} nodes" and bn[0].childCount() == n_bn
+    child = next(bn[0].child(i) for i in range(n_bn) if bn[0].child(i).text(1).startswith("layer3_1"))
+    nid = child.text(1)
+    assert w.project.graph.outermost_collapsed(nid) == "layer3"
+    w.problems.itemClicked.emit(child, 1)  # a node of the group: revealed and selected on the canvas
+    assert w.scene.node_items[nid].isVisible() and w.scene.selected_ids() == [nid]
+    assert w.project.graph.outermost_collapsed(nid) is None
+    assert w.controller.stack.undoText() == f"Reveal {nid}"
+
+
+def test_ctrl_f_finds_a_block_by_name_and_shows_where_it_sits(qtbot, resnet_project, asked):
+    w = window(qtbot, resnet_project)
+    w.activateWindow()
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is w, timeout=15000)
+    w.view.setFocus()
+    qtbot.keyClick(w.view, Qt.Key_F, Qt.ControlModifier)
+    assert w.find_box.hasFocus()
+    qtbot.keyClicks(w.find_box, "layer2.1")
+    qtbot.keyClick(w.find_box, Qt.Key_Return)
+    card = w.scene.group_items["layer2/layer2.1"]
+    assert card.isVisible() and card.collapsed and card.isSelected()  # layer2 opened to show it
+    assert "layer2" not in w.project.graph.collapsed
+    assert w.view.visible_scene_rect().contains(card.sceneBoundingRect().center())
+    assert w.crumbs.text() == "resnet50  ›  layer2  ›  layer2.1"
+    w.find_box.clear()
+    qtbot.keyClicks(w.find_box, "no_such_thing")
+    qtbot.keyClick(w.find_box, Qt.Key_Return)
+    assert "No node or block named 'no_such_thing'" in w.statusBar().currentMessage()

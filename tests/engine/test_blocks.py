@@ -92,3 +92,26 @@ def test_a_gpt_opens_as_embeddings_its_blocks_and_a_head():
     assert sorted(b for b in g.blocks() if b.startswith("transformer.h.1/")) == \
         ["transformer.h.1/transformer.h.1.attn", "transformer.h.1/transformer.h.1.mlp"]
     assert block_type(g, "transformer.h.1/transformer.h.1.attn") == "CausalSelfAttention"
+
+
+def test_warnings_that_repeat_over_many_nodes_are_one_message(resnet50, tmp_path, capsys):
+    """`plan` with dp=4 on ResNet-50: one BatchNorm warning naming how many nodes and the
+    fix, not 53 lines; the nodes are listed (the first ones in the text, all in the group)."""
+    from app.cli import main
+    from engine.planner import grouped, make_plan
+
+    p = resnet50.project.copy()
+    p.placement = p.placement.model_copy(update={"dp": 4})
+    plan = make_plan(p, 4)
+    bn = [w for w in plan.warnings if "BatchNorm2d" in w]
+    assert len(bn) == 53
+    groups = grouped(plan.warnings)
+    text, nodes = next(g for g in groups if "BatchNorm2d" in g[0])
+    assert text.startswith("53 BatchNorm2d nodes (bn1, layer1_0_bn1, ") and "(47 more)" in text
+    assert "fix: set placement.sync_batchnorm" in text and len(nodes) == 53
+    assert grouped(["node 'a' (Linear): x", "something else"]) == [("node 'a' (Linear): x", ["a"]),
+                                                                    ("something else", [])]
+    save_project(p, tmp_path / "r.lflow")
+    assert main(["plan", str(tmp_path / "r.lflow")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("BatchNorm2d") == 1 and "53 BatchNorm2d nodes" in out
