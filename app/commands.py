@@ -295,12 +295,14 @@ class ToggleBlock(QUndoCommand):
             new = self.layout(graph) if graph.layout == "hierarchy" else {}
             graph.collapsed = was
             self.moves = {n: (graph.nodes[n].pos, p) for n, p in new.items() if graph.nodes[n].pos != p}
-        for nid, (_, new) in self.moves.items():
-            graph.move(nid, new)
-        self.scene.set_collapsed(self.name, self.collapse)
+        with self.scene.deferred():  # the moves and the new state shown once
+            for nid, (_, new) in self.moves.items():
+                graph.move(nid, new)
+            self.scene.set_collapsed(self.name, self.collapse)
 
     def undo(self) -> None:
         graph = self.scene.graph
-        for nid, (old, _) in self.moves.items():
-            graph.move(nid, old)
-        self.scene.set_collapsed(self.name, not self.collapse)
+        with self.scene.deferred():
+            for nid, (old, _) in self.moves.items():
+                graph.move(nid, old)
+            self.scene.set_collapsed(self.name, not self.collapse)

@@ -8,6 +8,10 @@ change the model, whose events come back here.
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
+
 import shiboken6
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen
@@ -43,6 +47,37 @@ def _count(n: float) -> str:
         if n >= div:
             return f"{n / div:.1f}{unit}"
     return f"{n:.0f}"
+
+
+LABEL_PX = 11.0  # names far out: this many pixels high on the screen, whatever the zoom
+READABLE_LOD = 0.6  # below this zoom a name drawn at its own size is too small to read
+
+
+@functools.lru_cache(maxsize=64)
+def _far_font(points: float) -> tuple[QFont, QFontMetricsF]:
+    font = QFont(_TITLE_FONT)
+    font.setPointSizeF(points)
+    return font, QFontMetricsF(font)
+
+
+# Qt objects must not outlive the application: drop the cached fonts first at exit
+atexit.register(_far_font.cache_clear)
+
+
+def draw_far_label(p: QPainter, rect: QRectF, text: str, color: QColor, lod: float) -> None:
+    """A name that stays readable when zoomed far out: drawn at a fixed screen size
+    over its card (centred, elided to a little more than the card's width)."""
+    if rect.width() * lod < 24:  # the card is a few pixels (the minimap): no room for a name
+        return
+    font, fm = _far_font(round(max(1.0, LABEL_PX / max(lod, 1e-3) * 0.75), 1))
+    width = rect.width() * 1.6
+    label = fm.elidedText(text, Qt.ElideMiddle, width)
+    top = min(rect.center().y() - fm.height() / 2, rect.bottom() - fm.height()) if rect.height() >= fm.height() \
+        else rect.top()
+    box = QRectF(rect.center().x() - width / 2, top, width, fm.height())
+    p.setFont(font)
+    p.setPen(color)
+    p.drawText(box, Qt.AlignCenter, label)
 
 
 def node_height(n_in: int, n_out: int) -> float:
@@ -165,8 +200,9 @@ class NodeItem(QGraphicsItem):
         rect = QRectF(0, 0, NODE_W, self._h)
         head = stage_color(node.stage, t)
         sel = self.isSelected()
-        if lod < LOD_DETAIL:  # far away (and not in overview mode): a coloured card
+        if lod < LOD_DETAIL:  # far away (and not in overview mode): a coloured card and its name
             p.fillRect(rect, QColor(t.selected) if sel else head)
+            draw_far_label(p, rect, self.node_id, QColor(t.header_text), lod)
             return
         p.setRenderHint(QPainter.Antialiasing)
         p.setPen(QPen(QColor(t.selected), 2.2) if sel else QPen(QColor(t.node_border), 1))
@@ -369,8 +405,18 @@ class GroupItem(QGraphicsItem):
 
     def members(self) -> list[str]:
         """Its nodes, those of the blocks it holds included."""
-        scene: NodeScene = self.scene()
-        return [n for n, node in scene.graph.nodes.items() if in_block(node.group, self.name) and n in scene.node_items]
+        return self.scene().block_members(self.name)
+
+    def stages(self) -> list[int]:
+        """The pipeline stages its nodes are placed on (set on the nodes, or on the block)."""
+        g = self.scene().graph
+        return sorted({g.nodes[n].stage for n in self.members() if g.nodes[n].stage is not None})
+
+    def stage_colour(self) -> QColor:
+        """A card's header: its stage's colour when its nodes share one, else the block colour."""
+        t = self.scene().theme
+        st = self.stages()
+        return QColor(stage_color(st[0], t)) if len(st) == 1 else QColor(t.group_border)
 
     def title(self) -> str:
         kind = block_type(self.scene().graph, self.name)
@@ -479,17 +525,32 @@ class GroupItem(QGraphicsItem):
             p.drawRoundedRect(self._rect, 10, 10)
             p.setPen(QColor(t.group_text))
             p.setFont(_TITLE_FONT)
-            p.drawText(self._rect.adjusted(12, 6, -12, 0), Qt.AlignLeft | Qt.AlignTop, f"▾ {self.title()}")
+            lod = opt.levelOfDetailFromTransform(p.worldTransform())
+            if lod < READABLE_LOD:
+                head = QRectF(self._rect.left(), self._rect.top() - LABEL_PX / max(lod, 1e-3), NODE_W, 1)
+                draw_far_label(p, head, f"▾ {self.title()}", QColor(t.group_text), lod)
+            else:
+                p.drawText(self._rect.adjusted(12, 6, -12, 0), Qt.AlignLeft | Qt.AlignTop, f"▾ {self.title()}")
             return
         r = self._rect
         sel = self.isSelected()
+        lod = opt.levelOfDetailFromTransform(p.worldTransform())
+        if lod < READABLE_LOD:  # far out: the card in its colour, its name and type readable
+            p.fillRect(r, QColor(t.selected) if sel else self.stage_colour())
+            kind = block_type(self.scene().graph, self.name)
+            line = LABEL_PX * 1.2 / max(lod, 1e-3)
+            draw_far_label(p, r.translated(0, -line / 2 if kind else 0), block_name(self.name), QColor(t.header_text), lod)
+            if kind:
+                draw_far_label(p, r.translated(0, line / 2), kind, QColor(t.header_text), lod)
+            return
         p.setPen(QPen(QColor(t.selected), 2.2) if sel else QPen(QColor(t.group_border), 1.4, Qt.DashLine))
         p.setBrush(QColor(t.node_body))
         p.drawRoundedRect(r, 7, 7)
         p.setPen(_NO_PEN)
-        p.setBrush(QColor(t.group_border))
+        head = self.stage_colour()
+        p.setBrush(head)
         p.drawRoundedRect(QRectF(r.x(), r.y(), r.width(), HEADER_H), 7, 7)
-        p.fillRect(QRectF(r.x(), r.y() + HEADER_H - 8, r.width(), 8), QColor(t.group_border))
+        p.fillRect(QRectF(r.x(), r.y() + HEADER_H - 8, r.width(), 8), head)
         p.setFont(_TITLE_FONT)
         p.setPen(QColor(t.header_text))
         p.drawText(QRectF(r.x() + 10, r.y(), r.width() - 20, HEADER_H), Qt.AlignVCenter | Qt.AlignLeft,
@@ -569,12 +630,17 @@ class OverviewItem(QGraphicsItem):
         p.setBrush(_NO_BRUSH)
         p.drawPath(self._path)
         sel = QColor(t.selected)
+        lod = opt.levelOfDetailFromTransform(p.worldTransform())
+        exposed = opt.exposedRect if opt.exposedRect.isValid() else self._rect
+        text = QColor(t.header_text)
         for item in scene.node_items.values():
             if not item.isVisible():
                 continue
             node = item.node
-            p.fillRect(QRectF(item.pos(), item._rect.size()).adjusted(PORT_R + 3, 2, -PORT_R - 3, -2),
-                       sel if item.isSelected() else stage_color(node.stage, t))
+            card = QRectF(item.pos(), item._rect.size()).adjusted(PORT_R + 3, 2, -PORT_R - 3, -2)
+            p.fillRect(card, sel if item.isSelected() else stage_color(node.stage, t))
+            if exposed.intersects(card):
+                draw_far_label(p, card, item.node_id, text, lod)
 
 
 class NodeScene(QGraphicsScene):
@@ -595,6 +661,9 @@ class NodeScene(QGraphicsScene):
         self.edge_items: dict[Edge, EdgeItem] = {}
         self.group_items: dict[str, GroupItem] = {}
         self.toggle_handler = None  # callable(block name) that collapses/expands it (the editor's undo step)
+        self._members: dict[str, list[str]] | None = None  # block -> its nodes (block_members)
+        self._defer = False  # inside deferred(): no refit per moved node
+        self._outer: dict[str, GroupItem | None] | None = None  # node -> its card, while collapse is unchanged
         self._edges_of: dict[str, set[Edge]] = {}
         self._syncing = False
         self.detail = True  # zoomed in enough for ports, labels and text
@@ -665,6 +734,8 @@ class NodeScene(QGraphicsScene):
 
     def _on_event(self, ev: GraphEvent) -> None:
         k = ev.kind
+        if k not in ("moved", "param_changed", "placement_changed", "edge_added", "edge_removed"):
+            self._members = self._outer = None  # nodes or blocks changed
         if not self.detail and k not in ("reset", "param_changed"):
             self.overview.invalidate()
         if k == "reset":
@@ -720,12 +791,42 @@ class NodeScene(QGraphicsScene):
             item = self.node_items.get(ev.node)
             if item is not None:
                 item.update()
+            node = self.graph.nodes.get(ev.node)
+            for b in block_path(node.group if node else None):  # a card shows its nodes' stage
+                if b in self.group_items:
+                    self.group_items[b].update()
         elif k == "group_changed":
             self._refit_groups()
+
+    def block_members(self, block: str) -> list[str]:
+        """The nodes of a block (nested ones' included), from an index kept until the
+        diagram's nodes or blocks change: refits and paints ask for it often."""
+        if self._members is None:
+            index: dict[str, list[str]] = {}
+            for nid, node in self.graph.nodes.items():
+                if nid in self.node_items:
+                    for b in block_path(node.group):
+                        index.setdefault(b, []).append(nid)
+            self._members = index
+        return self._members.get(block, [])
+
+    @contextlib.contextmanager
+    def deferred(self):
+        """Many moves at once (a layout): blocks are refitted once at the end, not per node."""
+        self._defer = True
+        try:
+            yield
+        finally:
+            self._defer = False
+            self._refit_groups()  # (it applies a collapse state with blocks collapsed)
+            if not self.collapsed:
+                self.apply_collapse()  # every node shown again, every edge redrawn
 
     def _item_moved(self, nid: str, refit: bool = True) -> None:
         if not self.detail:
             self.overview.invalidate()
+        if self._defer:
+            return  # deferred(): edges and blocks follow once, at its end
         for e in self._edges_of.get(nid, ()):
             item = self.edge_items.get(e)
             if item is not None:
@@ -737,6 +838,7 @@ class NodeScene(QGraphicsScene):
                     self.group_items[b].refit()
 
     def _refit_groups(self) -> None:
+        self._members = self._outer = None
         names = self.graph.blocks()
         for name in list(self.group_items):
             if name not in names:
@@ -744,9 +846,11 @@ class NodeScene(QGraphicsScene):
         for name in names:
             if name not in self.group_items:
                 self.group_items[name] = GroupItem(name, self)
-            self.group_items[name].refit()
         if self.collapsed:
-            self.apply_collapse()
+            self.apply_collapse()  # refits the blocks that show
+        else:
+            for item in self.group_items.values():
+                item.refit()
 
     # ----- compile results ----------------------------------------------------
     def set_result(self, result, edge_notes: dict[Edge, str] | None = None, more_problems=()) -> None:
@@ -795,6 +899,8 @@ class NodeScene(QGraphicsScene):
     # ----- queries ------------------------------------------------------------
     def _collapsed_group(self, nid: str) -> GroupItem | None:
         """The card that stands for a node: its outermost collapsed block's."""
+        if self._outer is not None and nid in self._outer:
+            return self._outer[nid]
         b = self.graph.outermost_collapsed(nid) if self.graph is not None else None
         return self.group_items.get(b) if b is not None else None
 
@@ -827,6 +933,7 @@ class NodeScene(QGraphicsScene):
         self.set_collapsed(name, name not in self.collapsed)
 
     def set_collapsed(self, name: str, collapsed: bool) -> None:
+        self._outer = None
         if collapsed:
             self.collapsed.add(name)
         else:
@@ -836,19 +943,27 @@ class NodeScene(QGraphicsScene):
 
     def apply_collapse(self) -> None:
         """Show or hide block members, internal edges and cards per self.collapsed."""
+        if self._defer:
+            return  # deferred() applies it once at its end
         self.collapsed &= set(self.group_items)
+        self._outer = None
+        self._outer = {nid: self._collapsed_group(nid) for nid in self.node_items}  # one lookup per node
         for item in self.group_items.values():
-            item.refit()
-            item.setVisible(not item.hidden_inside)
+            hidden = item.hidden_inside
+            item.setVisible(not hidden)
+            if not hidden:
+                item.refit()
         for nid, item in self.node_items.items():
-            hidden = self._collapsed_group(nid) is not None
+            hidden = self._outer[nid] is not None
             item.setVisible(not hidden)
             if hidden:
                 item.setSelected(False)
         for e, item in self.edge_items.items():
-            gs, gd = self._collapsed_group(e.src), self._collapsed_group(e.dst)
-            item.setVisible(self.detail and not (gs is not None and gs is gd))
-            item.update_path()
+            gs, gd = self._outer.get(e.src), self._outer.get(e.dst)
+            inside = gs is not None and gs is gd
+            item.setVisible(self.detail and not inside)
+            if not inside:  # an edge inside a card is drawn again when its block opens
+                item.update_path()
 
     def port_pos(self, nid: str, port: str, is_input: bool) -> QPointF:
         item = self.node_items[nid]

@@ -136,3 +136,22 @@ def test_ctrl_f_finds_a_block_by_name_and_shows_where_it_sits(qtbot, resnet_proj
     qtbot.keyClicks(w.find_box, "no_such_thing")
     qtbot.keyClick(w.find_box, Qt.Key_Return)
     assert "No node or block named 'no_such_thing'" in w.statusBar().currentMessage()
+
+
+def test_a_stage_given_to_a_collapsed_block_goes_to_what_it_holds_and_colours_its_card(qtbot, resnet_project, asked):
+    from PySide6.QtGui import QColor
+
+    from widgets.style import stage_color
+
+    w = window(qtbot, resnet_project)
+    g = w.project.graph
+    card = w.scene.group_items["layer4"]
+    before = card.stage_colour().name()
+    w.scene.clearSelection()
+    card.setSelected(True)
+    assert w.scene.selected_ids() == g.block_members("layer4")
+    w.controller.set_placement(w.scene.selected_ids(), "stage", 1)  # as the Devices panel does for a selection
+    assert {g.nodes[n].stage for n in g.block_members("layer4")} == {1}
+    assert card.stages() == [1] and card.stage_colour().name() == QColor(stage_color(1, w.scene.theme)).name() != before
+    w.controller.stack.undo()
+    assert card.stages() == [] and card.stage_colour().name() == before

@@ -332,7 +332,8 @@ def test_grid_is_opaque_behind_the_curves_and_x_ticks_are_shared_exactly(dash, t
     dash.append("r", read_metrics(write_metrics(tmp_path / "m.jsonl", n=40)))
     dash.flush()
     dash.plots_area.grab()  # paint once
-    painter = QPainter(QImage(10, 10, QImage.Format_ARGB32))
+    image = QImage(10, 10, QImage.Format_ARGB32)  # held: a painter on a collected image crashes
+    painter = QPainter(image)
     try:
         for pid, pw in dash.plots.items():
             pi = pw.getPlotItem()
