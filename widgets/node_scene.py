@@ -64,14 +64,20 @@ def _far_font(points: float) -> tuple[QFont, QFontMetricsF]:
 atexit.register(_far_font.cache_clear)
 
 
-def draw_far_label(p: QPainter, rect: QRectF, text: str, color: QColor, lod: float) -> None:
+def draw_far_label(p: QPainter, rect: QRectF, text: str, color: QColor, lod: float, left: bool = False) -> None:
     """A name that stays readable when zoomed far out: drawn at a fixed screen size
-    over its card (centred, elided to a little more than the card's width)."""
+    over its card (centred, elided to a little more than the card's width; `left`:
+    along the top of a frame, elided to its width)."""
     if rect.width() * lod < 24:  # the card is a few pixels (the minimap): no room for a name
         return
     font, fm = _far_font(round(max(1.0, LABEL_PX / max(lod, 1e-3) * 0.75), 1))
-    width = rect.width() * 1.6
+    width = rect.width() * (1.0 if left else 1.6)
     label = fm.elidedText(text, Qt.ElideMiddle, width)
+    if left:
+        p.setFont(font)
+        p.setPen(color)
+        p.drawText(QRectF(rect.left(), rect.top(), width, fm.height()), Qt.AlignLeft | Qt.AlignVCenter, label)
+        return
     top = min(rect.center().y() - fm.height() / 2, rect.bottom() - fm.height()) if rect.height() >= fm.height() \
         else rect.top()
     box = QRectF(rect.center().x() - width / 2, top, width, fm.height())
@@ -527,8 +533,9 @@ class GroupItem(QGraphicsItem):
             p.setFont(_TITLE_FONT)
             lod = opt.levelOfDetailFromTransform(p.worldTransform())
             if lod < READABLE_LOD:
-                head = QRectF(self._rect.left(), self._rect.top() - LABEL_PX / max(lod, 1e-3), NODE_W, 1)
-                draw_far_label(p, head, f"▾ {self.title()}", QColor(t.group_text), lod)
+                line = LABEL_PX * 1.2 / max(lod, 1e-3)
+                head = QRectF(self._rect.left() + 8, self._rect.top() - line, self._rect.width(), line)
+                draw_far_label(p, head, f"▾ {self.title()}", QColor(t.group_text), lod, left=True)
             else:
                 p.drawText(self._rect.adjusted(12, 6, -12, 0), Qt.AlignLeft | Qt.AlignTop, f"▾ {self.title()}")
             return
