@@ -306,3 +306,39 @@ class ToggleBlock(QUndoCommand):
             for nid, (old, _) in self.moves.items():
                 graph.move(nid, old)
             self.scene.set_collapsed(self.name, not self.collapse)
+
+
+class ToggleFold(QUndoCommand):
+    """Show a run of identical blocks one by one, or again as one card: one undo step
+    (laid out again where the diagram is laid out by its hierarchy)."""
+
+    def __init__(self, scene, first: str, unfold: bool, layout):
+        self.scene, self.first, self.unfold, self.layout = scene, first, unfold, layout
+        self.moves: dict[str, tuple[tuple[float, float], tuple[float, float]]] | None = None
+        super().__init__(f"{'Unfold' if unfold else 'Fold'} {first.rpartition('/')[2]} repeats")
+
+    def _set(self, unfold: bool) -> None:
+        graph = self.scene.graph
+        graph.unfolded = (graph.unfolded | {self.first}) if unfold else (graph.unfolded - {self.first})
+
+    def redo(self) -> None:
+        graph = self.scene.graph
+        if self.moves is None:
+            was = set(graph.unfolded)
+            self._set(self.unfold)
+            new = self.layout(graph) if graph.layout == "hierarchy" else {}
+            graph.unfolded = was
+            self.moves = {n: (graph.nodes[n].pos, p) for n, p in new.items() if graph.nodes[n].pos != p}
+        with self.scene.deferred():
+            for nid, (_, new) in self.moves.items():
+                graph.move(nid, new)
+            self._set(self.unfold)
+            self.scene.folds_changed()
+
+    def undo(self) -> None:
+        graph = self.scene.graph
+        with self.scene.deferred():
+            for nid, (old, _) in self.moves.items():
+                graph.move(nid, old)
+            self._set(not self.unfold)
+            self.scene.folds_changed()

@@ -517,24 +517,47 @@ class EditorController(QObject):
 
     # ----- layout -------------------------------------------------------------
     def toggle_block(self, name: str) -> None:
-        """Collapse or expand a block as one undo step (laid out again for imported models)."""
+        """Collapse or expand a block as one undo step (laid out again for imported models);
+        on the card of a folded run of repeats, show its blocks one by one instead."""
         if name not in self.graph.blocks():
+            return
+        run = self.scene.folded_run(name)
+        if run is not None:
+            self.push(C.ToggleFold(self.scene, run[0], True, view_layout))
             return
         self.push(C.ToggleBlock(self.scene, name, name not in self.graph.collapsed, view_layout))
 
-    def reveal(self, target: str) -> None:
-        """Expand every collapsed block that holds a node or block (outside in), so the
-        canvas shows it: one undo step."""
-        from engine.graph import block_path
+    def toggle_fold(self, name: str) -> bool:
+        """Fold the run of repeats a block belongs to into one card, or unfold it."""
+        from engine.layout import repeated_runs
 
-        node = self.graph.nodes.get(target)
-        path = block_path(node.group) if node is not None else block_path(target)[:-1]
-        closed = [b for b in path if b in self.graph.collapsed]
-        if not closed:
+        run = repeated_runs(self.graph).get(name)
+        if run is None:
+            return False
+        self.push(C.ToggleFold(self.scene, run[0], run[0] not in self.graph.unfolded, view_layout))
+        return True
+
+    def reveal(self, target: str) -> None:
+        """Open what hides a node or block (collapsed blocks around it, a folded run of
+        repeats it is in), outside in, so the canvas shows it: one undo step."""
+        def hiding():
+            if target in self.graph.nodes:
+                card = self.scene._collapsed_group(target)
+            else:
+                members = self.graph.block_members(target)
+                card = self.scene._collapsed_group(members[0]) if members else None
+                if card is not None and card.name == target:
+                    return None  # it shows as its own card
+            return card.name if card is not None else None
+
+        if hiding() is None:
             return
         self.stack.beginMacro(f"Reveal {target.rpartition('/')[2]}")
-        for b in closed:
-            self.toggle_block(b)
+        for _ in range(4 * (target.count("/") + 8)):  # each step opens one level
+            name = hiding()
+            if name is None:
+                break
+            self.toggle_block(name)
         self.stack.endMacro()
 
     def auto_layout(self, selection_only: bool = False) -> None:

@@ -212,6 +212,7 @@ class MainWindow(QMainWindow):
         self._act("ungroup", "&Ungroup", c.ungroup_selected, "Ctrl+Shift+G")
         self._act("repeat", "&Repeat Block…", self.repeat_selected, "Ctrl+R")
         self._act("collapse", "Collapse/&Expand Block", self.toggle_collapse, "Ctrl+E")
+        self._act("fold", "&Fold/Unfold Repeats", self.toggle_fold, "Ctrl+Shift+E")
         self._act("fit", "&Fit View", lambda: self.view.fit(), "F", "fit")
         self._act("zoom_in", "Zoom &In", lambda: self.view.set_zoom(self.view.zoom() * 1.25), QKeySequence.ZoomIn)
         self._act("zoom_out", "Zoom &Out", lambda: self.view.set_zoom(self.view.zoom() / 1.25), QKeySequence.ZoomOut)
@@ -245,7 +246,7 @@ class MainWindow(QMainWindow):
         m.addAction(a["quit"])
         m = self.menuBar().addMenu("&Edit")
         for k in ("undo", "redo", None, "cut", "copy", "paste", "duplicate", "delete", None, "select_all", "rename",
-                  None, "group", "ungroup", "repeat", "collapse"):
+                  None, "group", "ungroup", "repeat", "collapse", "fold"):
             m.addSeparator() if k is None else m.addAction(a[k])
         self.edit_menu = m
         m = self.menuBar().addMenu("&View")
@@ -481,6 +482,12 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Select (a node of) a block to collapse or expand it", 5000)
         for g in groups:
             self.scene.toggle_collapsed(g)
+
+    def toggle_fold(self) -> None:
+        groups = self.scene.selected_groups()
+        if not any(self.controller.toggle_fold(g) for g in groups[:1]):
+            self.statusBar().showMessage("Select a block of a run of identical blocks (layer3.1 … layer3.5) to fold "
+                                         "or unfold it", 5000)
 
     def auto_layout(self) -> None:
         """Lay the whole diagram out, then show all of it."""

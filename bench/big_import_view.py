@@ -75,6 +75,8 @@ def main() -> None:
         view_layout(g)
     layout_collapsed_s = (time.perf_counter() - t) / args.repeat
 
+    w.controller.toggle_fold("transformer.h.0")  # the 48 identical Blocks one by one
+    app.processEvents()
     block = "transformer.h.20"
     toggles = []
     for _ in range(args.repeat):

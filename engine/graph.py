@@ -177,6 +177,9 @@ class Graph:
         # "hierarchy": the editor lays the diagram out again, blocks as units, whenever a
         # block is collapsed or expanded (imported models); None: positions are the user's.
         self.layout: str | None = None
+        # Runs of identical blocks (layer3.1..5, h.0..11) show as one card "x5" while all
+        # are collapsed; the runs named here (by their first block) show one card each.
+        self.unfolded: set[str] = set()
         # Shared parameters: "node.param" -> "node.param" it is the very same tensor as
         # (a module called twice, an embedding tied to the output layer).
         self.ties: dict[str, str] = {}
@@ -447,6 +450,8 @@ class Graph:
             d["ties"] = dict(sorted(ties.items()))
         if self.layout:
             d["layout"] = self.layout
+        if self.unfolded & blocks:
+            d["unfolded"] = sorted(self.unfolded & blocks)
         return d
 
     def blocks(self) -> set[str]:
@@ -509,6 +514,7 @@ class Graph:
         self.collapsed = {str(b) for b in d.get("collapsed", [])} & {
             b for n in nodes.values() for b in block_path(n.group)}
         self.layout = d.get("layout") if d.get("layout") in LAYOUTS else None
+        self.unfolded = {str(b) for b in d.get("unfolded", [])} & self.blocks()
         self._emit(GraphEvent("reset"))
 
     def copy(self) -> "Graph":

@@ -16,7 +16,7 @@ undo step of them.
 """
 from __future__ import annotations
 
-from engine.graph import BLOCK_SEP, Graph, block_path, ports_of
+from engine.graph import BLOCK_SEP, Graph, block_path, in_block, ports_of
 
 COL_W = 250.0
 NODE_W = 152.0  # matches widgets.node_scene.NODE_W
@@ -157,15 +157,113 @@ def _card_height(graph: Graph, members: set[str]) -> float:
     return NODE_H_BASE + max(len(ins), len(outs), 1) * ROW_H + CARD_EXTRA
 
 
+def _signature(graph: Graph, block: str, members: list[str]) -> tuple:
+    """What a block computes, to tell repeats apart: its layers' types and parameters
+    (and their nesting), in order, relative to the block."""
+    import json
+
+    depth = block.count(BLOCK_SEP) + 1
+    out = []
+    for nid in members:
+        n = graph.nodes[nid]
+        inner = tuple(b.count(BLOCK_SEP) - depth for b in block_path(n.group)[depth:])
+        params = _canonical_op(n.params) if n.type == "Op" else n.params
+        out.append((n.type, json.dumps(params, sort_keys=True, default=str), inner))
+    return tuple(out)
+
+
+def _canonical_op(p: dict) -> dict:
+    """An Op node's program with its value and weight names replaced by their order
+    (two calls of the same code read as the same)."""
+    names = {c[0]: f"v{i}" for i, c in enumerate(p.get("code") or [])}
+    names.update({w: f"w{i}" for i, w in enumerate(p.get("weights") or {})})
+
+    def sub(v):
+        if isinstance(v, dict):
+            return {k: (names.get(x, x) if k == "$" else sub(x)) for k, x in v.items()}
+        if isinstance(v, list):
+            return [sub(x) for x in v]
+        return v
+    return {"inputs": p.get("inputs"), "code": [[names[c[0]], c[1], sub(c[2]), sub(c[3])] for c in p.get("code") or []],
+            "weights": [w for w in (p.get("weights") or {}).values()], "label": p.get("label")}
+
+
+def repeated_runs(graph: Graph) -> dict[str, list[str]]:
+    """Runs of two or more identical sibling blocks, each fed only by the one before
+    (ResNet's layer3.1 .. layer3.5, a GPT's h.0 .. h.11): block -> its run."""
+    members: dict[str, list[str]] = {}
+    for nid, n in graph.nodes.items():
+        for b in block_path(n.group):
+            members.setdefault(b, []).append(nid)
+    if not members:
+        return {}
+    order = {nid: i for i, nid in enumerate(graph.nodes)}
+    feeds_of: dict[str, set[str]] = {}  # node -> the nodes feeding it
+    for e in graph.edges:
+        feeds_of.setdefault(e.dst, set()).add(e.src)
+    siblings: dict[str, list[str]] = {}
+    for b in members:
+        siblings.setdefault(b.rpartition(BLOCK_SEP)[0], []).append(b)
+    out: dict[str, list[str]] = {}
+    for sibs in siblings.values():
+        if len(sibs) < 2:
+            continue
+        sibs.sort(key=lambda b: order[members[b][0]])
+        sizes: dict[str, int] = {}
+        for b in sibs:
+            sizes[b] = len(members[b])
+        sig: dict[str, tuple] = {}
+        run = [sibs[0]]
+        for prev, b in zip(sibs, sibs[1:]):
+            same = sizes[b] == sizes[prev]
+            if same:
+                sig.setdefault(prev, _signature(graph, prev, members[prev]))
+                sig.setdefault(b, _signature(graph, b, members[b]))
+                same = sig[b] == sig[prev]
+            if same:
+                mine = set(members[b])
+                feeds = {src for nid in mine for src in feeds_of.get(nid, ()) if src not in mine}
+                same = bool(feeds) and all(in_block(graph.nodes[src].group, prev) for src in feeds)
+            if same:
+                run.append(b)
+                continue
+            if len(run) > 1:
+                out.update({x: run for x in run})
+            run = [b]
+        if len(run) > 1:
+            out.update({x: run for x in run})
+    return out
+
+
+def card_of(graph: Graph, nid: str, runs: dict[str, list[str]] | None = None) -> str | None:
+    """The card that stands for a node in the editor (its outermost collapsed block, or
+    the first block of the folded run that block is in); None: the node shows itself."""
+    b = graph.outermost_collapsed(nid)
+    if b is None:
+        return None
+    run = (repeated_runs(graph) if runs is None else runs).get(b)
+    return run[0] if run and folded(graph, run) else b
+
+
+def folded(graph: Graph, run: list[str]) -> bool:
+    """A run shows as one card: all its blocks collapsed and the user has not unfolded it."""
+    return run[0] not in graph.unfolded and all(b in graph.collapsed for b in run)
+
+
 def view_layout(graph: Graph, origin: tuple[float, float] = (0.0, 0.0)) -> dict[str, tuple[float, float]]:
     """Positions of every node for the editor's current view (graph.collapsed): blocks
     are laid out as units, inside out."""
     pos: dict[str, tuple[float, float]] = {}
+    runs = repeated_runs(graph)
 
     def unit_of(nid: str, depth: int) -> str:
-        """What stands for a node among the units of a container at `depth`."""
+        """What stands for a node among the units of a container at `depth` (a folded
+        run of repeats is one unit, named after its first block)."""
         path = block_path(graph.nodes[nid].group)
-        return path[depth] if len(path) > depth else nid
+        if len(path) <= depth:
+            return nid
+        run = runs.get(path[depth])
+        return run[0] if run and folded(graph, run) else path[depth]
 
     def place(block: str | None, depth: int) -> tuple[float, float]:
         """Lay out the inside of `block` (None: the whole diagram) from (0, 0) in `pos`

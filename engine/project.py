@@ -199,6 +199,7 @@ class _DiagramModel(_Strict):
     collapsed: list[str] = Field(default_factory=list)  # blocks shown as one card in the editor
     ties: dict[str, str] = Field(default_factory=dict)  # shared parameters: "node.param" -> "node.param"
     layout: Optional[Literal["hierarchy"]] = None  # laid out again on collapse/expand (imported models)
+    unfolded: list[str] = Field(default_factory=list)  # runs of identical blocks shown block by block
 
 
 class _ProjectModel(_Strict):

@@ -18,7 +18,7 @@ from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPaint
 from PySide6.QtWidgets import QGraphicsItem, QGraphicsPathItem, QGraphicsScene
 
 from engine.graph import BLOCK_SEP, Edge, Graph, GraphEvent, block_name, block_path, block_type, in_block, ports_of
-from engine.layout import CARD_EXTRA
+from engine.layout import CARD_EXTRA, folded, repeated_runs
 from engine.runtime.ops import describe
 from widgets.style import LIGHT, SceneTheme, human, stage_color
 
@@ -406,12 +406,23 @@ class GroupItem(QGraphicsItem):
 
     @property
     def hidden_inside(self) -> bool:
-        """A block inside a collapsed block: not drawn at all."""
-        return any(b in self.scene().collapsed for b in block_path(self.name)[:-1])
+        """A block inside a collapsed block, or a folded repeat after the first: not drawn."""
+        scene: NodeScene = self.scene()
+        run = scene.folded_run(self.name)
+        return any(b in scene.collapsed for b in block_path(self.name)[:-1]) or (run is not None and run[0] != self.name)
+
+    @property
+    def run(self) -> list[str] | None:
+        """The run of repeats this card stands for (it is the first of them), if folded."""
+        run = self.scene().folded_run(self.name)
+        return run if run is not None and run[0] == self.name else None
 
     def members(self) -> list[str]:
-        """Its nodes, those of the blocks it holds included."""
-        return self.scene().block_members(self.name)
+        """Its nodes, those of the blocks it holds included (a folded run: all of the run's)."""
+        scene: NodeScene = self.scene()
+        if self.run and self.collapsed:
+            return [n for b in self.run for n in scene.block_members(b)]
+        return scene.block_members(self.name)
 
     def stages(self) -> list[int]:
         """The pipeline stages its nodes are placed on (set on the nodes, or on the block)."""
@@ -426,7 +437,14 @@ class GroupItem(QGraphicsItem):
 
     def title(self) -> str:
         kind = block_type(self.scene().graph, self.name)
-        return f"{block_name(self.name)}" + (f"  {kind}" if kind else "")
+        return f"{self.card_name()}" + (f"  {kind}" if kind else "")
+
+    def card_name(self) -> str:
+        """layer3.1, or for a folded run layer3.1 … layer3.5 ×5."""
+        run = self.run if self.collapsed else None
+        if run:
+            return f"{block_name(run[0])} … {block_name(run[-1])} ×{len(run)}"
+        return block_name(self.name)
 
     def figures(self) -> tuple[str, str]:
         """Its size (layers, parameters, FLOPs) and the shapes going in and out."""
@@ -546,7 +564,7 @@ class GroupItem(QGraphicsItem):
             p.fillRect(r, QColor(t.selected) if sel else self.stage_colour())
             kind = block_type(self.scene().graph, self.name)
             line = LABEL_PX * 1.2 / max(lod, 1e-3)
-            draw_far_label(p, r.translated(0, -line / 2 if kind else 0), block_name(self.name), QColor(t.header_text), lod)
+            draw_far_label(p, r.translated(0, -line / 2 if kind else 0), self.card_name(), QColor(t.header_text), lod)
             if kind:
                 draw_far_label(p, r.translated(0, line / 2), kind, QColor(t.header_text), lod)
             return
@@ -561,10 +579,12 @@ class GroupItem(QGraphicsItem):
         p.setFont(_TITLE_FONT)
         p.setPen(QColor(t.header_text))
         p.drawText(QRectF(r.x() + 10, r.y(), r.width() - 20, HEADER_H), Qt.AlignVCenter | Qt.AlignLeft,
-                   f"▸ {block_name(self.name)}")
+                   QFontMetricsF(_TITLE_FONT).elidedText(f"▸ {self.card_name()}", Qt.ElideMiddle, r.width() - 20))
         p.setFont(_TEXT_FONT)
         p.setPen(QColor(t.subtext))
         kind = block_type(self.scene().graph, self.name) or "block"
+        if self.run:
+            kind += f" ×{len(self.run)} (double-click: one by one)"
         size, shapes = self.figures()
         line = QRectF(r.x() + 10, r.y() + HEADER_H, r.width() - 20, BODY_TOP - HEADER_H - 2)
         p.drawText(line, Qt.AlignVCenter | Qt.AlignLeft, kind)
@@ -669,6 +689,7 @@ class NodeScene(QGraphicsScene):
         self.group_items: dict[str, GroupItem] = {}
         self.toggle_handler = None  # callable(block name) that collapses/expands it (the editor's undo step)
         self._members: dict[str, list[str]] | None = None  # block -> its nodes (block_members)
+        self._runs: dict[str, list[str]] | None = None  # block -> its run of identical blocks (folded_run)
         self._defer = False  # inside deferred(): no refit per moved node
         self._outer: dict[str, GroupItem | None] | None = None  # node -> its card, while collapse is unchanged
         self._edges_of: dict[str, set[Edge]] = {}
@@ -741,8 +762,10 @@ class NodeScene(QGraphicsScene):
 
     def _on_event(self, ev: GraphEvent) -> None:
         k = ev.kind
-        if k not in ("moved", "param_changed", "placement_changed", "edge_added", "edge_removed"):
+        if k not in ("moved", "placement_changed"):
             self._members = self._outer = None  # nodes or blocks changed
+            if k != "edge_added" or not self._defer:
+                self._runs = None  # (what repeats follows from the nodes, their parameters and edges)
         if not self.detail and k not in ("reset", "param_changed"):
             self.overview.invalidate()
         if k == "reset":
@@ -817,6 +840,13 @@ class NodeScene(QGraphicsScene):
             self._members = index
         return self._members.get(block, [])
 
+    def folded_run(self, block: str) -> list[str] | None:
+        """The folded run of repeats a block is part of (engine.layout.repeated_runs)."""
+        if self._runs is None:
+            self._runs = repeated_runs(self.graph) if self.graph is not None else {}
+        run = self._runs.get(block)
+        return run if run is not None and folded(self.graph, run) else None
+
     @contextlib.contextmanager
     def deferred(self):
         """Many moves at once (a layout): blocks are refitted once at the end, not per node."""
@@ -845,7 +875,7 @@ class NodeScene(QGraphicsScene):
                     self.group_items[b].refit()
 
     def _refit_groups(self) -> None:
-        self._members = self._outer = None
+        self._members = self._outer = self._runs = None
         names = self.graph.blocks()
         for name in list(self.group_items):
             if name not in names:
@@ -905,10 +935,13 @@ class NodeScene(QGraphicsScene):
 
     # ----- queries ------------------------------------------------------------
     def _collapsed_group(self, nid: str) -> GroupItem | None:
-        """The card that stands for a node: its outermost collapsed block's."""
+        """The card that stands for a node: its outermost collapsed block's (a folded
+        run's first block's)."""
         if self._outer is not None and nid in self._outer:
             return self._outer[nid]
         b = self.graph.outermost_collapsed(nid) if self.graph is not None else None
+        run = self.folded_run(b) if b is not None else None
+        b = run[0] if run else b
         return self.group_items.get(b) if b is not None else None
 
     def edge_ends(self, e: Edge) -> tuple[QPointF, QPointF]:
@@ -938,6 +971,12 @@ class NodeScene(QGraphicsScene):
             self.toggle_handler(name)
             return
         self.set_collapsed(name, name not in self.collapsed)
+
+    def folds_changed(self) -> None:
+        """graph.unfolded changed: which cards stand for which nodes, shown again."""
+        self._outer = None
+        self.apply_collapse()
+        self.collapsed_changed.emit("")
 
     def set_collapsed(self, name: str, collapsed: bool) -> None:
         self._outer = None
@@ -992,7 +1031,8 @@ class NodeScene(QGraphicsScene):
     def selected_groups(self) -> list[str]:
         """Blocks of the selection: selected cards and the blocks of selected nodes."""
         names = {i.name for i in self.selectedItems() if isinstance(i, GroupItem)}
-        names |= {self.graph.nodes[n].group for n in self.selected_ids()} - {None}
+        direct = [i.node_id for i in self.selectedItems() if isinstance(i, NodeItem)]  # (not a card's inside)
+        names |= {self.graph.nodes[n].group for n in direct if n in self.graph.nodes} - {None}
         return sorted(names)
 
     def select_nodes(self, ids) -> None:

@@ -60,22 +60,32 @@ def test_expand_a_stage_then_a_block_with_the_mouse_and_undo(qtbot, resnet_proje
     w.view.centerOn(card.sceneBoundingRect().center())
     QTest.mouseDClick(w.view.viewport(), Qt.LeftButton, Qt.NoModifier, card_title(w, "layer3"))
     cards, nodes = shown(w)
-    assert cards == ["layer1", "layer2", "layer3/layer3.0", "layer3/layer3.1", "layer3/layer3.2", "layer4"]
+    # layer3.0 (it has the downsample) and the run of identical bottlenecks after it as one card
+    assert cards == ["layer1", "layer2", "layer3/layer3.0", "layer3/layer3.1", "layer4"]
+    run = w.scene.group_items["layer3/layer3.1"]
+    assert run.card_name() == "layer3.1 … layer3.2 ×2" and not w.scene.group_items["layer3/layer3.2"].isVisible()
+    assert set(run.members()) == set(g.block_members("layer3/layer3.1")) | set(g.block_members("layer3/layer3.2"))
     assert "layer3_0_conv1" not in nodes
     # the view was laid out again: the next stage moved right to make room for the expanded one
     assert g.nodes["layer4_0_conv1"].pos[0] > before_pos(before, "layer4_0_conv1")[0]
     assert w.controller.stack.undoText() == "Expand layer3"
-    inner = w.scene.group_items["layer3/layer3.1"]
-    w.view.centerOn(inner.sceneBoundingRect().center())
-    qtbot.wait(QApplication.doubleClickInterval() + 50)  # a new double-click, not the third click of the last
-    QTest.mouseDClick(w.view.viewport(), Qt.LeftButton, Qt.NoModifier, card_title(w, "layer3/layer3.1"))
+
+    def dclick(name):
+        w.view.centerOn(w.scene.group_items[name].sceneBoundingRect().center())
+        qtbot.wait(QApplication.doubleClickInterval() + 50)  # a new double-click, not the third click of the last
+        QTest.mouseDClick(w.view.viewport(), Qt.LeftButton, Qt.NoModifier, card_title(w, name))
+
+    dclick("layer3/layer3.1")  # the run unfolds: one card per block
+    assert shown(w)[0] == ["layer1", "layer2", "layer3/layer3.0", "layer3/layer3.1", "layer3/layer3.2", "layer4"]
+    assert w.controller.stack.undoText() == "Unfold layer3.1 repeats" and g.unfolded == {"layer3/layer3.1"}
+    dclick("layer3/layer3.1")
     cards, nodes = shown(w)
     assert "layer3/layer3.1" not in cards and "layer3_1_conv2" in nodes and "layer3_0_conv2" not in nodes
     frame = w.scene.group_items["layer3/layer3.1"]
     outer = w.scene.group_items["layer3"]
     assert outer.sceneBoundingRect().contains(frame.sceneBoundingRect())  # nested frames
-    w.controller.stack.undo()
-    w.controller.stack.undo()
+    for _ in range(3):
+        w.controller.stack.undo()
     assert g.to_dict() == before and shown(w)[0] == ["layer1", "layer2", "layer3", "layer4"]
     w.controller.stack.redo()
     assert "layer3/layer3.0" in shown(w)[0]

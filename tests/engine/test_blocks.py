@@ -5,7 +5,7 @@ import pytest
 
 from engine.graph import Graph, block_name, block_path, block_type
 from engine.interop.module_import import from_module
-from engine.layout import view_layout
+from engine.layout import card_of, repeated_runs, view_layout
 from engine.project import load_project, save_project
 
 from real_models import GPT, ResNet50
@@ -18,9 +18,10 @@ def resnet50():
 
 def visible_units(g: Graph) -> dict[str, list[str]]:
     """What the editor shows: each node, or the outermost collapsed block holding it."""
+    runs = repeated_runs(g)
     out: dict[str, list[str]] = {}
     for nid in g.nodes:
-        out.setdefault(g.outermost_collapsed(nid) or nid, []).append(nid)
+        out.setdefault(card_of(g, nid, runs) or nid, []).append(nid)
     return out
 
 
@@ -83,11 +84,19 @@ def test_blocks_and_their_state_are_saved_and_loaded(resnet50, tmp_path):
 
 def test_a_gpt_opens_as_embeddings_its_blocks_and_a_head():
     """nanoGPT loops over transformer.h (a ModuleList that is never called itself): each
-    Block is a top-level block holding its attention and MLP."""
+    Block is a top-level block holding its attention and MLP; the three identical Blocks
+    show as one card (a folded run) until unfolded."""
     g = from_module(GPT(n_layer=3), [[16]], ["int64"]).project.graph
     units = visible_units(g)
-    assert list(units) == ["idx", "transformer_wte", "add", "transformer.h.0", "transformer.h.1", "transformer.h.2",
-                           "transformer_ln_f", "lm_head", "output"]
+    assert list(units) == ["idx", "transformer_wte", "add", "transformer.h.0", "transformer_ln_f", "lm_head", "output"]
+    assert repeated_runs(g)["transformer.h.1"] == [f"transformer.h.{i}" for i in range(3)]
+    assert len(units["transformer.h.0"]) == 3 * len(g.block_members("transformer.h.0"))
+    g.unfolded.add("transformer.h.0")
+    assert list(visible_units(g))[3:6] == ["transformer.h.0", "transformer.h.1", "transformer.h.2"]
+    for nid, p in view_layout(g).items():
+        g.nodes[nid].pos = p
+    assert _overlaps(g) == []
+    assert "unfolded" in g.to_dict() and Graph.from_dict(g.to_dict()).unfolded == {"transformer.h.0"}
     assert {block_type(g, f"transformer.h.{i}") for i in range(3)} == {"Block"}
     assert sorted(b for b in g.blocks() if b.startswith("transformer.h.1/")) == \
         ["transformer.h.1/transformer.h.1.attn", "transformer.h.1/transformer.h.1.mlp"]
