@@ -167,14 +167,19 @@ class SetPlacement(QUndoCommand):
 
 
 class SetGroup(QUndoCommand):
-    def __init__(self, graph: Graph, node_ids: list[str], group: str | None, text: str):
-        self.graph, self.group = graph, group
-        self.old = {n: graph.nodes[n].group for n in node_ids}
+    """Put nodes into blocks: one block for all (`group`), or each its own (`groups`:
+    node -> block path, for nesting a new block inside one or taking one level away)."""
+
+    def __init__(self, graph: Graph, node_ids: list[str], group: str | None, text: str,
+                 groups: dict[str, str | None] | None = None):
+        self.graph = graph
+        self.new = dict(groups) if groups is not None else {n: group for n in node_ids}
+        self.old = {n: graph.nodes[n].group for n in self.new}
         super().__init__(text)
 
     def redo(self) -> None:
-        for n in self.old:
-            self.graph.set_group(n, self.group)
+        for n, g in self.new.items():
+            self.graph.set_group(n, g)
 
     def undo(self) -> None:
         for n, g in self.old.items():

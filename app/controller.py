@@ -462,22 +462,48 @@ class EditorController(QObject):
         if not ids:
             self.status.emit("Select the nodes to group first")
             return None
-        groups = {n.group for n in self.graph.nodes.values() if n.group}
+        from engine.graph import BLOCK_SEP, block_name, block_path
+
+        groups = {block_name(b) for b in self.graph.blocks()}
         name = name or _fresh("block", groups)
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_ -]*$", name):
             self.status.emit(f"'{name}' is not a usable block name")
             return None
-        self.push(C.SetGroup(self.graph, ids, name, f"Group {len(ids)} node(s) as '{name}'"))
-        return name
+        # the new block goes inside the innermost block that holds the whole selection
+        paths = [block_path(self.graph.nodes[n].group) for n in ids]
+        common = ""
+        for level in zip(*paths):
+            if len(set(level)) != 1:
+                break
+            common = level[0]
+        block = f"{common}{BLOCK_SEP}{name}" if common else name
+        new = {}
+        for n in ids:
+            g = self.graph.nodes[n].group
+            rest = g[len(common):].lstrip(BLOCK_SEP) if g and common else (g or "")
+            new[n] = f"{block}{BLOCK_SEP}{rest}" if rest else block
+        self.push(C.SetGroup(self.graph, ids, None, f"Group {len(ids)} node(s) as '{name}'", groups=new))
+        return block
 
     def ungroup_selected(self) -> None:
-        groups = {self.graph.nodes[n].group for n in self.scene.selected_ids()} - {None}
-        ids = [n for n, node in self.graph.nodes.items() if node.group in groups]
-        if ids:
-            self.push(C.SetGroup(self.graph, ids, None, f"Ungroup {', '.join(sorted(groups))}"))
+        """Take the selected blocks away: what they held moves up one level."""
+        from engine.graph import BLOCK_SEP
+
+        blocks = self.scene.selected_groups()
+        new = {}
+        for b in sorted(blocks, key=len, reverse=True):
+            parent = b.rpartition(BLOCK_SEP)[0]
+            for n in self.graph.block_members(b):
+                g = new.get(n, self.graph.nodes[n].group) or ""
+                if g != b and not g.startswith(b + BLOCK_SEP):
+                    continue
+                rest = g[len(b):].lstrip(BLOCK_SEP)
+                new[n] = BLOCK_SEP.join(x for x in (parent, rest) if x) or None
+        if new:
+            self.push(C.SetGroup(self.graph, list(new), None, f"Ungroup {', '.join(sorted(blocks))}", groups=new))
 
     def members(self, group: str) -> list[str]:
-        return [n for n, node in self.graph.nodes.items() if node.group == group]
+        return self.graph.block_members(group)
 
     def repeat_block(self, group: str, times: int) -> bool:
         """Stack `times` copies of a block in a chain (stacked transformer layers).

@@ -22,22 +22,12 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "engine"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from PySide6.QtCore import QPointF  # noqa: E402
-from PySide6.QtGui import QImage, QPainter  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-
-def frame_ms(view, repeats: int) -> float:
-    img = QImage(view.viewport().size(), QImage.Format_ARGB32_Premultiplied)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        p = QPainter(img)
-        view.render(p)
-        p.end()
-        times.append((time.perf_counter() - t) * 1000)
-    return min(times)
+from gui_scene import frame_ms  # noqa: E402  (one frame, best of several)
 
 
 def main() -> None:

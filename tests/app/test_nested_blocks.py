@@ -165,3 +165,30 @@ def test_a_stage_given_to_a_collapsed_block_goes_to_what_it_holds_and_colours_it
     assert card.stages() == [1] and card.stage_colour().name() == QColor(stage_color(1, w.scene.theme)).name() != before
     w.controller.stack.undo()
     assert card.stages() == [] and card.stage_colour().name() == before
+
+
+def test_drawn_blocks_nest_and_ungroup_one_level_at_a_time(qtbot, asked):
+    """Grouping inside a block makes a block within it; ungrouping takes one level away;
+    each an undo step; collapsing the outer block hides the inner one too."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_main_window import transformer_block_project
+
+    w = window(qtbot, transformer_block_project())
+    g = w.project.graph
+    w.scene.select_nodes(["ln", "lin", "res"])
+    assert w.controller.group_selected("outer") == "outer"
+    w.scene.select_nodes(["ln", "lin"])
+    assert w.controller.group_selected("inner") == "outer/inner"
+    assert {n: g.nodes[n].group for n in ("ln", "lin", "res")} == {"ln": "outer/inner", "lin": "outer/inner",
+                                                                   "res": "outer"}
+    assert g.blocks() == {"outer", "outer/inner"}
+    inner, outer = w.scene.group_items["outer/inner"], w.scene.group_items["outer"]
+    assert outer.sceneBoundingRect().contains(inner.sceneBoundingRect())
+    w.controller.toggle_block("outer")
+    assert not inner.isVisible() and not w.scene.node_items["res"].isVisible() and outer.isVisible()
+    w.controller.stack.undo()
+    w.scene.select_nodes(["ln"])
+    w.controller.ungroup_selected()  # the block of the selected node goes; its nodes stay in outer
+    assert {n: g.nodes[n].group for n in ("ln", "lin", "res")} == {"ln": "outer", "lin": "outer", "res": "outer"}
+    w.controller.stack.undo()
+    assert g.nodes["ln"].group == "outer/inner"
