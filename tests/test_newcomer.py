@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -44,15 +46,28 @@ def test_the_bundled_example_opens_as_the_users_copy_and_its_runs_stay_out_of_th
     assert sorted(p.name for p in EXAMPLE.parent.iterdir()) == before
 
 
-def test_the_example_opens_at_a_zoom_where_names_can_be_read(qtbot, tmp_path):
+@pytest.mark.parametrize("width", [1600, 1000])
+def test_the_example_opens_at_a_zoom_where_names_can_be_read(qtbot, tmp_path, width):
+    """Wide enough: the whole example fitted, names drawn at a fixed screen size; too
+    narrow for that: its start at a zoom where names read at their own size."""
     from app.main_window import EXAMPLE, MainWindow
     from app.settings import Settings
+    from widgets.node_scene import LABEL_PX, _far_font
 
     w = MainWindow(settings=Settings(tmp_path / "home"), recover=False)
     qtbot.addWidget(w)
-    w.resize(1400, 900)
+    w.resize(width, 1000)
     w.show()
     assert w.open_project(EXAMPLE)
-    qtbot.waitUntil(lambda: w.view.zoom() >= w.view.READABLE - 1e-6, timeout=3000)
-    first = min(w.scene.node_items.values(), key=lambda it: it.pos().x())
-    assert w.view.visible_scene_rect().intersects(first.sceneBoundingRect())  # the diagram's start is in view
+    qtbot.waitUntil(lambda: w.view.zoom() < 1.0, timeout=3000)  # framed (after the first paint)
+    assert w.view.zoom() >= w.view.FIT_READABLE - 1e-6
+    view = w.view.visible_scene_rect()
+    if width == 1600:
+        assert w.view.zoom() < w.view.READABLE  # (the example is wider than the canvas)
+        assert all(view.contains(it.sceneBoundingRect()) for it in w.scene.node_items.values())  # all of it
+        font, fm = _far_font(round(max(1.0, LABEL_PX / w.view.zoom() * 0.75), 1))
+        assert fm.height() * w.view.zoom() >= LABEL_PX - 1  # as tall on screen as a name at 100%
+    else:
+        assert w.view.zoom() >= w.view.READABLE - 1e-6
+        first = min(w.scene.node_items.values(), key=lambda it: it.pos().x())
+        assert view.intersects(first.sceneBoundingRect())  # the diagram's start is in view

@@ -62,13 +62,15 @@ class NodeView(QGraphicsView):
     def visible_scene_rect(self) -> QRectF:
         return self.mapToScene(self.viewport().rect()).boundingRect()
 
-    READABLE = 0.6  # the zoom where node names can be read
+    READABLE = 0.6  # the zoom where node names can be read at their own size
+    FIT_READABLE = 0.2  # down to here names are drawn at a fixed screen size over their cards
 
     def frame_readable(self, zoom: float | None = None) -> None:
-        """Fit the diagram; if that makes names unreadably small, show its start at a
-        readable zoom instead (the minimap still shows the whole)."""
+        """Fit the diagram, names readable (drawn at a fixed size when far out); a diagram
+        too wide for that is shown from its start at a readable zoom instead (the
+        minimap still shows the whole)."""
         self.fit()
-        if zoom is None and self.zoom() >= self.READABLE:
+        if zoom is None and self.zoom() >= self.FIT_READABLE:
             return
         self.set_zoom(zoom or self.READABLE)
         items = self.scene().itemsBoundingRect()
