@@ -24,6 +24,7 @@ from widgets.node_scene import NodeScene
 CLIP_MIME = "application/x-layerflow-nodes"
 COMPILE_DELAY_MS = 60
 SLOW_S = 0.15  # compiles slower than this move to a worker thread
+BIG_DIAGRAM = 300  # nodes: a diagram this big is compiled on the worker from the start
 
 
 def _fresh(base: str, taken: set[str]) -> str:
@@ -181,7 +182,11 @@ class EditorController(QObject):
         self.stack.clear()
         self.scene.set_graph(project.graph)
         project.graph.subscribe(self._on_graph_event)
-        self.compile_now()
+        if len(project.graph.nodes) >= BIG_DIAGRAM:  # its first compile would hold up the first paint
+            self._slow = True
+            self._timer.start()
+        else:
+            self.compile_now()
 
     @property
     def graph(self):

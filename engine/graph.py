@@ -184,6 +184,7 @@ class Graph:
         # (a module called twice, an embedding tied to the output layer).
         self.ties: dict[str, str] = {}
         self._subscribers: list[Callable[[GraphEvent], None]] = []
+        self.structure_version = 0  # bumped by every event but moves and placement (caches key on it)
         self._batch_depth = 0
 
     # ----- events -------------------------------------------------------------
@@ -195,6 +196,8 @@ class Graph:
             self._subscribers.remove(callback)
 
     def _emit(self, ev: GraphEvent) -> None:
+        if ev.kind not in ("moved", "placement_changed"):
+            self.structure_version += 1  # what the diagram computes, or its blocks, changed
         for cb in list(self._subscribers):
             cb(ev)
 

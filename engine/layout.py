@@ -190,7 +190,18 @@ def _canonical_op(p: dict) -> dict:
 
 def repeated_runs(graph: Graph) -> dict[str, list[str]]:
     """Runs of two or more identical sibling blocks, each fed only by the one before
-    (ResNet's layer3.1 .. layer3.5, a GPT's h.0 .. h.11): block -> its run."""
+    (ResNet's layer3.1 .. layer3.5, a GPT's h.0 .. h.11): block -> its run. Kept on the
+    graph until its structure changes (moving or collapsing does not change it)."""
+    key = (graph.structure_version, len(graph.nodes), len(graph.edges), id(graph.edges))
+    cached = getattr(graph, "_runs_cache", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    out = _repeated_runs(graph)
+    graph._runs_cache = (key, out)
+    return out
+
+
+def _repeated_runs(graph: Graph) -> dict[str, list[str]]:
     members: dict[str, list[str]] = {}
     for nid, n in graph.nodes.items():
         for b in block_path(n.group):
