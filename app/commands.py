@@ -171,19 +171,30 @@ class SetGroup(QUndoCommand):
     node -> block path, for nesting a new block inside one or taking one level away)."""
 
     def __init__(self, graph: Graph, node_ids: list[str], group: str | None, text: str,
-                 groups: dict[str, str | None] | None = None):
-        self.graph = graph
+                 groups: dict[str, str | None] | None = None, moved: dict[str, str | None] | None = None,
+                 scene=None):
+        self.graph, self.scene = graph, scene
         self.new = dict(groups) if groups is not None else {n: group for n in node_ids}
         self.old = {n: graph.nodes[n].group for n in self.new}
+        self.moved = dict(moved or {})  # block renamed by the edit -> its new name (None: gone)
+        self.state = (set(graph.collapsed), set(graph.unfolded))
         super().__init__(text)
 
+    def _apply(self, groups: dict, collapsed: set, unfolded: set) -> None:
+        import contextlib
+
+        with self.scene.deferred() if self.scene is not None else contextlib.nullcontext():
+            for n, g in groups.items():
+                self.graph.set_group(n, g)
+            self.graph.collapsed, self.graph.unfolded = set(collapsed), set(unfolded)
+
     def redo(self) -> None:
-        for n, g in self.new.items():
-            self.graph.set_group(n, g)
+        def keep(blocks):  # a collapsed block keeps its state under its new name
+            return {self.moved.get(b, b) for b in blocks if self.moved.get(b, b)}
+        self._apply(self.new, keep(self.state[0]), keep(self.state[1]))
 
     def undo(self) -> None:
-        for n, g in self.old.items():
-            self.graph.set_group(n, g)
+        self._apply(self.old, *self.state)
 
 
 class Rename(QUndoCommand):

@@ -183,6 +183,9 @@ class EditorController(QObject):
         self.scene.set_graph(project.graph)
         project.graph.subscribe(self._on_graph_event)
         if len(project.graph.nodes) >= BIG_DIAGRAM:  # its first compile would hold up the first paint
+            self.result = self.plan = self.plan_error = None
+            self.plan_info = ({}, [], [])
+            self.placement_errors, self.placement_warnings = [], []
             self._slow = True
             self._timer.start()
         else:
@@ -429,12 +432,32 @@ class EditorController(QObject):
 
     def insert_subgraph(self, sub: dict, at: QPointF | None, text: str, offset=(40.0, 40.0), group_map=None) -> list[str]:
         """Insert copies with fresh names; groups get fresh names too."""
+        from collections import Counter
+
+        from engine.graph import BLOCK_SEP, block_name, block_path
+
         taken = set(self.graph.nodes)
-        groups_taken = {n.group for n in self.graph.nodes.values() if n.group}
+        existing = self.graph.blocks()
         rename, group_map = {}, dict(group_map or {})
         nodes = [dict(d) for d in sub.get("nodes", [])]
         if not nodes:
             return []
+        copied = Counter(b for d in nodes for b in block_path(d.get("group")))
+
+        def new_group(group: str | None) -> str | None:
+            """A copied whole block becomes a new block beside it (its nested blocks with it);
+            copies of part of a block join it; a block this diagram lacks comes as it is."""
+            for b in block_path(group):  # outermost first
+                if b in group_map:
+                    return group_map[b] + group[len(b):]
+                if b not in existing:
+                    return group
+                if copied[b] >= len(self.graph.block_members(b)):
+                    parent, _, name = b.rpartition(BLOCK_SEP)
+                    names = {block_name(x) for x in existing} | {block_name(v) for v in group_map.values()}
+                    group_map[b] = (parent + BLOCK_SEP if parent else "") + _fresh(name, names)
+                    return group_map[b] + group[len(b):]
+            return group
         if at is not None:
             x0 = min(d["pos"][0] for d in nodes)
             y0 = min(d["pos"][1] for d in nodes)
@@ -446,15 +469,12 @@ class EditorController(QObject):
             d["id"] = new
             d["pos"] = [d["pos"][0] + offset[0], d["pos"][1] + offset[1]]
             if d.get("group"):
-                if d["group"] not in group_map:
-                    g = _fresh(d["group"], groups_taken)
-                    groups_taken.add(g)
-                    group_map[d["group"]] = g
-                d["group"] = group_map[d["group"]]
+                d["group"] = new_group(d["group"])
         edges = [dict(e, src=rename[e["src"]], dst=rename[e["dst"]]) for e in sub.get("edges", [])
                  if e["src"] in rename and e["dst"] in rename]
         self.push(C.AddSubgraph(self.graph, {"nodes": nodes, "edges": edges}, text))
-        shut = {new for old, new in group_map.items() if old in self.scene.collapsed}
+        shut = {new + b[len(old):] for old, new in group_map.items() for b in self.scene.collapsed
+                if b == old or b.startswith(old + BLOCK_SEP)}
         if shut:  # a copy of a collapsed block arrives collapsed, like the original
             self.scene.collapsed |= shut
             self.scene.apply_collapse()
@@ -487,7 +507,13 @@ class EditorController(QObject):
             g = self.graph.nodes[n].group
             rest = g[len(common):].lstrip(BLOCK_SEP) if g and common else (g or "")
             new[n] = f"{block}{BLOCK_SEP}{rest}" if rest else block
-        self.push(C.SetGroup(self.graph, ids, None, f"Group {len(ids)} node(s) as '{name}'", groups=new))
+        if name in self.graph.nodes:
+            self.status.emit(f"'{name}' is the name of a node; give the block another name")
+            return None
+        whole = {b: block + b[len(common):] for b in self.graph.blocks()
+                 if (not common or b.startswith(common + BLOCK_SEP)) and set(self.graph.block_members(b)) <= set(ids)}
+        self.push(C.SetGroup(self.graph, ids, None, f"Group {len(ids)} node(s) as '{name}'", groups=new,
+                             moved=whole, scene=self.scene))
         return block
 
     def ungroup_selected(self) -> None:
@@ -496,8 +522,13 @@ class EditorController(QObject):
 
         blocks = self.scene.selected_groups()
         new = {}
+        moved: dict[str, str | None] = {}
         for b in sorted(blocks, key=len, reverse=True):
             parent = b.rpartition(BLOCK_SEP)[0]
+            moved[b] = None
+            for inner in self.graph.blocks():
+                if inner.startswith(b + BLOCK_SEP):
+                    moved[inner] = BLOCK_SEP.join(x for x in (parent, inner[len(b) + 1:]) if x)
             for n in self.graph.block_members(b):
                 g = new.get(n, self.graph.nodes[n].group) or ""
                 if g != b and not g.startswith(b + BLOCK_SEP):
@@ -505,7 +536,8 @@ class EditorController(QObject):
                 rest = g[len(b):].lstrip(BLOCK_SEP)
                 new[n] = BLOCK_SEP.join(x for x in (parent, rest) if x) or None
         if new:
-            self.push(C.SetGroup(self.graph, list(new), None, f"Ungroup {', '.join(sorted(blocks))}", groups=new))
+            self.push(C.SetGroup(self.graph, list(new), None, f"Ungroup {', '.join(sorted(blocks))}", groups=new,
+                                 moved=moved, scene=self.scene))
 
     def members(self, group: str) -> list[str]:
         return self.graph.block_members(group)
@@ -571,15 +603,21 @@ class EditorController(QObject):
     def reveal(self, target: str) -> None:
         """Open what hides a node or block (collapsed blocks around it, a folded run of
         repeats it is in), outside in, so the canvas shows it: one undo step."""
+        from engine.graph import block_path
+
         def hiding():
             if target in self.graph.nodes:
                 card = self.scene._collapsed_group(target)
-            else:
-                members = self.graph.block_members(target)
-                card = self.scene._collapsed_group(members[0]) if members else None
-                if card is not None and card.name == target:
-                    return None  # it shows as its own card
-            return card.name if card is not None else None
+                return card.name if card is not None else None
+            run = self.scene.folded_run(target)
+            if run is not None and run[0] != target:
+                return run[0]  # inside a folded run: unfold it
+            closed = next((b for b in block_path(target)[:-1] if b in self.graph.collapsed), None)
+            if closed is None:
+                return None  # it shows (as a card or a frame)
+            members = self.graph.block_members(closed)
+            card = self.scene._collapsed_group(members[0]) if members else None
+            return card.name if card is not None else closed
 
         if hiding() is None:
             return

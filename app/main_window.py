@@ -421,7 +421,7 @@ class MainWindow(QMainWindow):
 
         text = (text or self.find_box.text()).strip()
         g = self.project.graph
-        blocks = {b: b for b in g.blocks()} | {block_name(b): b for b in g.blocks()}
+        blocks = {block_name(b): b for b in g.blocks()} | {b: b for b in g.blocks()}  # a full path wins
         target = text if text in g.nodes else blocks.get(text)
         if target is None:
             hits = [n for n in g.nodes if text.lower() in n.lower()]

@@ -26,6 +26,7 @@ NODE_H_BASE = 54.0  # matches widgets.node_scene.node_height: BODY_TOP + 6
 ROW_H = 18.0
 CARD_EXTRA = 2 * ROW_H  # a block card's two lines of figures (type and size, shapes)
 DUMMY_H = 16.0  # the lane a long edge takes in a column it crosses
+BLOCK_UNIT = "\x01"  # prefix of a block among the units of a layout (a node may have a block's name)
 FRAME = (16.0, 34.0, 16.0, 16.0)  # an expanded block's frame around its inside: left, top, right, bottom
 
 
@@ -274,7 +275,7 @@ def view_layout(graph: Graph, origin: tuple[float, float] = (0.0, 0.0)) -> dict[
         if len(path) <= depth:
             return nid
         run = runs.get(path[depth])
-        return run[0] if run and folded(graph, run) else path[depth]
+        return BLOCK_UNIT + (run[0] if run and folded(graph, run) else path[depth])
 
     def place(block: str | None, depth: int) -> tuple[float, float]:
         """Lay out the inside of `block` (None: the whole diagram) from (0, 0) in `pos`
@@ -290,14 +291,14 @@ def view_layout(graph: Graph, origin: tuple[float, float] = (0.0, 0.0)) -> dict[
             inner[u].append(nid)
         sizes: dict[str, tuple[float, float]] = {}
         for u in units:
-            if u in graph.nodes:
+            if not u.startswith(BLOCK_UNIT):
                 sizes[u] = (NODE_W, _height(graph, u))
-            elif u in graph.collapsed:
+            elif u[1:] in graph.collapsed:
                 sizes[u] = (NODE_W, _card_height(graph, set(inner[u])))
                 for nid in inner[u]:
                     pos[nid] = (0.0, 0.0)
             else:
-                w, h = place(u, depth + 1)
+                w, h = place(u[1:], depth + 1)
                 sizes[u] = (w + FRAME[0] + FRAME[2], h + FRAME[1] + FRAME[3])
                 for nid in inner[u]:
                     x, y = pos[nid]
@@ -313,7 +314,7 @@ def view_layout(graph: Graph, origin: tuple[float, float] = (0.0, 0.0)) -> dict[
         corners = _layered(units, succ, pred, sizes)
         for u in units:
             cx, cy = corners[u]
-            if u in graph.nodes:
+            if not u.startswith(BLOCK_UNIT):
                 pos[u] = (cx, cy)
             else:
                 for nid in inner[u]:

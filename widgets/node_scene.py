@@ -484,8 +484,12 @@ class GroupItem(QGraphicsItem):
             self.setZValue(1)
             self.setFlags(QGraphicsItem.ItemIsMovable | QGraphicsItem.ItemIsSelectable | QGraphicsItem.ItemSendsGeometryChanges)
         else:
+            for child in scene.group_items.values():  # the frames and cards of blocks inside it
+                if child.depth == self.depth + 1 and child.name.startswith(self.name + BLOCK_SEP) and \
+                        child.isVisible() and not child._rect.isNull():
+                    rect = rect.united(child._rect.adjusted(-4, -4, 4, 4))
             self._rect = rect.adjusted(-16, -34, 16, 16) if not rect.isNull() else QRectF()
-            self.setZValue(-1)
+            self.setZValue(-1 + 0.01 * self.depth)
             self.setFlags(QGraphicsItem.GraphicsItemFlag(0))
         self.update()
 
@@ -886,7 +890,7 @@ class NodeScene(QGraphicsScene):
         if self.collapsed:
             self.apply_collapse()  # refits the blocks that show
         else:
-            for item in self.group_items.values():
+            for item in sorted(self.group_items.values(), key=lambda i: -i.depth):  # inner blocks first
                 item.refit()
 
     # ----- compile results ----------------------------------------------------
@@ -994,7 +998,7 @@ class NodeScene(QGraphicsScene):
         self.collapsed &= set(self.group_items)
         self._outer = None
         self._outer = {nid: self._collapsed_group(nid) for nid in self.node_items}  # one lookup per node
-        for item in self.group_items.values():
+        for item in sorted(self.group_items.values(), key=lambda i: -i.depth):  # inner blocks first
             hidden = item.hidden_inside
             item.setVisible(not hidden)
             if not hidden:

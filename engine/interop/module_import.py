@@ -58,7 +58,8 @@ def _config(m: nn.Module) -> dict:
     """What makes a module compute what it does, beyond its tensors: its plain attributes
     (ceil_mode, padding_mode, count_include_pad, affine, batch_first, ...) and the names
     and shapes of its parameters and buffers."""
-    plain = {f"{name}.{k}": repr(_plain(v)) for name, sub in m.named_modules() for k, v in vars(sub).items()
+    plain = {f"{name}.{k}": repr(_plain(0 if (k == "padding" and v == "valid") else v))
+             for name, sub in m.named_modules() for k, v in vars(sub).items()
              if not k.startswith("_") and k not in _NO_MATTER and not isinstance(v, (torch.Tensor, nn.Module))}
     return {"attrs": plain, "state": {k: tuple(t.shape) for k, t in m.state_dict().items()}}
 
@@ -74,8 +75,10 @@ def _read_ctor(kind: str, m: nn.Module) -> dict:
     ctor, spec = rl.CTORS[kind], get_layer(kind)
     kinds = {ps.name: ps.kind for ps in spec.params}
     params = {}
-    for name in (*ctor.args, *(k.partition("=")[2] or k for k in ctor.kwargs)):
-        v = getattr(m, name)
+    if kind in ("LayerNorm", "RMSNorm") and len(m.normalized_shape) != 1:
+        raise _Unsupported(f"normalized_shape {tuple(m.normalized_shape)} (the catalog normalizes the last dimension)")
+    for attr, name in (*((a, a) for a in ctor.args), *((k.partition("=")[0], k.partition("=")[2] or k) for k in ctor.kwargs)):
+        v = getattr(m, attr)  # the module's attribute of the keyword's name, for the parameter it comes from
         if kinds.get(name) == "bool" and (v is None or isinstance(v, torch.Tensor)):
             v = v is not None  # bias=True: the module has a bias tensor
         params[name] = _plain(v)
@@ -588,7 +591,7 @@ def _scalar_arg(n: fx.Node, target, value: float | None = None) -> fx.Node | Non
         return None
     for x, c in ((n.args[0], n.args[1]), (n.args[1], n.args[0])):
         if isinstance(x, fx.Node) and isinstance(c, (int, float)) and not isinstance(c, bool):
-            if value is None or math.isclose(float(c), value, rel_tol=1e-4):
+            if value is None or math.isclose(float(c), value, rel_tol=1e-6):
                 return x
         if target not in (_A.add.Tensor, _A.mul.Tensor):
             break  # div and sub are not symmetric
@@ -632,6 +635,7 @@ def _fuse_gelu(g: fx.Graph, erf: fx.Node) -> bool:
     """x * 0.5 * (1 + erf(x / sqrt(2))), in any order -> gelu(x)."""
     scaled = erf.args[0]
     x = _scalar_arg(scaled, _A.div.Tensor, math.sqrt(2)) or _scalar_arg(scaled, _A.mul.Tensor, 1 / math.sqrt(2))
+    # (constants to 1e-6: float32's sqrt(2) is within 2e-8; a formula merely near GELU stays itself)
     one = _only_user(erf)
     if x is None or len(scaled.users) != 1 or one is None or _scalar_arg(one, _A.add.Tensor, 1.0) is not erf:
         return False
@@ -640,7 +644,7 @@ def _fuse_gelu(g: fx.Graph, erf: fx.Node) -> bool:
         fs = _factors(root)
         rest = [f for f in fs if f is not x and f is not one]
         if len(fs) == 3 and x in fs and one in fs and len(rest) == 1 and isinstance(rest[0], (int, float)) \
-                and math.isclose(float(rest[0]), 0.5, rel_tol=1e-4):
+                and math.isclose(float(rest[0]), 0.5, rel_tol=1e-6):
             inner = [a for a in root.all_input_nodes if a.target is _A.mul.Tensor and a is not x and a is not one]
             _replace(g, root, _A.gelu.default, (x,), [*inner, one, erf, scaled])
             return True

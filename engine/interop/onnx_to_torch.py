@@ -225,9 +225,10 @@ class OnnxModule(nn.Module):
             for i in node.input:
                 readers.setdefault(i, []).append(node)
         out = {}
+        graph_outputs = {o.name for o in g.output}
         for node in g.node:
-            if node.op_type != "MatMul" or len(readers.get(node.output[0], [])) != 1:
-                continue
+            if node.op_type != "MatMul" or len(readers.get(node.output[0], [])) != 1 or node.output[0] in graph_outputs:
+                continue  # (a product the file also returns stays without its bias)
             add = readers[node.output[0]][0]
             if add.op_type != "Add" or len(add.input) != 2:
                 continue
@@ -429,7 +430,8 @@ class OnnxModule(nn.Module):
     def _op_SimplifiedLayerNormalization(self, node, ins, a, build):
         # RMSNorm as onnxruntime (and opset 23's RMSNormalization) write it: over the dims the scale has
         scale = self._weight(node, 1)
-        if a.get("axis", -1) != -scale.dim():
+        axis, rank = a.get("axis", -1), self._rank.get(node.input[0])
+        if axis != -scale.dim() and not (rank and axis >= 0 and axis == rank - scale.dim()):
             self._fail(node, f"axis {a.get('axis')} with a scale of {scale.dim()} dim(s)")
         m = self._layer(node, lambda: _loaded(nn.RMSNorm(tuple(scale.shape), eps=a.get("epsilon", 1e-5)), scale, None))
         return None if build else m(ins[0])

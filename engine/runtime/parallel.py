@@ -481,6 +481,7 @@ def run_distributed(run_dir: str | Path, *, resume: bool = False) -> dict:
             if rank == 0:
                 log("peak memory per rank (MB): " + ", ".join(map(str, peaks)))
                 (run_dir / "peak_mem_per_rank.json").write_text(str(peaks))
+            dist.barrier()  # no rank tears its process group down while another still talks to it
             return status
         except BaseException as exc:
             log(traceback.format_exc())

@@ -192,3 +192,35 @@ def test_drawn_blocks_nest_and_ungroup_one_level_at_a_time(qtbot, asked):
     assert {n: g.nodes[n].group for n in ("ln", "lin", "res")} == {"ln": "outer", "lin": "outer", "res": "outer"}
     w.controller.stack.undo()
     assert g.nodes["ln"].group == "outer/inner"
+
+
+def test_a_copied_nested_block_is_a_new_block_with_its_insides_and_grouping_keeps_what_is_collapsed(qtbot, asked):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_main_window import transformer_block_project
+
+    w = window(qtbot, transformer_block_project())
+    g, c = w.project.graph, w.controller
+    w.scene.select_nodes(["ln", "lin", "res"])
+    c.group_selected("outer")
+    w.scene.select_nodes(["ln", "lin"])
+    c.group_selected("inner")
+    c.toggle_block("outer/inner")
+    # group the whole block (a collapsed card inside it included) into a new one: the card stays collapsed
+    w.scene.select_nodes(["res"])
+    w.scene.group_items["outer/inner"].setSelected(True)  # the card and the node beside it
+    assert w.scene.selected_ids() == ["ln", "lin", "res"]
+    assert c.group_selected("wrap") == "outer/wrap"
+    assert "outer/wrap/inner" in g.collapsed and w.scene.group_items["outer/wrap/inner"].collapsed
+    c.stack.undo()
+    assert g.nodes["ln"].group == "outer/inner" and "outer/inner" in g.collapsed
+    # duplicate the outer block: a new block beside it holding its own inner block, collapsed like the original
+    w.scene.select_nodes(["res"])
+    w.scene.group_items["outer/inner"].setSelected(True)
+    c.duplicate()
+    copies = [n for n in g.nodes if n not in ("x", "ln", "lin", "res", "out")]
+    assert sorted({g.nodes[n].group for n in copies}) == ["outer_2", "outer_2/inner"]
+    assert "outer_2/inner" in g.collapsed
+    # a copy of part of a block joins it
+    w.scene.select_nodes(["res"])
+    c.duplicate()
+    assert g.nodes[next(n for n in g.nodes if n not in copies and n.startswith("res") and n != "res")].group == "outer"

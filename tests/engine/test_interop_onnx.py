@@ -573,3 +573,29 @@ def test_an_embedded_diagram_is_taken_only_when_it_computes_what_the_file_comput
     imp = import_onnx(tmp_path / "custom.onnx")
     assert "evil" not in imp.project.graph.nodes and "layerflow_never_imported" not in sys.modules
     assert all(n.type != "Custom" for n in imp.project.graph.nodes.values())
+
+
+def test_a_product_the_file_also_returns_keeps_no_bias():
+    """MatMul then Add of a bias is one Linear, unless the file returns the product too."""
+    import tempfile
+    from pathlib import Path
+
+    f = TensorProto.FLOAT
+    rng = np.random.default_rng(3)
+    w = onnx.numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w")
+    b = onnx.numpy_helper.from_array(rng.normal(size=3).astype(np.float32), "b")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"], name="mm"),
+             helper.make_node("Add", ["xw", "b"], ["y"], name="bias")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", f, ["N", 4])],
+                   [helper.make_tensor_value_info("xw", f, ["N", 3]), helper.make_tensor_value_info("y", f, ["N", 3])],
+                   [w, b])
+    path = Path(tempfile.mkdtemp()) / "two.onnx"
+    onnx.save(model, str(path))
+    imp = import_onnx(path)
+    gm = compile_graph(imp.project.graph).build()
+    gm.load_state_dict(imp.state)
+    x = rng.normal(size=(2, 4)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = gm.eval()(torch.from_numpy(x))
+    for g_, w_ in zip(got, want):
+        np.testing.assert_allclose(g_.detach().numpy(), w_, **TOL)
