@@ -294,67 +294,70 @@ class SetTraining(QUndoCommand):
         self._set(self.old)
 
 
-class ToggleBlock(QUndoCommand):
-    """Collapse or expand a block, and where the diagram is laid out by its hierarchy
-    (imported models) move the nodes to the new view's layout: one undo step."""
+class _ViewChange(QUndoCommand):
+    """A change of what the editor shows (a block collapsed, a run of repeats unfolded)
+    that, where the diagram is laid out by its hierarchy (imported models), moves the
+    nodes to the new view's layout: one undo step. Subclasses say how to show `on`."""
 
-    def __init__(self, scene, name: str, collapse: bool, layout):
-        self.scene, self.name, self.collapse, self.layout = scene, name, collapse, layout
+    def __init__(self, scene, layout, text: str):
+        self.scene, self.layout = scene, layout
         self.moves: dict[str, tuple[tuple[float, float], tuple[float, float]]] | None = None
-        super().__init__(f"{'Collapse' if collapse else 'Expand'} {name.rpartition('/')[2]}")
+        super().__init__(text)
+
+    def _state(self):
+        graph = self.scene.graph
+        return set(graph.collapsed), set(graph.unfolded)
+
+    def _set(self, on: bool) -> None:
+        raise NotImplementedError
+
+    def _show(self, on: bool, moves) -> None:
+        graph = self.scene.graph
+        with self.scene.deferred():  # the moves and the new state shown once
+            for nid, (old, new) in moves.items():
+                graph.move(nid, new if on else old)
+            self._set(on)
 
     def redo(self) -> None:
         graph = self.scene.graph
         if self.moves is None:  # the first time: lay out the view it leads to
-            was = set(graph.collapsed)
-            graph.collapsed = (was | {self.name}) if self.collapse else (was - {self.name})
+            collapsed, unfolded = self._state()
+            self._set(True)
             new = self.layout(graph) if graph.layout == "hierarchy" else {}
-            graph.collapsed = was
+            graph.collapsed, graph.unfolded = collapsed, unfolded
             self.moves = {n: (graph.nodes[n].pos, p) for n, p in new.items() if graph.nodes[n].pos != p}
-        with self.scene.deferred():  # the moves and the new state shown once
-            for nid, (_, new) in self.moves.items():
-                graph.move(nid, new)
-            self.scene.set_collapsed(self.name, self.collapse)
+        self._show(True, self.moves)
 
     def undo(self) -> None:
-        graph = self.scene.graph
-        with self.scene.deferred():
-            for nid, (old, _) in self.moves.items():
-                graph.move(nid, old)
-            self.scene.set_collapsed(self.name, not self.collapse)
+        self._show(False, self.moves)
 
 
-class ToggleFold(QUndoCommand):
-    """Show a run of identical blocks one by one, or again as one card: one undo step
-    (laid out again where the diagram is laid out by its hierarchy)."""
+class ToggleBlock(_ViewChange):
+    """Collapse or expand a block."""
+
+    def __init__(self, scene, name: str, collapse: bool, layout):
+        self.name, self.collapse = name, collapse
+        super().__init__(scene, layout, f"{'Collapse' if collapse else 'Expand'} {name.rpartition('/')[2]}")
+
+    def _set(self, on: bool) -> None:
+        want = self.collapse if on else not self.collapse
+        if self.moves is None:  # laying out the view it leads to: the state only
+            g = self.scene.graph
+            g.collapsed = (g.collapsed | {self.name}) if want else (g.collapsed - {self.name})
+        else:
+            self.scene.set_collapsed(self.name, want)
+
+
+class ToggleFold(_ViewChange):
+    """Show a run of identical blocks one by one, or again as one card."""
 
     def __init__(self, scene, first: str, unfold: bool, layout):
-        self.scene, self.first, self.unfold, self.layout = scene, first, unfold, layout
-        self.moves: dict[str, tuple[tuple[float, float], tuple[float, float]]] | None = None
-        super().__init__(f"{'Unfold' if unfold else 'Fold'} {first.rpartition('/')[2]} repeats")
+        self.first, self.unfold = first, unfold
+        super().__init__(scene, layout, f"{'Unfold' if unfold else 'Fold'} {first.rpartition('/')[2]} repeats")
 
-    def _set(self, unfold: bool) -> None:
+    def _set(self, on: bool) -> None:
         graph = self.scene.graph
-        graph.unfolded = (graph.unfolded | {self.first}) if unfold else (graph.unfolded - {self.first})
-
-    def redo(self) -> None:
-        graph = self.scene.graph
-        if self.moves is None:
-            was = set(graph.unfolded)
-            self._set(self.unfold)
-            new = self.layout(graph) if graph.layout == "hierarchy" else {}
-            graph.unfolded = was
-            self.moves = {n: (graph.nodes[n].pos, p) for n, p in new.items() if graph.nodes[n].pos != p}
-        with self.scene.deferred():
-            for nid, (_, new) in self.moves.items():
-                graph.move(nid, new)
-            self._set(self.unfold)
-            self.scene.folds_changed()
-
-    def undo(self) -> None:
-        graph = self.scene.graph
-        with self.scene.deferred():
-            for nid, (old, _) in self.moves.items():
-                graph.move(nid, old)
-            self._set(not self.unfold)
+        want = self.unfold if on else not self.unfold
+        graph.unfolded = (graph.unfolded | {self.first}) if want else (graph.unfolded - {self.first})
+        if self.moves is not None:
             self.scene.folds_changed()

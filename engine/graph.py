@@ -148,12 +148,14 @@ def block_name(block: str) -> str:
     return block.rpartition(BLOCK_SEP)[2]
 
 
-def block_type(graph: "Graph", block: str) -> str | None:
+def block_type(graph: "Graph", block: str, members: Iterable[str] | None = None) -> str | None:
     """What an imported block is (its module's class, e.g. Bottleneck), from the
-    module tree its nodes keep; None for blocks drawn by hand."""
+    module tree its nodes keep (`members`: its nodes, when the caller has them);
+    None for blocks drawn by hand."""
     depth = block.count(BLOCK_SEP)
     name = block_name(block)
-    for n in graph.nodes.values():
+    nodes = (graph.nodes[m] for m in members) if members is not None else graph.nodes.values()
+    for n in nodes:
         if in_block(n.group, block) and n.scope and len(n.scope) > depth:
             for path, kind in n.scope:
                 if path.replace(BLOCK_SEP, "_") == name:

@@ -221,17 +221,16 @@ def _repeated_runs(graph: Graph) -> dict[str, list[str]]:
         if len(sibs) < 2:
             continue
         sibs.sort(key=lambda b: order[members[b][0]])
-        sizes: dict[str, int] = {}
-        for b in sibs:
-            sizes[b] = len(members[b])
         sig: dict[str, tuple] = {}
+
+        def signature(b: str) -> tuple:
+            if b not in sig:
+                sig[b] = _signature(graph, b, members[b])
+            return sig[b]
+
         run = [sibs[0]]
         for prev, b in zip(sibs, sibs[1:]):
-            same = sizes[b] == sizes[prev]
-            if same:
-                sig.setdefault(prev, _signature(graph, prev, members[prev]))
-                sig.setdefault(b, _signature(graph, b, members[b]))
-                same = sig[b] == sig[prev]
+            same = len(members[b]) == len(members[prev]) and signature(b) == signature(prev)
             if same:
                 mine = set(members[b])
                 feeds = {src for nid in mine for src in feeds_of.get(nid, ()) if src not in mine}

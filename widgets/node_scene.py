@@ -17,8 +17,8 @@ from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QGraphicsItem, QGraphicsPathItem, QGraphicsScene
 
-from engine.graph import BLOCK_SEP, Edge, Graph, GraphEvent, block_name, block_path, block_type, in_block, ports_of
-from engine.layout import CARD_EXTRA, folded, repeated_runs
+from engine.graph import BLOCK_SEP, Edge, Graph, GraphEvent, block_name, block_path, block_type, ports_of
+from engine.layout import CARD_EXTRA, card_of, folded, repeated_runs
 from engine.runtime.ops import describe
 from widgets.style import LIGHT, SceneTheme, human, stage_color
 
@@ -436,7 +436,7 @@ class GroupItem(QGraphicsItem):
         return QColor(stage_color(st[0], t)) if len(st) == 1 else QColor(t.group_border)
 
     def title(self) -> str:
-        kind = block_type(self.scene().graph, self.name)
+        kind = block_type(self.scene().graph, self.name, self.scene().block_members(self.name))
         return f"{self.card_name()}" + (f"  {kind}" if kind else "")
 
     def card_name(self) -> str:
@@ -566,7 +566,7 @@ class GroupItem(QGraphicsItem):
         lod = opt.levelOfDetailFromTransform(p.worldTransform())
         if lod < READABLE_LOD:  # far out: the card in its colour, its name and type readable
             p.fillRect(r, QColor(t.selected) if sel else self.stage_colour())
-            kind = block_type(self.scene().graph, self.name)
+            kind = block_type(self.scene().graph, self.name, self.scene().block_members(self.name))
             line = LABEL_PX * 1.2 / max(lod, 1e-3)
             draw_far_label(p, r.translated(0, -line / 2 if kind else 0), self.card_name(), QColor(t.header_text), lod)
             if kind:
@@ -586,7 +586,7 @@ class GroupItem(QGraphicsItem):
                    QFontMetricsF(_TITLE_FONT).elidedText(f"▸ {self.card_name()}", Qt.ElideMiddle, r.width() - 20))
         p.setFont(_TEXT_FONT)
         p.setPen(QColor(t.subtext))
-        kind = block_type(self.scene().graph, self.name) or "block"
+        kind = block_type(self.scene().graph, self.name, self.scene().block_members(self.name)) or "block"
         if self.run:
             kind += f" ×{len(self.run)} (double-click: one by one)"
         size, shapes = self.figures()
@@ -693,7 +693,6 @@ class NodeScene(QGraphicsScene):
         self.group_items: dict[str, GroupItem] = {}
         self.toggle_handler = None  # callable(block name) that collapses/expands it (the editor's undo step)
         self._members: dict[str, list[str]] | None = None  # block -> its nodes (block_members)
-        self._runs: dict[str, list[str]] | None = None  # block -> its run of identical blocks (folded_run)
         self._defer = False  # inside deferred(): no refit per moved node
         self._outer: dict[str, GroupItem | None] | None = None  # node -> its card, while collapse is unchanged
         self._edges_of: dict[str, set[Edge]] = {}
@@ -768,8 +767,6 @@ class NodeScene(QGraphicsScene):
         k = ev.kind
         if k not in ("moved", "placement_changed"):
             self._members = self._outer = None  # nodes or blocks changed
-            if k != "edge_added" or not self._defer:
-                self._runs = None  # (what repeats follows from the nodes, their parameters and edges)
         if not self.detail and k not in ("reset", "param_changed"):
             self.overview.invalidate()
         if k == "reset":
@@ -846,9 +843,7 @@ class NodeScene(QGraphicsScene):
 
     def folded_run(self, block: str) -> list[str] | None:
         """The folded run of repeats a block is part of (engine.layout.repeated_runs)."""
-        if self._runs is None:
-            self._runs = repeated_runs(self.graph) if self.graph is not None else {}
-        run = self._runs.get(block)
+        run = repeated_runs(self.graph).get(block) if self.graph is not None else None  # (kept on the graph)
         return run if run is not None and folded(self.graph, run) else None
 
     @contextlib.contextmanager
@@ -879,7 +874,7 @@ class NodeScene(QGraphicsScene):
                     self.group_items[b].refit()
 
     def _refit_groups(self) -> None:
-        self._members = self._outer = self._runs = None
+        self._members = self._outer = None
         names = self.graph.blocks()
         for name in list(self.group_items):
             if name not in names:
@@ -943,9 +938,7 @@ class NodeScene(QGraphicsScene):
         run's first block's)."""
         if self._outer is not None and nid in self._outer:
             return self._outer[nid]
-        b = self.graph.outermost_collapsed(nid) if self.graph is not None else None
-        run = self.folded_run(b) if b is not None else None
-        b = run[0] if run else b
+        b = card_of(self.graph, nid) if self.graph is not None and nid in self.graph.nodes else None
         return self.group_items.get(b) if b is not None else None
 
     def edge_ends(self, e: Edge) -> tuple[QPointF, QPointF]:

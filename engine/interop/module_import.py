@@ -47,7 +47,10 @@ class _Unsupported(Exception):
 
 
 def _plain(v):
-    """A module attribute as a project file holds it: (3, 3) -> 3, (3, 5) -> [3, 5]."""
+    """A module attribute as a project file holds it: (3, 3) -> 3, (3, 5) -> [3, 5],
+    a convolution's padding='valid' -> 0."""
+    if v == "valid":
+        return 0
     if isinstance(v, (tuple, list)):
         vals = [int(x) if isinstance(x, (int, torch.SymInt)) else x for x in v]
         return vals[0] if len(set(map(repr, vals))) == 1 else vals
@@ -58,7 +61,7 @@ def _config(m: nn.Module) -> dict:
     """What makes a module compute what it does, beyond its tensors: its plain attributes
     (ceil_mode, padding_mode, count_include_pad, affine, batch_first, ...) and the names
     and shapes of its parameters and buffers."""
-    plain = {f"{name}.{k}": repr(_plain(0 if (k == "padding" and v == "valid") else v))
+    plain = {f"{name}.{k}": repr(_plain(v))
              for name, sub in m.named_modules() for k, v in vars(sub).items()
              if not k.startswith("_") and k not in _NO_MATTER and not isinstance(v, (torch.Tensor, nn.Module))}
     return {"attrs": plain, "state": {k: tuple(t.shape) for k, t in m.state_dict().items()}}
@@ -82,11 +85,6 @@ def _read_ctor(kind: str, m: nn.Module) -> dict:
         if kinds.get(name) == "bool" and (v is None or isinstance(v, torch.Tensor)):
             v = v is not None  # bias=True: the module has a bias tensor
         params[name] = _plain(v)
-    if kind == "Conv2d" or kind == "Conv1d":
-        if params["padding"] == "valid":
-            params["padding"] = 0
-        for k in ("kernel_size", "stride", "padding") if kind == "Conv1d" else ():
-            params[k] = _plain(params[k])
     if kind in ("LayerNorm", "RMSNorm") and params["eps"] is None:
         params["eps"] = torch.finfo(torch.float32).eps  # torch's default for float32
     for k, v in ctor.defaults:

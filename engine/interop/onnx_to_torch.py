@@ -171,11 +171,12 @@ class OnnxModule(nn.Module):
         self._elem.update({i.name: i.data_type for i in g.initializer})
         self._rank = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in (*g.value_info, *g.input, *g.output)
                       if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")}
-        self.uses: dict[str, int] = {}  # how many nodes read each value
+        readers: dict[str, list] = {}  # value -> the nodes that read it
         for node in g.node:
             for i in node.input:
-                self.uses[i] = self.uses.get(i, 0) + 1
-        self._bias_for = self._linear_biases(g)  # MatMul output -> (bias, the Add that adds it)
+                readers.setdefault(i, []).append(node)
+        self.uses = {v: len(r) for v, r in readers.items()}  # how many nodes read each value
+        self._bias_for = self._linear_biases(g, readers)  # MatMul output -> (bias, the Add that adds it)
         self._absorbed: dict[str, str] = {}  # Add output -> the Linear output it passes on
         self.steps: list[tuple] = []  # (node, op function, attribute names)
         problems = []
@@ -216,14 +217,10 @@ class OnnxModule(nn.Module):
             raise InteropError(f"cannot import {source}: {len(problems)} operator(s) cannot be read:\n"
                                + "\n".join(f"  - {p}" for p in problems))
 
-    def _linear_biases(self, g) -> dict[str, tuple[str, str]]:
+    def _linear_biases(self, g, readers: dict[str, list]) -> dict[str, tuple[str, str]]:
         """MatMul by a weight, then Add of a bias vector read nowhere else: one Linear
         with a bias (exporters write nn.Linear on 3-D inputs this way)."""
         inits = {i.name: i for i in g.initializer}
-        readers: dict[str, list] = {}
-        for node in g.node:
-            for i in node.input:
-                readers.setdefault(i, []).append(node)
         out = {}
         graph_outputs = {o.name for o in g.output}
         for node in g.node:
