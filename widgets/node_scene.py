@@ -9,6 +9,7 @@ change the model, whose events come back here.
 from __future__ import annotations
 
 import atexit
+import os
 import contextlib
 import functools
 
@@ -439,12 +440,16 @@ class GroupItem(QGraphicsItem):
         kind = block_type(self.scene().graph, self.name, self.scene().block_members(self.name))
         return f"{self.card_name()}" + (f"  {kind}" if kind else "")
 
-    def card_name(self) -> str:
-        """layer3.1, or for a folded run layer3.1 … layer3.5 ×5."""
+    def card_name(self, short: bool = False) -> str:
+        """layer3.1, or for a folded run layer3.1 … layer3.5 ×5 (`short`: layer3.1–5, for
+        the label drawn far out, where a card has room for a few characters)."""
         run = self.run if self.collapsed else None
-        if run:
-            return f"{block_name(run[0])} … {block_name(run[-1])} ×{len(run)}"
-        return block_name(self.name)
+        if not run:
+            return block_name(self.name)
+        a, b = block_name(run[0]), block_name(run[-1])
+        if short:  # (the count goes on the line below)
+            return f"{a}–{b[len(os.path.commonprefix([a, b])):] or b}"
+        return f"{a} … {b} ×{len(run)}"
 
     def figures(self) -> tuple[str, str]:
         """Its size (layers, parameters, FLOPs) and the shapes going in and out."""
@@ -567,8 +572,11 @@ class GroupItem(QGraphicsItem):
         if lod < READABLE_LOD:  # far out: the card in its colour, its name and type readable
             p.fillRect(r, QColor(t.selected) if sel else self.stage_colour())
             kind = block_type(self.scene().graph, self.name, self.scene().block_members(self.name))
+            run = self.run
+            if run:  # "layer3.1–5" over "Bottleneck ×5": the count is what a folded card says first
+                kind = f"{kind or 'block'} ×{len(run)}"
             line = LABEL_PX * 1.2 / max(lod, 1e-3)
-            draw_far_label(p, r.translated(0, -line / 2 if kind else 0), self.card_name(), QColor(t.header_text), lod)
+            draw_far_label(p, r.translated(0, -line / 2 if kind else 0), self.card_name(short=True), QColor(t.header_text), lod)
             if kind:
                 draw_far_label(p, r.translated(0, line / 2), kind, QColor(t.header_text), lod)
             return
