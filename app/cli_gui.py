@@ -17,9 +17,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("project")
     p.set_defaults(func=cmd_open)
 
-    p = sub.add_parser("layout", help="lay a project's diagram out left to right (layered), in place or to -o")
+    p = sub.add_parser("layout", help="lay a project's diagram out (layered, blocks as units), in place or to -o")
     p.add_argument("project")
     p.add_argument("-o", "--output", help="write here instead of over PROJECT")
+    p.add_argument("--direction", choices=("LR", "TB"),
+                   help="data flows left to right (LR) or top down (TB); saved in the project (default: as it is)")
     p.set_defaults(func=cmd_layout)
 
     p = sub.add_parser("screenshot", help="render the main window with a project to a PNG, offscreen")
@@ -82,14 +84,14 @@ def cmd_open(args) -> int:
 
 def cmd_layout(args) -> int:
     """The editor's Auto-Layout, headless (pure Python: no Qt needed)."""
-    from engine.layout import layered_layout
+    from engine.layout import set_direction
     from engine.project import load_project, save_project
 
     project = load_project(args.project)
-    for nid, pos in layered_layout(project.graph).items():
-        project.graph.move(nid, pos)
+    set_direction(project.graph, args.direction or project.graph.direction)
     out = save_project(project, args.output or args.project)
-    print(f"laid out {len(project.graph.nodes)} nodes -> {out}")
+    way = "top down" if project.graph.direction == "TB" else "left to right"
+    print(f"laid out {len(project.graph.nodes)} nodes {way} -> {out}")
     return 0
 
 

@@ -25,6 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="module import: shape of one input without the batch (repeat for several inputs)")
     p.add_argument("--input-dtype", action="append", default=[], choices=("float32", "int64"),
                    help="module import: dtype of each input (default float32)")
+    p.add_argument("--direction", choices=("LR", "TB"),
+                   help="lay the diagram out left to right (LR) or top down (TB); default: as the file has it, else LR")
     p.add_argument("--force", action="store_true", help="overwrite an existing project file")
     p.set_defaults(func=cmd_import)
 
@@ -77,6 +79,10 @@ def cmd_import(args) -> int:
                                      args.input_dtype or None, name=out.stem)
         else:
             imported = import_onnx(args.source, name=out.stem)
+        if args.direction and args.direction != imported.project.graph.direction:
+            from engine.layout import set_direction
+
+            set_direction(imported.project.graph, args.direction)
         path = save_imported(imported, out)
     except InteropError as exc:
         raise CliError(str(exc)) from None

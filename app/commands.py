@@ -151,6 +151,36 @@ class MoveNodes(QUndoCommand):
             self.graph.move(nid, old)
 
 
+class SetDirection(QUndoCommand):
+    """Data flows left to right or top down: the diagram is laid out again that way
+    (the moves and the direction are one undo step). `layout(graph)` gives the positions."""
+
+    def __init__(self, graph: Graph, direction: str, layout, scene=None):
+        self.graph, self.new, self.old = graph, direction, graph.direction
+        self.layout, self.scene = layout, scene
+        self.moves: dict[str, tuple[tuple[float, float], tuple[float, float]]] | None = None
+        super().__init__("Lay Out Top Down" if direction == "TB" else "Lay Out Left to Right")
+
+    def _show(self, direction: str, which: int) -> None:
+        from contextlib import nullcontext
+
+        with self.scene.deferred() if self.scene is not None else nullcontext():
+            self.graph.set_direction(direction)
+            for nid, ends in self.moves.items():
+                self.graph.move(nid, ends[which])
+
+    def redo(self) -> None:
+        if self.moves is None:  # the first time: lay the diagram out the new way
+            self.graph.direction = self.new  # (no event: only the layout reads it here)
+            new = self.layout(self.graph)
+            self.graph.direction = self.old
+            self.moves = {n: (self.graph.nodes[n].pos, p) for n, p in new.items() if self.graph.nodes[n].pos != p}
+        self._show(self.new, 1)
+
+    def undo(self) -> None:
+        self._show(self.old, 0)
+
+
 class SetPlacement(QUndoCommand):
     def __init__(self, graph: Graph, node_ids: list[str], key: str, value: Any):
         self.graph, self.key, self.value = graph, key, value

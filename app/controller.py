@@ -14,7 +14,7 @@ from PySide6.QtGui import QUndoStack
 from PySide6.QtWidgets import QApplication
 
 from app import commands as C
-from engine.layout import COL_W, layered_layout, view_layout
+from engine.layout import COL_W, lay_out, layered_layout, view_layout
 from engine.compile import compile_graph
 from engine.graph import Edge, GraphError
 from engine.layers import get_layer
@@ -629,12 +629,18 @@ class EditorController(QObject):
             self.toggle_block(name)
         self.stack.endMacro()
 
+    def set_direction(self, direction: str) -> None:
+        """Data flows left to right ("LR") or top down ("TB"): the diagram laid out again
+        that way, one undo step."""
+        if direction != self.graph.direction:
+            self.push(C.SetDirection(self.graph, direction, lay_out, self.scene))
+
     def auto_layout(self, selection_only: bool = False) -> None:
         ids = self.scene.selected_ids() if selection_only else None
         if selection_only and len(ids) < 2:
             ids = None
-        if ids is None and self.graph.blocks():  # blocks laid out as units, inside out
-            pos = view_layout(self.graph)
+        if ids is None:  # the whole diagram (blocks laid out as units, inside out)
+            pos = lay_out(self.graph)
         else:
             pos = layered_layout(self.graph, ids)
         moves = {n: (self.graph.nodes[n].pos, p) for n, p in pos.items() if self.graph.nodes[n].pos != p}

@@ -66,6 +66,11 @@ class InteropUI(QObject):
                                                           f"Layerflow projects (*{SUFFIX})")
             if not project_path:
                 return None
+        direction = self.window.preferred_direction()  # an import is laid out the way the user reads
+        if direction != imported.project.graph.direction and not imported.drawn:
+            from engine.layout import set_direction
+
+            set_direction(imported.project.graph, direction)
         path = save_imported(imported, project_path)
         self.window.open_project(path)
         notes = "; ".join(getattr(imported, "notes", []) or [])

@@ -219,6 +219,7 @@ class MainWindow(QMainWindow):
         self._act("zoom_reset", "&Actual Size", lambda: self.view.set_zoom(1.0), "Ctrl+0")
         self._act("layout", "Auto-&Layout", self.auto_layout, "Ctrl+L", "layout")
         self._act("layout_sel", "Auto-Layout &Selection", lambda: c.auto_layout(True), "Ctrl+Shift+L")
+        self._act("top_down", "&Top-Down Flow", self.set_top_down, "Ctrl+Shift+T", checkable=True)
         snap = self._act("snap", "Snap to &Grid", self._toggle_snap, checkable=True)
         snap.setChecked(True)
         mm = self._act("minimap", "&Minimap", lambda on: self.view.minimap.setVisible(on), checkable=True)
@@ -250,7 +251,7 @@ class MainWindow(QMainWindow):
             m.addSeparator() if k is None else m.addAction(a[k])
         self.edit_menu = m
         m = self.menuBar().addMenu("&View")
-        for k in ("fit", "zoom_in", "zoom_out", "zoom_reset", None, "layout", "layout_sel", None, "snap", "minimap", "search",
+        for k in ("fit", "zoom_in", "zoom_out", "zoom_reset", None, "layout", "layout_sel", "top_down", None, "snap", "minimap", "search",
                   "find"):
             m.addSeparator() if k is None else m.addAction(a[k])
         tm = m.addMenu("&Theme")
@@ -367,6 +368,8 @@ class MainWindow(QMainWindow):
             self.inspector.refresh_values()
         if ev.kind in ("placement_changed", "node_added", "node_removed", "node_renamed", "reset"):
             self._update_devices()
+        if ev.kind in ("direction_changed", "reset"):  # (undo too)
+            self.actions["top_down"].setChecked(self.project.graph.direction == "TB")
 
     def _on_compiled(self, result) -> None:
         errors, warnings = self.controller.problems()  # the compiler's and the placement's
@@ -489,6 +492,16 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Select a block of a run of identical blocks (layer3.1 … layer3.5) to fold "
                                          "or unfold it", 5000)
 
+    def set_top_down(self, on: bool) -> None:
+        """Data flows top down (or left to right): laid out again, one undo step, shown
+        whole; the choice is remembered for new projects and imports."""
+        direction = "TB" if on else "LR"
+        self.settings.set_value("direction", direction)
+        if direction != self.project.graph.direction:
+            self.controller.set_direction(direction)
+            self.controller.flush()
+            self.view.frame_readable()
+
     def auto_layout(self) -> None:
         """Lay the whole diagram out, then show all of it."""
         self.controller.auto_layout()
@@ -532,6 +545,7 @@ class MainWindow(QMainWindow):
 
     def _after_project_set(self) -> None:
         self.project.graph.subscribe(self._on_graph_event)
+        self.actions["top_down"].setChecked(self.project.graph.direction == "TB")
         self.inspector.show_node(self.project.graph, None)
         self._on_compiled(self.controller.result)
         self._update_title()
@@ -550,7 +564,14 @@ class MainWindow(QMainWindow):
 
     def new_project(self) -> None:
         if self.maybe_save():
-            self.set_project(Project())
+            project = Project()
+            project.graph.direction = self.preferred_direction()
+            self.set_project(project)
+
+    def preferred_direction(self) -> str:
+        """The way data flowed in the diagram the user last chose one for ("LR", "TB")."""
+        d = self.settings.value("direction", "LR")
+        return d if d in ("LR", "TB") else "LR"
 
     def open_project(self, path: str | os.PathLike | None = None) -> bool:
         if not self.maybe_save():

@@ -133,6 +133,7 @@ def ports_of(node_type: str, params: dict) -> tuple[list[str], list[str]]:
 
 BLOCK_SEP = "/"
 LAYOUTS = ("hierarchy",)
+DIRECTIONS = ("LR", "TB")  # data flows left to right (ports on the sides) or top down (ports on top and bottom)
 
 
 def block_path(group: str | None) -> list[str]:
@@ -179,6 +180,7 @@ class Graph:
         # "hierarchy": the editor lays the diagram out again, blocks as units, whenever a
         # block is collapsed or expanded (imported models); None: positions are the user's.
         self.layout: str | None = None
+        self.direction = "LR"  # which way data flows on the canvas (DIRECTIONS); saved with the diagram
         # Runs of identical blocks (layer3.1..5, h.0..11) show as one card "x5" while all
         # are collapsed; the runs named here (by their first block) show one card each.
         self.unfolded: set[str] = set()
@@ -186,7 +188,7 @@ class Graph:
         # (a module called twice, an embedding tied to the output layer).
         self.ties: dict[str, str] = {}
         self._subscribers: list[Callable[[GraphEvent], None]] = []
-        self.structure_version = 0  # bumped by every event but moves and placement (caches key on it)
+        self.structure_version = 0  # bumped by every event but moves, placement and direction (caches key on it)
         self._batch_depth = 0
 
     # ----- events -------------------------------------------------------------
@@ -198,7 +200,7 @@ class Graph:
             self._subscribers.remove(callback)
 
     def _emit(self, ev: GraphEvent) -> None:
-        if ev.kind not in ("moved", "placement_changed"):
+        if ev.kind not in ("moved", "placement_changed", "direction_changed"):
             self.structure_version += 1  # what the diagram computes, or its blocks, changed
         for cb in list(self._subscribers):
             cb(ev)
@@ -436,6 +438,13 @@ class Graph:
         node.group = group
         self._emit(GraphEvent("group_changed", node=node_id, old=old, new=group))
 
+    def set_direction(self, direction: str) -> None:
+        if direction not in DIRECTIONS:
+            raise GraphError(f"direction '{direction}': one of {', '.join(DIRECTIONS)}")
+        if direction != self.direction:
+            old, self.direction = self.direction, direction
+            self._emit(GraphEvent("direction_changed", old=old, new=direction))
+
     def clear(self) -> None:
         self.nodes.clear()
         self.edges.clear()
@@ -455,6 +464,8 @@ class Graph:
             d["ties"] = dict(sorted(ties.items()))
         if self.layout:
             d["layout"] = self.layout
+        if self.direction != "LR":
+            d["direction"] = self.direction
         if self.unfolded & blocks:
             d["unfolded"] = sorted(self.unfolded & blocks)
         return d
@@ -508,6 +519,9 @@ class Graph:
             for end in (e.src, e.dst):
                 if end not in nodes:
                     raise GraphError(f"edge {e.src}.{e.src_port} -> {e.dst}.{e.dst_port} names unknown node '{end}'")
+        direction = d.get("direction", "LR")
+        if direction not in DIRECTIONS:
+            raise GraphError(f"direction '{direction}' is not one of {', '.join(DIRECTIONS)} (left to right, top down)")
         ties = {str(k): str(v) for k, v in (d.get("ties") or {}).items()}
         for k, v in ties.items():
             for end in (k, v):
@@ -519,6 +533,7 @@ class Graph:
         self.collapsed = {str(b) for b in d.get("collapsed", [])} & {
             b for n in nodes.values() for b in block_path(n.group)}
         self.layout = d.get("layout") if d.get("layout") in LAYOUTS else None
+        self.direction = direction
         self.unfolded = {str(b) for b in d.get("unfolded", [])} & self.blocks()
         self._emit(GraphEvent("reset"))
 

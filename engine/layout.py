@@ -1,4 +1,5 @@
-"""Layered (Sugiyama-style) auto-layout, left to right, with blocks laid out as units.
+"""Layered (Sugiyama-style) auto-layout, left to right or top down (graph.direction),
+with blocks laid out as units.
 
 1. layers: longest path from the sources (a node sits one column right of its
    rightmost input), so every edge points rightwards;
@@ -7,6 +8,10 @@
    connection runs beside the chain, not through it;
 3. coordinates: columns as wide as their widest unit, units stacked and centred,
    then each nudged towards the mean height of its neighbours where there is room.
+
+Top down is the same layout with the axes swapped: layers become rows, the order
+within a layer runs left to right (units are measured across the flow, so wide frames
+sit side by side).
 
 `view_layout` lays out what the editor shows: a collapsed block is one unit the size
 of its card (its nodes all sit at the card's corner), an expanded block is a unit
@@ -22,6 +27,7 @@ COL_W = 250.0
 NODE_W = 152.0  # matches widgets.node_scene.NODE_W
 COL_GAP = COL_W - NODE_W
 ROW_GAP = 40.0
+LAYER_GAP_TB = 60.0  # between rows top down (edges run vertically there: less room needed than for labels across)
 NODE_H_BASE = 54.0  # matches widgets.node_scene.node_height: BODY_TOP + 6
 ROW_H = 18.0
 CARD_EXTRA = 2 * ROW_H  # a block card's two lines of figures (type and size, shapes)
@@ -53,13 +59,18 @@ def layered_layout(graph: Graph, ids: list[str] | None = None, origin: tuple[flo
         ys = [graph.nodes[n].pos[1] for n in ids]
         origin = (min(xs), min(ys)) if ids != list(graph.nodes) else (0.0, 0.0)
     sizes = {n: (NODE_W, _height(graph, n)) for n in ids}
-    rel = _layered(ids, succ, pred, sizes)
+    rel = _layered(ids, succ, pred, sizes, graph.direction == "TB")
     return {n: (round((origin[0] + x) / 20) * 20.0, round((origin[1] + y) / 20) * 20.0) for n, (x, y) in rel.items()}
 
 
 def _layered(ids: list[str], succ: dict[str, list[str]], pred: dict[str, list[str]],
-             sizes: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
-    """Top-left corners (from 0, 0) of units of the given (width, height)."""
+             sizes: dict[str, tuple[float, float]], top_down: bool = False) -> dict[str, tuple[float, float]]:
+    """Top-left corners (from 0, 0) of units of the given (width, height): layers are
+    columns from left to right, or (`top_down`) rows from the top."""
+    if top_down:  # lay out the transposed picture, then transpose it back
+        k = COL_GAP / LAYER_GAP_TB  # (the gap between layers is COL_GAP; heights scaled so it reads LAYER_GAP_TB)
+        flipped = _layered(ids, succ, pred, {n: (h * k, w) for n, (w, h) in sizes.items()})
+        return {n: (y, x / k) for n, (x, y) in flipped.items()}
     succ = {n: list(v) for n, v in succ.items()}
     pred = {n: list(v) for n, v in pred.items()}
     # 1. longest-path layering (Kahn; nodes on a cycle, if any, go last)
@@ -310,7 +321,7 @@ def view_layout(graph: Graph, origin: tuple[float, float] = (0.0, 0.0)) -> dict[
             if a is not None and b is not None and a != b and b not in succ[a]:
                 succ[a].append(b)
                 pred[b].append(a)
-        corners = _layered(units, succ, pred, sizes)
+        corners = _layered(units, succ, pred, sizes, graph.direction == "TB")
         for u in units:
             cx, cy = corners[u]
             if not u.startswith(BLOCK_UNIT):
@@ -326,6 +337,27 @@ def view_layout(graph: Graph, origin: tuple[float, float] = (0.0, 0.0)) -> dict[
     if graph.nodes:
         place(None, 0)
     return {n: (round((origin[0] + x) / 20) * 20.0, round((origin[1] + y) / 20) * 20.0) for n, (x, y) in pos.items()}
+
+
+def lay_out(graph: Graph, direction: str | None = None) -> dict[str, tuple[float, float]]:
+    """Positions of every node for the editor's Auto-Layout of the whole diagram (blocks
+    as units where it has blocks), the way data flows in `direction` (default the
+    graph's own; the graph is not changed)."""
+    old = graph.direction
+    graph.direction = direction or old
+    try:
+        return view_layout(graph) if graph.blocks() else layered_layout(graph)
+    finally:
+        graph.direction = old
+
+
+def set_direction(graph: Graph, direction: str) -> None:
+    """Make data flow in `direction` and lay the diagram out so (the command line's and
+    a fresh import's way; the editor makes it one undo step)."""
+    pos = lay_out(graph, direction)
+    graph.set_direction(direction)
+    for nid, p in pos.items():
+        graph.move(nid, p)
 
 
 def blocks_from_scopes(graph: Graph) -> None:

@@ -200,6 +200,7 @@ class _DiagramModel(_Strict):
     ties: dict[str, str] = Field(default_factory=dict)  # shared parameters: "node.param" -> "node.param"
     layout: Optional[Literal["hierarchy"]] = None  # laid out again on collapse/expand (imported models)
     unfolded: list[str] = Field(default_factory=list)  # runs of identical blocks shown block by block
+    direction: Literal["LR", "TB"] = "LR"  # data flows left to right or top down on the canvas
 
 
 class _ProjectModel(_Strict):

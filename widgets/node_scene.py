@@ -91,18 +91,66 @@ def node_height(n_in: int, n_out: int) -> float:
     return BODY_TOP + max(n_in, n_out, 1) * ROW_H + 6.0
 
 
+def port_point(rect: QRectF, i: int, n: int, is_input: bool, row_y: float, top_down: bool) -> QPointF:
+    """Where port `i` of `n` sits on a card: on the left/right side at its row, or top
+    down, spread along the top (inputs) or bottom (outputs) edge."""
+    if top_down:
+        return QPointF(rect.left() + rect.width() * (i + 1) / (n + 1), rect.top() if is_input else rect.bottom())
+    return QPointF(rect.left() if is_input else rect.right(), row_y)
+
+
+def wire_path(a: QPointF, b: QPointF, top_down: bool, obstacles: list[QRectF] = ()) -> QPainterPath:
+    """An edge's curve from an output at `a` to an input at `b`, leaving and entering
+    along the flow (rightwards, or downwards top down). Where that curve would run
+    under a card of `obstacles` (a skip connection along a chain), it takes a lane
+    instead: it bends into a free line parallel to the flow right after leaving, runs
+    along it past the cards and bends into its input at the end."""
+    def pt(u: float, v: float) -> QPointF:  # flow coordinates: u along the flow, v across
+        return QPointF(v, u) if top_down else QPointF(u, v)
+
+    (au, av), (bu, bv) = ((a.y(), a.x()), (b.y(), b.x())) if top_down else ((a.x(), a.y()), (b.x(), b.y()))
+    path = QPainterPath(a)
+    d = max(30.0 if top_down else 40.0, abs(bu - au) * 0.5)
+    path.cubicTo(pt(au + d, av), pt(bu - d, bv), b)
+    bend = 24.0 if top_down else 40.0  # half of the gap between layers
+    if bu - au <= 4 * bend or not obstacles:
+        return path
+    hit = [r for r in obstacles if path.intersects(r.adjusted(2, 2, -2, -2))]
+    if not hit:
+        return path
+    lo, hi = au + 2 * bend, bu - 2 * bend
+    spans = [(r.top(), r.bottom(), r.left(), r.right()) if top_down else (r.left(), r.right(), r.top(), r.bottom())
+             for r in obstacles]
+    spans = [(v0, v1) for u0, u1, v0, v1 in spans if u0 < hi and u1 > lo]  # the cards beside the lane's run
+
+    def free(v: float) -> bool:
+        return all(not (v0 - 10 < v < v1 + 10) for v0, v1 in spans)
+
+    mid = (av + bv) / 2
+    lanes = [bv, av, *sorted((x for v0, v1 in spans for x in (v0 - 20, v1 + 20)), key=lambda x: abs(x - mid))]
+    lane = next((v for v in lanes if free(v)), None)
+    if lane is None:
+        return path
+    path = QPainterPath(a)
+    path.cubicTo(pt(au + bend, av), pt(au + bend, lane), pt(au + 2 * bend, lane))
+    path.lineTo(pt(bu - 2 * bend, lane))
+    path.cubicTo(pt(bu - bend, lane), pt(bu - bend, bv), b)
+    return path
+
+
 class PortItem(QGraphicsItem):
     """A connection point: hit area and hover only; its node paints it (one
     paint call per node instead of one per port keeps big diagrams fast)."""
 
     _RECT = QRectF(-PORT_R - 4, -PORT_R - 4, 2 * PORT_R + 8, 2 * PORT_R + 8)
 
-    def __init__(self, parent: "NodeItem", name: str, is_input: bool, y: float):
+    def __init__(self, parent: "NodeItem", name: str, is_input: bool, at: QPointF, row_y: float):
         super().__init__(parent)
         self.node_id = parent.node_id
         self.name = name
         self.is_input = is_input
-        self.setPos(0.0 if is_input else NODE_W, y)
+        self.row_y = row_y  # the row of the node's body that shows its name
+        self.setPos(at)
         self.setFlag(QGraphicsItem.ItemHasNoContents)
         self.setAcceptHoverEvents(True)
         self.hover = False
@@ -175,12 +223,17 @@ class NodeItem(QGraphicsItem):
         self.ports = {}
         self.prepareGeometryChange()
         self._h = node_height(len(ins), len(outs))
-        self._rect = QRectF(-PORT_R - 3, -2, NODE_W + 2 * PORT_R + 6, self._h + 4)
-        detail = self.scene().detail if self.scene() else True
-        for i, name in enumerate(ins):
-            self.ports[(name, True)] = PortItem(self, name, True, BODY_TOP + (i + 0.5) * ROW_H)
-        for i, name in enumerate(outs):
-            self.ports[(name, False)] = PortItem(self, name, False, BODY_TOP + (i + 0.5) * ROW_H)
+        scene = self.scene()
+        top_down = scene is not None and scene.top_down
+        m = PORT_R + 3  # the port dots stick out of the card
+        self._rect = QRectF(-2, -m, NODE_W + 4, self._h + 2 * m) if top_down else QRectF(-m, -2, NODE_W + 2 * m, self._h + 4)
+        body = QRectF(0, 0, NODE_W, self._h)
+        detail = scene.detail if scene is not None else True
+        for names, is_input in ((ins, True), (outs, False)):
+            for i, name in enumerate(names):
+                row = BODY_TOP + (i + 0.5) * ROW_H
+                at = port_point(body, i, len(names), is_input, row, top_down)
+                self.ports[(name, is_input)] = PortItem(self, name, is_input, at, row)
         for port in self.ports.values():
             port.setVisible(detail)
 
@@ -197,6 +250,10 @@ class NodeItem(QGraphicsItem):
 
     def boundingRect(self) -> QRectF:
         return self._rect
+
+    def body(self) -> QRectF:
+        """The card itself in scene coordinates (without the port dots)."""
+        return QRectF(self.pos().x(), self.pos().y(), NODE_W, self._h)
 
     def paint(self, p: QPainter, opt, widget=None) -> None:
         scene: NodeScene = self.scene()
@@ -264,7 +321,7 @@ class NodeItem(QGraphicsItem):
         # port names and dots
         p.setPen(QColor(t.text))
         for (name, is_input), port in self.ports.items():
-            y = port.pos().y()
+            y = port.row_y
             r = QRectF(12, y - ROW_H / 2, NODE_W / 2 - 12, ROW_H) if is_input else QRectF(NODE_W / 2, y - ROW_H / 2, NODE_W / 2 - 12, ROW_H)
             p.drawText(r, Qt.AlignVCenter | (Qt.AlignLeft if is_input else Qt.AlignRight), name)
         p.setPen(QPen(QColor(t.node_body), 1.5))
@@ -310,11 +367,9 @@ class EdgeItem(QGraphicsPathItem):
         self.update()
 
     def update_path(self) -> None:
-        a, b = self.scene().edge_ends(self.edge)
-        dx = max(40.0, abs(b.x() - a.x()) * 0.5)
-        path = QPainterPath(a)
-        path.cubicTo(QPointF(a.x() + dx, a.y()), QPointF(b.x() - dx, b.y()), b)
-        self.setPath(path)
+        scene = self.scene()
+        a, b = scene.edge_ends(self.edge)
+        self.setPath(wire_path(a, b, scene.top_down, scene.cards_between(self.edge, a, b)))
         self._update_label_rect()
 
     def set_label(self, label: str, note: str = "") -> None:
@@ -330,6 +385,8 @@ class EdgeItem(QGraphicsPathItem):
         them: then it shows only on hover/selection (and always as the tooltip).
         Communication notes always show, above the nodes."""
         a, b = self.path().elementAt(0), self.path().elementAt(self.path().elementCount() - 1)
+        if self.scene() is not None and self.scene().top_down:
+            return bool(self.note) or b.y - a.y >= self._label_rect.height() + 16
         return bool(self.note) or b.x - a.x >= self._label_rect.width() + 16
 
     def _update_label_rect(self) -> None:
@@ -477,8 +534,7 @@ class GroupItem(QGraphicsItem):
         members = set(self.members())
         rect = QRectF()
         for nid in members:
-            item = scene.node_items[nid]
-            rect = rect.united(QRectF(item.pos(), item._rect.size()).adjusted(PORT_R + 3, 0, 0, 0))
+            rect = rect.united(scene.node_items[nid].body())
         self.prepareGeometryChange()
         self.setPos(0, 0)
         if self.collapsed and not rect.isNull():
@@ -498,14 +554,18 @@ class GroupItem(QGraphicsItem):
             self.setFlags(QGraphicsItem.GraphicsItemFlag(0))
         self.update()
 
+    def _port_point(self, i: int, is_input: bool) -> QPointF:
+        values = self.ins if is_input else self.outs
+        row = self._rect.top() + BODY_TOP + CARD_EXTRA + (i + 0.5) * ROW_H
+        return port_point(self._rect, i, len(values), is_input, row, self.scene().top_down)
+
     def port_pos(self, value: tuple[str, str], is_input: bool) -> QPointF:
         values = self.ins if is_input else self.outs
-        i = values.index(value) if value in values else 0
-        x = self._rect.left() if is_input else self._rect.right()
-        return self.mapToScene(QPointF(x, self._rect.top() + BODY_TOP + CARD_EXTRA + (i + 0.5) * ROW_H))
+        return self.mapToScene(self._port_point(values.index(value) if value in values else 0, is_input))
 
     def boundingRect(self) -> QRectF:
-        return self._rect.adjusted(-PORT_R - 3, -2, PORT_R + 3, 2) if self.collapsed else self._rect
+        m = PORT_R + 3
+        return self._rect.adjusted(-m, -m, m, m) if self.collapsed else self._rect
 
     def itemChange(self, change, value):
         scene = self.scene()
@@ -614,8 +674,7 @@ class GroupItem(QGraphicsItem):
         p.setBrush(QColor(t.port_in))
         for values, is_input in ((self.ins, True), (self.outs, False)):
             for i in range(len(values)):
-                x = r.left() if is_input else r.right()
-                p.drawEllipse(QPointF(x, r.top() + BODY_TOP + CARD_EXTRA + (i + 0.5) * ROW_H), PORT_R, PORT_R)
+                p.drawEllipse(self._port_point(i, is_input), PORT_R, PORT_R)
 
 
 class OverviewItem(QGraphicsItem):
@@ -676,7 +735,7 @@ class OverviewItem(QGraphicsItem):
             if not item.isVisible():
                 continue
             node = item.node
-            card = QRectF(item.pos(), item._rect.size()).adjusted(PORT_R + 3, 2, -PORT_R - 3, -2)
+            card = item.body()
             p.fillRect(card, sel if item.isSelected() else stage_color(node.stage, t))
             if exposed.intersects(card):
                 draw_far_label(p, card, item.node_id, text, lod)
@@ -715,6 +774,11 @@ class NodeScene(QGraphicsScene):
         self.setItemIndexMethod(QGraphicsScene.BspTreeIndex)
         if graph is not None:
             self.set_graph(graph)
+
+    @property
+    def top_down(self) -> bool:
+        """Data flows down the canvas (ports on top and bottom), not left to right."""
+        return self.graph is not None and self.graph.direction == "TB"
 
     # ----- model -> items -----------------------------------------------------
     def set_graph(self, graph: Graph) -> None:
@@ -836,6 +900,14 @@ class NodeScene(QGraphicsScene):
                     self.group_items[b].update()
         elif k == "group_changed":
             self._refit_groups()
+        elif k == "direction_changed":  # every port moves to another side
+            for item in self.node_items.values():
+                item.rebuild_ports()
+                item.update()
+            self._refit_groups()
+            if not self._defer:  # (else deferred() draws them once at its end)
+                for item in self.edge_items.values():
+                    item.update_path()
 
     def block_members(self, block: str) -> list[str]:
         """The nodes of a block (nested ones' included), from an index kept until the
@@ -1016,11 +1088,30 @@ class NodeScene(QGraphicsScene):
             if not inside:  # an edge inside a card is drawn again when its block opens
                 item.update_path()
 
+    def cards_between(self, e: Edge, a: QPointF, b: QPointF) -> list[QRectF]:
+        """The cards (nodes, collapsed blocks) shown in the stretch an edge from `a` to `b`
+        crosses, and beside it, that are neither of its ends: what a wire must not run under."""
+        if abs(b.x() - a.x()) + abs(b.y() - a.y()) < 200:
+            return []
+        ends = {self._collapsed_group(e.src) or self.node_items.get(e.src),
+                self._collapsed_group(e.dst) or self.node_items.get(e.dst)}
+        reach = 400.0  # across the flow: far enough for a lane beside a wide frame
+        rect = QRectF(a, b).normalized().adjusted(-reach, -reach, reach, reach)
+        out = []
+        for it in self.items(rect, Qt.IntersectsItemBoundingRect):
+            if it in ends or not it.isVisible():
+                continue
+            if isinstance(it, NodeItem):
+                out.append(it.body())
+            elif isinstance(it, GroupItem) and it.collapsed:
+                out.append(it.mapRectToScene(it._rect))
+        return out
+
     def port_pos(self, nid: str, port: str, is_input: bool) -> QPointF:
         item = self.node_items[nid]
         p = item.ports.get((port, is_input))
-        if p is None:  # an edge to a port that vanished: attach to the side
-            return item.scenePos() + QPointF(0 if is_input else NODE_W, BODY_TOP)
+        if p is None:  # an edge to a port that vanished: attach to the side (top, bottom)
+            return port_point(item.body(), 0, 1, is_input, item.pos().y() + BODY_TOP, self.top_down)
         return p.scenePos()
 
     def selected_ids(self) -> list[str]:
@@ -1087,10 +1178,7 @@ class NodeScene(QGraphicsScene):
             b = e.scenePos()
             if self._drag_port.is_input:
                 a, b = b, a
-            dx = max(40.0, abs(b.x() - a.x()) * 0.5)
-            path = QPainterPath(a)
-            path.cubicTo(QPointF(a.x() + dx, a.y()), QPointF(b.x() - dx, b.y()), b)
-            self._drag_path.setPath(path)
+            self._drag_path.setPath(wire_path(a, b, self.top_down))
             e.accept()
             return
         super().mouseMoveEvent(e)

@@ -35,6 +35,7 @@ class Imported:
     state: dict[str, torch.Tensor]
     source: str
     notes: list[str] = field(default_factory=list)
+    drawn: bool = False  # the diagram comes with its author's positions (a Layerflow export), not laid out here
 
     @property
     def n_params(self) -> int:

@@ -137,7 +137,7 @@ def _own_diagram(path: Path, model, module, shapes, dtypes, name: str | None) ->
         if not torch.allclose(x.double(), y.double(), rtol=1e-4, atol=1e-4 * scale):
             return None
     project = Project(graph, name=name or path.stem, description=f"Imported from {path.name} (a Layerflow export)")
-    imported = Imported(project, state, str(path))
+    imported = Imported(project, state, str(path), drawn=True)
     check_imported(imported)
     synthetic_training(project)
     return imported
