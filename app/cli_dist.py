@@ -1,4 +1,5 @@
-"""plan: where each layer runs, what each device holds, what moves between them."""
+"""plan: where each layer runs, what each device holds, what moves between them;
+place: put nodes or whole blocks on a pipeline stage or give them a tensor-parallel style."""
 from __future__ import annotations
 
 import argparse
@@ -21,6 +22,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     add_placement_flags(p)
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("place", help="put nodes or blocks (what they hold) on a pipeline stage or give them a TP style")
+    p.add_argument("project")
+    p.add_argument("targets", nargs="+", metavar="NODE_OR_BLOCK", help="node ids or block paths (layer3, layer3/layer3.1)")
+    p.add_argument("--stage", help="pipeline stage (0, 1, ...), or 'auto' to clear it")
+    p.add_argument("--tp", help="tensor-parallel style: colwise, rowwise, sequence, replicate, "
+                                "pairs (Megatron's colwise/rowwise pairs inside a block) or auto (clear)")
+    p.add_argument("-o", "--output", help="write here instead of over PROJECT")
+    p.set_defaults(func=cmd_place)
 
 
 def _device(args, nproc: int):
@@ -129,3 +139,68 @@ def replan_run(run_dir, nproc: int | None, overrides: dict) -> None:
         raise CliError(f"--nproc {nproc} but the placement needs dp*tp*pp = {pl.dp}*{pl.tp}*{pl.pp} = {world} processes")
     spec["placement"], spec["plan"] = pl.model_dump(mode="json"), plan
     atomic_write(run_dir / "run.json", (json.dumps(spec, indent=1, sort_keys=True) + "\n").encode())
+
+
+def cmd_place(args) -> int:
+    """The Devices panel's Assign and Set TP style, headless: a block gives what it holds."""
+    from app.cli import CliError
+    from engine.autoplace import PAIRS, block_tp
+    from engine.compile import compile_graph
+    from engine.graph import TP_STYLES, GraphError
+    from engine.project import save_project
+
+    if args.stage is None and args.tp is None:
+        raise CliError("say what to set: --stage N and/or --tp STYLE")
+    project = load_project(args.project)
+    g = project.graph
+    blocks = g.blocks()
+    ids: list[str] = []
+    for t in args.targets:
+        if t in g.nodes:
+            ids.append(t)
+        elif t in blocks:
+            ids.extend(g.block_members(t))
+        else:
+            near = sorted(b for b in blocks if b.rpartition("/")[2] == t)
+            hint = f" (did you mean {', '.join(near)}?)" if near else ""
+            raise CliError(f"'{t}' is neither a node nor a block of {args.project}{hint}")
+    ids = list(dict.fromkeys(ids))
+    changed = 0
+    if args.stage is not None:
+        stage = None if args.stage == "auto" else args.stage
+        try:
+            stage = None if stage is None else int(stage)
+        except ValueError:
+            raise CliError(f"--stage must be a stage number or 'auto', not '{args.stage}'") from None
+        if stage is not None and not 0 <= stage < max(project.placement.pp, 1):
+            raise CliError(f"--stage {stage}: the placement has {project.placement.pp} pipeline stage(s) "
+                           f"(0..{project.placement.pp - 1}); set placement.pp first")
+        for n in ids:
+            if g.nodes[n].stage != stage:
+                g.set_placement(n, stage=stage)
+                changed += 1
+        print(f"stage {'auto' if stage is None else stage}: {len(ids)} node(s)")
+    if args.tp is not None:
+        style = None if args.tp == "auto" else args.tp
+        if style not in (None, PAIRS, *TP_STYLES):
+            raise CliError(f"--tp '{args.tp}' is not one of {', '.join(TP_STYLES)}, pairs, auto")
+        compiled = compile_graph(g)
+        if not compiled.ok:
+            raise CliError("the diagram has errors:\n" + "\n".join(f"  {e}" for e in compiled.errors))
+        styles, skipped = block_tp(compiled, ids, style, project.placement.tp)
+        try:
+            for n, v in styles.items():
+                if g.nodes[n].tp != v:
+                    g.set_placement(n, tp=v)
+                    changed += 1
+        except GraphError as exc:
+            raise CliError(str(exc)) from None
+        for n, v in styles.items():
+            print(f"  {n}: tp {v or 'auto'}")
+        for t, ns in sorted(skipped.items()):
+            print(f"  not {style}: {t} ({len(ns)}: {', '.join(ns[:6])}{' …' if len(ns) > 6 else ''})", file=sys.stderr)
+        if style == PAIRS and not styles:
+            print("  no Linear -> Linear pair (nor attention) there whose sizes the tp degree divides", file=sys.stderr)
+    out = save_project(project, args.output or args.project)
+    print(f"{changed} change(s) -> {out}")
+    return 0

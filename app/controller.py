@@ -367,6 +367,30 @@ class EditorController(QObject):
         if ids:
             self.push(C.SetPlacement(self.graph, ids, key, value))
 
+    def set_tp(self, node_ids: list[str], style: str | None) -> str:
+        """A tensor-parallel style for these nodes (a block's: what it holds), one undo
+        step; what could not take it, said in one line (empty when all did)."""
+        from engine.autoplace import PAIRS, block_tp
+
+        self.flush()
+        if self.result is None or not self.result.ok:
+            return "the diagram does not compile: fix its errors before choosing TP styles"
+        styles, skipped = block_tp(self.result, node_ids, style, self.project.placement.tp)
+        changed = {n: v for n, v in styles.items() if self.graph.nodes[n].tp != v}
+        if changed:
+            self.stack.beginMacro(f"Set TP style of {len(node_ids)} nodes" if len(node_ids) > 1 else
+                                  f"Set TP style of {node_ids[0]}")
+            for value in dict.fromkeys(changed.values()):
+                self.set_placement([n for n, v in changed.items() if v == value], "tp", value)
+            self.stack.endMacro()
+        if style == PAIRS and not styles:
+            return "no Linear -> Linear pair (nor attention) in the selection whose sizes tensor parallelism divides"
+        if skipped:
+            n = sum(len(v) for v in skipped.values())
+            kinds = ", ".join(f"{t} ×{len(v)}" if len(v) > 1 else f"{t} {v[0]}" for t, v in sorted(skipped.items()))
+            return f"TP style '{style}' does not apply to {n} node{'s' if n > 1 else ''}: {kinds}"
+        return ""
+
     def set_mesh(self, key: str, value) -> None:
         if getattr(self.project.placement, key) != value:
             self.push(C.SetProjectPlacement(self.project, key, value, self._placement_changed))

@@ -348,15 +348,10 @@ class MainWindow(QMainWindow):
         c.stack.endMacro()
 
     def _set_tp(self, style) -> None:
-        from engine.layers import get_layer
-
-        ids = self.scene.selected_ids()
-        ok = [n for n in ids if style is None or style in (get_layer(self.project.graph.nodes[n].type).tp_styles or ())]
-        skipped = sorted(set(ids) - set(ok))
-        if ok:
-            self.controller.set_placement(ok, "tp", style)
-        if skipped:
-            self.statusBar().showMessage(f"TP style '{style}' does not apply to: {', '.join(skipped)}", 10000)
+        """The style for the selected nodes; a selected block passes it on to what it holds."""
+        msg = self.controller.set_tp(self.scene.selected_ids(), style)
+        if msg:
+            self.statusBar().showMessage(msg, 10000)
 
     def _on_graph_event(self, ev) -> None:
         nid = self.inspector.node_id

@@ -76,12 +76,45 @@ def balanced_stages(compiled: CompileResult, pp: int, device: DeviceSpec, *, dp:
 
 
 def auto_tp_styles(compiled: CompileResult, tp: int, only: set[str] | None = None) -> dict[str, str]:
+    """Megatron's pattern where it applies (megatron_pairs); nothing without tensor parallelism."""
+    return {} if tp == 1 else megatron_pairs(compiled, tp, only)
+
+
+PAIRS = "pairs"  # the TP style a block takes as a whole: Megatron's colwise/rowwise pairs inside it
+
+
+def block_tp(compiled: CompileResult, ids: list[str], style: str | None, tp: int = 1
+             ) -> tuple[dict[str, str | None], dict[str, list[str]]]:
+    """A tensor-parallel style given to a block (or any selection of nodes): what each of
+    its nodes gets, and the nodes it cannot apply to, by layer type.
+
+    `style` "pairs" finds Megatron's pattern inside (Linear -> elementwise* -> Linear as
+    colwise then rowwise, attention split by heads; split sizes that `tp` divides) and
+    leaves the rest as they are; None ("auto") clears every node's style; a catalog style
+    (colwise, rowwise, sequence, replicate) goes to the nodes whose layer supports it."""
+    from engine.layers import get_layer
+
+    graph = compiled.graph
+    if style == PAIRS:
+        return megatron_pairs(compiled, tp, set(ids)), {}
+    if style is None:
+        return {n: None for n in ids}, {}
+    out: dict[str, str | None] = {}
+    skipped: dict[str, list[str]] = {}
+    for n in ids:
+        t = graph.nodes[n].type
+        if style in (get_layer(t).tp_styles if get_layer(t) else ()):
+            out[n] = style
+        elif t not in ("Input", "Output"):
+            skipped.setdefault(t, []).append(n)
+    return out, skipped
+
+
+def megatron_pairs(compiled: CompileResult, tp: int, only: set[str] | None = None) -> dict[str, str]:
     """Megatron's pattern where it applies: Linear -> elementwise* -> Linear becomes
     colwise then rowwise (one all-reduce per pair); attention is split by heads.
     Only layers whose split dimension tp divides take part, and, given `only`, only
     those nodes (a pair is taken whole or not at all)."""
-    if tp == 1:
-        return {}
     free = (lambda n: True) if only is None else (lambda n: n in only)  # noqa: E731
     from engine.planner import ELEMENTWISE
 
@@ -273,4 +306,4 @@ def apply_to_project(project: Project, auto: AutoPlacement) -> None:
     project.placement = project.placement.model_copy(update=auto.placement)
 
 
-__all__ = ["auto_place", "balanced_stages", "auto_tp_styles", "sequence_norms", "apply_to_project", "AutoPlacement"]
+__all__ = ["auto_place", "balanced_stages", "auto_tp_styles", "block_tp", "megatron_pairs", "PAIRS", "sequence_norms", "apply_to_project", "AutoPlacement"]

@@ -161,6 +161,9 @@ class DevicesPanel(QWidget):
         self.tp_combo.addItem("auto", None)
         for s in TP_STYLES:
             self.tp_combo.addItem(s, s)
+        self.tp_combo.addItem("pairs (Megatron, in a block)", "pairs")  # colwise -> rowwise inside it
+        self.tp_combo.setToolTip("The tensor-parallel style of the selected nodes or blocks; a block passes it on\n"
+                                 "to the layers it holds. 'pairs': Megatron's colwise/rowwise pairs inside it.")
         self.tp_btn = QPushButton("Set TP style")
         self.tp_btn.clicked.connect(lambda: self.tp_requested.emit(self.tp_combo.currentData()))
         row.addWidget(self.tp_combo, 1)

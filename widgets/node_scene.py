@@ -493,6 +493,33 @@ class GroupItem(QGraphicsItem):
         st = self.stages()
         return QColor(stage_color(st[0], t)) if len(st) == 1 else QColor(t.group_border)
 
+    def placement_tags(self) -> tuple[str, list[str]]:
+        """What a card says of its placement on its type line: its stages (S1, S0–2), its
+        tensor-parallel styles, and the communication the plan puts on the edges it hides
+        ("⇄ 3"); the hidden notes themselves go in its tooltip."""
+        scene: NodeScene = self.scene()
+        g, members = scene.graph, set(self.members())
+        tags = []
+        st = self.stages()
+        if st:
+            tags.append(f"S{st[0]}" if len(st) == 1 else f"S{st[0]}–{st[-1]}")
+        styles = sorted({g.nodes[n].tp for n in members if g.nodes[n].tp and g.nodes[n].tp != "replicate"})
+        if styles:
+            tags.append("tp " + "/".join(styles))
+        inside = [(e, note) for e, note in scene.edge_notes.items() if e.src in members and e.dst in members]
+        if inside:
+            tags.append(f"⇄ {len(inside)}")
+        return " · ".join(tags), [f"{e.src} → {e.dst}: {note}" for e, note in inside]
+
+    def update_tip(self) -> None:
+        """A card's tooltip: its name and type, figures, and the communication it hides."""
+        size, shapes = self.figures()
+        tags, hidden = self.placement_tags()
+        lines = [self.title(), size, shapes, tags]
+        if hidden:
+            lines += ["inside (where the plan communicates):", *hidden[:12]] + ([f"… {len(hidden) - 12} more"] if len(hidden) > 12 else [])
+        self.setToolTip("\n".join(x for x in lines if x))
+
     def title(self) -> str:
         kind = block_type(self.scene().graph, self.name, self.scene().block_members(self.name))
         return f"{self.card_name()}" + (f"  {kind}" if kind else "")
@@ -544,6 +571,7 @@ class GroupItem(QGraphicsItem):
             self._rect = QRectF(rect.x(), rect.y(), NODE_W, node_height(len(self.ins), len(self.outs)) + CARD_EXTRA)
             self.setZValue(1)
             self.setFlags(QGraphicsItem.ItemIsMovable | QGraphicsItem.ItemIsSelectable | QGraphicsItem.ItemSendsGeometryChanges)
+            self.update_tip()
         else:
             for child in scene.group_items.values():  # the frames and cards of blocks inside it
                 if child.depth == self.depth + 1 and child.name.startswith(self.name + BLOCK_SEP) and \
@@ -552,6 +580,7 @@ class GroupItem(QGraphicsItem):
             self._rect = rect.adjusted(-16, -34, 16, 16) if not rect.isNull() else QRectF()
             self.setZValue(-1 + 0.01 * self.depth)
             self.setFlags(QGraphicsItem.GraphicsItemFlag(0))
+            self.setToolTip("")
         self.update()
 
     def _port_point(self, i: int, is_input: bool) -> QPointF:
@@ -659,7 +688,12 @@ class GroupItem(QGraphicsItem):
             kind += f" ×{len(self.run)} (double-click: one by one)"
         size, shapes = self.figures()
         line = QRectF(r.x() + 10, r.y() + HEADER_H, r.width() - 20, BODY_TOP - HEADER_H - 2)
-        p.drawText(line, Qt.AlignVCenter | Qt.AlignLeft, kind)
+        tags, _ = self.placement_tags()
+        fm = QFontMetricsF(_TEXT_FONT)
+        tag_w = fm.horizontalAdvance(tags) + 8 if tags else 0.0
+        if tags:
+            p.drawText(line, Qt.AlignVCenter | Qt.AlignRight, tags)
+        p.drawText(line, Qt.AlignVCenter | Qt.AlignLeft, fm.elidedText(kind, Qt.ElideRight, line.width() - tag_w))
         for k, text in enumerate((size, shapes)):
             p.drawText(line.translated(0, (k + 1) * ROW_H), Qt.AlignVCenter | Qt.AlignLeft,
                        QFontMetricsF(_TEXT_FONT).elidedText(text, Qt.ElideRight, line.width()))
@@ -992,6 +1026,10 @@ class NodeScene(QGraphicsScene):
         for e, item in self.edge_items.items():
             info = r.edge_info(e) if r else None
             item.set_label(info.label() if info else "", self.edge_notes.get(e, ""))
+        for item in self.group_items.values():
+            if item.collapsed and item.isVisible():
+                item.update_tip()
+                item.update()
 
     def set_detail_for_zoom(self, zoom: float) -> None:
         """Hide the port items when zoomed far out: thousands fewer items to visit."""
