@@ -134,6 +134,10 @@ class Training(_Strict):
     epochs: Optional[int] = Field(None, ge=1)
     eval_interval: int = Field(50, ge=1)  # steps between evaluations
     checkpoint_interval: int = Field(100, ge=1)  # steps between checkpoints
+    # steps between two metrics records (the loss averaged over them, kept on the device in
+    # between: no host sync, no collective on other steps); None: as many as fill about a
+    # quarter of a second, from 1 (slow steps) to 100 (fast ones), so logging costs < 1%
+    log_interval: Optional[int] = Field(None, ge=1)
     seed: int = Field(0, ge=0, le=2 ** 31 - 1)  # numpy and torch take it; so does a spin box
     grad_clip: Optional[float] = Field(None, gt=0)
     # micro-batches per optimizer step in one process: the batch is cut into this many equal

@@ -321,23 +321,24 @@ def main() -> None:
 
     metrics = open(out / "metrics.jsonl", "w") if rank == 0 else None
     t0 = time.perf_counter()
+    loss_sum, last_log = torch.zeros((), dtype=torch.float64, device=device), 0
     for step in range(args.steps):
         x, y = batches.batch(step)  # the global batch; each replica takes its slice (tp peers the same one)
         x, y = x[dp_rank * local:(dp_rank + 1) * local].to(device), y[dp_rank * local:(dp_rank + 1) * local].to(device)
         opt.zero_grad(set_to_none=True)
         if schedule is None:  # GRAD_ACCUMULATION equal micro-batches: the mean of their mean losses
-            value = 0.0
             for xm, ym in zip(x.chunk(GRAD_ACCUMULATION), y.chunk(GRAD_ACCUMULATION)):
                 loss = compute_loss(LOSS, model(xm), ym) / GRAD_ACCUMULATION
                 loss.backward()
-                value += loss.item()
+                loss_sum += loss.detach()  # on the device: read only at log steps (no sync per step)
         #@pp
         else:  # micro-batches flow through the stages; the last one computes their losses
             losses = []
             if step == 0:
                 infer_stage_shapes(schedule, [model], (x,) if first else (), y if last else None)
             schedule.step(*((x,) if first else ()), target=y if last else None, losses=losses, return_outputs=False)
-            value = torch.stack([v.detach() for v in losses]).mean().item() if last else 0.0
+            if last:
+                loss_sum += torch.stack([v.detach() for v in losses]).mean()
         #@end
         if GRAD_CLIP:  # by the norm over the whole model, as one process would
             grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -351,19 +352,26 @@ def main() -> None:
                 dist.all_reduce(sq, group=mesh["pp"].get_group())
                 norm = sq.sqrt()
             #@end
-            coef = min(1.0, GRAD_CLIP / (float(norm) + 1e-6))  # torch's clip_grad_norm_ formula
-            for g in grads:
-                g.mul_(coef)
+            coef = (GRAD_CLIP / (norm + 1e-6)).clamp(max=1.0)  # torch's clip_grad_norm_ formula, kept on the device
+            torch._foreach_mul_([g.to_local() if hasattr(g, "to_local") else g for g in grads], coef)
         opt.step()
         sched.step()
+        evaluating = schedule is None and ((step + 1) % EVAL_INTERVAL == 0 or step + 1 == args.steps)
+        if (step + 1) % LOG_INTERVAL and step + 1 != args.steps and not evaluating:
+            continue
+        value = loss_sum
         if distributed:  # the last stage's losses, averaged over replicas: the global batch's loss
             # (tp peers computed the same loss: count one of them)
-            t = torch.tensor([value if last and tp_rank == 0 else 0.0], dtype=torch.float64, device=device)
-            dist.all_reduce(t)
-            value = float(t.item()) / dp
+            value = loss_sum * (1.0 if last and tp_rank == 0 else 0.0)
+            dist.all_reduce(value)
+            value = value / dp
+        n = step + 1 - last_log
         rec = {"step": step + 1, "epoch": batches.epoch_of(step), "time": round(time.perf_counter() - t0, 4),
-               "loss": value, "lr": opt.param_groups[0]["lr"]}
-        if schedule is None and ((step + 1) % EVAL_INTERVAL == 0 or step + 1 == args.steps):
+               "loss": float(value) / n, "lr": opt.param_groups[0]["lr"]}
+        if n > 1:
+            rec["steps"] = n  # the loss is the mean over this many steps
+        loss_sum, last_log = torch.zeros((), dtype=torch.float64, device=device), step + 1
+        if evaluating:
             rec.update(evaluate(model, x_val, y_val, device))
         if metrics:
             metrics.write(json.dumps(rec) + "\\n")
@@ -544,6 +552,7 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
         f"BATCH_SIZE = {tr.batch_size}",
         f"STEPS = {steps}",
         f"EVAL_INTERVAL = {tr.eval_interval}",
+        f"LOG_INTERVAL = {tr.log_interval or 10}  # steps per metrics line: the mean loss of those steps",
         f"GRAD_CLIP = {tr.grad_clip!r}",
         f"GRAD_ACCUMULATION = {tr.grad_accumulation}  # micro-batches per optimizer step (one process)",
         f"LOSS = {loss!r}",

@@ -300,15 +300,17 @@ class ParallelTrainer:
         lo = self.dp_rank * self.local_batch
         return x[lo:lo + self.local_batch].to(self.device), y[lo:lo + self.local_batch].to(self.device)
 
-    def train_step(self, step: int) -> float:
+    def train_step(self, step: int) -> torch.Tensor:
+        """One optimizer step; this replica's loss (0 off the last stage) stays on the device:
+        log_sync reads it, with one collective, only at log steps."""
         x, y = self._local(*self.batches.batch(step))
         self.opt.zero_grad(set_to_none=True)
-        local = 0.0
+        local = None
         if self.schedule is None:
             with self.autocast():
                 loss = self.compute_loss(self.loss_kind, self.model(x), y)
             loss.backward()
-            local = loss.item()
+            local = loss.detach()
         else:
             losses: list[torch.Tensor] = []
             args = (x,) if self.is_first else ()
@@ -319,43 +321,56 @@ class ParallelTrainer:
             with self.autocast():
                 self.schedule.step(*args, target=y if self.is_last else None, losses=losses, return_outputs=False)
             if self.is_last:  # equal micro-batches: the mean of their means is the batch mean
-                local = torch.stack([loss.detach() for loss in losses]).mean().item()
+                local = torch.stack([loss.detach() for loss in losses]).mean()
         if self.grad_clip:
             self._clip(float(self.grad_clip))
         self.opt.step()
         self.sched.step()
-        self.local_loss = local if self.is_last else None  # this replica's own (the per-rank plot)
-        return self._from_last_stage(local) / self.dims.dp
+        return local.float() if local is not None else torch.zeros((), device=self.device)
 
-    def _from_last_stage(self, value: float) -> float:
-        """Every rank gets the sum of `value` over the last stage's tp-rank-0 ranks (one per replica)."""
-        t = torch.tensor([value if self.is_last and self.tp_rank == 0 else 0.0], dtype=torch.float64,
-                         device=self.device)
+    def log_sync(self, loss_sum: torch.Tensor, stop: bool, step_s: float) -> tuple[float, float | None, bool, float]:
+        """At a log step, one all-reduce for all of it: (the loss summed over the steps since
+        the last log, as the whole batch's mean; this replica's own part, on the last stage;
+        whether any rank was asked to stop (SIGTERM reaches ranks at different moments);
+        the ranks' mean step time). Every rank gets the same numbers, so all take the same
+        next log step."""
+        counts = self.is_last and self.tp_rank == 0  # one rank per replica adds its loss
+        t = torch.stack([loss_sum.double() * (1.0 if counts else 0.0),
+                         torch.tensor(1.0 if stop else 0.0, dtype=torch.float64, device=self.device),
+                         torch.tensor(step_s, dtype=torch.float64, device=self.device)])
+        own = float(loss_sum.item()) if self.is_last else None
         dist.all_reduce(t)
-        return float(t.item())
+        total, stop_any, mean_s = t.tolist()
+        return total / self.dims.dp, own, stop_any > 0, mean_s / dist.get_world_size()
 
     @torch.no_grad()
     def _clip(self, max_norm: float) -> None:
-        """Clip by the norm over the whole model, as the single-process loop does.
-        A sharded gradient (TP, FSDP2) adds its pieces' squares over its mesh dims,
-        a replicated one counts once, stages add theirs over the pp group."""
-        sq = torch.zeros((), dtype=torch.float32, device=self.device)
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        for g in grads:
+        """Clip by the norm over the whole model, as the single-process loop does, with
+        torch's multi-tensor kernels and no host sync. Gradients are grouped by how they
+        are laid out: a sharded one (TP, FSDP2) adds its pieces' squares over the mesh
+        dims it is split on, a replicated one counts once, stages add theirs over pp."""
+        groups: dict[tuple, list[torch.Tensor]] = {}
+        for p in self.model.parameters():
+            g = p.grad
+            if g is None:
+                continue
             if hasattr(g, "to_local"):
-                part = g.to_local().float().pow(2).sum()
-                for dim, placement in enumerate(g.placements):
-                    if placement.is_shard() or placement.is_partial():
-                        dist.all_reduce(part, group=g.device_mesh.get_group(dim))
-                sq += part
+                dims = tuple(d for d, pl in enumerate(g.placements) if pl.is_shard() or pl.is_partial())
+                groups.setdefault((id(g.device_mesh), dims), [g.device_mesh]).append(g.to_local())
             else:
-                sq += g.float().pow(2).sum()
+                groups.setdefault((None, ()), [None]).append(g)
+        sq = torch.zeros((), dtype=torch.float32, device=self.device)
+        local_grads: list[torch.Tensor] = []
+        for (_, dims), (mesh, *tensors) in groups.items():
+            part = torch.stack([n.float() for n in torch._foreach_norm(tensors)]).pow(2).sum()
+            for d in dims:
+                dist.all_reduce(part, group=mesh.get_group(d))
+            sq += part
+            local_grads += tensors
         if self.dims.pp > 1:
             dist.all_reduce(sq, group=self.mesh["pp"].get_group())
-        coef = min(1.0, max_norm / (float(sq.sqrt()) + 1e-6))  # torch's clip_grad_norm_ formula
-        if coef < 1.0:
-            for g in grads:
-                g.mul_(coef)
+        coef = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)  # torch's clip_grad_norm_ formula
+        torch._foreach_mul_(local_grads, coef)
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -394,12 +409,6 @@ class ParallelTrainer:
         if cls:
             rec["val_acc"] = float(sums[1]) / max(n, 1)
         return rec
-
-    def agree_stop(self, requested: bool) -> bool:
-        """Stop after this step if any rank was asked to (SIGTERM reaches ranks at different moments)."""
-        t = torch.tensor([1.0 if requested else 0.0], device=self.device)
-        dist.all_reduce(t)
-        return bool(t.item() > 0)
 
     def lr(self) -> float:
         return self.opt.param_groups[0]["lr"]

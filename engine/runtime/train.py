@@ -282,22 +282,29 @@ class Trainer:
             raise ValueError(f"training.batch_size {self.batch_size} is not divisible by training.grad_accumulation "
                              f"{self.accumulate}; change one of them")
 
-    def train_step(self, step: int) -> float:
+    def train_step(self, step: int) -> torch.Tensor:
+        """One optimizer step; its loss stays on the device (reading it would wait for the step)."""
         x, y = self.batches.batch(step)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         self.opt.zero_grad(set_to_none=True)
         # training.grad_accumulation equal micro-batches, one optimizer step: the gradient and the
         # loss are those of the mean of their mean losses (1: the whole batch at once)
-        value = 0.0
+        value = None
         for xm, ym in zip(x.chunk(self.accumulate), y.chunk(self.accumulate)):
             loss = compute_loss(self.loss_kind, self.model(xm), ym) / self.accumulate
             loss.backward()
-            value += loss.item()
-        if self.grad_clip:
+            value = loss.detach() if value is None else value + loss.detach()
+        if self.grad_clip:  # multi-tensor kernels on GPUs; no host sync (the scale stays a tensor)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         self.opt.step()
         self.sched.step()
         return value
+
+    def log_sync(self, loss_sum: torch.Tensor, stop: bool, step_s: float) -> tuple[float, float | None, bool, float]:
+        """At a log step: (the summed loss of the steps since the last one, this rank's own
+        part of it, whether to stop, the mean step time). One process: no collective."""
+        value = float(loss_sum.item())
+        return value, value, stop, step_s
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -344,6 +351,20 @@ class Trainer:
 
 
 # ----- the loop -----------------------------------------------------------------
+LOG_PERIOD_S = 0.25  # an automatic log interval fills about this much time (the dashboard stays live)
+MAX_LOG_INTERVAL = 100
+WARMUP_LOGS = 3  # the first steps are each logged: a new run shows its loss at once
+
+
+def log_interval_for(step_s: float, done: int) -> int:
+    """Steps until the next metrics record when training.log_interval is not set: as many
+    as fill LOG_PERIOD_S (a log step's sync and record cost well under 1% of that), from 1
+    to MAX_LOG_INTERVAL. `step_s` is the agreed mean step time, so every rank picks the same."""
+    if done < WARMUP_LOGS:
+        return 1
+    return max(1, min(MAX_LOG_INTERVAL, int(LOG_PERIOD_S / max(step_s, 1e-9))))
+
+
 class _Stop:
     def __init__(self) -> None:
         self.requested = False
@@ -445,7 +466,7 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
         start, elapsed0, offset = int(state["step"]), float(state.get("elapsed", 0.0)), state.get("metrics_offset")
         log(f"resumed from {ckpt.name} at step {start}")
     metrics = MetricsWriter(run_dir / "metrics.jsonl", truncate_at=offset if resume else 0) if writes_metrics else None
-    distributed = hasattr(trainer, "agree_stop")  # parallel.py's trainer: ranks agree on stopping
+    distributed = hasattr(trainer, "rank")  # parallel.py's trainer: ranks agree on stopping at log steps
     rank_metrics = RankMetrics(run_dir, int(trainer.rank), start if resume else None) if distributed else None
     stop = _Stop()
     watch_parent(stop)
@@ -470,24 +491,39 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
                 shutil.rmtree(d, ignore_errors=True)  # half a checkpoint: gone, and its space with it
             raise
 
+    fixed = tr.get("log_interval")  # None: chosen from the step time (log_interval_for)
+    next_log = (start // int(fixed) + 1) * int(fixed) if fixed else start + 1
+    loss_sum, last_log, t_last = None, start, time.perf_counter()
     try:
         if status:
             status.update(step=start)
         while step < total:
-            ts = time.perf_counter()
+            # the hot path: the loss stays on the device; nothing waits for the step to end
             loss = trainer.train_step(step)
-            dt = time.perf_counter() - ts
+            loss_sum = loss if loss_sum is None else loss_sum + loss
             step += 1
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"loss became {loss} at step {step}: lower the learning rate "
+            if not (step >= next_log or step == total or step % eval_every == 0 or step % ckpt_every == 0
+                    or (stop.requested and not distributed)):
+                continue
+            # a log step: one host sync (and, distributed, one collective) for all the steps since the last
+            now = time.perf_counter()
+            n = step - last_log
+            own_s = (now - t_last) / n
+            loss_total, own, stop_now, step_s = trainer.log_sync(loss_sum, stop.requested, own_s)
+            value = loss_total / n
+            if not math.isfinite(value):
+                within = f"at step {step}" if n == 1 else f"in steps {last_log + 1}-{step}"
+                raise FloatingPointError(f"loss became {value} {within}: lower the learning rate "
                                          f"(training.optimizer.lr) or set training.grad_clip")
-            rec = {"step": step, "epoch": trainer.batches.epoch_of(step - 1), "time": round(time.perf_counter() - t0, 4),
-                   "loss": loss, "lr": trainer.lr(), "samples_per_s": round(trainer.batch_size / max(dt, 1e-9), 2),
+            rec = {"step": step, "epoch": trainer.batches.epoch_of(step - 1), "time": round(now - t0, 4),
+                   "loss": value, "lr": trainer.lr(), "samples_per_s": round(trainer.batch_size / max(step_s, 1e-9), 2),
                    "peak_mem_mb": round(peak_mem_mb(trainer.device), 1)}
+            if n > 1:
+                rec["steps"] = n  # the loss is the mean over this many steps, ending at `step`
             if metrics:
                 metrics.write(rec)
             if rank_metrics:
-                rank_metrics.write(step, rec["time"], dt, trainer.local_batch, getattr(trainer, "local_loss", None))
+                rank_metrics.write(step, rec["time"], own_s, trainer.local_batch, own / n if own is not None else None)
             if step % eval_every == 0 or step == total:
                 ev = trainer.evaluate()
                 if metrics:
@@ -497,15 +533,17 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
                 log(f"step {step}/{total} loss {loss:.4f} " + " ".join(f"{k} {v:.4f}" for k, v in ev.items()))
             if step % ckpt_every == 0 or step == total:
                 checkpoint(step)
-            if status and (step % 10 == 0 or step == total):
+            if status:
                 status.update(step=step)
             if progress:
                 progress(step, total, rec)
-            # ranks must agree on stopping (each gets SIGTERM at its own moment)
-            if (trainer.agree_stop(stop.requested) if distributed else stop.requested):
+            if stop_now:  # (distributed: agreed by every rank, at the same log step)
                 checkpoint(step)
                 state_name = "cancelled"
                 break
+            # a set interval logs its multiples (10, 20, ...); the automatic one counts from here
+            next_log = (step // int(fixed) + 1) * int(fixed) if fixed else step + log_interval_for(step_s, step - start)
+            loss_sum, last_log, t_last = None, step, time.perf_counter()
         else:
             state_name = "succeeded"
             if writes_metrics or distributed:  # distributed: a collective; rank 0 writes

@@ -22,7 +22,9 @@ def test_a_two_rank_run_shows_each_ranks_step_time_loss_and_log(qtbot, tmp_path)
     assert main(["train", str(path), "--nproc", "2", "--out", str(run_dir)]) == 0
     for r in (0, 1):
         lines = [json.loads(x) for x in (run_dir / "logs" / f"rank{r}.metrics.jsonl").read_text().splitlines()]
-        assert [x["step"] for x in lines] == list(range(1, 21)) and all(x["rank"] == r for x in lines)
+        steps = [x["step"] for x in lines]  # at the run's log steps (the first ones each, then every few)
+        assert steps[:3] == [1, 2, 3] and steps == sorted(set(steps)) and steps[-1] == 20
+        assert all(x["rank"] == r for x in lines)
         assert all(x["step_ms"] > 0 and "loss" in x for x in lines)  # dp replicas: each has its own loss
     mean = [json.loads(x)["loss"] for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
     r0 = [json.loads(x)["loss"] for x in (run_dir / "logs" / "rank0.metrics.jsonl").read_text().splitlines()]
@@ -39,9 +41,10 @@ def test_a_two_rank_run_shows_each_ranks_step_time_loss_and_log(qtbot, tmp_path)
     key = str(run_dir)
     for r in (0, 1):
         x, y = dash.series_data(key, f"step_ms_rank{r}")
-        assert list(x) == list(range(1, 21)) and (y > 0).all()
+        logged = [json.loads(s)["step"] for s in (run_dir / "logs" / f"rank{r}.metrics.jsonl").read_text().splitlines()]
+        assert list(x) == logged and (y > 0).all()
         x, y = dash.series_data(key, f"loss_rank{r}")
-        assert len(x) == 20
+        assert len(x) == len(logged)
     assert dash.curve(key, "step_ms_rank1") is not None
 
     viewer = w.run_ui.show_logs(run_dir)

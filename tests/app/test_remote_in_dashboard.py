@@ -20,7 +20,9 @@ pytestmark = pytest.mark.gui
 
 def test_opening_a_job_mirror_plots_it_and_follows_new_lines(qtbot, tmp_path, monkeypatch):
     monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(tmp_path / "config"))  # an empty job database
-    finished = prepare_run(load_project(EX / "mlp_digits.lflow"), tmp_path / "src", steps=20)
+    project = load_project(EX / "mlp_digits.lflow")
+    project.training.log_interval = 1  # a line per step, mirrored in two halves
+    finished = prepare_run(project, tmp_path / "src", steps=20)
     run(finished)
     lines = (finished / "metrics.jsonl").read_text().splitlines(keepends=True)
 

@@ -47,7 +47,8 @@ def _project(**training):
     # a bias before BatchNorm has a zero gradient up to rounding, which Adam scales into
     # full steps: the running means would follow rounding noise
     p.graph.set_param("conv1", "bias", False)
-    p.training = p.training.model_copy(update={"checkpoint_interval": 10, "eval_interval": STEPS, **training})
+    p.training = p.training.model_copy(update={"checkpoint_interval": 10, "eval_interval": STEPS, "log_interval": 1,
+                                               **training})  # every step recorded: compared step by step
     return p
 
 

@@ -55,6 +55,8 @@ LAYOUTS_2 = {
     # 4 stages on 2 ranks: rank 0 runs stages 0 and 2, rank 1 stages 1 and 3
     "pp_interleaved": ("resnet_synthetic", {"pp": 2, "schedule": "interleaved1f1b", "microbatches": 4}, RESNET_4, None),
 }
+# recorded every 4 steps (the hot path: losses summed on the device, one collective per record)
+LOG4 = {"pp_clip_log4": ("resnet_synthetic+clip+log4", {"pp": 2, "microbatches": 2}, RESNET_2, None)}
 BF16 = {"fsdp_bf16": ("mlp_digits", {"dp": 2, "data_parallel": "fsdp", "mixed_precision": "bf16"}, None, None),
         "pp_bf16": ("resnet_synthetic", {"pp": 2, "microbatches": 2, "mixed_precision": "bf16"}, RESNET_2, None)}
 LAYOUTS_4 = {
@@ -68,13 +70,15 @@ MLP_PP = [["fc1", "act1"], ["fc2", "act2", "head"]]
 
 
 def _project(example: str):
-    """An example; "NAME+clip" adds gradient clipping tight enough to act on every step."""
-    example, _, clip = example.partition("+")
+    """An example; "NAME+clip" adds gradient clipping tight enough to act on every step,
+    "+log4" records the loss every 4 steps (else every step, to compare step by step)."""
+    example, *flags = example.split("+")
     p = load_project(EXAMPLES / f"{example}.lflow")
-    if clip:
+    if "clip" in flags:
         p.training.grad_clip = 0.05
     p.training.checkpoint_interval = 10
     p.training.eval_interval = STEPS
+    p.training.log_interval = 4 if "log4" in flags else 1
     return p
 
 
@@ -151,7 +155,7 @@ def _launch_all(tmp_path_factory):
         refs[example] = losses(d)
     out = {}
     jobs2 = []
-    for name, layout in {**LAYOUTS_2, **BF16}.items():
+    for name, layout in {**LAYOUTS_2, **BF16, **LOG4}.items():
         d, plan = _prepare(tmp, name, layout, 2)
         out[name] = (layout[0], d, plan)
         jobs2.append({"run_dir": str(d)})
@@ -191,6 +195,24 @@ def test_losses_match_single_process(runs, name):
         assert got[step] == pytest.approx(want[step], rel=RTOL), f"{name} step {step}"
     assert json.loads((run_dir / "status.json").read_text())["state"] == "succeeded"
     assert (run_dir / "model.pt").exists()
+
+
+@pytest.mark.parametrize("name", list(LOG4))
+def test_records_every_few_steps_hold_the_mean_of_those_steps(runs, name):
+    """Logged every 4 steps (and at checkpoints), distributed: each record is the mean of
+    the single-process losses of the steps it covers."""
+    refs, out, _ = runs
+    example, run_dir, _ = out[name]
+    want = refs[example.replace("+log4", "")]
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    recs = [r for r in recs if "loss" in r]
+    assert [r["step"] for r in recs] == [4, 8, 10, 12, 16, 20]
+    last = 0
+    for r in recs:
+        span = range(last + 1, r["step"] + 1)
+        assert r.get("steps", 1) == len(span)
+        assert r["loss"] == pytest.approx(sum(want[s] for s in span) / len(span), rel=RTOL), f"{name} step {r['step']}"
+        last = r["step"]
 
 
 @pytest.mark.parametrize("name", [*LAYOUTS_2, *LAYOUTS_4, *BF16, "resume_pp", "resume_tp", "resume_from_single"])

@@ -108,6 +108,7 @@ def test_cli_resume_under_another_layout(tmp_path):
 
     p = load_project(MLP)
     p.training.checkpoint_interval = 4
+    p.training.log_interval = 1  # compared step by step
     proj = tmp_path / "mlp.lflow"
     save_project(p, proj)
     ref = prepare_run(p, tmp_path / "ref", steps=6)

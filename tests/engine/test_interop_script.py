@@ -44,6 +44,8 @@ def dropout_mlp(folder: Path) -> Project:
 
 
 def runtime_losses(project: Project, run_dir: Path) -> list[float]:
+    if project.training.log_interval is None:  # compared step by step (the script then logs each step too)
+        project.training.log_interval = 1
     rd = prepare_run(project, run_dir, steps=STEPS)
     assert run(rd)["state"] == "succeeded"
     return [r["loss"] for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
@@ -69,15 +71,18 @@ def test_script_reads_like_pytorch(tmp_path):
     assert "GraphModule" not in text
 
 
-@pytest.mark.parametrize("which", ["dropout_mlp", "dropout_mlp+accumulate", "transformer_synthetic"])
+@pytest.mark.parametrize("which", ["dropout_mlp", "dropout_mlp+accumulate", "dropout_mlp+log4", "transformer_synthetic"])
 def test_script_losses_equal_the_runtime(which, tmp_path):
     project = dropout_mlp(tmp_path) if which.startswith("dropout_mlp") else load_project(EX / f"{which}.lflow")
     if which.endswith("+accumulate"):  # training.grad_accumulation: 2 micro-batches of 8, one step
         project.training.grad_accumulation = 2
+    if which.endswith("+log4"):  # a line every 4 steps (and at evaluations): the mean loss of its steps
+        project.training.log_interval = 4
     want = runtime_losses(project, tmp_path / "run")
     script = export_script(project, tmp_path / f"{which}.py")
     got = script_losses(script, tmp_path / "script_out")
-    assert len(got) == len(want) == STEPS
+    logged = [s for s in range(1, STEPS + 1) if s % project.training.log_interval == 0 or s % 3 == 0 or s == STEPS]
+    assert len(got) == len(want) == len(logged)
     assert got == pytest.approx(want, rel=1e-6, abs=1e-7)
 
 
@@ -115,7 +120,7 @@ def test_script_prints_the_newer_layers_and_computes_the_same(name, tmp_path):
         dataset=SyntheticSequence(kind="synthetic_sequence", n_samples=128, seq_len=10, vocab_size=32, n_classes=4)
         if name == "attention_parts" else
         SyntheticImages(kind="synthetic_images", n_samples=128, channels=3, height=12, width=10, n_classes=3),
-        batch_size=16, steps=STEPS, eval_interval=3, seed=3)
+        batch_size=16, steps=STEPS, eval_interval=3, seed=3, log_interval=1)
     script = export_script(project, tmp_path / "export" / f"{name}.py")
     text = script.read_text()
     lines = {"attention_parts": ["self.rms = nn.RMSNorm(16, eps=1e-06, elementwise_affine=True)",
@@ -148,6 +153,7 @@ def test_script_prints_the_newer_layers_and_computes_the_same(name, tmp_path):
 
 def test_script_of_digits_brings_its_data(tmp_path):
     project = load_project(EX / "mlp_digits.lflow")
+    project.training.log_interval = 1  # compared step by step
     script = export_script(project, tmp_path / "digits.py")
     assert (tmp_path / "digits.data.npz").exists()
     want = runtime_losses(project, tmp_path / "run")
@@ -158,7 +164,9 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 
 
 def torchrun_runtime_losses(project: Project, run_dir: Path, **prepare) -> list[float]:
-    """The losses of Layerflow's distributed runtime on 2 processes."""
+    """The losses of Layerflow's distributed runtime on 2 processes (each step's)."""
+    if project.training.log_interval is None:
+        project.training.log_interval = 1
     rd = prepare_run(project, run_dir, steps=STEPS, **prepare)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     proc = subprocess.run(TORCHRUN + ["-m", "engine.runtime.train", str(rd)], cwd=ROOT, env=env,

@@ -123,6 +123,7 @@ def test_gpt_keeps_its_tied_embedding_and_learns_next_tokens(tmp_path):
     project.training.batch_size = 16
     project.training.optimizer.lr = 3e-3
     project.training.optimizer.name = "adamw"
+    project.training.log_interval = 1  # the first step's loss against the last's
     rd = prepare_run(project, tmp_path / "run", steps=30)
     assert run(rd)["state"] == "succeeded"
     losses = [r["loss"] for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
@@ -160,6 +161,7 @@ def test_imported_model_with_op_nodes_exports_a_script_that_runs_standalone(tmp_
     assert any(n.type == "Op" for n in project.graph.nodes.values())  # permute, layer scale
     project.training.batch_size = 8
     project.training.steps = STEPS
+    project.training.log_interval = 1  # compared step by step
     script = export_script(project, tmp_path / "convnext.py")
     text = script.read_text()
     assert "class AtenOp(nn.Module)" in text and "aten.permute.default" in text

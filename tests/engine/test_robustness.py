@@ -333,7 +333,7 @@ def test_a_full_disk_ends_the_run_as_failed_with_the_reason_and_a_resumable_chec
     p.path = tmp_path / "p.lflow"
     p.graph.nodes["fc1"].params["out_features"] = 512  # ~0.45 MB a checkpoint with Adam's state
     p.training = Training.model_validate({**p.training.model_dump(), "steps": 60, "checkpoint_interval": 5,
-                                          "eval_interval": 1000})
+                                          "eval_interval": 1000, "log_interval": 1})  # every step recorded
     prep = prepare_run(p, tmp_path / "prep")
     (tmp_path / "small").mkdir()
     (tmp_path / "out").mkdir()

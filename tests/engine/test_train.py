@@ -44,8 +44,53 @@ def dropout_project(steps=40):
     tr = Training.model_validate({"dataset": {"kind": "synthetic_classification", "n_samples": 400},
                                   "optimizer": {"name": "adam", "lr": 0.01},
                                   "schedule": {"name": "cosine", "warmup_steps": 5},
-                                  "batch_size": 32, "steps": steps, "eval_interval": 10, "checkpoint_interval": 10})
+                                  "batch_size": 32, "steps": steps, "eval_interval": 10, "checkpoint_interval": 10,
+                                  "log_interval": 1})  # every step's loss recorded: resume is compared step by step
     return Project(g, name="drop", training=tr)
+
+
+def test_logged_losses_are_the_mean_of_the_steps_between_log_steps(tmp_path):
+    """The hot path keeps losses on the device and records them every few steps: a record
+    is the mean of the steps since the last one, equal (to float precision) to the
+    losses recorded one by one on the same trajectory."""
+    every = prepare_run(dropout_project(), tmp_path / "every")
+    run(every)
+    per_step = losses(every)
+    p = dropout_project()
+    p.training.log_interval = 7
+    rd = prepare_run(p, tmp_path / "seven")
+    run(rd)
+    recs = [r for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
+    # multiples of 7, and the eval/checkpoint steps (10, 20, ...) and the last, which log too
+    assert [r["step"] for r in recs] == [7, 10, 14, 20, 21, 28, 30, 35, 40]
+    last = 0
+    for r in recs:
+        n = r["step"] - last
+        assert r.get("steps", 1) == n
+        assert r["loss"] == pytest.approx(sum(per_step[s] for s in range(last + 1, r["step"] + 1)) / n, rel=1e-5)
+        last = r["step"]
+    # left to itself the interval follows the step time: the first steps one by one, then more
+    p.training.log_interval = None
+    p.training.steps = 400
+    p.training.eval_interval = p.training.checkpoint_interval = 1000
+    auto = prepare_run(p, tmp_path / "auto")
+    run(auto)
+    steps = [r["step"] for r in read_metrics(auto / "metrics.jsonl") if "loss" in r]
+    assert steps[:3] == [1, 2, 3] and steps[-1] == 400
+    gaps = [b - a for a, b in zip(steps, steps[1:])]
+    assert max(gaps) > 1 and max(gaps) <= 100 and len(steps) < 400
+
+
+def test_a_nan_is_caught_at_the_next_log_step_with_the_steps_named(tmp_path):
+    p = dropout_project()
+    p.training.log_interval = 5
+    rd = prepare_run(p, tmp_path / "nan")
+    data = dict(np.load(rd / "data.npz"))
+    data["x_train"][:] = np.nan  # every batch makes a NaN loss
+    np.savez(rd / "data.npz", **data)
+    with pytest.raises(FloatingPointError, match=r"loss became nan in steps 1-5: lower the learning rate"):
+        run(rd)
+    assert json.loads((rd / "status.json").read_text())["state"] == "failed"
 
 
 def test_stop_and_resume_gives_the_same_losses(tmp_path):
@@ -194,6 +239,7 @@ def test_a_torchrun_restart_resumes_from_the_latest_checkpoint(tmp_path):
 def _accumulated(tmp_path, example: str, acc: int) -> dict:
     p = load_project(EX / f"{example}.lflow")
     p.training.grad_accumulation = acc
+    p.training.log_interval = 1  # compared step by step
     rd = prepare_run(p, tmp_path / f"{example}_{acc}", steps=20)
     assert run(rd)["state"] == "succeeded"
     return losses(rd)

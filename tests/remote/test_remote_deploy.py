@@ -32,6 +32,7 @@ def make_run(tmp_path: Path, steps: int, name: str = "run", dp: int = 1) -> Path
         project = load_project(EXAMPLES / "mlp_digits.lflow")
         project.training.checkpoint_interval = max(50, steps // 2)
         project.training.eval_interval = max(25, steps // 4)
+        project.training.log_interval = 1  # a line per step: every one must arrive once
         import tempfile
         _RUNS[key] = prepare(project, Path(tempfile.mkdtemp(prefix="lf-run-")) / "run", steps=steps,
                              placement={"dp": dp})
