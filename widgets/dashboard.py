@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -265,6 +266,10 @@ class _Series:
         self.ymin, self.ymax = math.inf, -math.inf  # of the finite raw values
         self.curve: pg.PlotDataItem | None = None
         self.dirty = True
+
+
+class _Parts(list):
+    """Pieces of one series' new values (arrays), joined once per poll."""
 
 
 class _Run:
@@ -527,7 +532,8 @@ class Dashboard(QtWidgets.QWidget):
             run = self._runs[key]
         run.records.extend(records)
         cols: dict[str, tuple[SeriesSpec, list, list, list]] = {}
-        for r in records:
+        rest = self._ingest_columns(run, records, cols)
+        for r in rest:
             step = r.get("step")
             if type(step) is not int and type(step) is not float:
                 continue  # event lines (start/end) carry no point
@@ -549,6 +555,10 @@ class Dashboard(QtWidgets.QWidget):
             if s is None:
                 s = run.series[skey] = _Series(spec)
             prev = s.smoothed.a[s.smoothed.n - 1] if s.smoothed.n else None
+            steps, times, ys = (np.concatenate([np.asarray(v, dtype=np.float64) for v in parts]) if
+                                isinstance(parts, _Parts) else parts for parts in (steps, times, ys))
+            if not len(ys):
+                continue
             s.step.extend(steps)
             s.time.extend(times)
             ys = np.asarray(ys, dtype=np.float64)  # finite only: series_values drops the rest
@@ -557,6 +567,49 @@ class Dashboard(QtWidgets.QWidget):
             if spec.smooth:
                 s.smoothed.extend(ema(ys, self._smoothing, prev))
             s.dirty = True
+
+    @staticmethod
+    def _ingest_columns(run: "_Run", records: list[dict], cols: dict) -> list[dict]:
+        """The bulk of a poll's records at C speed: a batch whose records all have the
+        same keys and plain finite numbers (what the runtime writes) becomes one float64
+        array, its columns the series; `cols` gets them. Returns the records left for
+        the one-by-one reading (mixed batches, event lines, lists, odd values), which
+        is what it does with everything when the batch is not like that."""
+        if len(records) < 64:
+            return records
+        keys = tuple(records[0])
+        if "step" not in keys or list(map(tuple, records)).count(keys) != len(records):
+            return records
+        plotted = [(k, spec) for k in keys if (spec := _spec_for(k)) is not None]
+        first = records[0]
+        if not plotted or any(type(first[k]) not in (int, float) for k, _ in plotted) \
+                or type(first["step"]) not in (int, float):
+            return records
+        names = ["step", *(["time"] if "time" in keys else []), *(k for k, _ in plotted)]
+        try:
+            table = np.array(list(map(itemgetter(*names), records)), dtype=np.float64)
+        except (TypeError, ValueError):
+            return records  # a None, a string or a list somewhere: one by one
+        if table.ndim != 2 or not np.isfinite(table[:, :1 + ("time" in keys)]).all():
+            return records
+        step = table[:, 0]
+        if "time" in keys:
+            if run.t0 is None:
+                run.t0 = float(table[0, 1])
+            rel = table[:, 1] - run.t0
+            run.t_last = float(rel[-1])
+        else:
+            rel = np.full(len(step), run.t_last)
+        base = 1 + ("time" in keys)
+        for j, (_, spec) in enumerate(plotted):
+            ys = table[:, base + j]
+            ok = np.isfinite(ys)
+            c = cols.get(spec.key)
+            if c is None:
+                c = cols[spec.key] = (spec, _Parts(), _Parts(), _Parts())
+            for part, values in zip(c[1:], (step, rel, ys)):
+                part.append(values if ok.all() else values[ok])
+        return []
 
     def set_records(self, key: str, records: list[dict], label: str | None = None) -> None:
         """Replace a run's data (an old run opened from the history)."""

@@ -352,3 +352,45 @@ def test_grid_is_opaque_behind_the_curves_and_x_ticks_are_shared_exactly(dash, t
                     assert c.redF() == pytest.approx(bg.redF() + (t.redF() - bg.redF()) * a, abs=1 / 255)
     finally:
         painter.end()
+
+
+def test_a_large_poll_read_as_columns_equals_reading_it_record_by_record(qtbot):
+    """A batch of like records goes in as one array (fast); the result is the same as
+    reading them one by one (a small or mixed batch): NaN losses dropped, times
+    relative to the run's first, eval lines and events in between kept in order."""
+    rng = np.random.default_rng(3)
+
+    def train(start, n, t0=100.0):
+        loss = rng.standard_normal(n)
+        loss[::17] = float("nan")
+        return [{"step": s, "epoch": 0, "time": t0 + s * 0.01, "loss": float(v), "lr": 1e-3,
+                 "samples_per_s": 500.0 + s, "steps": 4} for s, v in zip(range(start, start + n), loss)]
+
+    polls = [train(1, 300), [{"step": 300, "val_loss": 0.5, "val_acc": 0.75, "time": 103.5}], train(301, 200),
+             [{"event": "end", "state": "succeeded", "step": 500}]]
+    fast, slow = Dashboard(), Dashboard()
+    for d in (fast, slow):
+        qtbot.addWidget(d)
+    for poll in polls:
+        fast.append("r", poll)
+        for i in range(0, len(poll), 10):  # (batches under 64 records are read one by one)
+            slow.append("r", poll[i:i + 10])
+    for mode in ("step", "time"):
+        fast.set_x_mode(mode)
+        slow.set_x_mode(mode)
+        for name in ("loss", "lr", "samples_per_s", "val_loss", "val_acc"):
+            (xf, yf), (xs, ys) = fast.series_data("r", name), slow.series_data("r", name)
+            np.testing.assert_array_equal(xf, xs)
+            np.testing.assert_array_equal(yf, ys)
+    x, y = fast.series_data("r", "loss")
+    assert len(x) == 500 - len(range(1, 301, 17)) - len(range(301, 501, 17)) and np.isfinite(y).all()
+    fast.set_x_mode("step")
+    assert fast.series_data("r", "loss")[0][0] == 2  # step 1's loss was NaN
+    assert fast.records("r") == [r for p in polls for r in p]
+    s_fast, s_slow = fast._runs["r"].series["loss"], slow._runs["r"].series["loss"]
+    assert (s_fast.ymin, s_fast.ymax) == (s_slow.ymin, s_slow.ymax)
+    from widgets.dashboard import _Run
+
+    cols = {}  # the big polls did go in as columns
+    assert Dashboard._ingest_columns(_Run("k", "k", "#000"), polls[0], cols) == [] and {"loss", "lr"} <= set(cols)
+    assert Dashboard._ingest_columns(_Run("k", "k", "#000"), polls[0][:10], {}) == polls[0][:10]
