@@ -83,6 +83,9 @@ def cmd_plan(args) -> int:
         raise CliError("--accept needs --auto")
     else:
         plan = make_plan(project, nproc, device, compiled)
+    from engine import calibration
+
+    calibration.apply(plan, project)  # the newest run of this layout says how fast this machine really is
     if args.json:
         doc = plan.to_dict()
         if reasons:

@@ -104,8 +104,13 @@ def _plan(project: Project, result, devices=None):
         return None, None
     try:  # a planner failure is shown as an error, never replaced by a plan for other devices
         if devices is not None:
-            return make(project, devices[0], devices[1], compiled=result), None
-        return make(project, compiled=result), None  # reuse this compile
+            plan = make(project, devices[0], devices[1], compiled=result)
+        else:
+            plan = make(project, compiled=result)  # reuse this compile
+        from engine import calibration
+
+        calibration.apply(plan, project)  # corrected by what the newest run of this layout measured
+        return plan, None
     except Exception as exc:  # noqa: BLE001 - shown to the user, never a crash
         return None, f"{type(exc).__name__}: {exc}"
 

@@ -157,8 +157,11 @@ def layerflow_run(tmp: Path, name: str, proj, placement: dict, nproc: int = 2, d
     from engine.run import prepare_run
     from remote.launch_local import launch_local
 
+    from engine import calibration
+
     plan = make_plan(proj, nproc, device, placement=placement, styles=styles)
     assert plan.ok, plan.errors
+    calibration.apply(plan, proj, runs_dir=tmp)  # by the previous run of this layout, if any (as `plan` does)
     d = prepare_run(proj, tmp / name, placement=placement, plan=plan.runtime_plan())
     job = launch_local(d, nproc)
     if job.wait(timeout=900) != 0:
@@ -175,11 +178,23 @@ def handwritten(tmp: Path, kind: str, run_dir: Path, nproc: int = 2) -> list[dic
     return json.loads(out.read_text())
 
 
-def layerflow_times(run_dir: Path) -> tuple[list[float], list[float]]:
+def layerflow_times(run_dir: Path, batch: int) -> tuple[list[float], list[dict]]:
+    """Step times after the warm-up (each record's: batch / samples_per_s, the mean over
+    the steps it covers, evaluations left out) and the loss records."""
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     recs = [r for r in recs if "loss" in r]
-    t = [r["time"] for r in recs]
-    return [b - a for a, b in zip(t, t[1:])], [r["loss"] for r in recs]
+    return [batch / r["samples_per_s"] for r in recs if r["step"] > WARMUP], recs
+
+
+def loss_diff(recs: list[dict], hand: list[float]) -> float:
+    """Largest relative difference of a record's loss from the mean of the hand-written
+    losses of the steps it covers."""
+    out = 0.0
+    for r in recs:
+        span = hand[r["step"] - r.get("steps", 1): r["step"]]
+        want = sum(span) / len(span)
+        out = max(out, abs(r["loss"] - want) / max(abs(want), 1e-12))
+    return out
 
 
 def main() -> int:
@@ -200,11 +215,13 @@ def main() -> int:
         for kind, placement in (("ddp", {"dp": 2, "data_parallel": "ddp"}),
                                 ("1f1b", {"pp": 2, "schedule": "1f1b", "microbatches": 4})):
             proj = project(args.hidden, args.batch, args.steps, pp=kind == "1f1b")
-            lf_meds, hd_meds = [], []
+            lf_meds, hd_meds, calibrated = [], [], []
             for rep in range(args.repeats):  # alternate the two, keep each one's best: the machine is shared
                 d, plan = layerflow_run(tmp, f"{kind}{rep}", proj, placement)
-                lf_dt, lf_loss = layerflow_times(d)
-                lf_meds.append(statistics.median(lf_dt[WARMUP:]))
+                lf_dt, lf_loss = layerflow_times(d, args.batch)
+                lf_meds.append(statistics.median(lf_dt))
+                if rep:  # calibrated by the run before: its prediction against this run's pace
+                    calibrated.append((plan.doc["predicted"].get("calibrated_step_s"), lf_meds[-1]))
                 hand = handwritten(tmp, "ddp" if kind == "ddp" else "pp", d)
                 hand_dt = hand[0]["times"]  # rank 0's step periods, as Layerflow's are timed on rank 0
                 hd_meds.append(statistics.median(hand_dt[WARMUP:]))
@@ -216,16 +233,23 @@ def main() -> int:
                 "config": f"{kind} x2", "lf_sps": args.batch / lf_med, "hand_sps": args.batch / hd_med,
                 "ratio": hd_med / lf_med, "pred_ms": plan.doc["predicted"]["step_s"] * 1e3, "meas_ms": lf_med * 1e3,
                 "pred": plan.doc["predicted"], "device": plan.doc["device"],
-                "loss_diff": max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(lf_loss, hand_loss)),
+                "loss_diff": loss_diff(lf_loss, hand_loss),
+                "calibrated": calibrated,
                 "mem": [(dv["memory"]["total_bytes"] / 2**20, peaks[dv["rank"]], hand[dv["rank"]]["baseline_rss_mb"])
                         for dv in plan.doc["devices"]],
             })
     print(f"MLP 256-{args.hidden}-{args.hidden}-10, global batch {args.batch}, {args.steps} steps "
           f"(median step after {WARMUP} warm-up steps, best of {args.repeats}), gloo on CPU, 2 processes")
-    print(f"{'config':<9} {'Layerflow/s':>12} {'hand/s':>10} {'ratio':>6} {'pred ms':>8} {'meas ms':>8} {'pred/meas':>9} {'loss rel diff':>13}")
+    print(f"{'config':<9} {'Layerflow/s':>12} {'hand/s':>10} {'ratio':>6} {'pred ms':>8} {'meas ms':>8} {'pred/meas':>9} "
+          f"{'calibrated/meas':>15} {'loss rel diff':>13}")
     for r in rows:
+        cal = [c / m for c, m in r["calibrated"] if c]
+        cal_text = " ".join(f"{v:.2f}" for v in cal) if cal else "-"
         print(f"{r['config']:<9} {r['lf_sps']:>12.0f} {r['hand_sps']:>10.0f} {r['ratio']:>6.3f} {r['pred_ms']:>8.2f} "
-              f"{r['meas_ms']:>8.2f} {r['pred_ms'] / r['meas_ms']:>9.2f} {r['loss_diff']:>13.1e}")
+              f"{r['meas_ms']:>8.2f} {r['pred_ms'] / r['meas_ms']:>9.2f} {cal_text:>15} {r['loss_diff']:>13.1e}")
+    print("calibrated/meas: each repeat's plan corrected by the run before it of the same layout (engine/calibration.py: "
+          "its first steps' pace against its prediction), over that repeat's measured step (goal: within 15%)")
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     for r in rows:  # what the prediction is made of (engine/cost.py step_time), on what device figures
         p, dv = r["pred"], r["device"]
         upd = f", optimizer {dv['update_bytes_per_s'] / 1e9:.2f} GB/s" if dv.get("update_bytes_per_s") else ""

@@ -69,7 +69,11 @@ class Plan:
         """What run.json carries for engine/runtime/parallel.py."""
         keys = ("pp", "dp", "tp", "data_parallel", "reshard_after_forward", "schedule", "microbatches",
                 "mixed_precision", "sync_batchnorm", "stages", "tp_plan", "checkpoint", "mesh")
-        return {k: self.doc[k] for k in keys if k in self.doc}
+        out = {k: self.doc[k] for k in keys if k in self.doc}
+        if "predicted" in self.doc:  # kept beside the run (engine/calibration.py compares it with the run's pace)
+            out["predicted"] = {"step_s": self.doc["predicted"]["step_s"], "device": self.doc["device"]["name"],
+                                "world": self.doc["world"]}
+        return out
 
 
 # ----- tensor parallel layouts ------------------------------------------------------
@@ -711,6 +715,11 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"predicted step: {p['step_s'] * 1e3:.2f} ms (compute {p['compute_s'] * 1e3:.2f} ms, "
                      f"optimizer {p.get('update_s', 0) * 1e3:.2f} ms, communication {p['comm_s'] * 1e3:.2f} ms) "
                      f"on {d['device']['name']}")
+        cal = d.get("calibration")
+        if cal:
+            lines.append(f"calibrated step: {p['calibrated_step_s'] * 1e3:.2f} ms: the model's figure x{cal['ratio']:.2f}, "
+                         f"as run {cal['run']}'s first steps measured ({cal['measured_step_s'] * 1e3:.2f} ms a step "
+                         f"where {cal['predicted_step_s'] * 1e3:.2f} ms was predicted)")
     lines += [f"note: {n}" for n in d.get("notes", [])]
     lines += [f"warning: {w}" for w, _ in grouped(plan.warnings)]
     lines += [f"error: {e}" for e in plan.errors]

@@ -111,6 +111,20 @@ def total_steps(project: Project, n_train: int) -> int:
     return max(1, (n_train // tr.batch_size)) * (tr.epochs or 1)
 
 
+def _predicted_alone(project: Project, result) -> dict | None:
+    """The planner's step time for one process on this machine (a run without a plan)."""
+    pl = project.placement
+    if pl.pp * pl.dp * pl.tp != 1:
+        return None
+    try:
+        from engine.planner import make_plan
+
+        doc = make_plan(project, 1, compiled=result).doc
+        return {"step_s": doc["predicted"]["step_s"], "device": doc["device"]["name"], "world": 1}
+    except Exception:  # noqa: BLE001 - a run never fails for want of a prediction
+        return None
+
+
 def prepare_run(project: Project, out_dir: str | Path | None = None, *, steps: int | None = None,
                 seed: int | None = None, placement: dict | None = None, plan: dict | None = None) -> Path:
     """Compile, check, and write RUN_DIR. Raises RunError listing every problem."""
@@ -149,6 +163,8 @@ def prepare_run(project: Project, out_dir: str | Path | None = None, *, steps: i
         shutil.copyfile(src, run_dir / "weights.pt")
         weights = "weights.pt"
     n_steps = total_steps(project, len(arrays.x_train))
+    plan = dict(plan) if plan else None
+    predicted = (plan or {}).pop("predicted", None) or _predicted_alone(project, result)
     spec = {
         "name": project.name,
         "created": time.time(),
@@ -156,6 +172,10 @@ def prepare_run(project: Project, out_dir: str | Path | None = None, *, steps: i
         "training": project.training.model_dump(mode="json"),
         "placement": project.placement.model_dump(mode="json"),
         "plan": plan,
+        # what the plan predicted for a step, on what device, over how many processes (engine/calibration.py)
+        "predicted_step_s": (predicted or {}).get("step_s"),
+        "predicted_device": (predicted or {}).get("device"),
+        "nproc": (predicted or {}).get("world", 1),
         "data": {"path": "data.npz", "task": arrays.task, "n_classes": arrays.n_classes,
                  "n_train": int(len(arrays.x_train)), "n_val": int(len(arrays.x_val))},
         "weights": weights,
