@@ -19,3 +19,23 @@ def asked(monkeypatch, tmp_path):
 
     monkeypatch.setattr(MainWindow, "ask", ask)
     return log
+
+
+@pytest.fixture
+def editor(qtbot):
+    """A factory: the real main window with a project (a copy), shown, compiled."""
+    from PySide6.QtWidgets import QApplication
+
+    from app.main_window import MainWindow
+
+    def make(project):
+        w = MainWindow(project.copy())
+        qtbot.addWidget(w)
+        w.resize(1300, 850)
+        w.show()
+        qtbot.waitExposed(w)
+        QApplication.processEvents()
+        w.controller.flush()
+        return w
+
+    return make

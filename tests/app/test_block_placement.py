@@ -6,7 +6,7 @@ send/recv shows on the edge between two blocks."""
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import QPointF, Qt
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication
 
 from engine.graph import Edge, Graph
@@ -42,17 +42,8 @@ def two_blocks() -> Project:
 
 
 @pytest.fixture
-def w(qtbot, asked):
-    from app.main_window import MainWindow
-
-    w = MainWindow(two_blocks())
-    qtbot.addWidget(w)
-    w.resize(1300, 850)
-    w.show()
-    qtbot.waitExposed(w)
-    QApplication.processEvents()
-    w.controller.flush()
-    return w
+def w(asked, editor):
+    return editor(two_blocks())
 
 
 def click_card(qtbot, w, name):

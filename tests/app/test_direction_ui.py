@@ -4,30 +4,19 @@ project and remembered for the next one; a skip connection takes a lane beside t
 chain instead of running under its cards."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QApplication
 
-from engine.graph import Graph
 from engine.project import Project, load_project
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+from test_direction import chain_with_skip  # noqa: E402
 
 pytestmark = pytest.mark.gui
 EXAMPLE = Path(__file__).resolve().parents[2] / "resources" / "examples" / "resnet_synthetic.lflow"
-
-
-def window(qtbot, project):
-    from app.main_window import MainWindow
-
-    w = MainWindow(project)
-    qtbot.addWidget(w)
-    w.resize(1300, 850)
-    w.show()
-    qtbot.waitExposed(w)
-    QApplication.processEvents()
-    w.controller.flush()
-    return w
 
 
 def ports_on(w, top_down: bool) -> bool:
@@ -54,8 +43,8 @@ def runs_under_a_card(w, e) -> list[str]:
             if nid not in (e.src, e.dst) and any(item.body().adjusted(2, 2, -2, -2).contains(p) for p in pts)]
 
 
-def test_top_down_with_the_shortcut_undo_and_remembered(qtbot, asked, tmp_path):
-    w = window(qtbot, load_project(EXAMPLE))
+def test_top_down_with_the_shortcut_undo_and_remembered(qtbot, asked, editor, tmp_path):
+    w = editor(load_project(EXAMPLE))
     g = w.project.graph
     before = g.to_dict()
     assert g.direction == "LR" and ports_on(w, False)
@@ -81,10 +70,10 @@ def test_top_down_with_the_shortcut_undo_and_remembered(qtbot, asked, tmp_path):
     assert w.project.graph.direction == "TB" and w.actions["top_down"].isChecked()
 
 
-def test_a_skip_connection_takes_a_lane_left_to_right(qtbot, asked):
+def test_a_skip_connection_takes_a_lane_left_to_right(qtbot, asked, editor):
     """The bundled ResNet's skips, as drawn (left to right), do not hide under the
     chain's cards they jump over."""
-    w = window(qtbot, load_project(EXAMPLE))
+    w = editor(load_project(EXAMPLE))
     g = w.project.graph
     skips = [e for e in g.edges if g.nodes[e.dst].type == "Add"]
     assert skips
@@ -92,18 +81,12 @@ def test_a_skip_connection_takes_a_lane_left_to_right(qtbot, asked):
         assert not runs_under_a_card(w, e), (e, runs_under_a_card(w, e))
 
 
-def test_a_collapsed_block_takes_its_ports_top_and_bottom(qtbot, asked):
-    g = Graph()
-    g.add_node("Input", id="x", params={"shape": [8]})
-    prev = "x"
-    for i in range(3):
-        g.add_node("Linear", id=f"fc{i}", params={"in_features": 8, "out_features": 8})
-        g.connect(prev, "out", f"fc{i}", "in")
-        prev = f"fc{i}"
-        if i < 2:
-            g.set_group(f"fc{i}", "body")
+def test_a_collapsed_block_takes_its_ports_top_and_bottom(qtbot, asked, editor):
+    g = chain_with_skip()  # x -> fc0 -> fc1 -> fc2 -> add, and x -> add
+    for n in ("fc0", "fc1"):
+        g.set_group(n, "body")
     g.collapsed = {"body"}
-    w = window(qtbot, Project(g, name="blocks"))
+    w = editor(Project(g, name="blocks"))
     w.controller.set_direction("TB")
     w.controller.flush()
     card = w.scene.group_items["body"]

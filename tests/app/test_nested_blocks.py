@@ -23,19 +23,6 @@ def resnet_project():
     return from_module(ResNet50(layers=(1, 2, 3, 1)), [[3, 32, 32]], name="resnet50").project
 
 
-def window(qtbot, project):
-    from app.main_window import MainWindow
-
-    w = MainWindow(project.copy())
-    qtbot.addWidget(w)
-    w.resize(1300, 850)
-    w.show()
-    qtbot.waitExposed(w)
-    QApplication.processEvents()
-    w.controller.flush()
-    return w
-
-
 def card_title(w, name):
     card = w.scene.group_items[name]
     return w.view.mapFromScene(card.mapToScene(card._rect.topLeft()) + QPointF(60, 12))
@@ -47,8 +34,8 @@ def shown(w):
     return cards, sorted(n for n, it in w.scene.node_items.items() if it.isVisible())
 
 
-def test_expand_a_stage_then_a_block_with_the_mouse_and_undo(qtbot, resnet_project, asked):
-    w = window(qtbot, resnet_project)
+def test_expand_a_stage_then_a_block_with_the_mouse_and_undo(qtbot, resnet_project, asked, editor):
+    w = editor(resnet_project)
     g = w.project.graph
     cards, nodes = shown(w)
     assert cards == ["layer1", "layer2", "layer3", "layer4"] and "layer3_0_conv1" not in nodes
@@ -95,23 +82,23 @@ def before_pos(d, nid):
     return next(n["pos"] for n in d["nodes"] if n["id"] == nid)
 
 
-def test_open_blocks_are_saved_and_the_file_opens_as_it_was_left(qtbot, resnet_project, asked, tmp_path):
+def test_open_blocks_are_saved_and_the_file_opens_as_it_was_left(qtbot, resnet_project, asked, editor, tmp_path):
     import json
 
     from engine.project import load_project
 
-    w = window(qtbot, resnet_project)
+    w = editor(resnet_project)
     w.controller.toggle_block("layer2")
     assert w.save_as(tmp_path / "r.lflow")
     saved = json.loads((tmp_path / "r.lflow").read_text())["diagram"]
     assert "layer2" not in saved["collapsed"] and "layer2/layer2.0" in saved["collapsed"]
     assert saved["layout"] == "hierarchy"
-    again = window(qtbot, load_project(tmp_path / "r.lflow"))
+    again = editor(load_project(tmp_path / "r.lflow"))
     assert shown(again) == shown(w)
 
 
-def test_a_warning_about_many_nodes_is_one_row_that_unfolds(qtbot, resnet_project, asked):
-    w = window(qtbot, resnet_project)
+def test_a_warning_about_many_nodes_is_one_row_that_unfolds(qtbot, resnet_project, asked, editor):
+    w = editor(resnet_project)
     w.controller.set_mesh("dp", 2)
     w.controller.flush()
     qtbot.waitUntil(lambda: any("BatchNorm2d nodes" in m for m in w.problems.messages()), timeout=20000)
@@ -128,8 +115,8 @@ def test_a_warning_about_many_nodes_is_one_row_that_unfolds(qtbot, resnet_projec
     assert w.controller.stack.undoText() == f"Reveal {nid}"
 
 
-def test_ctrl_f_finds_a_block_by_name_and_shows_where_it_sits(qtbot, resnet_project, asked):
-    w = window(qtbot, resnet_project)
+def test_ctrl_f_finds_a_block_by_name_and_shows_where_it_sits(qtbot, resnet_project, asked, editor):
+    w = editor(resnet_project)
     w.activateWindow()
     qtbot.waitUntil(lambda: QApplication.activeWindow() is w, timeout=15000)
     w.view.setFocus()
@@ -148,12 +135,12 @@ def test_ctrl_f_finds_a_block_by_name_and_shows_where_it_sits(qtbot, resnet_proj
     assert "No node or block named 'no_such_thing'" in w.statusBar().currentMessage()
 
 
-def test_a_stage_given_to_a_collapsed_block_goes_to_what_it_holds_and_colours_its_card(qtbot, resnet_project, asked):
+def test_a_stage_given_to_a_collapsed_block_goes_to_what_it_holds_and_colours_its_card(qtbot, resnet_project, asked, editor):
     from PySide6.QtGui import QColor
 
     from widgets.style import stage_color
 
-    w = window(qtbot, resnet_project)
+    w = editor(resnet_project)
     g = w.project.graph
     card = w.scene.group_items["layer4"]
     before = card.stage_colour().name()
@@ -167,13 +154,13 @@ def test_a_stage_given_to_a_collapsed_block_goes_to_what_it_holds_and_colours_it
     assert card.stages() == [] and card.stage_colour().name() == before
 
 
-def test_drawn_blocks_nest_and_ungroup_one_level_at_a_time(qtbot, asked):
+def test_drawn_blocks_nest_and_ungroup_one_level_at_a_time(qtbot, asked, editor):
     """Grouping inside a block makes a block within it; ungrouping takes one level away;
     each an undo step; collapsing the outer block hides the inner one too."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from test_main_window import transformer_block_project
 
-    w = window(qtbot, transformer_block_project())
+    w = editor(transformer_block_project())
     g = w.project.graph
     w.scene.select_nodes(["ln", "lin", "res"])
     assert w.controller.group_selected("outer") == "outer"
@@ -194,11 +181,11 @@ def test_drawn_blocks_nest_and_ungroup_one_level_at_a_time(qtbot, asked):
     assert g.nodes["ln"].group == "outer/inner"
 
 
-def test_a_copied_nested_block_is_a_new_block_with_its_insides_and_grouping_keeps_what_is_collapsed(qtbot, asked):
+def test_a_copied_nested_block_is_a_new_block_with_its_insides_and_grouping_keeps_what_is_collapsed(qtbot, asked, editor):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from test_main_window import transformer_block_project
 
-    w = window(qtbot, transformer_block_project())
+    w = editor(transformer_block_project())
     g, c = w.project.graph, w.controller
     w.scene.select_nodes(["ln", "lin", "res"])
     c.group_selected("outer")
