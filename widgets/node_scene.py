@@ -504,8 +504,8 @@ class GroupItem(QGraphicsItem):
         if st:
             tags.append(f"S{st[0]}" if len(st) == 1 else f"S{st[0]}–{st[-1]}")
         styles = sorted({g.nodes[n].tp for n in members if g.nodes[n].tp and g.nodes[n].tp != "replicate"})
-        if styles:
-            tags.append("tp " + "/".join(styles))
+        if styles:  # (short: the card's line holds its type too)
+            tags.append("tp " + "/".join({"colwise": "col", "rowwise": "row", "sequence": "seq"}.get(s, s) for s in styles))
         inside = [(e, note) for e, note in scene.edge_notes.items() if e.src in members and e.dst in members]
         if inside:
             tags.append(f"⇄ {len(inside)}")
@@ -690,9 +690,9 @@ class GroupItem(QGraphicsItem):
         line = QRectF(r.x() + 10, r.y() + HEADER_H, r.width() - 20, BODY_TOP - HEADER_H - 2)
         tags, _ = self.placement_tags()
         fm = QFontMetricsF(_TEXT_FONT)
-        tag_w = fm.horizontalAdvance(tags) + 8 if tags else 0.0
-        if tags:
-            p.drawText(line, Qt.AlignVCenter | Qt.AlignRight, tags)
+        tag_w = min(fm.horizontalAdvance(tags) + 8, 0.7 * line.width()) if tags else 0.0
+        if tags:  # the tags on the right, the type in what is left (both elided if need be; the tooltip has all)
+            p.drawText(line, Qt.AlignVCenter | Qt.AlignRight, fm.elidedText(tags, Qt.ElideRight, tag_w))
         p.drawText(line, Qt.AlignVCenter | Qt.AlignLeft, fm.elidedText(kind, Qt.ElideRight, line.width() - tag_w))
         for k, text in enumerate((size, shapes)):
             p.drawText(line.translated(0, (k + 1) * ROW_H), Qt.AlignVCenter | Qt.AlignLeft,

@@ -70,7 +70,7 @@ def test_tensor_parallel_pairs_on_a_block_and_its_card(qtbot, w):
     assert w.controller.plan is not None, w.controller.plan_error
     card = w.scene.group_items["mlp"]
     tags, hidden = card.placement_tags()
-    assert "tp colwise/rowwise" in tags and "⇄" in tags
+    assert "tp col/row" in tags and "⇄" in tags
     assert any(h.startswith("fc1 → act: tp Shard") for h in hidden), hidden
     assert "fc1 → act" in card.toolTip()
     # one undo step takes the whole block back
