@@ -384,6 +384,7 @@ def main() -> None:
         state = model.module.state_dict() if isinstance(model, DDP) else model.state_dict()
         if dp_rank == 0 and PLAN["data_parallel"] != "fsdp":
             torch.save(state, out / f"model.stage{pp_rank}.pt")
+        dist.barrier()  # no rank tears its process group down while another still talks to it
         dist.destroy_process_group()
         return
     #@end
@@ -399,6 +400,7 @@ def main() -> None:
             state = model.module.state_dict()
         if rank == 0:
             torch.save(state, out / "model.pt")
+        dist.barrier()  # no rank tears its process group down while another still talks to it
         dist.destroy_process_group()
     else:
         torch.save(model.state_dict(), out / "model.pt")
@@ -406,6 +408,13 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # everything is written and the process group is gone: end without the interpreter's
+        # teardown, whose C++ destructors can race gloo's threads ("terminate called without
+        # an active exception", now and then under load)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 '''
 
 
@@ -571,6 +580,7 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
         import math
         import os
         import random
+        import sys
         import time
         from dataclasses import dataclass
         from pathlib import Path
