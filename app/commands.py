@@ -151,36 +151,6 @@ class MoveNodes(QUndoCommand):
             self.graph.move(nid, old)
 
 
-class SetDirection(QUndoCommand):
-    """Data flows left to right or top down: the diagram is laid out again that way
-    (the moves and the direction are one undo step). `layout(graph)` gives the positions."""
-
-    def __init__(self, graph: Graph, direction: str, layout, scene=None):
-        self.graph, self.new, self.old = graph, direction, graph.direction
-        self.layout, self.scene = layout, scene
-        self.moves: dict[str, tuple[tuple[float, float], tuple[float, float]]] | None = None
-        super().__init__("Lay Out Top Down" if direction == "TB" else "Lay Out Left to Right")
-
-    def _show(self, direction: str, which: int) -> None:
-        from contextlib import nullcontext
-
-        with self.scene.deferred() if self.scene is not None else nullcontext():
-            self.graph.set_direction(direction)
-            for nid, ends in self.moves.items():
-                self.graph.move(nid, ends[which])
-
-    def redo(self) -> None:
-        if self.moves is None:  # the first time: lay the diagram out the new way
-            self.graph.direction = self.new  # (no event: only the layout reads it here)
-            new = self.layout(self.graph)
-            self.graph.direction = self.old
-            self.moves = {n: (self.graph.nodes[n].pos, p) for n, p in new.items() if self.graph.nodes[n].pos != p}
-        self._show(self.new, 1)
-
-    def undo(self) -> None:
-        self._show(self.old, 0)
-
-
 class SetPlacement(QUndoCommand):
     def __init__(self, graph: Graph, node_ids: list[str], key: str, value: Any):
         self.graph, self.key, self.value = graph, key, value
@@ -325,9 +295,10 @@ class SetTraining(QUndoCommand):
 
 
 class _ViewChange(QUndoCommand):
-    """A change of what the editor shows (a block collapsed, a run of repeats unfolded)
-    that, where the diagram is laid out by its hierarchy (imported models), moves the
-    nodes to the new view's layout: one undo step. Subclasses say how to show `on`."""
+    """A change of what the editor shows (a block collapsed, a run of repeats unfolded,
+    the direction of flow) that, where the diagram is laid out by its hierarchy (imported
+    models; a new direction: always), moves the nodes to the new view's layout: one undo
+    step. Subclasses say how to show `on`."""
 
     def __init__(self, scene, layout, text: str):
         self.scene, self.layout = scene, layout
@@ -336,7 +307,10 @@ class _ViewChange(QUndoCommand):
 
     def _state(self):
         graph = self.scene.graph
-        return set(graph.collapsed), set(graph.unfolded)
+        return set(graph.collapsed), set(graph.unfolded), graph.direction
+
+    def _relayout(self, graph) -> bool:
+        return graph.layout == "hierarchy"
 
     def _set(self, on: bool) -> None:
         raise NotImplementedError
@@ -351,10 +325,10 @@ class _ViewChange(QUndoCommand):
     def redo(self) -> None:
         graph = self.scene.graph
         if self.moves is None:  # the first time: lay out the view it leads to
-            collapsed, unfolded = self._state()
+            collapsed, unfolded, direction = self._state()
             self._set(True)
-            new = self.layout(graph) if graph.layout == "hierarchy" else {}
-            graph.collapsed, graph.unfolded = collapsed, unfolded
+            new = self.layout(graph) if self._relayout(graph) else {}
+            graph.collapsed, graph.unfolded, graph.direction = collapsed, unfolded, direction
             self.moves = {n: (graph.nodes[n].pos, p) for n, p in new.items() if graph.nodes[n].pos != p}
         self._show(True, self.moves)
 
@@ -391,3 +365,21 @@ class ToggleFold(_ViewChange):
         graph.unfolded = (graph.unfolded | {self.first}) if want else (graph.unfolded - {self.first})
         if self.moves is not None:
             self.scene.folds_changed()
+
+
+class SetDirection(_ViewChange):
+    """Data flows left to right ("LR") or top down ("TB"): laid out again that way."""
+
+    def __init__(self, scene, direction: str, layout):
+        self.new, self.old = direction, scene.graph.direction
+        super().__init__(scene, layout, "Lay Out Top Down" if direction == "TB" else "Lay Out Left to Right")
+
+    def _relayout(self, graph) -> bool:
+        return True
+
+    def _set(self, on: bool) -> None:
+        graph = self.scene.graph
+        if self.moves is None:  # laying out the view it leads to: the state only
+            graph.direction = self.new if on else self.old
+        else:
+            graph.set_direction(self.new if on else self.old)

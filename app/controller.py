@@ -662,7 +662,7 @@ class EditorController(QObject):
         """Data flows left to right ("LR") or top down ("TB"): the diagram laid out again
         that way, one undo step."""
         if direction != self.graph.direction:
-            self.push(C.SetDirection(self.graph, direction, lay_out, self.scene))
+            self.push(C.SetDirection(self.scene, direction, lay_out))
 
     def auto_layout(self, selection_only: bool = False) -> None:
         ids = self.scene.selected_ids() if selection_only else None

@@ -16,7 +16,8 @@ import os
 import statistics
 from pathlib import Path
 
-WARMUP_STEPS = 3  # the first steps (allocations, autotuning) are not the machine's pace
+from engine.runtime.train import WARMUP_LOGS as WARMUP_STEPS  # (its first steps are not the machine's pace)
+
 FIRST_RECORDS = 20  # "the run's own first steps": this many records after the warm-up
 
 
@@ -31,28 +32,27 @@ def layout_key(doc: dict) -> tuple:
 def measured_step_s(run_dir: str | Path) -> float | None:
     """The median step time of a run's first records after the warm-up, from its
     metrics (batch / samples_per_s); None when it has not got that far."""
+    from engine.tail import read_metrics
+
     run_dir = Path(run_dir)
+    if run_dir in _MEASURED:
+        return _MEASURED[run_dir]
+    facts = _run_facts(run_dir)
+    batch = (facts or {}).get("training", {}).get("batch_size")
     try:
-        batch = int(json.loads((run_dir / "run.json").read_text())["training"]["batch_size"])
-        lines = (run_dir / "metrics.jsonl").read_text(errors="replace").splitlines()
-    except (OSError, ValueError, KeyError, TypeError):
+        records = read_metrics(run_dir / "metrics.jsonl")
+    except OSError:
         return None
-    steps = []
-    for line in lines:
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
-        sps = r.get("samples_per_s") if isinstance(r, dict) else None
-        if isinstance(sps, (int, float)) and sps > 0 and isinstance(r.get("step"), int) and r["step"] > WARMUP_STEPS:
-            steps.append(batch / sps)
-            if len(steps) >= FIRST_RECORDS:
-                break
+    if not isinstance(batch, int):
+        return None
+    steps = [batch / r["samples_per_s"] for r in records
+             if isinstance(r.get("samples_per_s"), (int, float)) and r["samples_per_s"] > 0
+             and isinstance(r.get("step"), int) and r["step"] > WARMUP_STEPS][:FIRST_RECORDS]
     if len(steps) < 2:
         return None
     value = statistics.median(steps)
-    if len(steps) >= FIRST_RECORDS:
-        _MEASURED[run_dir] = value  # all its first records are in: it will not change
+    if len(steps) >= FIRST_RECORDS or any(r.get("event") == "end" for r in records[-1:]):
+        _MEASURED[run_dir] = value  # all its first records are in (or it has ended): it will not change
     return value
 
 
@@ -76,7 +76,7 @@ def find(project, doc: dict, runs_dir: str | Path | None = None) -> dict | None:
                 int(spec.get("training", {}).get("batch_size", -1)) != project.training.batch_size or \
                 int(spec.get("nproc", 1)) != int(doc.get("world", 1)):
             continue
-        measured = _MEASURED.get(path) or measured_step_s(path)
+        measured = measured_step_s(path)
         if measured is None:
             continue
         return {"run": path.name, "measured_step_s": measured, "predicted_step_s": float(pred),

@@ -365,6 +365,14 @@ def log_interval_for(step_s: float, done: int) -> int:
     return max(1, min(MAX_LOG_INTERVAL, int(LOG_PERIOD_S / max(step_s, 1e-9))))
 
 
+def next_log_step(step: int, start: int, fixed: int | None, step_s: float = 0.0) -> int:
+    """The step after `step` that logs: a set interval's next multiple (10, 20, ...), or
+    the automatic interval counted from here (`start`: where this run began or resumed)."""
+    if fixed:
+        return (step // fixed + 1) * fixed
+    return step + log_interval_for(step_s, step - start)
+
+
 class _Stop:
     def __init__(self) -> None:
         self.requested = False
@@ -491,8 +499,8 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
                 shutil.rmtree(d, ignore_errors=True)  # half a checkpoint: gone, and its space with it
             raise
 
-    fixed = tr.get("log_interval")  # None: chosen from the step time (log_interval_for)
-    next_log = (start // int(fixed) + 1) * int(fixed) if fixed else start + 1
+    fixed = int(tr["log_interval"]) if tr.get("log_interval") else None  # None: from the step time
+    next_log = next_log_step(start, start, fixed)
     loss_sum, last_log, t_last = None, start, time.perf_counter()
     try:
         if status:
@@ -530,7 +538,7 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
                     metrics.write({"step": step, "epoch": rec["epoch"], "time": round(time.perf_counter() - t0, 4),
                                    "lr": rec["lr"], **ev})
                 rec.update(ev)
-                log(f"step {step}/{total} loss {loss:.4f} " + " ".join(f"{k} {v:.4f}" for k, v in ev.items()))
+                log(f"step {step}/{total} loss {value:.4f} " + " ".join(f"{k} {v:.4f}" for k, v in ev.items()))
             if step % ckpt_every == 0 or step == total:
                 checkpoint(step)
             if status:
@@ -541,8 +549,7 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
                 checkpoint(step)
                 state_name = "cancelled"
                 break
-            # a set interval logs its multiples (10, 20, ...); the automatic one counts from here
-            next_log = (step // int(fixed) + 1) * int(fixed) if fixed else step + log_interval_for(step_s, step - start)
+            next_log = next_log_step(step, start, fixed, step_s)
             loss_sum, last_log, t_last = None, step, time.perf_counter()
         else:
             state_name = "succeeded"
