@@ -86,3 +86,6 @@ def main() -> None:
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     main()
+    from engine.runtime.train import _exit_now
+
+    _exit_now(0)  # as the runtime ends under torchrun: no interpreter teardown racing gloo's threads

@@ -163,7 +163,7 @@ def test_exported_script_synchronizes_batchnorm_on_cpu(runs):
 
 
 UNEQUAL = textwrap.dedent('''\
-    import json, sys
+    import json, os, sys
     import torch, torch.distributed as dist
     sys.path.insert(0, sys.argv[1])
     from engine.runtime.sync_bn import SyncBatchNormCPU, convert_sync_batchnorm
@@ -194,8 +194,10 @@ UNEQUAL = textwrap.dedent('''\
     mine.eval(); one.eval()
     res["eval"] = (mine(part) - one(part)).abs().max().item()  # eval: running statistics, no collective
     if rank == 0:
-        print("RESULT " + json.dumps(res))
+        print("RESULT " + json.dumps(res), flush=True)
+    dist.barrier()
     dist.destroy_process_group()
+    os._exit(0)  # no interpreter teardown racing gloo's threads (as the runtime ends)
 ''')
 
 
