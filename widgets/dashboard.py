@@ -16,9 +16,10 @@ dashed with dots = validation), a checkable run list to show/hide each.
 from __future__ import annotations
 
 import math
+import mmap
 import re
 from dataclasses import dataclass
-from operator import itemgetter
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -145,31 +146,62 @@ def _num(v) -> bool:
 BLOCK = 16  # values per block of the finest min/max level (see _Buffer and envelope)
 
 
-def _grow(a: np.ndarray, need: int, keep: int) -> np.ndarray:
-    if need <= len(a):
-        return a
-    grown = np.empty(max(need, 2 * len(a)), dtype=np.float64)
-    grown[:keep] = a[:keep]
-    return grown
+_SMALL = 1 << 18  # values (2 MiB); larger arrays get their own mapping, see _empty
+
+
+def _empty(n: int) -> np.ndarray:
+    """An uninitialised float64 array of n values. A large one is an anonymous mapping
+    marked MADV_NOHUGEPAGE: numpy asks for transparent huge pages on arrays of 4 MiB
+    and more, and the kernel then zeroes (and may compact memory for) 2 MiB at a time on
+    first touch; with every series growing together that stalled one update for
+    150-280 ms here, against 4-10 ms with normal pages."""
+    if n <= _SMALL or not hasattr(mmap, "MADV_NOHUGEPAGE"):
+        return np.empty(n, dtype=np.float64)
+    m = mmap.mmap(-1, n * 8)
+    m.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(m, dtype=np.float64)  # keeps the mapping alive; unmapped with its last view
 
 
 class _Buffer:
-    """A float64 array that grows by doubling; `view()` is the filled part (no copy).
-    With `envelope`, it also keeps the min and max of every complete block of
-    BLOCK * 2**k values, for every level k with two blocks or more, updated as values
-    arrive: O(new values) per update, n/BLOCK extra values in all."""
+    """A float64 array that grows without a pause: `a` is always one contiguous array
+    and `view()` its filled part (no copy). Instead of copying everything when it is
+    full (a doubling, which at a million values costs milliseconds, and which every
+    series of a run pays in the same update), it starts the next array, twice as
+    large, once it is half full, and moves two old values into it for every new one,
+    so the new array is complete when the old one fills: each extend costs O(new
+    values). With `envelope`, it also keeps the min and max of every complete block
+    of BLOCK * 2**k values, for every level k with two blocks or more, updated as
+    values arrive: O(new values) per update, n/BLOCK extra values in all."""
 
     def __init__(self, capacity: int = 256, envelope: bool = False):
-        self.a = np.empty(capacity, dtype=np.float64)
+        self.a = _empty(max(capacity, 2))
         self.n = 0
+        self._next: np.ndarray | None = None  # the larger array being filled
+        self._moved = 0  # values of `a` already copied into it
         self.levels: list[tuple[_Buffer, _Buffer]] | None = [] if envelope else None
 
     def extend(self, values) -> None:
         values = np.asarray(values, dtype=np.float64)
-        need = self.n + len(values)
-        self.a = _grow(self.a, need, self.n)
-        self.a[self.n: need] = values
+        k, n = len(values), self.n
+        need = n + k
+        if need > len(self.a):  # more than the free half at once: switch now (O(k) anyway)
+            if self._next is not None and len(self._next) >= need:
+                bigger, start = self._next, self._moved
+            else:
+                bigger, start = _empty(max(need, 2 * len(self.a))), 0
+            bigger[start:n] = self.a[start:n]
+            self.a, self._next, self._moved = bigger, None, 0
+        self.a[n:need] = values
         self.n = need
+        if self._next is None and need * 2 >= len(self.a):
+            self._next, self._moved = _empty(2 * len(self.a)), 0
+        if self._next is not None:
+            self._next[n:need] = values
+            end = min(self._moved + 2 * k, n)
+            self._next[self._moved:end] = self.a[self._moved:end]
+            self._moved = max(end, self._moved)
+            if self._moved >= n:  # complete: the old values moved, the new ones written
+                self.a, self._next, self._moved = self._next, None, 0
         if self.levels is not None:
             self._summarise()
 
@@ -564,7 +596,7 @@ class Dashboard(QtWidgets.QWidget):
             ys = np.asarray(ys, dtype=np.float64)  # finite only: series_values drops the rest
             s.y.extend(ys)
             s.ymin, s.ymax = min(s.ymin, float(ys.min())), max(s.ymax, float(ys.max()))
-            if spec.smooth:
+            if spec.smooth and self._smoothing > 0:  # kept only while it is shown
                 s.smoothed.extend(ema(ys, self._smoothing, prev))
             s.dirty = True
 
@@ -578,31 +610,32 @@ class Dashboard(QtWidgets.QWidget):
         if len(records) < 64:
             return records
         keys = tuple(records[0])
-        if "step" not in keys or list(map(tuple, records)).count(keys) != len(records):
+        if "step" not in keys or not all(map(keys.__eq__, map(tuple, records))):
             return records
-        plotted = [(k, spec) for k in keys if (spec := _spec_for(k)) is not None]
+        plotted = [(keys.index(k), spec) for k in keys if (spec := _spec_for(k)) is not None]
         first = records[0]
-        if not plotted or any(type(first[k]) not in (int, float) for k, _ in plotted) \
+        if not plotted or any(type(first[keys[j]]) not in (int, float) for j, _ in plotted) \
                 or type(first["step"]) not in (int, float):
             return records
-        names = ["step", *(["time"] if "time" in keys else []), *(k for k, _ in plotted)]
-        try:
-            table = np.array(list(map(itemgetter(*names), records)), dtype=np.float64)
+        try:  # every value of every record, in key order (all records have that order)
+            table = np.fromiter(chain.from_iterable(map(dict.values, records)), np.float64,
+                                count=len(records) * len(keys)).reshape(len(records), len(keys))
         except (TypeError, ValueError):
             return records  # a None, a string or a list somewhere: one by one
-        if table.ndim != 2 or not np.isfinite(table[:, :1 + ("time" in keys)]).all():
+        has_time = "time" in keys
+        step = table[:, keys.index("step")]
+        rel = table[:, keys.index("time")] if has_time else None
+        if not np.isfinite(step).all() or (has_time and not np.isfinite(rel).all()):
             return records
-        step = table[:, 0]
-        if "time" in keys:
+        if has_time:
             if run.t0 is None:
-                run.t0 = float(table[0, 1])
-            rel = table[:, 1] - run.t0
+                run.t0 = float(rel[0])
+            rel = rel - run.t0
             run.t_last = float(rel[-1])
         else:
             rel = np.full(len(step), run.t_last)
-        base = 1 + ("time" in keys)
-        for j, (_, spec) in enumerate(plotted):
-            ys = table[:, base + j]
+        for j, spec in plotted:
+            ys = table[:, j]
             ok = np.isfinite(ys)
             c = cols.get(spec.key)
             if c is None:
@@ -674,7 +707,8 @@ class Dashboard(QtWidgets.QWidget):
             for s in run.series.values():
                 if s.spec.smooth:
                     s.smoothed = _Buffer(max(s.y.n, 1), envelope=True)
-                    s.smoothed.extend(ema(s.y.view(), weight))
+                    if weight > 0:
+                        s.smoothed.extend(ema(s.y.view(), weight))
                     s.dirty = True
         self.flush()
 

@@ -234,7 +234,8 @@ def check_envelope(cx, cy, values):
     assert cy.min() == values.min() and cy.max() == values.max()
 
 
-@pytest.mark.parametrize("chunks", [[5000] * 40, [1] * 50 + [7, 13, 999, 64 * 16 + 3] + [30_000] * 6])
+@pytest.mark.parametrize("chunks", [[5000] * 40, [1] * 50 + [7, 13, 999, 64 * 16 + 3] + [30_000] * 6,
+                                    [3, 700_001] + [99_999] * 9 + [1] * 40])
 def test_min_max_levels_built_as_values_arrive_equal_a_full_pass(chunks):
     values = np.random.default_rng(2).standard_normal(sum(chunks))
     b = _Buffer(envelope=True)
@@ -248,6 +249,26 @@ def test_min_max_levels_built_as_values_arrive_equal_a_full_pass(chunks):
         size = BLOCK << k
         blocks = values[: len(values) // size * size].reshape(-1, size)
         assert np.array_equal(lo.view(), blocks.min(axis=1)) and np.array_equal(hi.view(), blocks.max(axis=1))
+
+
+def test_a_buffer_grows_without_copying_everything_at_once():
+    """Each extend moves at most two old values per new one into the next, larger array
+    (never all of them in one update, as a doubling does), and large arrays are plain
+    pages (no transparent huge pages, whose first touch stalled updates)."""
+    import mmap
+
+    b, at, worst = _Buffer(capacity=16), 0, 0
+    values = np.arange(2_000_000, dtype=np.float64)
+    for k in [1_000] * 50 + [10_000] * 195:
+        before = b._moved if b._next is not None else 0
+        had_next = b._next is not None
+        b.extend(values[at: at + k])
+        at += k
+        assert np.array_equal(b.view(), values[:at])
+        if had_next and b._next is not None:
+            worst = max(worst, (b._moved - before) / k)
+    assert 0 < worst <= 2
+    assert len(b.a) >= at and isinstance(b.a.base.obj, mmap.mmap)  # frombuffer: a memoryview of the map
 
 
 @pytest.mark.parametrize("n", [50, 2 * 400, 12_345, 300_001])
@@ -310,6 +331,13 @@ def test_incremental_ema_equals_the_full_recomputation(dash):
     np.testing.assert_allclose(smoothed, ema(values, 0.9), rtol=1e-12, atol=1e-12)
     dash.set_smoothing(0.5)  # a new weight recomputes from the raw values
     np.testing.assert_allclose(dash.series_data("r", "loss")[1], ema(values, 0.5), rtol=1e-12, atol=1e-12)
+    dash.set_smoothing(0.0)  # off: the raw values, and no smoothed copy kept while off
+    assert np.array_equal(dash.series_data("r", "loss")[1], values)
+    more = np.random.default_rng(5).standard_normal(1_000).cumsum()
+    dash.append("r", [{"step": 50_000 + s, "loss": float(v)} for s, v in enumerate(more)])
+    dash.set_smoothing(0.7)  # on again after points arrived while it was off
+    np.testing.assert_allclose(dash.series_data("r", "loss")[1], ema(np.concatenate([values, more]), 0.7),
+                               rtol=1e-12, atol=1e-12)
 
 
 def test_a_hidden_dashboard_catches_up_when_shown(dash, tmp_path):
