@@ -5,7 +5,9 @@ A run is the CLI's own `python main.py train PROJECT --out RUN_DIR [--nproc N]`
 (start_new_session). Stop asks it to end after the current step (SIGTERM to the
 group for one process: the trainer checkpoints and marks the run cancelled; SIGINT
 to the CLI for several, whose launcher stops torchrun and its workers), then
-SIGKILLs, after a grace period, the group and every descendant it has seen. Nothing runs in the GUI thread
+SIGKILLs, after a grace period, the group and every descendant it has seen: the
+same path as the CLI's launcher (remote/procs.py signal_tree/stop_tree), here
+escalated from the poll so the GUI thread never waits. Nothing runs in the GUI thread
 but a 5 Hz poll: the process's exit code and the new lines of metrics.jsonl
 (engine/tail.py, by byte offset).
 """
@@ -21,11 +23,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from engine.runs import failure_report, is_run_dir
 from engine.tail import MetricsTail
-from remote.procs import alive, descendants, group_pids  # noqa: F401  (group_pids: used by tests)
+from remote import procs
+from remote.procs import group_pids  # noqa: F401  (used by tests)
 from widgets.runs_panel import fmt_duration
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,20 +58,39 @@ class ActiveRun:
     rate_ref: tuple[float, int] | None = None  # (metrics time, step) of the first record seen
     step: int = 0
     eta: float = math.nan
-    seen: set = field(default_factory=set)  # every descendant pid observed
+    seen: dict = field(default_factory=dict)  # every descendant observed: pid -> psutil.Process
+    root: psutil.Process | None = None  # the CLI, as it was started (a reused pid is not it)
     launched_at: float = 0.0  # wall clock
     # A resumed run first cuts metrics.jsonl back to its checkpoint; until then the
     # file still holds lines that will disappear, so reading waits (see _read_metrics).
     tail_ready: bool = True
     last_scan: float = 0.0
 
+    def __post_init__(self) -> None:
+        if self.root is None:
+            try:
+                self.root = psutil.Process(self.proc.pid)  # not reaped yet: it is our child
+            except psutil.NoSuchProcess:
+                pass
+
     def scan(self) -> None:
-        self.seen |= descendants(self.proc.pid)
+        if self.root is not None:
+            procs.track(self.root, self.seen)
         self.last_scan = time.monotonic()
 
     def leftovers(self) -> list[int]:
         """Processes of this run still alive: its group, and every descendant seen."""
-        return sorted(set(group_pids(self.pgid)) | {p for p in self.seen if alive(p)})
+        return procs.leftovers(self.pgid, self.seen)
+
+    def send(self, sig, *, group_only: bool = False) -> None:
+        """`sig` to the group (group_only) or to the whole tree: remote/procs.py signal_tree."""
+        procs.signal_tree(self.root or self.proc.pid, self.pgid, sig, seen=self.seen, group_only=group_only)
+
+    @property
+    def stop_signal(self):
+        """SIGINT to the CLI of several processes (its launcher stops torchrun), SIGTERM
+        to one (the trainer checkpoints, then exits)."""
+        return signal.SIGINT if self.nproc > 1 else signal.SIGTERM
 
     @property
     def pgid(self) -> int:
@@ -189,7 +212,7 @@ class RunController(QObject):
         a.stop_requested = True
         a.kill_at = time.monotonic() + self.grace_s * (2 if a.nproc > 1 else 1)
         a.scan()
-        self._signal_group(a, signal.SIGINT if a.nproc > 1 else signal.SIGTERM)
+        a.send(a.stop_signal, group_only=True)
 
     def kill(self) -> None:
         a = self.active
@@ -197,34 +220,20 @@ class RunController(QObject):
             a.stop_requested = True
             self._kill_all(a)
 
-    def _signal_group(self, a: ActiveRun, sig) -> None:
-        try:
-            os.killpg(a.pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
     def _kill_all(self, a: ActiveRun) -> None:
-        if a.proc.poll() is None:
-            a.scan()
-        self._signal_group(a, signal.SIGKILL)
-        for pid in a.leftovers():
-            for send in (os.killpg, os.kill):
-                try:
-                    send(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        """SIGKILL to the group, the CLI, every descendant seen and every group they lead."""
+        a.send(signal.SIGKILL)
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the run and wait for its processes (the app is closing)."""
         a = self.active
         if a is None:
             return
-        self.stop()
-        deadline = time.monotonic() + timeout_s * (2 if a.nproc > 1 else 1)
-        while time.monotonic() < deadline and (a.proc.poll() is None or a.leftovers()):
-            time.sleep(0.05)
-        if a.leftovers():
-            self._kill_all(a)
+        a.stop_requested = True
+        grace = timeout_s * (2 if a.nproc > 1 else 1)
+        a.kill_at = time.monotonic() + grace
+        a.scan()
+        procs.stop_tree(a.root or a.proc.pid, a.pgid, grace, a.stop_signal, seen=a.seen)
         a.proc.wait()
         self.poll()
 
@@ -245,11 +254,7 @@ class RunController(QObject):
         left = a.leftovers()
         if left:  # the leader is gone but a worker is not: end it before calling the run over
             if a.kill_at is None:
-                for pid in left:
-                    try:
-                        os.kill(pid, signal.SIGTERM)
-                    except (ProcessLookupError, PermissionError):
-                        pass
+                a.send(signal.SIGTERM)
                 a.kill_at = time.monotonic() + self.grace_s
             return
         self._read_metrics(a)

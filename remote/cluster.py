@@ -7,12 +7,14 @@ from identity files or the ssh-agent. Hosts can be imported from ~/.ssh/config.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 from pathlib import Path
 from typing import Literal, Optional
 
+from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engine.project import atomic_write
@@ -138,10 +140,32 @@ def parse_host(spec: str, port: int | None = None, user: str | None = None,
 
 
 class ClusterStore:
-    """clusters.json in the config dir: {name: profile}. Written atomically."""
+    """clusters.json in the config dir: {name: profile}. Written atomically; a change
+    (read, modify, write) holds clusters.json.lock (filelock) so that the CLI and the
+    GUI saving at once both keep their profile. Reads need no lock."""
+
+    LOCK_TIMEOUT_S = 30.0
 
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = Path(path) if path else config_dir() / "clusters.json"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".lock")
+
+    @contextlib.contextmanager
+    def _changing(self):
+        """The profiles as they are now, for a change to write back before the lock goes."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with FileLock(self.lock_path, timeout=self.LOCK_TIMEOUT_S):
+                yield self._read()
+        except Timeout:
+            raise ClusterError(f"{self.path}: another Layerflow process has held {self.lock_path.name} "
+                               f"for over {self.LOCK_TIMEOUT_S:.0f} s; try again") from None
+
+    def _write(self, data: dict) -> None:
+        atomic_write(self.path, json.dumps(data, indent=2, sort_keys=True).encode())
 
     def _read(self) -> dict:
         try:
@@ -168,16 +192,16 @@ class ClusterStore:
         return parse_cluster(data[name], f"cluster {name!r} in {self.path}")
 
     def save(self, cluster: Cluster) -> None:
-        data = self._read()
-        data[cluster.name] = cluster.model_dump(mode="json", exclude_none=True)
-        atomic_write(self.path, json.dumps(data, indent=2, sort_keys=True).encode())
+        with self._changing() as data:
+            data[cluster.name] = cluster.model_dump(mode="json", exclude_none=True)
+            self._write(data)
 
     def remove(self, name: str) -> None:
-        data = self._read()
-        if name not in data:
-            raise ClusterError(f"no cluster named {name!r}")
-        del data[name]
-        atomic_write(self.path, json.dumps(data, indent=2, sort_keys=True).encode())
+        with self._changing() as data:
+            if name not in data:
+                raise ClusterError(f"no cluster named {name!r}")
+            del data[name]
+            self._write(data)
 
 
 def hosts_from_ssh_config(path: str | os.PathLike | None = None,

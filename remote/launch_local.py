@@ -9,9 +9,10 @@ process group never reaches the caller; torchrun in turn starts every worker in 
 session of its own. terminate() therefore sends SIGTERM to torchrun's group (it
 forwards it to its workers, and the runtime checkpoints and stops after the
 current step), waits, and then SIGKILLs torchrun's group and every worker's group
-it has seen, so no orphan survives. The runtime picks gloo on CPU and nccl when
-GPUs exist (engine/runtime/parallel.py). No Qt here: the GUI's Run button uses
-this same class from a thread or a timer.
+it has seen, so no orphan survives (remote/procs.py stop_tree: the GUI's stop path
+too). The runtime picks gloo on CPU and nccl when GPUs exist
+(engine/runtime/parallel.py). No Qt here: the GUI's Run button uses this same class
+from a thread or a timer.
 """
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from remote.procs import alive, descendants
+import psutil
+
+from remote import procs
 
 CODE_ROOT = Path(__file__).resolve().parents[1]  # the folder that holds engine/
 
@@ -35,16 +38,25 @@ class LocalJob:
     nproc: int
     proc: subprocess.Popen
     log_path: Path
-    seen: set[int] = field(default_factory=set)  # every descendant observed (workers)
+    seen: dict[int, psutil.Process] = field(default_factory=dict)  # every descendant observed (workers)
     failure: tuple[int, str] | None = None
     returncode: int | None = None
+    root: psutil.Process | None = None  # torchrun, as it was started (a reused pid is not it)
+
+    def __post_init__(self) -> None:
+        if self.root is None:
+            try:
+                self.root = psutil.Process(self.proc.pid)  # not reaped yet: it is our child
+            except psutil.NoSuchProcess:
+                pass
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
     def _observe(self) -> None:
-        self.seen |= descendants(self.proc.pid)
+        if self.root is not None:
+            procs.track(self.root, self.seen)
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -101,28 +113,17 @@ class LocalJob:
 
     def terminate(self, grace: float = 30.0) -> int:
         """SIGTERM to torchrun's group; after `grace` seconds SIGKILL to it and to
-        every worker group. Returns torchrun's exit code."""
-        self._observe()
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        end = time.monotonic() + grace
-        while time.monotonic() < end and (self.proc.poll() is None or any(alive(p) for p in self.seen)):
-            self._observe()
-            time.sleep(0.1)
-        self.kill()
+        every worker group (procs.stop_tree). Returns torchrun's exit code."""
+        procs.stop_tree(self.root or self.pid, self.pid, grace, signal.SIGTERM, seen=self.seen)
+        self._reap()
         return self.returncode  # type: ignore[return-value]
 
     def kill(self) -> None:
-        self._observe()
-        for pid in [self.proc.pid, *self.seen]:
-            for send in (os.killpg, os.kill):
-                try:
-                    send(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        """SIGKILL to torchrun, its group, every worker seen and every group they lead."""
+        procs.signal_tree(self.root or self.pid, self.pid, signal.SIGKILL, seen=self.seen)
+        self._reap()
+
+    def _reap(self) -> None:
         rc = self.proc.wait()
         if self.returncode is None:
             self._finish(rc)

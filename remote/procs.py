@@ -1,49 +1,186 @@
-"""Process trees from /proc (Linux): who is left of a run after a stop.
+"""The processes of a local run, and the one way to stop them (psutil).
 
 torchrun starts each worker in a session of its own, so a process group alone does
-not find them; the launchers (remote/launch_local.py, app/run_controller.py) follow
-descendants as well. No Qt here.
+not find them; a run is therefore its launcher's process group *and* every
+descendant seen since the start (`track`), each worker's own group included. Both
+launchers, app/run_controller.py (the GUI) and remote/launch_local.py (the CLI's
+`train --nproc N`), stop a run with `signal_tree` / `stop_tree`: the first signal to
+the launcher's group (its leader forwards it: the runtime checkpoints and stops
+after the current step), then after a grace period SIGKILL to the group, to every
+descendant and to every group they lead, so no orphan survives.
+
+A zombie counts as gone (it runs nothing; its parent reaps it), and nothing here
+reaps a process: a launcher's exit code stays for its subprocess.Popen. `seen` maps
+pid -> psutil.Process, whose create time guards against a pid reused since it was
+seen. No Qt here; Linux and macOS.
 """
 from __future__ import annotations
 
 import os
+import signal
+import time
+
+import psutil
+
+Seen = dict[int, psutil.Process]  # every process of a run seen so far
 
 
-def _stats():
-    """(pid, fields after "(comm)": state, ppid, pgrp, ...) of every process."""
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                yield int(entry.name), f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
+def _running(p: psutil.Process) -> bool:
+    """Still the process that was seen (not a reused pid), and not a zombie."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
+def alive(pid: int) -> bool:
+    """pid exists and is not a zombie."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
 
 
 def group_pids(pgid: int) -> list[int]:
     """Live (non-zombie) processes in process group `pgid`."""
-    return [pid for pid, rest in _stats() if len(rest) > 2 and int(rest[2]) == pgid and rest[0] != b"Z"]
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except (OSError, psutil.NoSuchProcess):
+            continue
+        except psutil.AccessDenied:
+            out.append(p.pid)
+    return sorted(out)
+
+
+def _proc(root: int | psutil.Process) -> psutil.Process | None:
+    if isinstance(root, psutil.Process):
+        return root
+    try:
+        return psutil.Process(root)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def _children(root: int | psutil.Process) -> list[psutil.Process]:
+    p = _proc(root)
+    try:
+        return p.children(recursive=True) if p is not None and p.is_running() else []
+    except psutil.NoSuchProcess:
+        return []
 
 
 def descendants(pid: int) -> set[int]:
-    """Children, grandchildren... of pid (torchrun puts its workers in sessions of
-    their own, so the process group alone does not find them)."""
-    kids: dict[int, list[int]] = {}
-    for child, rest in _stats():
-        kids.setdefault(int(rest[1]), []).append(child)
-    out, stack = set(), [pid]
-    while stack:
-        for c in kids.get(stack.pop(), []):
-            if c not in out:
-                out.add(c)
-                stack.append(c)
-    return out
+    """Children, grandchildren... of pid, zombies included (torchrun puts its workers
+    in sessions of their own, so the process group alone does not find them)."""
+    return {p.pid for p in _children(pid)}
 
 
-def alive(pid: int) -> bool:
+def track(root: int | psutil.Process, seen: Seen) -> Seen:
+    """Add root's current descendants to `seen` (pid -> psutil.Process); returns it.
+    A root that is gone (or whose pid was reused) has none."""
+    seen.update((p.pid, p) for p in _children(root))
+    return seen
+
+
+def leftovers(pgid: int | None, seen: Seen, root: int | psutil.Process | None = None) -> list[int]:
+    """Processes of a run still alive: group `pgid`, the root, and every one seen."""
+    left = set(group_pids(pgid)) if pgid is not None else set()
+    r = _proc(root) if root is not None else None
+    if r is not None and _running(r):
+        left.add(r.pid)
+    left |= {pid for pid, p in seen.items() if _running(p)}
+    return sorted(left)
+
+
+def _send(send, target: int, sig) -> None:
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
+        send(target, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def signal_tree(root: int | psutil.Process, pgid: int | None, sig, *, seen: Seen | None = None,
+                group_only: bool = False) -> list[int]:
+    """Send `sig` to a run. Always to process group `pgid` (killpg); unless `group_only`,
+    also to the root, to each of its descendants and each process in `seen` (which the
+    current descendants are added to), and to every group they lead. group_only is a
+    polite request the group's leader passes on (SIGINT/SIGTERM); the whole tree is
+    for SIGKILL. Never signals this process or its group. Returns the run's processes
+    that were alive when signalled (root and group included)."""
+    seen = {} if seen is None else seen
+    me, my_group = os.getpid(), os.getpgrp()
+
+    def to_group() -> None:
+        if pgid is not None and pgid != my_group:
+            _send(os.killpg, pgid, sig)
+
+    if group_only:
+        hit = leftovers(pgid, seen, root)
+        to_group()
+        return hit
+    track(root, seen)  # before any signal: a dead parent's children are no longer its own
+    targets = dict(seen)
+    r = _proc(root)
+    if r is not None:
+        targets.setdefault(r.pid, r)
+    hit = set(leftovers(pgid, seen, root))
+    to_group()
+    for pid, p in targets.items():
+        if pid in (me, my_group):
+            continue
+        if _running(p):
+            _send(os.killpg, pid, sig)  # a worker's own session: its helpers live there
+            try:
+                p.send_signal(sig)  # psutil checks the pid was not reused
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        elif not psutil.pid_exists(pid):
+            # The leader is gone, its group may not be: the kernel keeps the number for
+            # the group until the last member ends, so it cannot be someone else's.
+            _send(os.killpg, pid, sig)
+    return sorted(hit)
+
+
+def wait_gone(pgid: int | None, seen: Seen, timeout: float, root: int | psutil.Process | None = None,
+              interval: float = 0.1) -> list[int]:
+    """Wait up to `timeout` s until nothing of the run is alive (zombies count as gone,
+    none is reaped); new descendants of root are tracked meanwhile. Returns what is
+    left."""
+    end = time.monotonic() + timeout
+    last_scan = 0.0
+    while True:
+        now = time.monotonic()
+        if root is not None and now - last_scan >= 0.5:
+            track(root, seen)
+            last_scan = now
+        left = leftovers(pgid, seen, root)
+        if not left or now >= end:
+            return left
+        time.sleep(min(interval, max(0.0, end - now)))
+
+
+def stop_tree(root: int | psutil.Process, pgid: int | None, grace_s: float, first_signal=signal.SIGTERM, *,
+              seen: Seen | None = None, kill_wait_s: float = 5.0) -> list[int]:
+    """Stop a run and wait: `first_signal` to group `pgid` (its leader passes it on),
+    up to `grace_s` s for every process of the run to end, then SIGKILL to the whole
+    tree (signal_tree) and up to `kill_wait_s` s more. `seen` (pid -> psutil.Process)
+    is updated with every descendant found. Returns the pids still alive at the end
+    (none, unless a process could not be killed)."""
+    seen = {} if seen is None else seen
+    track(root, seen)
+    signal_tree(root, pgid, first_signal, seen=seen, group_only=True)
+    left = wait_gone(pgid, seen, grace_s, root)
+    if left:
+        signal_tree(root, pgid, signal.SIGKILL, seen=seen)
+        left = wait_gone(pgid, seen, kill_wait_s, root)
+    return left
+
+
+__all__ = ["alive", "descendants", "group_pids", "leftovers", "signal_tree", "stop_tree", "track", "wait_gone"]

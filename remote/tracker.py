@@ -17,8 +17,6 @@ node, waits, KILLs, and checks that nothing is left. `fetch()` downloads results
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import stat
@@ -28,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
+
+from filelock import FileLock
 
 from engine.project import atomic_write
 from engine.tail import parse_jsonl, read_from, split_complete
@@ -94,15 +94,10 @@ class Tracker:
                 p.name: p.stat().st_size for p in [self.mirror / "metrics.jsonl", *self.mirror.glob("logs/*")]
                 if p.exists()}
 
-    @contextlib.contextmanager
-    def _mirror_lock(self):
-        """An exclusive lock on the job's mirror (flock: across processes and threads)."""
-        with open(self.mirror / ".lock", "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+    def _mirror_lock(self) -> FileLock:
+        """An exclusive lock on the job's mirror (filelock, a new one each time: across
+        processes and threads)."""
+        return FileLock(self.mirror / ".lock")
 
     # ----- connections -------------------------------------------------------
     def conn(self, i: int) -> Connection:

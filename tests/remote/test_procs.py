@@ -1,0 +1,111 @@
+"""remote/procs.py on real process trees shaped like a torchrun launch: a leader in a
+group of its own, a worker in a session of its own (out of the leader's group), and
+the worker's helper in the worker's group."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from remote.procs import alive, descendants, group_pids, signal_tree, stop_tree
+
+# The worker: on SIGTERM ends its helper and exits (polite), or ignores it (stuck).
+WORKER = r"""
+import signal, subprocess, sys, time
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+def term(*_):
+    helper.kill(); helper.wait(); sys.exit(0)
+signal.signal(signal.SIGTERM, term if sys.argv[1] == "polite" else signal.SIG_IGN)
+print(helper.pid, flush=True)
+time.sleep(120)
+"""
+
+# The leader: passes SIGTERM on to its worker and waits for it (as torchrun does), or
+# exits at once and leaves the worker behind; its exit code is 7 either way.
+LEADER = r"""
+import signal, subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", sys.argv[2], sys.argv[1]], stdout=subprocess.PIPE,
+                          start_new_session=True)
+helper = worker.stdout.readline().decode().strip()
+def term(*_):
+    if sys.argv[1] == "polite":
+        worker.send_signal(signal.SIGTERM); worker.wait()
+    sys.exit(7)
+signal.signal(signal.SIGTERM, term)
+print(worker.pid, helper, flush=True)
+time.sleep(120)
+"""
+
+
+def start(mode: str):
+    leader = subprocess.Popen([sys.executable, "-c", LEADER, mode, WORKER], stdout=subprocess.PIPE,
+                              start_new_session=True)
+    worker, helper = map(int, leader.stdout.readline().split())
+    return leader, worker, helper
+
+
+@pytest.fixture
+def cleanup():
+    pids = []
+    yield pids
+    for pid in pids:  # whatever failed, leave nothing behind
+        for send in (os.killpg, os.kill):
+            try:
+                send(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def test_the_tree_is_found_beyond_the_group(cleanup):
+    leader, worker, helper = start("polite")
+    cleanup += [leader.pid, worker, helper]
+    assert descendants(leader.pid) >= {worker, helper}
+    assert group_pids(leader.pid) == [leader.pid]  # the worker lives in a session of its own
+    assert group_pids(worker) == sorted([worker, helper])
+    assert alive(worker) and not alive(2 ** 22 + 1)
+    leader.kill()
+    time.sleep(0.3)
+    assert not alive(leader.pid)  # a zombie until reaped: not alive
+    leader.wait()
+
+
+def test_a_polite_stop_ends_before_the_grace_and_keeps_the_exit_code(cleanup):
+    leader, worker, helper = start("polite")
+    cleanup += [leader.pid, worker, helper]
+    seen: dict = {}
+    t0 = time.monotonic()
+    left = stop_tree(leader.pid, leader.pid, 30.0, signal.SIGTERM, seen=seen)
+    assert left == [] and time.monotonic() - t0 < 20
+    assert {worker, helper} <= set(seen)
+    assert leader.wait(5) == 7  # nothing in procs reaped the leader: Popen still has its code
+    assert not any(alive(p) for p in (worker, helper))
+
+
+def test_a_stuck_worker_is_killed_with_its_group_after_the_grace(cleanup):
+    leader, worker, helper = start("stuck")  # the leader exits, the worker ignores SIGTERM
+    cleanup += [leader.pid, worker, helper]
+    t0 = time.monotonic()
+    left = stop_tree(leader.pid, leader.pid, 1.5, signal.SIGTERM)
+    took = time.monotonic() - t0
+    assert left == []
+    assert took >= 1.4  # the worker had its grace period before SIGKILL
+    assert not alive(worker) and not alive(helper)  # the helper in the worker's group too
+    assert leader.wait(5) == 7
+
+
+def test_signal_tree_kills_every_group_and_group_only_does_not(cleanup):
+    leader, worker, helper = start("stuck")
+    cleanup += [leader.pid, worker, helper]
+    seen: dict = {}
+    assert signal_tree(leader.pid, leader.pid, signal.SIGCONT, seen=seen, group_only=True) == [leader.pid]
+    hit = signal_tree(leader.pid, leader.pid, signal.SIGKILL, seen=seen)
+    assert set(hit) == {leader.pid, worker, helper}
+    assert leader.wait(5) == -signal.SIGKILL
+    end = time.monotonic() + 5
+    while time.monotonic() < end and (alive(worker) or alive(helper)):
+        time.sleep(0.05)
+    assert not alive(worker) and not alive(helper)
