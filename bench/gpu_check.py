@@ -1,21 +1,26 @@
-"""The NCCL path on GPUs: DP, TP and PP, against single-GPU losses and a hand-written script.
+"""What Layerflow does on the GPUs of this machine, in one script (under 8 minutes on an H200).
 
-    python bench/gpu_check.py [--hidden 4096] [--batch 512] [--steps 60]
+    python bench/gpu_check.py               # on a machine with CUDA GPUs; the table also goes to $OUT/gpu_check.txt
+    python bench/gpu_check.py --cpu-smoke   # the same checks, tiny, on the CPU (the test suite runs this)
 
-Needs a machine with at least 2 CUDA GPUs (NCCL refuses two ranks on one GPU).
-For each of DDP (dp=2), tensor parallel (tp=2: fc1 column-wise, fc2 row-wise) and
-a 1F1B pipeline (pp=2, 4 micro-batches), it runs:
-  - Layerflow's product path (planner -> prepare_run -> launch_local -> runtime,
-    which picks nccl because GPUs are present),
-  - the hand-written torch.distributed script of bench/dist_overhead.py (it also
-    switches to nccl/cuda when GPUs are present),
-and prints: losses against Layerflow's single-GPU run (max relative difference),
-the throughput ratio Layerflow / hand-written (goal >= 0.95), the planner's
-predicted step time against the measured one, and predicted per-rank memory
-against torch.cuda.max_memory_allocated on each rank.
-
-Status: written for this project's GPU check but not run in the session that
-wrote it (no GPU was lent); the CPU twin, bench/dist_overhead.py, was run.
+On one GPU (bench/gpu_check_single.py):
+  - a ResNet-50 (torchvision's layout, 224x224) and a GPT of ~92M parameters, written
+    as their reference code writes them and imported with from_module, trained on the
+    same batches from the same weights by Layerflow's runtime and by a plain hand-written
+    loop, in fp32 and with bf16 autocast (placement.mixed_precision): step time,
+    achieved TFLOP/s, the throughput ratio Layerflow / hand (goal >= 0.97), and how far
+    their logged losses are apart (they must agree);
+  - the runtime's DDP and FSDP2 wrapping (apply_dp) at world size 1 on nccl, losses
+    against the plain loop;
+  - every bundled example through the runtime;
+  - peak memory (torch.cuda.max_memory_allocated) against the planner's parameters,
+    gradients, optimizer state and activations, and the planner's step time against the
+    measured one (goal: within 15%).
+With two GPUs or more, also the NCCL checks: DDP (dp=2), tensor parallel (tp=2) and a
+1F1B pipeline (pp=2) against the single-GPU losses and bench/dist_overhead.py's
+hand-written torch.distributed script. With one GPU they are skipped (NCCL needs a GPU
+per rank), and the table says so. The runtime does not offer torch.compile, so there is
+no compiled row.
 """
 from __future__ import annotations
 
@@ -24,11 +29,13 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests" / "engine"))  # real_models.py: the architectures as their reference code writes them
 
 import dist_overhead as bench  # noqa: E402
 
@@ -50,40 +57,31 @@ def gpu_device():
     return replace(GPUS["h100-80gb"], name=name, memory_bytes=mem)
 
 
-def main() -> int:
+def nccl_checks(args, n: int, device) -> tuple[list[str], list[str]]:
+    """DDP, TP and 1F1B over 2 GPUs against the single-GPU run: (table lines, problems)."""
     import torch
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--steps", type=int, default=60)
-    args = ap.parse_args()
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if n < 2:
-        print(f"needs at least 2 CUDA GPUs for the NCCL checks; found {n}. Nothing run.")
-        return 2
-    device = gpu_device()
+    from engine.run import prepare_run
     from engine.runtime.train import run
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="lf_gpu_check_") as tmpdir:
         tmp = Path(tmpdir)
-        # the single-GPU reference: same project, one process
-        from engine.run import prepare_run
-
         ref_dir = prepare_run(bench.project(args.hidden, args.batch, args.steps, pp=False), tmp / "single")
         run(ref_dir)
-        _, ref_loss = bench.layerflow_times(ref_dir)
+        _, ref_recs = bench.layerflow_times(ref_dir, args.batch)
+        ref_loss = [r["loss"] for r in ref_recs if "loss" in r]
         configs = [("ddp", {"dp": 2, "data_parallel": "ddp"}, None, "ddp"),
                    ("tp", {"tp": 2}, {"fc1": "colwise", "fc2": "rowwise"}, "tp"),
                    ("1f1b", {"pp": 2, "schedule": "1f1b", "microbatches": 4}, None, "pp")]
         for name, placement, styles, hand_kind in configs:
             proj = bench.project(args.hidden, args.batch, args.steps, pp=name == "1f1b")
             d, plan = bench.layerflow_run(tmp, name, proj, placement, 2, device, styles)
-            lf_dt, lf_loss = bench.layerflow_times(d)
+            lf_dt, lf_recs = bench.layerflow_times(d, args.batch)
+            lf_loss = [r["loss"] for r in lf_recs if "loss" in r]
             hand = bench.handwritten(tmp, hand_kind, d, 2)
             hand_dt = hand[0]["times"]  # rank 0's step periods, as Layerflow's are timed on rank 0
-            lf_med, hd_med = statistics.median(lf_dt[bench.WARMUP:]), statistics.median(hand_dt[bench.WARMUP:])
+            lf_med, hd_med = statistics.median(lf_dt), statistics.median(hand_dt[bench.WARMUP:])
             peaks = json.loads((d / "peak_mem_per_rank.json").read_text())
             rows.append({
                 "config": f"{name} x2", "ratio": hd_med / lf_med, "lf_sps": args.batch / lf_med,
@@ -93,22 +91,81 @@ def main() -> int:
                 "mem": [(dv["memory"]["total_bytes"] / 2**20, peaks[dv["rank"]], hand[dv["rank"]]["peak_cuda_mb"])
                         for dv in plan.doc["devices"]],
             })
-    print(f"{torch.cuda.get_device_name(0)} x{n}, NCCL; MLP 256-{args.hidden}-{args.hidden}-10, batch {args.batch}, "
-          f"{args.steps} steps (median after {bench.WARMUP} warm-up)")
-    print(f"{'config':<8} {'Layerflow/s':>12} {'hand/s':>10} {'ratio':>6} {'pred ms':>8} {'meas ms':>8} "
-          f"{'loss vs 1 GPU':>13}")
+    out = [f"NCCL, {torch.cuda.get_device_name(0)} x{n}: MLP 256-{args.hidden}-{args.hidden}-10, batch {args.batch}, "
+           f"{args.steps} steps (median after {bench.WARMUP} warm-up)",
+           f"{'config':<8} {'Layerflow/s':>12} {'hand/s':>10} {'ratio':>6} {'pred ms':>8} {'meas ms':>8} "
+           f"{'loss vs 1 GPU':>13}"]
     for r in rows:
-        print(f"{r['config']:<8} {r['lf_sps']:>12.0f} {r['hand_sps']:>10.0f} {r['ratio']:>6.3f} {r['pred_ms']:>8.2f} "
-              f"{r['meas_ms']:>8.2f} {r['loss_vs_single']:>13.1e}")
-    print(f"\n{'config':<8} {'rank':>4} {'pred MiB':>9} {'Layerflow max_allocated MiB':>28} {'hand MiB':>9}")
+        out.append(f"{r['config']:<8} {r['lf_sps']:>12.0f} {r['hand_sps']:>10.0f} {r['ratio']:>6.3f} "
+                   f"{r['pred_ms']:>8.2f} {r['meas_ms']:>8.2f} {r['loss_vs_single']:>13.1e}")
+    out.append(f"{'config':<8} {'rank':>4} {'pred MiB':>9} {'Layerflow max_allocated MiB':>28} {'hand MiB':>9}")
     for r in rows:
         for rank, (pred, lf, hand) in enumerate(r["mem"]):
-            print(f"{r['config']:<8} {rank:>4} {pred:>9.1f} {lf:>28.1f} {hand:>9.1f}")
-    bad = [r["config"] for r in rows if r["loss_vs_single"] > 1e-3]
-    if bad:
-        print(f"losses differ from the single-GPU run by more than 1e-3 in: {', '.join(bad)}")
-        return 1
-    return 0
+            out.append(f"{r['config']:<8} {rank:>4} {pred:>9.1f} {lf:>28.1f} {hand:>9.1f}")
+    problems = [f"NCCL {r['config']}: losses differ from the single-GPU run by {r['loss_vs_single']:.1e}"
+                for r in rows if r["loss_vs_single"] > 1e-3]
+    return out, problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    import torch
+
+    import gpu_check_single as single
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cpu-smoke", action="store_true",
+                    help="run every one-device check, tiny, on the CPU (what the test suite runs)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 60; 8 with --cpu-smoke)")
+    ap.add_argument("--hidden", type=int, default=4096, help="NCCL checks: the MLP's width")
+    ap.add_argument("--batch", type=int, default=512, help="NCCL checks: the batch")
+    ap.add_argument("--no-examples", action="store_true", help="skip the bundled examples")
+    args = ap.parse_args(argv)
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not args.cpu_smoke and n == 0:
+        print("no CUDA GPU here: nothing run (bench/gpu_check.py --cpu-smoke runs the same checks, tiny, on the CPU)")
+        return 2
+    if args.cpu_smoke:
+        from engine.cost import local_cpu
+
+        device, spec, steps = torch.device("cpu"), local_cpu(1), args.steps or 8
+        single.LOG = 2
+        what = f"CPU smoke ({os.cpu_count()} cores): tiny models, {steps} steps, a loss logged every {single.LOG}"
+    else:
+        torch.cuda.set_device(0)
+        device, spec, steps = torch.device("cuda", 0), gpu_device(), args.steps or 60
+        what = (f"{torch.cuda.get_device_name(0)} ({spec.memory_bytes / 2**30:.0f} GiB) x{n}, torch {torch.__version__}, "
+                f"{steps} steps, timed after the first {single.LOG}")
+    examples = [] if args.no_examples else sorted((ROOT / "resources" / "examples").glob("*.lflow"))
+    lines = [what]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="lf_gpu_check_") as tmpdir:
+        rows = single.run_single(Path(tmpdir), device, spec, args.cpu_smoke, steps, examples)
+    lines += single.format_rows(rows)
+    problems = [p for r in rows for p in r.problems]
+    timed = [r for r in rows if r.section in ("single", "example") and r.pred_ms and r.step_ms == r.step_ms]
+    if timed:
+        lines.append("predicted / measured step time: " + ", ".join(
+            f"{r.name} {r.precision} {r.pred_ms / r.step_ms:.2f}" for r in timed))
+    if args.cpu_smoke:
+        lines.append("NCCL multi-rank checks: not run in the CPU smoke (bench/dist_overhead.py is their CPU twin)")
+    elif n >= 2:
+        more, bad = nccl_checks(args, n, gpu_device())
+        lines += more
+        problems += bad
+    else:
+        lines.append(f"NCCL multi-rank checks (DDP, TP, 1F1B over 2 ranks): skipped, {n} GPU here and NCCL needs one "
+                     f"per rank")
+    lines.append(f"took {time.perf_counter() - t0:.0f} s")
+    lines += [f"PROBLEM: {p}" for p in problems]
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if os.environ.get("OUT"):
+        out = Path(os.environ["OUT"])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "gpu_check.txt").write_text(text)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

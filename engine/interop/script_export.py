@@ -223,9 +223,17 @@ def apply_dp(module: nn.Module, dp_mesh, kind: str, reshard_after_forward: bool,
     if kind == "fsdp":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \\
             if mixed_precision == "bf16" else MixedPrecisionPolicy()
+        norms = set()
+        if mixed_precision == "bf16":  # BatchNorm keeps float32 (its statistics are), handing bf16 on
+            keep = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32,
+                                        output_dtype=torch.bfloat16)
+            for sub in module.modules():
+                if sub is not module and isinstance(sub, nn.modules.batchnorm._BatchNorm):
+                    fully_shard(sub, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=keep)
+                    norms.add(id(sub))
         # one FSDP unit per layer: only one layer's parameters are whole at a time
         for child in module.children():
-            if any(True for _ in child.parameters()):
+            if id(child) not in norms and any(True for _ in child.parameters()):
                 fully_shard(child, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
         fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
         return module
@@ -303,6 +311,9 @@ def main() -> None:
     if distributed and dp > 1:
         model = apply_dp(model, mesh["dp"], PLAN["data_parallel"], PLAN["reshard_after_forward"],
                          PLAN["mixed_precision"])
+    # placement.mixed_precision bf16: the forward and the loss autocast (FSDP casts through its policy instead)
+    amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if PLAN["mixed_precision"] == "bf16" and not (
+        dp > 1 and PLAN["data_parallel"] == "fsdp") else contextlib.nullcontext
     schedule = None
     #@pp
     if pp > 1:
@@ -328,15 +339,17 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         if schedule is None:  # GRAD_ACCUMULATION equal micro-batches: the mean of their mean losses
             for xm, ym in zip(x.chunk(GRAD_ACCUMULATION), y.chunk(GRAD_ACCUMULATION)):
-                loss = compute_loss(LOSS, model(xm), ym) / GRAD_ACCUMULATION
+                with amp():
+                    loss = compute_loss(LOSS, model(xm), ym) / GRAD_ACCUMULATION
                 loss.backward()
                 loss_sum += loss.detach()  # on the device: read only at log steps (no sync per step)
         #@pp
         else:  # micro-batches flow through the stages; the last one computes their losses
             losses = []
-            if step == 0:
-                infer_stage_shapes(schedule, [model], (x,) if first else (), y if last else None)
-            schedule.step(*((x,) if first else ()), target=y if last else None, losses=losses, return_outputs=False)
+            with amp():
+                if step == 0:
+                    infer_stage_shapes(schedule, [model], (x,) if first else (), y if last else None)
+                schedule.step(*((x,) if first else ()), target=y if last else None, losses=losses, return_outputs=False)
             if last:
                 loss_sum += torch.stack([v.detach() for v in losses]).mean()
         #@end
@@ -575,6 +588,7 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
         from __future__ import annotations
 
         import argparse
+        import contextlib
         import importlib
         import json
         import math

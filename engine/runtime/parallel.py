@@ -120,6 +120,23 @@ def apply_tp(module: nn.Module, tp_mesh: DeviceMesh, tp_plan: dict) -> None:
 
 
 # ----- data parallel ------------------------------------------------------------
+def float32_norm_units(module: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool) -> set[int]:
+    """Under FSDP's bf16 policy every BatchNorm (at any depth) becomes an FSDP unit of its
+    own that keeps float32: its running statistics are float32 and torch's batch_norm
+    takes no bf16 weights beside them. The unit casts its input up and its output back
+    to bf16, so the layers around it see bf16 as they would without it. Returns their ids."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    keep = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=torch.bfloat16)
+    units = set()
+    for sub in module.modules():
+        if sub is not module and isinstance(sub, nn.modules.batchnorm._BatchNorm) \
+                and any(True for _ in sub.parameters(recurse=False)):
+            fully_shard(sub, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=keep)
+            units.add(id(sub))
+    return units
+
+
 def apply_dp(module: nn.Module, dp_mesh: DeviceMesh, kind: str, reshard_after_forward: bool = True,
              mixed_precision: str = "none") -> nn.Module:
     if kind == "fsdp":
@@ -127,6 +144,7 @@ def apply_dp(module: nn.Module, dp_mesh: DeviceMesh, kind: str, reshard_after_fo
 
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
             if mixed_precision == "bf16" else MixedPrecisionPolicy()
+        norms = float32_norm_units(module, dp_mesh, reshard_after_forward) if mixed_precision == "bf16" else set()
         # One FSDP unit per layer: its parameters are gathered just before it runs
         # and freed after, so only one layer is ever whole at a time.
         # A parameter shared by two layers (tied weights) is sharded once, by the root.
@@ -136,7 +154,7 @@ def apply_dp(module: nn.Module, dp_mesh: DeviceMesh, kind: str, reshard_after_fo
                 owners[id(p)] = owners.get(id(p), 0) + 1
         for child in module.children():
             ps = list(child.parameters())
-            if ps and all(owners[id(p)] == 1 for p in ps):
+            if id(child) not in norms and ps and all(owners[id(p)] == 1 for p in ps):
                 fully_shard(child, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
         fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
         return module

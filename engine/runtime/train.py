@@ -20,6 +20,7 @@ states; metrics written after the checkpoint are cut off before training goes on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import math
@@ -281,6 +282,10 @@ class Trainer:
         if self.batch_size % self.accumulate:
             raise ValueError(f"training.batch_size {self.batch_size} is not divisible by training.grad_accumulation "
                              f"{self.accumulate}; change one of them")
+        # placement.mixed_precision bf16: the forward and the loss autocast (weights, gradients
+        # and the optimizer stay float32), as the distributed trainer does without FSDP
+        bf16 = (spec.get("placement") or {}).get("mixed_precision") == "bf16"
+        self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
 
     def train_step(self, step: int) -> torch.Tensor:
         """One optimizer step; its loss stays on the device (reading it would wait for the step)."""
@@ -291,9 +296,11 @@ class Trainer:
         # loss are those of the mean of their mean losses (1: the whole batch at once)
         value = None
         for xm, ym in zip(x.chunk(self.accumulate), y.chunk(self.accumulate)):
-            loss = compute_loss(self.loss_kind, self.model(xm), ym) / self.accumulate
+            with self.autocast():
+                loss = compute_loss(self.loss_kind, self.model(xm), ym) / self.accumulate
             loss.backward()
-            value = loss.detach() if value is None else value + loss.detach()
+            loss = loss.detach().float()
+            value = loss if value is None else value + loss
         if self.grad_clip:  # multi-tensor kernels on GPUs; no host sync (the scale stays a tensor)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         self.opt.step()

@@ -58,7 +58,10 @@ LAYOUTS_2 = {
 # recorded every 4 steps (the hot path: losses summed on the device, one collective per record)
 LOG4 = {"pp_clip_log4": ("resnet_synthetic+clip+log4", {"pp": 2, "microbatches": 2}, RESNET_2, None)}
 BF16 = {"fsdp_bf16": ("mlp_digits", {"dp": 2, "data_parallel": "fsdp", "mixed_precision": "bf16"}, None, None),
-        "pp_bf16": ("resnet_synthetic", {"pp": 2, "microbatches": 2, "mixed_precision": "bf16"}, RESNET_2, None)}
+        "pp_bf16": ("resnet_synthetic", {"pp": 2, "microbatches": 2, "mixed_precision": "bf16"}, RESNET_2, None),
+        # BatchNorm under FSDP's bf16 policy: units of their own kept in float32
+        "fsdp_bf16_batchnorm": ("resnet_synthetic", {"dp": 2, "data_parallel": "fsdp", "mixed_precision": "bf16"},
+                                None, None)}
 LAYOUTS_4 = {
     "pp_x_dp": ("resnet_synthetic", {"pp": 2, "dp": 2, "data_parallel": "fsdp", "microbatches": 2,
                                      "reshard_after_forward": False}, RESNET_2, None),

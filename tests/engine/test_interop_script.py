@@ -71,14 +71,20 @@ def test_script_reads_like_pytorch(tmp_path):
     assert "GraphModule" not in text
 
 
-@pytest.mark.parametrize("which", ["dropout_mlp", "dropout_mlp+accumulate", "dropout_mlp+log4", "transformer_synthetic"])
+@pytest.mark.parametrize("which", ["dropout_mlp", "dropout_mlp+accumulate", "dropout_mlp+log4", "dropout_mlp+bf16",
+                                   "transformer_synthetic"])
 def test_script_losses_equal_the_runtime(which, tmp_path):
     project = dropout_mlp(tmp_path) if which.startswith("dropout_mlp") else load_project(EX / f"{which}.lflow")
     if which.endswith("+accumulate"):  # training.grad_accumulation: 2 micro-batches of 8, one step
         project.training.grad_accumulation = 2
     if which.endswith("+log4"):  # a line every 4 steps (and at evaluations): the mean loss of its steps
         project.training.log_interval = 4
+    if which.endswith("+bf16"):  # placement.mixed_precision: the forward autocasts in one process too
+        project.placement.mixed_precision = "bf16"
+        fp32 = runtime_losses(dropout_mlp(tmp_path), tmp_path / "run_fp32")
     want = runtime_losses(project, tmp_path / "run")
+    if which.endswith("+bf16"):  # really in bf16 (not the float32 losses), and still close to them
+        assert want != pytest.approx(fp32, rel=1e-4) and want == pytest.approx(fp32, rel=0.05)
     script = export_script(project, tmp_path / f"{which}.py")
     got = script_losses(script, tmp_path / "script_out")
     logged = [s for s in range(1, STEPS + 1) if s % project.training.log_interval == 0 or s % 3 == 0 or s == STEPS]
