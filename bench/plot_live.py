@@ -48,7 +48,7 @@ now = time.thread_time
 
 
 def records(start: int, n: int, rng, keys: str = "loss", offset: float = 0.0) -> list[dict]:
-    """n records as engine/runtime/train.py writes them; keys: 'loss', 'three' (loss,
+    """n records as engine/runtime/loop.py writes them; keys: 'loss', 'three' (loss,
     lr, throughput) or 'five' (one series for each plot)."""
     steps = np.arange(start + 1, start + n + 1)
     loss = offset + 2.0 * np.exp(-steps / 2e5) + 0.05 * rng.standard_normal(n)

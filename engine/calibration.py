@@ -16,7 +16,7 @@ import os
 import statistics
 from pathlib import Path
 
-from engine.runtime.train import WARMUP_LOGS as WARMUP_STEPS  # (its first steps are not the machine's pace)
+from engine.runtime.loop import WARMUP_LOGS as WARMUP_STEPS  # (its first steps are not the machine's pace)
 
 FIRST_RECORDS = 20  # "the run's own first steps": this many records after the warm-up
 

@@ -243,7 +243,7 @@ def launch_local(run_dir: str | os.PathLike, nproc: int, *, resume: bool = False
                  detached: bool = False) -> LocalJob:
     """Start `torchrun --standalone --nproc-per-node nproc -m engine.runtime.train RUN_DIR`.
     Its workers stop when this process ends, however it ends (SIGKILL included), unless
-    `detached`: they watch this process's pid (engine/runtime/train.py watch_parent)."""
+    `detached`: they watch this process's pid (engine/runtime/loop.py watch_parent)."""
     run_dir = Path(run_dir).resolve()
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, not {nproc}")

@@ -36,7 +36,7 @@ from engine.runtime import ops as rops
 from engine.runtime.ops import describe
 from engine.runtime import parallel as rparallel
 from engine.runtime import sync_bn as rsync_bn
-from engine.runtime import train as rtrain
+from engine.runtime import loop as rloop
 
 # Layerflow's own layer classes, copied into the script when the diagram uses them.
 OWN_CLASSES = {t: c.cls for t, c in rl.CTORS.items() if c.own}
@@ -613,13 +613,13 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
         from torch.nn.parallel import DistributedDataParallel as DDP
         ''')
     runtime = "\n\n".join(inspect.getsource(f) for f in (
-        rtrain.seed_all, rtrain.lr_lambda, rtrain.make_optimizer, rtrain.compute_loss, rtrain.correct_count,
+        rloop.seed_all, rloop.lr_lambda, rloop.make_optimizer, rloop.compute_loss, rloop.correct_count,
         rdata.Batches, rdata.eval_batches))
     sections = [
         doc, imports, settings,
         "# ----- the model " + "-" * 60, *pre, model_code,
         "# ----- the data " + "-" * 61, _data_code(project, data_file),
-        "# ----- training: the functions of Layerflow's engine/runtime (train.py, data.py) " + "-" * 2, runtime,
+        "# ----- training: the functions of Layerflow's engine/runtime (loop.py, data.py) " + "-" * 3, runtime,
         "# ----- the mesh and data parallelism " + "-" * 40, _only(DIST_CODE, used),
         *_parallel_code(used),
         *_sync_bn_code(pl),

@@ -14,7 +14,7 @@ micro-batch.
 Everything here is PyTorch's own engine (DeviceMesh, DTensor, tensor.parallel,
 fully_shard, DDP, distributed.pipelining); this file only decides what goes where,
 reading the plan that engine/planner.py wrote into run.json. ParallelTrainer offers
-the single-process Trainer's methods (train.py), so the same `fit` loop drives both.
+the single-process Trainer's methods (train.py), so the same `fit` loop (loop.py) drives both.
 """
 from __future__ import annotations
 
@@ -250,7 +250,7 @@ class ParallelTrainer:
     """Same methods as train.Trainer; every rank builds one."""
 
     def __init__(self, run_dir: Path, spec: dict, device: torch.device):
-        from .train import compute_loss, lr_lambda, make_optimizer
+        from .loop import compute_loss, lr_lambda, make_optimizer
 
         self.run_dir, self.spec, self.device = run_dir, spec, device
         tr = spec["training"]
@@ -413,7 +413,7 @@ class ParallelTrainer:
                 out = out[:k]
                 total += self.compute_loss(self.loss_kind, out, y).item() * k
                 if cls:
-                    from .train import correct_count
+                    from .loop import correct_count
 
                     correct += correct_count(out, y)
             n += k
@@ -432,7 +432,7 @@ class ParallelTrainer:
         return self.opt.param_groups[0]["lr"]
 
     def peak_mem_per_rank(self) -> list[float]:
-        from .train import peak_mem_mb
+        from .loop import peak_mem_mb
 
         t = torch.zeros(dist.get_world_size(), dtype=torch.float64, device=self.device)
         t[self.rank] = peak_mem_mb(self.device)
@@ -441,7 +441,7 @@ class ParallelTrainer:
 
     # ---- checkpoints (torch.distributed.checkpoint: any layout resumes any other) ----
     def save_checkpoint(self, path: Path, extra: dict) -> None:
-        from .train import rng_state
+        from .loop import rng_state
 
         dist_checkpoint.save(path, self.state_model, self.opt,
                              {"scheduler": self.sched.state_dict(), "rng": rng_state(), **extra},
@@ -455,7 +455,7 @@ class ParallelTrainer:
     def save_final(self, path: Path) -> None:
         full = dist_checkpoint.full_model_state(self.state_model)
         if self.rank == 0:
-            from .train import save_tensors
+            from .loop import save_tensors
 
             save_tensors(full, path)
 
@@ -486,7 +486,7 @@ def _ended(run_dir: Path) -> bool:
 
 def run_distributed(run_dir: str | Path, *, resume: bool = False) -> dict:
     """Every rank runs this; rank 0 writes metrics and status (train.fit)."""
-    from .train import Status, fit, load_spec, seed_all
+    from .loop import Status, fit, load_spec, seed_all
 
     run_dir = Path(run_dir)
     rank = int(os.environ.get("RANK", 0))

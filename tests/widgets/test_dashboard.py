@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gui
 
 
 def write_metrics(path, n=40, t0=12.5, eval_every=10, loss0=2.0, ranks=None):
-    """Lines as engine/runtime/train.py writes them, plus an end event."""
+    """Lines as engine/runtime/loop.py writes them, plus an end event."""
     with open(path, "w") as f:
         for s in range(1, n + 1):
             rec = {"step": s, "epoch": s // 20, "time": t0 + 0.25 * s, "loss": loss0 * math.exp(-s / 15) + 0.01 * (s % 3),
