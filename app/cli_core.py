@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 
+from app.cli_placement import PLACEMENT_FLAGS, add_placement_flags
 from engine.compile import compile_graph
 from engine.project import load_project
 from engine.units import human
@@ -32,37 +33,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nproc", type=int, help="processes on this machine (default: dp*tp*pp of the placement)")
     add_placement_flags(p)
     p.set_defaults(func=cmd_train)
-
-
-def add_placement_flags(p) -> None:
-    """The placement overrides; `train` and `plan` take the same ones, meaning the same."""
-    p.add_argument("--dp", type=int, help="data-parallel degree")
-    p.add_argument("--tp", type=int, help="tensor-parallel degree")
-    p.add_argument("--pp", type=int, help="pipeline-parallel degree (stages)")
-    p.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved1f1b"], help="pipeline schedule")
-    p.add_argument("--microbatches", type=int, help="micro-batches per step (pipelining; default: as the planner "
-                                                     "picks, at least one per stage)")
-
-
-def with_placement_flags(project, args):
-    """The project with the command line's placement overrides applied (checked as the file's are)."""
-    from pydantic import ValidationError
-
-    from app.cli import CliError
-    from engine.project import Placement
-
-    overrides = {k: getattr(args, k) for k in PLACEMENT_FLAGS if getattr(args, k, None) is not None}
-    for k, v in overrides.items():
-        if isinstance(v, int) and v < 1:
-            raise CliError(f"--{k} must be at least 1, not {v}")
-    if overrides:
-        try:
-            project.placement = Placement.model_validate({**project.placement.model_dump(), **overrides})
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = "--" + str(err["loc"][0]) if err.get("loc") else "the placement flags"
-            raise CliError(f"{where}: {err['msg'].removeprefix('Value error, ')}") from None
-    return project
 
 
 def cmd_validate(args) -> int:
@@ -142,7 +112,6 @@ def cmd_summary(args) -> int:
     return 1 if result.errors else 0
 
 
-PLACEMENT_FLAGS = ("dp", "tp", "pp", "schedule", "microbatches")
 
 
 def cmd_train(args) -> int:
@@ -182,7 +151,7 @@ def cmd_train(args) -> int:
         if args.steps is not None:
             _extend_run(run_dir, args.steps)
         if overrides or args.nproc:  # resume under another layout (checkpoints are layout-free)
-            from app.cli_dist import replan_run
+            from app.cli_placement import replan_run
 
             replan_run(run_dir, args.nproc, overrides)
     else:
@@ -190,7 +159,7 @@ def cmd_train(args) -> int:
             plan = None
             pl = project.placement.model_copy(update=overrides)
             if (args.nproc or 1) > 1 or pl.pp * pl.dp * pl.tp > 1:  # distributed: plan it (checks, stages, TP)
-                from app.cli_dist import plan_for_run
+                from app.cli_placement import plan_for_run
 
                 if args.nproc and args.nproc > 1 and pl.pp * pl.dp * pl.tp == 1:
                     overrides["dp"] = args.nproc  # `--nproc N` alone: data parallel over N processes

@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-gb", type=float, help="memory per device in GiB (overrides the device kind's)")
     p.add_argument("--accept", action="store_true", help="with --auto: write the chosen placement into the project file")
     p.add_argument("--json", action="store_true", help="machine-readable output (the plan document)")
-    from app.cli_core import add_placement_flags
+    from app.cli_placement import add_placement_flags
 
     add_placement_flags(p)
     p.set_defaults(func=cmd_plan)
@@ -59,7 +59,7 @@ def cmd_plan(args) -> int:
 
     if args.nproc is not None and args.nproc < 1:
         raise CliError(f"--nproc must be at least 1, not {args.nproc}")
-    from app.cli_core import with_placement_flags
+    from app.cli_placement import with_placement_flags
 
     project = with_placement_flags(load_project(args.project), args)
     compiled = compile_graph(project.graph)
@@ -96,52 +96,6 @@ def cmd_plan(args) -> int:
         for r in reasons:
             print(f"why: {r}")
     return 1 if plan.errors else 0
-
-
-def plan_for_run(project, nproc: int | None, overrides: dict):
-    """The runtime plan for `train`: the project's placement with the command's
-    overrides. Returns (plan dict for run.json, warnings); raises CliError listing
-    the validation errors."""
-    from app.cli import CliError
-    from engine.planner import grouped, make_plan
-
-    plan = make_plan(project, nproc, placement=overrides)
-    if plan.errors:
-        raise CliError("the placement cannot run:\n" + "\n".join(f"  {e}" for e in plan.errors))
-    for w, _ in grouped(plan.warnings):
-        print(f"warning: {w}", file=sys.stderr)
-    return plan.runtime_plan()
-
-
-def replan_run(run_dir, nproc: int | None, overrides: dict) -> None:
-    """Give a run folder a new placement and plan before resuming it: its DCP
-    checkpoints load under any layout. The folder's project snapshot is planned."""
-    from pathlib import Path
-
-    from app.cli import CliError
-    from engine.project import atomic_write, load_project
-
-    run_dir = Path(run_dir)
-    spec = json.loads((run_dir / "run.json").read_text())
-    project = load_project(run_dir / "project.lflow")
-    project.placement = project.placement.model_validate(spec["placement"])
-    overrides = dict(overrides)
-    if {"dp", "tp", "pp"} & set(overrides) or nproc:
-        # a new layout: degrees not given start from 1, and dp takes what --nproc leaves
-        degrees = {k: overrides.get(k, 1) for k in ("pp", "tp")}
-        rest = (nproc or 1) // (degrees["pp"] * degrees["tp"])
-        degrees["dp"] = overrides.get("dp", max(1, rest) if nproc else spec["placement"]["dp"])
-        overrides.update(degrees)
-    pl = project.placement.model_copy(update=overrides)
-    world = pl.pp * pl.dp * pl.tp
-    if world > 1:
-        plan = plan_for_run(project, nproc or world, overrides)
-    else:
-        plan = None
-    if nproc and nproc != world:
-        raise CliError(f"--nproc {nproc} but the placement needs dp*tp*pp = {pl.dp}*{pl.tp}*{pl.pp} = {world} processes")
-    spec["placement"], spec["plan"] = pl.model_dump(mode="json"), plan
-    atomic_write(run_dir / "run.json", (json.dumps(spec, indent=1, sort_keys=True) + "\n").encode())
 
 
 def cmd_place(args) -> int:

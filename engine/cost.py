@@ -189,6 +189,15 @@ def local_cpu(nproc: int = 1, threads: int | None = None) -> DeviceSpec:
                       link_bytes_per_s=0.5e9, latency_s=60e-6, update_bytes_per_s=cal["update_bytes_per_s"] * share)
 
 
+def optimizer_slots(name: str, momentum: float = 0.0) -> int:
+    """float32 tensors the optimizer keeps per parameter: Adam and AdamW two (exp_avg,
+    exp_avg_sq), SGD one momentum buffer, none without momentum. The planner's memory
+    figure and auto-placement's both count with this."""
+    if name in ("adam", "adamw"):
+        return 2
+    return 1 if momentum > 0 else 0
+
+
 # name -> memory, dense bf16/tf32 FLOP/s at a realistic 40% of peak, NVLink/PCIe bandwidth, latency, and
 # the optimizer step's rate: fused Adam moves 28 bytes per 16 of state, at ~70% of HBM bandwidth (~0.4 x HBM)
 GPUS = {

@@ -26,13 +26,15 @@ import re
 from dataclasses import dataclass, field
 
 from engine.compile import CompileError, CompileResult, compile_graph
-from engine.cost import FLOAT_BYTES, DeviceSpec, bubble_fraction, collective_bytes, comm_time, local_cpu, step_time
+from engine.cost import (FLOAT_BYTES, DeviceSpec, bubble_fraction, collective_bytes, comm_time, local_cpu,
+                         optimizer_slots, step_time)
 from engine.layers import get_layer
+from engine.partition import ELEMENTWISE, auto_microbatches, auto_tp_styles, balanced_stages
 from engine.project import Project
+from engine.units import gib as _gib
 
 PLAN_VERSION = 1
 ONEFLOW = {"Replicate()": "broadcast", "Partial()": "partial_sum"}
-ELEMENTWISE = {"ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Dropout", "Identity"}
 def oneflow_name(layout: str) -> str:
     if layout.startswith("Shard("):
         return "split(" + layout[6:-1] + ")"
@@ -230,8 +232,6 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
     elif pl.get("microbatches"):
         m = int(pl["microbatches"])
     else:  # not set: one per stage at least (1F1B's need), dividing each replica's batch
-        from engine.autoplace import auto_microbatches
-
         m = auto_microbatches(B, dp, pp, 2 * pp if schedule == "interleaved1f1b" else pp)
 
     if world != nproc:
@@ -275,10 +275,9 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
             stages = [[n] for n in compute] + [[] for _ in range(n_stages - len(compute))]
             too_many = True
         elif not given:
-            from engine.autoplace import balanced_stages
-
             stages, _ = balanced_stages(compiled, n_stages, device, dp=dp, tp=tp, microbatches=m,
-                                        batch_size=B, optimizer=project.training.optimizer.name)
+                                        batch_size=B, optimizer_slots=optimizer_slots(project.training.optimizer.name,
+                                                                                project.training.optimizer.momentum))
             notes.append(f"no node has a pipeline stage: the planner cut the model into {n_stages} balanced stages")
         else:
             stages = [[] for _ in range(n_stages)]
@@ -320,8 +319,6 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
     if styles is None:
         styles = {n: graph.nodes[n].tp for n in compute if graph.nodes[n].tp not in (None, "replicate")}
         if tp > 1:  # nodes left on auto: Megatron's pairs and attention heads, where tp divides them
-            from engine.autoplace import auto_tp_styles
-
             auto_styles = auto_tp_styles(compiled, tp, only={n for n in compute if graph.nodes[n].tp is None})
             styles.update(auto_styles)
     if tp == 1:
@@ -378,7 +375,7 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
     # ---- memory and FLOPs per rank ----
     opt = project.training.optimizer
     meta = compiled.module
-    n_opt_states = {"adam": 2, "adamw": 2, "sgd": 1 if opt.momentum > 0 else 0}[opt.name]
+    n_opt_states = optimizer_slots(opt.name, opt.momentum)
     mesh = mesh_ranks(pp, dp, tp)
     devices = []
     fsdp = pl["data_parallel"] == "fsdp" and dp > 1
@@ -507,14 +504,6 @@ def plan_problems(plan: "Plan | None", error: str | None = None) -> tuple[list[C
         errors.append(one(f"the plan failed: {error}", "error"))
     warnings = [one(w, "warning") for w in (plan.warnings if plan else [])]
     return errors, warnings
-
-
-def _gib(n: float) -> str:
-    if n >= 2**30:
-        return f"{n / 2**30:.2f} GiB"
-    if n >= 2**20:
-        return f"{n / 2**20:.1f} MiB"
-    return f"{n / 2**10:.1f} KiB"
 
 
 def mesh_ranks(pp: int, dp: int, tp: int) -> dict:

@@ -93,7 +93,7 @@ def split(paths: Iterable[str]) -> tuple[list[str], list[str]]:
 
 def check_file(project, path, field: str) -> None:
     """Refuse to read a file outside the project's folder unless the user consented."""
-    from engine.project import ProjectError
+    from engine.files import ProjectError
 
     if project.path is None:
         return
@@ -176,7 +176,7 @@ def is_trusted(project_path: str | os.PathLike, paths: Iterable[str]) -> bool:
 
 def trust(project_path: str | os.PathLike, paths: Iterable[str]) -> None:
     """Remember the user's consent (written atomically to their config folder)."""
-    from engine.project import atomic_write
+    from engine.files import atomic_write
 
     data = _read()
     data[_key(project_path)] = fingerprint(paths)
