@@ -62,7 +62,7 @@ def _start_path(path: str | None) -> str | None:
 
 def _run_window(project_path: str | None) -> int:
     app = _app()
-    from app.main_window import MainWindow
+    from app.window import MainWindow
 
     path = _start_path(project_path)
     w = MainWindow()  # offers to recover a crashed session's work first
@@ -129,7 +129,7 @@ def cmd_screenshot(args) -> int:
 
 def _shoot(app, project, args, w_px: int, h_px: int, settings) -> int:
     from app.cli import CliError
-    from app.main_window import MainWindow
+    from app.window import MainWindow
 
     w = MainWindow(project, settings=settings, recover=False)
     try:

@@ -17,7 +17,6 @@ from PySide6.QtCore import QEvent, QObject, QTimer
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 
-from app.main_window import EXTENSIONS
 from engine.interop import InteropError, export_onnx, export_script, import_module, import_onnx, save_imported
 from engine.project import SUFFIX
 
@@ -180,8 +179,6 @@ class InteropUI(QObject):
         return False
 
 
-def install(window) -> None:
-    window.interop_ui = InteropUI(window)
-
-
-EXTENSIONS.append(install)
+def install(window) -> InteropUI:
+    """File menu: ONNX / PyTorch import and export (app/window.py calls this)."""
+    return InteropUI(window)

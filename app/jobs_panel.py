@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
-from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QHBoxLayout, QInputDialog, QMessageBox,
+from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QFileDialog, QHBoxLayout, QInputDialog, QMessageBox,
                                QPlainTextEdit, QPushButton, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from remote.jobs import JobDB
@@ -258,12 +258,13 @@ class JobsPanel(QWidget):
 
 
 # ----- main window extension ----------------------------------------------------------
-def install(window) -> None:
-    """Add the Remote jobs dock and the Clusters…/Deploy… actions; reattach to running jobs."""
+def install(window) -> tuple[JobsController, JobsPanel, QDockWidget]:
+    """Add the Remote jobs dock and the Clusters…/Deploy… actions; reattach to running jobs.
+    Returns (the controller, its panel, the dock); app/window.py calls this."""
     controller = JobsController(window)
     panel = JobsPanel(controller)
-    window.jobs_controller, window.jobs_panel = controller, panel
-    window.jobs_dock = window.add_dock("Remote jobs", panel, Qt.RightDockWidgetArea)
+    dock = window.add_dock("Remote jobs", panel, Qt.RightDockWidgetArea)
+    last_deploy: list[str] = []  # the cluster of the last Deploy (asked again after a new host key)
 
     def clusters():
         from app.cluster_dialog import ClusterDialog
@@ -283,14 +284,14 @@ def install(window) -> None:
         name, ok = QInputDialog.getItem(window, "Deploy", "Cluster:", names,
                                         names.index(preferred) if preferred in names else 0, False)
         if ok:
-            window.jobs_dock.raise_()
+            dock.raise_()
             controller.deploy(window.project, name, accept=accept)
-            window._last_deploy = (name,)
+            last_deploy[:] = [name]
 
     def on_host_key(host, key_type, fp):
         from app.cluster_dialog import ask_trust_key
-        if ask_trust_key(window, host, key_type, fp) and getattr(window, "_last_deploy", None):
-            controller.deploy(window.project, window._last_deploy[0], accept=[fp])
+        if ask_trust_key(window, host, key_type, fp) and last_deploy:
+            controller.deploy(window.project, last_deploy[0], accept=[fp])
 
     def open_job(mirror: str) -> None:
         # the job's mirror reads like a local run folder: plotted (and tailed) by the dashboard
@@ -306,10 +307,4 @@ def install(window) -> None:
     controller.host_key_question.connect(on_host_key)
     window.destroyed.connect(lambda *_: controller.shutdown())
     controller.reattach()
-
-
-def register() -> None:
-    """Called by app/main_window.py (one import line) to add install() to EXTENSIONS."""
-    from app.main_window import EXTENSIONS
-    if install not in EXTENSIONS:
-        EXTENSIONS.append(install)
+    return controller, panel, dock

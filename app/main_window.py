@@ -1,9 +1,11 @@
 """The main window: canvas in the middle, palette left, inspector and devices
 right, problems and summary below; menus, shortcuts, files, autosave, themes.
 
-Other areas extend the window without editing this file: append a callable
-`ext(window)` to EXTENSIONS (called at the end of __init__) and use the public
-`add_dock`, `run_toolbar`, `project`, `project_changed` and `run_openers`.
+This is the editor itself. The window as the app ships it, with its other parts
+(training settings, runs and dashboard, remote jobs, ONNX/PyTorch import and
+export), is put together in one place: app/window.py, the composition root, whose
+`install_parts` calls each part's install function. Parts use the public `add_dock`,
+`run_toolbar`, `project`, `project_changed` and `run_openers`.
 """
 from __future__ import annotations
 
@@ -32,16 +34,12 @@ ROOT = Path(__file__).resolve().parents[1]
 RESOURCES = ROOT / "resources"
 EXAMPLE = RESOURCES / "examples" / "transformer_synthetic.lflow"
 
-# Callables ext(window), run at the end of MainWindow.__init__ (see the module doc).
-EXTENSIONS: list = []
-
-
 class _PanelUndo(QObject):
     """Ctrl+Z / Ctrl+Shift+Z in a field of the side panels undoes the project's last edit,
     as everywhere else in the window: a spin box or line edit would otherwise take the
     keys for its own (already committed) text and do nothing."""
 
-    def __init__(self, window: "MainWindow"):
+    def __init__(self, window: "EditorWindow"):
         super().__init__(window)
         self.window = window
 
@@ -73,7 +71,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-class MainWindow(QMainWindow):
+class EditorWindow(QMainWindow):
     project_changed = Signal()
 
     def __init__(self, project: Project | None = None, settings: Settings | None = None, recover: bool = True):
@@ -131,16 +129,15 @@ class MainWindow(QMainWindow):
         self._after_project_set()
         if recover:
             self.offer_recovery()
-        for ext in EXTENSIONS:
-            try:
-                ext(self)
-            except Exception as exc:  # noqa: BLE001 - an extension must not take the editor down
-                self.statusBar().showMessage(f"extension {getattr(ext, '__name__', ext)} failed: {exc}")
+        self.install_parts()
         self.run_toolbar.setVisible(bool(self.run_toolbar.actions()))
         if not isinstance(state, QByteArray):
             self.default_dock_sizes()
         self._panel_undo = _PanelUndo(self)
         QApplication.instance().installEventFilter(self._panel_undo)  # shortcut overrides go to the focus widget
+
+    def install_parts(self) -> None:
+        """The other parts of the window (app/window.py installs them); the editor alone has none."""
 
     def default_dock_sizes(self) -> None:
         """The canvas gets most of the window; side panels a readable width."""
@@ -749,7 +746,7 @@ class MainWindow(QMainWindow):
         if app.property("layerflow_theme") != name:  # restyling every widget is slow: once per switch
             self._style_app(app, name)
         # the app's style is shared: every open editor window follows
-        for w in [self] + [w for w in app.topLevelWidgets() if isinstance(w, MainWindow) and w is not self]:
+        for w in [self] + [w for w in app.topLevelWidgets() if isinstance(w, EditorWindow) and w is not self]:
             w.scene.set_theme(t)
             w.devices.set_theme(t)
             w.view.viewport().update()
@@ -797,23 +794,3 @@ class MainWindow(QMainWindow):
         except (RuntimeError, TypeError):  # closed twice
             pass
         e.accept()
-
-
-# Other areas register themselves in EXTENSIONS when they exist: the run dashboard
-# (app/run_ui.py) and remote jobs (app/jobs_panel.py). Imported last so that they can
-# import this module's names.
-try:
-    import app.run_ui  # noqa: F401,E402
-except ModuleNotFoundError as _exc:
-    if _exc.name != "app.run_ui":
-        raise
-try:
-    from app.jobs_panel import register as _register_jobs  # noqa: E402
-except ModuleNotFoundError as _exc:
-    if _exc.name != "app.jobs_panel":
-        raise
-else:
-    _register_jobs()
-import app.interop_ui  # noqa: F401,E402  (File menu: ONNX / PyTorch import and export)
-from app.training_ui import register as _register_training  # noqa: E402  (the Training dock)
-_register_training()

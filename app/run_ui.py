@@ -1,8 +1,8 @@
 """Run and watch, installed into the main window: the run toolbar, the Dashboard and
 Runs docks, a progress bar with ETA in the status bar, end/failure notifications.
 
-app/main_window.py imports this module last and calls `install(window)` at the end
-of MainWindow.__init__ (EXTENSIONS). The window's own API is all it uses:
+app/window.py (the composition root) calls `install(window)` while the window is
+built. The window's own API is all it uses:
 add_dock, run_toolbar, project, project_changed, run_openers, ask, is_dirty,
 select_and_show.
 """
@@ -16,7 +16,6 @@ from pathlib import Path
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer
 from PySide6.QtWidgets import QApplication, QMessageBox, QProgressBar, QSystemTrayIcon, QVBoxLayout, QWidget
 
-from app.main_window import EXTENSIONS
 from app.run_controller import RunController, _fmt_eta
 from engine.runs import confusion_matrix, delete_run, list_runs, peak_memory_per_rank, runs_dir, summarize_run
 from engine.tail import MetricsTail, RankMetricsTail, read_metrics
@@ -448,8 +447,6 @@ class RunUI(QObject):
             self._poll_confusion()
 
 
-def install(window) -> None:
-    window.run_ui = RunUI(window)
-
-
-EXTENSIONS.append(install)
+def install(window) -> RunUI:
+    """The Run toolbar, dashboard and run history of `window` (app/window.py calls this)."""
+    return RunUI(window)

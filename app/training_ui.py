@@ -1,4 +1,4 @@
-"""The Training dock, installed into the main window (EXTENSIONS): the project's
+"""The Training dock, installed into the main window (app/window.py): the project's
 training settings and precision/sync placement as a form (widgets/training_panel.py).
 
 Each valid edit is one undo step (controller.set_training / set_mesh): it marks the
@@ -8,19 +8,19 @@ the batch size. Undo, redo and another project reload the form.
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QDockWidget
 
 from widgets.training_panel import TrainingPanel
 
 
-def install(window) -> None:
+def install(window) -> tuple[TrainingPanel, QDockWidget]:
+    """The Training dock of `window`: (its panel, the dock); app/window.py calls this."""
     panel = TrainingPanel()
     panel.directory = lambda: window.project.directory  # engine/data.py reads relative paths from there
-    window.training_panel = panel
-    window.training_dock = window.add_dock("Training", panel, Qt.RightDockWidgetArea)
-    inspector = getattr(window, "inspector_dock", None)
-    if inspector is not None:  # a tab beside Inspector / Devices / Runs; the Inspector stays in front
-        window.tabifyDockWidget(inspector, window.training_dock)
-        inspector.raise_()
+    dock = window.add_dock("Training", panel, Qt.RightDockWidgetArea)
+    # a tab beside Inspector / Devices / Runs; the Inspector stays in front
+    window.tabifyDockWidget(window.inspector_dock, dock)
+    window.inspector_dock.raise_()
     c = window.controller
     panel.training_edited.connect(c.set_training)
     panel.placement_edited.connect(c.set_mesh)
@@ -32,10 +32,4 @@ def install(window) -> None:
         panel.set_project(p.training, p.placement)
     window.project_changed.connect(reload)
     reload()
-
-
-def register() -> None:
-    """Called by app/main_window.py (one import line) to add install() to EXTENSIONS."""
-    from app.main_window import EXTENSIONS
-    if install not in EXTENSIONS:
-        EXTENSIONS.append(install)
+    return panel, dock

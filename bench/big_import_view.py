@@ -39,7 +39,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     app = QApplication.instance() or QApplication([])
-    from app.main_window import MainWindow
+    from app.window import MainWindow
     from engine.interop.module_import import from_module
     from engine.layout import view_layout
     from real_models import GPT

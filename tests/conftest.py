@@ -35,7 +35,7 @@ def _no_question_blocks_the_suite(monkeypatch):
         return
     from PySide6.QtWidgets import QMessageBox
 
-    monkeypatch.setattr(mw.MainWindow, "ask",
+    monkeypatch.setattr(mw.EditorWindow, "ask",
                         lambda self, kind, title, text, buttons, default: QMessageBox.StandardButton.Discard)
 
 

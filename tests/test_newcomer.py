@@ -23,7 +23,8 @@ def test_without_sshd_the_remote_tests_say_what_to_install_in_one_line(tmp_path)
 
 
 def test_the_bundled_example_opens_as_the_users_copy_and_its_runs_stay_out_of_the_install(qtbot, tmp_path):
-    from app.main_window import EXAMPLE, MainWindow
+    from app.main_window import EXAMPLE
+    from app.window import MainWindow
     from app.settings import Settings
     from engine.project import load_project
     from engine.run import new_run_dir
@@ -50,7 +51,8 @@ def test_the_bundled_example_opens_as_the_users_copy_and_its_runs_stay_out_of_th
 def test_the_example_opens_at_a_zoom_where_names_can_be_read(qtbot, tmp_path, width):
     """Wide enough: the whole example fitted, names drawn at a fixed screen size; too
     narrow for that: its start at a zoom where names read at their own size."""
-    from app.main_window import EXAMPLE, MainWindow
+    from app.main_window import EXAMPLE
+    from app.window import MainWindow
     from app.settings import Settings
     from widgets.node_scene import LABEL_PX, _far_font
 

@@ -8,7 +8,7 @@ B = QMessageBox.StandardButton
 def asked(monkeypatch, tmp_path):
     """Isolated settings; every question a main window asks is recorded and answered
     (from asked["answers"] first, then Discard where offered, else the default)."""
-    from app.main_window import MainWindow
+    from app.window import MainWindow
 
     monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(tmp_path / "home"))
     log = {"answers": [], "questions": []}
@@ -26,7 +26,7 @@ def editor(qtbot):
     """A factory: the real main window with a project (a copy), shown, compiled."""
     from PySide6.QtWidgets import QApplication
 
-    from app.main_window import MainWindow
+    from app.window import MainWindow
 
     def make(project):
         w = MainWindow(project.copy())

@@ -65,7 +65,7 @@ def test_opening_an_unreadable_file_shows_the_window_with_the_reason(qtbot, tmp_
     from PySide6.QtWidgets import QApplication
 
     from app import cli_gui
-    from app.main_window import MainWindow
+    from app.window import MainWindow
 
     bad = tmp_path / "bad.lflow"
     bad.write_text('{"format_version": 1, "training": {"seed": -1}}')

@@ -10,7 +10,7 @@ from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication
 
 import app.interop_ui as interop_ui
-from app.main_window import MainWindow
+from app.window import MainWindow
 from app.settings import Settings
 from engine.compile import compile_graph
 from engine.project import load_project

@@ -9,7 +9,7 @@ from PySide6.QtGui import QCursor, QDragEnterEvent, QDropEvent
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QMessageBox
 
-from app.main_window import MainWindow
+from app.window import MainWindow
 from engine.graph import Edge, Graph
 from engine.project import Project
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from PySide6.QtWidgets import QMessageBox
 
-from app.main_window import EXAMPLE, MainWindow
+from app.main_window import EXAMPLE
+from app.window import MainWindow
 from engine.graph import Graph
 from engine.project import Project, load_project
 
@@ -107,7 +108,7 @@ CRASH = textwrap.dedent("""
     os.environ["QT_QPA_PLATFORM"] = "offscreen"
     from PySide6.QtWidgets import QApplication
     app = QApplication([])
-    from app.main_window import MainWindow
+    from app.window import MainWindow
     from engine.project import load_project
     w = MainWindow(load_project(sys.argv[1]), recover=False)
     w.controller.add_node("ReLU", (720, 0))

@@ -8,7 +8,7 @@ from PySide6.QtGui import QWheelEvent
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QMessageBox
 
-from app.main_window import MainWindow
+from app.window import MainWindow
 from engine.graph import Graph
 from engine.project import Project
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.main_window import MainWindow
+from app.window import MainWindow
 from app.settings import Settings
 from engine.project import load_project, save_project
 

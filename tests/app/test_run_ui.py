@@ -13,7 +13,7 @@ import pytest
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QMessageBox
 
-from app.main_window import MainWindow
+from app.window import MainWindow
 from app.run_controller import group_pids
 from app.settings import Settings
 from engine.project import load_project, save_project

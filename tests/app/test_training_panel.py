@@ -11,7 +11,8 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication, QCheckBox, QPushButton
 
-from app.main_window import RESOURCES, MainWindow
+from app.main_window import RESOURCES
+from app.window import MainWindow
 from engine.data import load_arrays
 from engine.project import NpzFile, load_project
 

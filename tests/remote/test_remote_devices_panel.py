@@ -10,7 +10,7 @@ pytest.importorskip("PySide6")
 
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
-from app.main_window import MainWindow  # noqa: E402
+from app.window import MainWindow  # noqa: E402
 from engine.project import load_project  # noqa: E402
 from remote.cluster import ClusterStore, parse_cluster  # noqa: E402
 
