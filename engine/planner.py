@@ -31,18 +31,16 @@ from engine.cost import (FLOAT_BYTES, DeviceSpec, bubble_fraction, collective_by
 from engine.layers import get_layer
 from engine.partition import ELEMENTWISE, auto_microbatches, auto_tp_styles, balanced_stages
 from engine.project import Project
+from engine.runtime.plan import PLAN_VERSION, REPLICATE, Layout, RunPlan, TPEntry, shard
 from engine.units import gib as _gib
 
-PLAN_VERSION = 1
-ONEFLOW = {"Replicate()": "broadcast", "Partial()": "partial_sum"}
-def oneflow_name(layout: str) -> str:
-    if layout.startswith("Shard("):
-        return "split(" + layout[6:-1] + ")"
-    return ONEFLOW.get(layout, layout)
+def oneflow_name(layout: Layout | str) -> str:
+    """OneFlow's SBP name of a layout (or of its DTensor name, as the plan's JSON holds it)."""
+    return (layout if isinstance(layout, Layout) else Layout.parse(layout)).oneflow
 
 
-def sbp(layouts: list[str]) -> dict:
-    return {"dtensor": "[" + ", ".join(layouts) + "]", "oneflow": "(" + ", ".join(oneflow_name(x) for x in layouts) + ")"}
+def sbp(layouts: list[Layout]) -> dict:
+    return {"dtensor": "[" + ", ".join(map(str, layouts)) + "]", "oneflow": "(" + ", ".join(x.oneflow for x in layouts) + ")"}
 
 
 def chunk_len(size: int, n: int, i: int) -> int:
@@ -67,11 +65,15 @@ class Plan:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
 
-    def runtime_plan(self) -> dict:
-        """What run.json carries for engine/runtime/parallel.py."""
+    def run_plan(self) -> RunPlan:
+        """The typed plan the runtime reads (engine/runtime/plan.py)."""
         keys = ("pp", "dp", "tp", "data_parallel", "reshard_after_forward", "schedule", "microbatches",
                 "mixed_precision", "sync_batchnorm", "stages", "tp_plan", "checkpoint", "mesh")
-        out = {k: self.doc[k] for k in keys if k in self.doc}
+        return RunPlan.from_json({k: self.doc[k] for k in keys if k in self.doc}, "the plan")
+
+    def runtime_plan(self) -> dict:
+        """What run.json carries as "plan": run_plan() as JSON, with the predicted step time beside it."""
+        out = self.run_plan().to_json()
         if "predicted" in self.doc:  # kept beside the run (engine/calibration.py compares it with the run's pace)
             out["predicted"] = {"step_s": self.doc["predicted"]["step_s"], "device": self.doc["device"]["name"],
                                 "world": self.doc["world"]}
@@ -79,7 +81,7 @@ class Plan:
 
 
 # ----- tensor parallel layouts ------------------------------------------------------
-SEQ = "Shard(1)"  # sequence-parallel activations: split on the sequence (dim 1 of [batch, seq, ...])
+SEQ = shard(1)  # sequence-parallel activations: split on the sequence (dim 1 of [batch, seq, ...])
 JOINS_SEQUENCE = ELEMENTWISE | {"Add", "Mul"}  # layers that run on a sequence shard as they are
 
 
@@ -166,24 +168,24 @@ def tp_layouts(graph, compiled: CompileResult, styles: dict[str, str], stage: di
             cur = nxt
 
     # ---- every node's output layout, then the entries the runtime applies ----
-    layout: dict[str, str] = {}
+    layout: dict[str, Layout] = {}
     for n in compiled.order:
         ntype, style = nodes[n].type, styles.get(n)
         preds = graph.predecessors(n)
         if n in seq or n in feeds_seq:
             layout[n] = SEQ
         elif n in pair_colwise:
-            layout[n] = "Shard(-1)"
+            layout[n] = shard(-1)
         elif style is None and ntype in ELEMENTWISE and len(preds) == 1:
-            layout[n] = layout.get(preds[0], "Replicate()")  # elementwise layers keep their input's layout
+            layout[n] = layout.get(preds[0], REPLICATE)  # elementwise layers keep their input's layout
         else:
-            layout[n] = "Replicate()"
+            layout[n] = REPLICATE
     for n in compiled.order:
         ntype, style = nodes[n].type, styles.get(n)
         if ntype in ("Input", "Output") or (n in seq and style != "sequence"):
             continue  # joined layers run on their shard as they are
         preds = graph.predecessors(n)
-        given = layout[preds[0]] if preds else "Replicate()"
+        given = layout[preds[0]] if preds else REPLICATE
         if style in (None, "replicate"):
             if given != SEQ and layout[n] != SEQ:
                 continue
@@ -192,11 +194,10 @@ def tp_layouts(graph, compiled: CompileResult, styles: dict[str, str], stage: di
                               f"set the norms' tp style to replicate")
                 continue
             style = "replicate"
-        e = {"style": style, "type": ntype, "input": SEQ if given == SEQ else
-             ("Shard(-1)" if n in feeds_shard else "Replicate()"), "output": layout[n]}
-        if ntype == "MultiheadAttention" and style == "colwise":
-            e["inner"] = "q/k/v colwise (heads split), out rowwise"
-        out[n] = e
+        inner = "q/k/v colwise (heads split), out rowwise" if ntype == "MultiheadAttention" and style == "colwise" \
+            else None
+        out[n] = TPEntry(style, ntype, SEQ if given == SEQ else shard(-1) if n in feeds_shard else REPLICATE,
+                         layout[n], inner)
     return out, layout, errors
 
 
@@ -341,7 +342,7 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
                               f"choose tp among {', '.join(map(str, divs))} or set its tp style to replicate")
     tp_plan, tp_layout, tp_errors = tp_layouts(graph, compiled, styles, stage, tp)
     errors += tp_errors
-    if tp > 1 and all(e["style"] == "replicate" for e in tp_plan.values()):
+    if tp > 1 and all(e.style == "replicate" for e in tp_plan.values()):
         warnings.append(f"placement.tp={tp} splits no layer: every tp rank holds and computes the whole model; set "
                         f"nodes' tp style (colwise then rowwise Linear pairs, attention by heads) or leave them on "
                         f"auto with sizes that tp divides, or lower placement.tp to 1")
@@ -439,7 +440,8 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
         "schedule": schedule if pp > 1 else "none", "microbatches": m,
         "mixed_precision": pl["mixed_precision"], "sync_batchnorm": bool(pl.get("sync_batchnorm")),
         "batch": {"global": B, "per_replica": B // max(1, dp), "per_microbatch": B // max(1, dp * m)},
-        "stages": stages, "stages_per_rank": v, "tp_plan": tp_plan, "tp_auto": sorted(auto_styles), "notes": notes,
+        "stages": stages, "stages_per_rank": v, "tp_plan": {n: e.to_json() for n, e in tp_plan.items()},
+        "tp_auto": sorted(auto_styles), "notes": notes,
         "checkpoint": [n for n in compute if graph.nodes[n].checkpoint],
         "layouts": layouts, "communication": comms, "devices": devices,
         "bubble_fraction": bubble_fraction(pp, m, v),
@@ -532,7 +534,7 @@ def activation_bytes(compiled, ids, layout, tp, local_b, m, pp, s, schedule, ckp
         if n in ckpt:
             continue
         b = _out_bytes(compiled, n)
-        if layout.get(n, "Replicate()").startswith("Shard"):
+        if layout.get(n, REPLICATE).is_shard:
             b //= tp
         per_sample += b
     in_flight = m if (pp == 1 or schedule != "1f1b") else min(m, pp - s)
@@ -547,10 +549,10 @@ def edge_layouts(graph, compiled, stage, layout, dp, tp) -> list[dict]:
         src = graph.nodes.get(e.src)
         if src is None or src.type == "Output":
             continue
-        tp_layout = layout.get(e.src, "Replicate()") if tp > 1 else "Replicate()"
-        lay = ["Shard(0)" if dp > 1 else "Replicate()", tp_layout]
+        tp_layout = layout.get(e.src, REPLICATE) if tp > 1 else REPLICATE
+        lay = [shard(0) if dp > 1 else REPLICATE, tp_layout]
         rec = {"edge": f"{e.src} -> {e.dst}", "src": e.src, "dst": e.dst, "mesh_dims": ["dp", "tp"], **sbp(lay),
-               "tp_layout": tp_layout,
+               "tp_layout": str(tp_layout),
                "bytes_per_sample": _out_bytes(compiled, e.src)}
         s0, s1 = stage.get(e.src), stage.get(e.dst)
         if s0 is not None and s1 is not None and s0 != s1:
@@ -583,7 +585,7 @@ def communication(compiled, stages, stage, styles, tp_plan, pp, dp, tp, m, B, pl
             in_b = (_out_bytes(compiled, preds[0]) if preds else 0) * local_b
             out_b = _out_bytes(compiled, n) * local_b
             comms += _tp_comms(n, ent, in_b, out_b, tp, sum(p.numel() for p in meta.get_submodule(n).parameters())
-                               if ent["style"] == "sequence" else 0)
+                               if ent.style == "sequence" else 0)
     # data parallel: gradient sync per stage
     if dp > 1:
         for s in range(pp):
@@ -616,9 +618,9 @@ def _tp(n, op, nbytes, tp, why, side="") -> dict:
     return {**c, "side": side} if side else c
 
 
-def _tp_comms(n: str, ent: dict, in_b: int, out_b: int, tp: int, norm_params: int) -> list[dict]:
+def _tp_comms(n: str, ent: TPEntry, in_b: int, out_b: int, tp: int, norm_params: int) -> list[dict]:
     """The collectives one tp_plan entry implies (DTensor's redistributions at its edges)."""
-    style, typ, seq_in, seq_out = ent["style"], ent["type"], ent["input"] == SEQ, ent["output"] == SEQ
+    style, typ, seq_in, seq_out = ent.style, ent.type, ent.input == SEQ, ent.output == SEQ
     c: list[dict] = []
     if style == "sequence":  # runs on its tokens; only its replicated weights' gradients are summed
         if norm_params:
@@ -638,7 +640,7 @@ def _tp_comms(n: str, ent: dict, in_b: int, out_b: int, tp: int, norm_params: in
         c.append(_tp(n, "reduce-scatter", in_b, tp, "backward: input gradient Partial() -> Shard(1)", "in"))
     elif (style == "colwise" and typ != "Embedding") or typ == "MultiheadAttention":
         c.append(_tp(n, "all-reduce", in_b, tp, "backward: input gradient Partial() -> Replicate()", "in"))
-    elif style == "rowwise" and ent["input"] == "Replicate()" and typ != "Embedding":
+    elif style == "rowwise" and ent.input == REPLICATE and typ != "Embedding":
         c.append(_tp(n, "all-gather", in_b, tp, "backward: input gradient Shard(-1) -> Replicate()", "in"))
     # what leaves it
     partial_out = style == "rowwise" or typ == "MultiheadAttention"
@@ -647,8 +649,8 @@ def _tp_comms(n: str, ent: dict, in_b: int, out_b: int, tp: int, norm_params: in
         c.append(_tp(n, "all-gather", out_b, tp, "backward: gradient Shard(1) -> Replicate()", "out"))
     elif partial_out:
         c.append(_tp(n, "all-reduce", out_b, tp, "forward: Partial() -> Replicate()", "out"))
-    elif ent["output"] != "Shard(-1)":  # column-wise not paired with a row-wise layer
-        c.append(_tp(n, "all-gather", out_b, tp, f"forward: Shard(-1) -> {ent['output']} (no row-wise layer follows)", "out"))
+    elif ent.output != shard(-1):  # column-wise not paired with a row-wise layer
+        c.append(_tp(n, "all-gather", out_b, tp, f"forward: Shard(-1) -> {ent.output} (no row-wise layer follows)", "out"))
     return c
 
 

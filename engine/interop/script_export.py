@@ -35,6 +35,7 @@ from engine.runtime import layers as rl
 from engine.runtime import ops as rops
 from engine.runtime.ops import describe
 from engine.runtime import parallel as rparallel
+from engine.runtime import plan as rplan
 from engine.runtime import sync_bn as rsync_bn
 from engine.runtime import loop as rloop
 
@@ -306,7 +307,7 @@ def main() -> None:
     #@end
     #@tp
     if tp > 1:  # first TP (parameters become DTensors over the tp mesh), then DP wraps what TP made
-        apply_tp(model, mesh["tp"], PLAN["tp_plan"])
+        apply_tp(model, mesh["tp"], {n: TPEntry.from_json(e, f"PLAN tp_plan.{n}") for n, e in PLAN["tp_plan"].items()})
     #@end
     if distributed and dp > 1:
         model = apply_dp(model, mesh["dp"], PLAN["data_parallel"], PLAN["reshard_after_forward"],
@@ -462,12 +463,18 @@ def _only(code: str, used: set[str]) -> str:
 
 
 def _parallel_code(used: set[str]) -> list[str]:
-    funcs = [*((rparallel._layout, rparallel.tp_module_plan, rparallel.apply_tp) if "tp" in used else ()),
+    funcs = [*((rparallel.placement, rparallel.tp_module_plan, rparallel.apply_tp) if "tp" in used else ()),
              *((rparallel.infer_stage_shapes,) if "pp" in used else ())]
     if not funcs:
         return []
-    return ["# ----- tensor parallelism and pipelining: engine/runtime/parallel.py's functions ---",
-            "\n\n".join(inspect.getsource(f) for f in funcs)]
+    out = []
+    if "tp" in used:  # the plan's tensor-parallel entries, typed as the runtime reads them
+        out += ["# ----- the plan's layouts: engine/runtime/plan.py's types " + "-" * 20,
+                "\n\n".join([inspect.getsource(rplan.PlanError), inspect.getsource(rplan.Layout),
+                             'REPLICATE = Layout("replicate")\nPARTIAL = Layout("partial")\n'
+                             f"TP_STYLES = {rplan.TP_STYLES!r}", inspect.getsource(rplan.TPEntry)])]
+    return out + ["# ----- tensor parallelism and pipelining: engine/runtime/parallel.py's functions ---",
+                  "\n\n".join(inspect.getsource(f) for f in funcs)]
 
 
 def prune_imports(code: str) -> str:

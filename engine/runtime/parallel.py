@@ -34,6 +34,7 @@ from torch.distributed.tensor import Replicate, Shard
 from . import dist_checkpoint
 from .data import Batches, eval_batches, load_npz
 from .model import build_graph_module, load_weights
+from .plan import Layout, RunPlan, TPEntry
 from .stages import apply_checkpointing, build_stage_module, even_stages
 
 
@@ -59,16 +60,16 @@ def build_mesh(dims: ParallelDims, device_type: str) -> DeviceMesh:
 
 
 # ----- tensor parallel ----------------------------------------------------------
-def _layout(name: str | None):
-    """'Shard(-1)' / 'Replicate()' (what the plan writes) -> a DTensor placement."""
-    if not name or name.startswith("Replicate"):
+def placement(layout: Layout):
+    """A plan's layout as a DTensor placement (a layer hands on Shard(d) or Replicate())."""
+    if layout.kind == "replicate":
         return Replicate()
-    if name.startswith("Shard"):
-        return Shard(int(name[name.index("(") + 1:name.index(")")]))
-    raise ValueError(f"layout '{name}' is not one the runtime applies (Shard(d) or Replicate())")
+    if layout.kind == "shard":
+        return Shard(layout.dim)
+    raise ValueError(f"layout {layout} is not one a layer hands on (Shard(d) or Replicate())")
 
 
-def tp_module_plan(tp_plan: dict, present: set[str]) -> dict:
+def tp_module_plan(tp_plan: dict[str, TPEntry], present: set[str]) -> dict:
     """The plan's per-node entries -> a parallelize_module plan for the layers this
     stage holds. Tensors pass between layers as local pieces; each entry's input and
     output say which piece (engine/planner.py tp_layouts). MultiheadAttention
@@ -83,8 +84,8 @@ def tp_module_plan(tp_plan: dict, present: set[str]) -> dict:
     for nid, e in tp_plan.items():
         if nid not in present:
             continue
-        style, given, made = e["style"], _layout(e.get("input")), _layout(e.get("output"))
-        if e.get("type") == "MultiheadAttention" and style == "colwise":
+        style, given, made = e.style, placement(e.input), placement(e.output)
+        if e.type == "MultiheadAttention" and style == "colwise":
             out[nid] = PrepareModuleInput(input_layouts=(given,), desired_input_layouts=(Replicate(),),
                                           use_local_output=False)
             for sub in ("q", "k", "v"):
@@ -111,7 +112,7 @@ def tp_module_plan(tp_plan: dict, present: set[str]) -> dict:
     return out
 
 
-def apply_tp(module: nn.Module, tp_mesh: DeviceMesh, tp_plan: dict) -> None:
+def apply_tp(module: nn.Module, tp_mesh: DeviceMesh, tp_plan: dict[str, TPEntry]) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
 
     plan = tp_module_plan(tp_plan, {n for n, _ in module.named_children()})
@@ -169,34 +170,33 @@ def apply_dp(module: nn.Module, dp_mesh: DeviceMesh, kind: str, reshard_after_fo
     raise ValueError(f"data_parallel '{kind}' is not ddp or fsdp")
 
 
-def local_stages(plan: dict, pp_rank: int) -> list[int]:
+def local_stages(plan: RunPlan, pp_rank: int) -> list[int]:
     """The pipeline stages this pp rank runs: its own, or with an interleaved schedule
     every pp-th one (rank r holds stages r, r+pp, r+2pp...)."""
-    if plan["pp"] == 1:
+    if plan.pp == 1:
         return [0]
-    return list(range(pp_rank, len(plan["stages"]), plan["pp"]))
+    return list(range(pp_rank, len(plan.stages), plan.pp))
 
 
-def parallelize(full: nn.Module, plan: dict, mesh: DeviceMesh, device: torch.device,
+def parallelize(full: nn.Module, plan: RunPlan, mesh: DeviceMesh, device: torch.device,
                 stage_index: int | None = None) -> nn.Module:
     """One of this rank's stages (the whole model without pipelining), parallelized as the plan says."""
-    ckpt = set(plan.get("checkpoint") or [])
-    if plan["pp"] > 1:
-        mod = build_stage_module(full, plan["stages"], stage_index, ckpt)
+    ckpt = set(plan.checkpoint)
+    if plan.pp > 1:
+        mod = build_stage_module(full, plan.stages, stage_index, ckpt)
     else:
         mod = apply_checkpointing(full, ckpt)
     mod.to(device).train()
-    if plan.get("sync_batchnorm") and plan["dp"] > 1:
+    if plan.sync_batchnorm and plan.dp > 1:
         # batch statistics over the whole data-parallel batch (torch's SyncBatchNorm on GPUs,
         # sync_bn.py's all-reduce version on CPU, where torch has none)
         from .sync_bn import convert_sync_batchnorm
 
         mod = convert_sync_batchnorm(mod, mesh["dp"].get_group(), device)
-    if plan["tp"] > 1:
-        apply_tp(mod, mesh["tp"], plan.get("tp_plan") or {})
-    if plan["dp"] > 1:
-        mod = apply_dp(mod, mesh["dp"], plan.get("data_parallel", "ddp"),
-                       plan.get("reshard_after_forward", True), plan.get("mixed_precision", "none"))
+    if plan.tp > 1:
+        apply_tp(mod, mesh["tp"], plan.tp_plan)
+    if plan.dp > 1:
+        mod = apply_dp(mod, mesh["dp"], plan.data_parallel, plan.reshard_after_forward, plan.mixed_precision)
     return mod
 
 
@@ -231,17 +231,19 @@ def by_node_id(modules: list[nn.Module]) -> nn.Module:
     return root
 
 
-def default_plan(spec: dict, gm: nn.Module, world: int) -> dict:
+def default_plan(spec: dict, gm: nn.Module, world: int) -> RunPlan:
     """run.json without a plan: the placement's degrees, an even cut, no TP styles."""
     pl = spec.get("placement") or {}
-    plan = {"pp": int(pl.get("pp", 1)), "dp": int(pl.get("dp", 1)), "tp": int(pl.get("tp", 1)),
-            "data_parallel": pl.get("data_parallel", "ddp"), "schedule": pl.get("schedule", "1f1b"),
-            "microbatches": int(pl.get("microbatches") or pl.get("pp", 1)), "reshard_after_forward": pl.get("reshard_after_forward", True),
-            "mixed_precision": pl.get("mixed_precision", "none"), "tp_plan": {}, "checkpoint": []}
-    if plan["pp"] * plan["dp"] * plan["tp"] == 1 and world > 1:
-        plan["dp"] = world  # plain `--nproc N` with nothing else said: data parallel
-    if plan["pp"] > 1:
-        plan["stages"] = even_stages(gm, plan["pp"])
+    pp = int(pl.get("pp", 1))
+    plan = RunPlan.from_json(
+        {"pp": pp, "dp": int(pl.get("dp", 1)), "tp": int(pl.get("tp", 1)),
+         "data_parallel": pl.get("data_parallel", "ddp"), "schedule": pl.get("schedule", "1f1b"),
+         "microbatches": int(pl.get("microbatches") or pp),
+         "reshard_after_forward": pl.get("reshard_after_forward", True),
+         "mixed_precision": pl.get("mixed_precision", "none"),
+         "stages": even_stages(gm, pp) if pp > 1 else []}, "run.json placement")
+    if plan.world == 1 and world > 1:
+        plan.dp = world  # plain `--nproc N` with nothing else said: data parallel
     return plan
 
 
@@ -265,14 +267,14 @@ class ParallelTrainer:
         if spec.get("weights"):
             load_weights(full, str(run_dir / spec["weights"]))
         self.rank, world = dist.get_rank(), dist.get_world_size()
-        self.plan = plan = spec.get("plan") or default_plan(spec, full, world)
-        dims = ParallelDims(plan["pp"], plan["dp"], plan["tp"], world)
+        self.plan = plan = RunPlan.from_json(spec["plan"]) if spec.get("plan") else default_plan(spec, full, world)
+        dims = ParallelDims(plan.pp, plan.dp, plan.tp, world)
         self.dims = dims
         self.mesh = build_mesh(dims, device.type)
         self.pp_rank = self.mesh["pp"].get_local_rank()
         self.dp_rank = self.mesh["dp"].get_local_rank()
         self.tp_rank = self.mesh["tp"].get_local_rank()
-        m = int(plan.get("microbatches", 1)) if dims.pp > 1 else 1
+        m = plan.microbatches if dims.pp > 1 else 1
         if self.batch_size % (dims.dp * m):
             raise ValueError(f"training.batch_size {self.batch_size} is not divisible by dp={dims.dp} x "
                              f"microbatches={m}; change batch_size or placement.microbatches")
@@ -280,7 +282,7 @@ class ParallelTrainer:
         self.stage_ids = local_stages(plan, self.pp_rank)
         self.parts = [parallelize(full, plan, self.mesh, device, i) for i in self.stage_ids]
         self.model = self.parts[0] if len(self.parts) == 1 else by_node_id(self.parts)
-        self.state_model = by_node_id(self.parts) if dims.pp > 1 or plan.get("checkpoint") else self.model
+        self.state_model = by_node_id(self.parts) if dims.pp > 1 or plan.checkpoint else self.model
         self.opt = make_optimizer(self.model.parameters(), tr["optimizer"])
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(tr["schedule"], self.total_steps))
         arrays = load_npz(run_dir)
@@ -294,8 +296,8 @@ class ParallelTrainer:
             from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
                                                       ScheduleInterleaved1F1B)
 
-            name = plan.get("schedule", "1f1b")
-            n_stages = len(plan["stages"])
+            name = plan.schedule
+            n_stages = len(plan.stages)
             group = self.mesh["pp"].get_group()
             stages = [PipelineStage(part, i, n_stages, device, group=group) for part, i in zip(self.parts, self.stage_ids)]
             loss_fn = lambda out, y: compute_loss(self.loss_kind, out, y)  # noqa: E731
@@ -309,7 +311,7 @@ class ParallelTrainer:
         self.microbatches = m
         self._shapes_known = False  # see infer_stage_shapes
         # bf16: FSDP2 casts through its MixedPrecisionPolicy; everything else autocasts the forward
-        bf16 = plan.get("mixed_precision") == "bf16" and not (dims.dp > 1 and plan.get("data_parallel") == "fsdp")
+        bf16 = plan.mixed_precision == "bf16" and not (dims.dp > 1 and plan.data_parallel == "fsdp")
         self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
 
     # ---- one step ----

@@ -220,7 +220,7 @@ def test_script_under_torchrun_equals_the_tensor_parallel_runtime(tmp_path):
     want = torchrun_runtime_losses(project, tmp_path / "run", placement={"tp": 2}, plan=plan.runtime_plan())
     script = export_script(project, tmp_path / "tp.py", plan=plan)
     text = script.read_text()
-    assert "apply_tp(model, mesh[\"tp\"], PLAN[\"tp_plan\"])" in text and "ColwiseParallel(" in text
+    assert "TPEntry.from_json(e" in text and "class Layout:" in text and "ColwiseParallel(" in text
     assert "SequenceParallel(" in text and "'style': 'sequence'" in text
     assert "torchrun --standalone --nproc_per_node=2 transformer_synthetic.py" in text
     got = script_losses(script, tmp_path / "out", launcher=TORCHRUN)
