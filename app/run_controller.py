@@ -68,10 +68,7 @@ class ActiveRun:
 
     def __post_init__(self) -> None:
         if self.root is None:
-            try:
-                self.root = psutil.Process(self.proc.pid)  # not reaped yet: it is our child
-            except psutil.NoSuchProcess:
-                pass
+            self.root = procs.process_of(self.proc.pid)  # not reaped yet: it is our child
 
     def scan(self) -> None:
         if self.root is not None:

@@ -75,18 +75,23 @@ def dashboard_at(rev: str):
     return module.Dashboard
 
 
+def shown(cls, keys: str, **kw):
+    """A dashboard on screen whose updates are driven (and timed) here, and the plots to repaint."""
+    d = cls(**kw)
+    d._timer.stop()
+    d.resize(1400, 800)
+    d.show()
+    QApplication.processEvents()
+    return d, [pw for pid, pw in d.plots.items() if keys != "loss" or pid == "loss"]
+
+
 def bench_dashboard(points: int, updates: int, smoothing: float = 0.0, keys: str = "loss",
                     runs: int = 1, dashboard=None) -> tuple[list, list]:
     from widgets.dashboard import Dashboard
 
-    d = (dashboard or Dashboard)(smoothing=smoothing)
-    d._timer.stop()  # updates are driven (and timed) here
-    d.resize(1400, 800)
-    d.show()
-    QApplication.processEvents()
+    d, paint = shown(dashboard or Dashboard, keys, smoothing=smoothing)
     rng = np.random.default_rng(0)
     per = points // updates
-    paint = [pw for pid, pw in d.plots.items() if keys != "loss" or pid == "loss"]
     plot, ingest = [], []
     for i in range(updates):
         batches = [records(i * per, per, rng, keys, offset=r / 2) for r in range(runs)]  # not timed
@@ -113,13 +118,8 @@ def bench_live(points: int, updates: int, poll: int, keys: str = "loss", runs: i
     1M points, logging poll * 10 records a second."""
     from widgets.dashboard import Dashboard
 
-    d = Dashboard()
-    d._timer.stop()
-    d.resize(1400, 800)
-    d.show()
-    QApplication.processEvents()
+    d, paint = shown(Dashboard, keys)
     rng = np.random.default_rng(0)
-    paint = [pw for pid, pw in d.plots.items() if keys != "loss" or pid == "loss"]
     for at in range(0, points, 100_000):
         for r in range(runs):
             d.append(f"run{r}", records(at, min(100_000, points - at), rng, keys, offset=r / 2))

@@ -45,10 +45,7 @@ class LocalJob:
 
     def __post_init__(self) -> None:
         if self.root is None:
-            try:
-                self.root = psutil.Process(self.proc.pid)  # not reaped yet: it is our child
-            except psutil.NoSuchProcess:
-                pass
+            self.root = procs.process_of(self.proc.pid)  # not reaped yet: it is our child
 
     @property
     def pid(self) -> int:

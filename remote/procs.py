@@ -59,13 +59,16 @@ def group_pids(pgid: int) -> list[int]:
     return sorted(out)
 
 
-def _proc(root: int | psutil.Process) -> psutil.Process | None:
-    if isinstance(root, psutil.Process):
-        return root
+def process_of(pid: int) -> psutil.Process | None:
+    """The process with this pid as it is now (a launcher keeps it: a pid reused later is not it)."""
     try:
-        return psutil.Process(root)
+        return psutil.Process(pid)
     except psutil.NoSuchProcess:
         return None
+
+
+def _proc(root: int | psutil.Process) -> psutil.Process | None:
+    return root if isinstance(root, psutil.Process) else process_of(root)
 
 
 def _children(root: int | psutil.Process) -> list[psutil.Process]:
