@@ -85,16 +85,12 @@ def shown(cls, keys: str, **kw):
     return d, [pw for pid, pw in d.plots.items() if keys != "loss" or pid == "loss"]
 
 
-def bench_dashboard(points: int, updates: int, smoothing: float = 0.0, keys: str = "loss",
-                    runs: int = 1, dashboard=None) -> tuple[list, list]:
-    from widgets.dashboard import Dashboard
-
-    d, paint = shown(dashboard or Dashboard, keys, smoothing=smoothing)
-    rng = np.random.default_rng(0)
-    per = points // updates
+def timed_updates(d, paint, updates: int, batches_of) -> tuple[list, list]:
+    """`updates` updates of `d`, each the batches (one per run, made untimed) of batches_of(i):
+    (plot update times, ingest times)."""
     plot, ingest = [], []
     for i in range(updates):
-        batches = [records(i * per, per, rng, keys, offset=r / 2) for r in range(runs)]  # not timed
+        batches = batches_of(i)
         t0 = now()
         for r, batch in enumerate(batches):
             d.append(f"run{r}", batch)
@@ -105,6 +101,18 @@ def bench_dashboard(points: int, updates: int, smoothing: float = 0.0, keys: str
         t2 = now()
         ingest.append(t1 - t0)
         plot.append(t2 - t1)
+    return plot, ingest
+
+
+def bench_dashboard(points: int, updates: int, smoothing: float = 0.0, keys: str = "loss",
+                    runs: int = 1, dashboard=None) -> tuple[list, list]:
+    from widgets.dashboard import Dashboard
+
+    d, paint = shown(dashboard or Dashboard, keys, smoothing=smoothing)
+    rng = np.random.default_rng(0)
+    per = points // updates
+    plot, ingest = timed_updates(d, paint, updates, lambda i: [records(i * per, per, rng, keys, offset=r / 2)
+                                                                for r in range(runs)])
     assert all(len(d.series_data(f"run{r}", "loss")[0]) == points for r in range(runs))
     d.close()
     d.deleteLater()
@@ -126,19 +134,8 @@ def bench_live(points: int, updates: int, poll: int, keys: str = "loss", runs: i
     d.flush()
     for pw in paint:
         pw.viewport().repaint()
-    plot, ingest = [], []
-    for i in range(updates):
-        batches = [records(points + i * poll, poll, rng, keys, offset=r / 2) for r in range(runs)]
-        t0 = now()
-        for r, batch in enumerate(batches):
-            d.append(f"run{r}", batch)
-        t1 = now()
-        d.flush()
-        for pw in paint:
-            pw.viewport().repaint()
-        t2 = now()
-        ingest.append(t1 - t0)
-        plot.append(t2 - t1)
+    plot, ingest = timed_updates(d, paint, updates, lambda i: [records(points + i * poll, poll, rng, keys,
+                                                                        offset=r / 2) for r in range(runs)])
     d.close()
     d.deleteLater()
     QApplication.processEvents()
