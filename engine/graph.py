@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from engine.runtime.plan import TP_STYLES
+
 _ID_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_ID_LEN = 200
 
@@ -27,8 +29,8 @@ def valid_id(node_id) -> bool:
     return (isinstance(node_id, str) and len(node_id) <= MAX_ID_LEN and _ID_RE.fullmatch(node_id) is not None
             and not keyword.iskeyword(node_id))
 
-# Tensor-parallel styles a node may ask for (engine/planner.py checks which apply).
-TP_STYLES = ("replicate", "colwise", "rowwise", "sequence")
+# Tensor-parallel styles a node may ask for (engine/planner.py checks which apply): the
+# runtime's (engine/runtime/plan.py), re-exported here.
 
 
 class GraphError(ValueError):

@@ -37,12 +37,8 @@ def _running(p: psutil.Process) -> bool:
 
 def alive(pid: int) -> bool:
     """pid exists and is not a zombie."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:
-        return True
+    p = process_of(pid)
+    return p is not None and _running(p)
 
 
 def group_pids(pgid: int) -> list[int]:

@@ -612,7 +612,7 @@ class Dashboard(QtWidgets.QWidget):
         keys = tuple(records[0])
         if "step" not in keys or not all(map(keys.__eq__, map(tuple, records))):
             return records
-        plotted = [(keys.index(k), spec) for k in keys if (spec := _spec_for(k)) is not None]
+        plotted = [(j, spec) for j, k in enumerate(keys) if (spec := _spec_for(k)) is not None]
         first = records[0]
         if not plotted or any(type(first[keys[j]]) not in (int, float) for j, _ in plotted) \
                 or type(first["step"]) not in (int, float):

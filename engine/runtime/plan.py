@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 PLAN_VERSION = 1  # run.json's plan.version; a newer one is refused with the version it needs
-TP_STYLES = ("colwise", "rowwise", "sequence", "replicate")
+TP_STYLES = ("replicate", "colwise", "rowwise", "sequence")  # engine/graph.py's node.tp takes these too
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
 
 
