@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "app.cli_interop",  # export (--onnx/--script), import (.onnx, module:pkg.mod:Class)
     "app.cli_remote",  # cluster, deploy, jobs, status, logs, cancel, fetch
     "app.cli_dist",  # plan (distributed placement, --auto)
+    "app.cli_diff",  # diff, merge, resolve, git-setup
     "app.cli_gui",  # (bare) editor, open, screenshot
 ]
 

@@ -37,6 +37,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_validate(args) -> int:
     project = load_project(args.project)
+    if project.conflicts:
+        from app.cli_diff import conflict_lines
+
+        for line in conflict_lines(project):
+            print(f"error: merge conflict {line}", file=sys.stderr)
+        print(f"{args.project}: {len(project.conflicts)} merge conflict(s) left: settle them in the editor or with "
+              f"`layerflow resolve {args.project} N --ours|--theirs`", file=sys.stderr)
+        return 1
     result = compile_graph(project.graph)
     for w in result.warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -117,9 +125,9 @@ def cmd_summary(args) -> int:
 def cmd_train(args) -> int:
     from pathlib import Path
 
-    from app.cli import CliError
     from pydantic import ValidationError
 
+    from app.cli import CliError
     from engine.project import Placement, Training
     from engine.run import RunError, prepare_run
 

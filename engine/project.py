@@ -203,6 +203,16 @@ class _DiagramModel(_Strict):
     direction: Literal["LR", "TB"] = "LR"  # data flows left to right or top down on the canvas
 
 
+class _ConflictModel(_Strict):
+    """A field both sides of a merge changed (engine/diff.py): the project holds ours."""
+
+    where: str = Field(min_length=1)
+    what: str = ""
+    base: Any = None
+    ours: Any = None
+    theirs: Any = None
+
+
 class _ProjectModel(_Strict):
     format_version: int
     name: str = "untitled"
@@ -212,6 +222,7 @@ class _ProjectModel(_Strict):
     placement: Placement = Field(default_factory=Placement)
     cluster: Optional[str] = None  # name of a cluster profile (never the profile itself)
     weights: Optional[str] = None  # weights file beside the project (imported models)
+    conflicts: list[_ConflictModel] = Field(default_factory=list)  # left by a merge, until resolved
 
 
 class Project:
@@ -219,7 +230,8 @@ class Project:
 
     def __init__(self, graph: Graph | None = None, *, name: str = "untitled", description: str = "",
                  training: Training | None = None, placement: Placement | None = None,
-                 cluster: str | None = None, weights: str | None = None, path: Path | None = None):
+                 cluster: str | None = None, weights: str | None = None, path: Path | None = None,
+                 conflicts: list[dict] | None = None):
         self.graph = graph or Graph()
         self.name = name
         self.description = description
@@ -228,6 +240,8 @@ class Project:
         self.cluster = cluster
         self.weights = weights
         self.path = Path(path) if path else None
+        # merge conflicts not yet resolved (engine/diff.py): where, what, base, ours, theirs
+        self.conflicts: list[dict] = list(conflicts or [])
 
     @property
     def directory(self) -> Path:
@@ -249,7 +263,7 @@ class Project:
         return p if p.is_absolute() else self.directory / p
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "format_version": FORMAT_VERSION,
             "name": self.name,
             "description": self.description,
@@ -260,6 +274,9 @@ class Project:
             "cluster": self.cluster,
             "weights": self.weights,
         }
+        if self.conflicts:  # written only while there are some: other files stay byte-identical
+            d["conflicts"] = [dict(c) for c in self.conflicts]
+        return d
 
     def _defaults_left_out(self) -> dict:
         out: dict = {}
@@ -294,7 +311,8 @@ class Project:
         except GraphError as exc:
             raise ProjectError(f"{source}: diagram: {exc}") from None
         return cls(graph, name=m.name, description=m.description, training=m.training,
-                   placement=m.placement, cluster=m.cluster, weights=m.weights)
+                   placement=m.placement, cluster=m.cluster, weights=m.weights,
+                   conflicts=[c.model_dump(mode="json") for c in m.conflicts])
 
     def copy(self) -> "Project":
         p = Project.from_dict(json.loads(self.dumps()))

@@ -128,6 +128,9 @@ def _predicted_alone(project: Project, result) -> dict | None:
 def prepare_run(project: Project, out_dir: str | Path | None = None, *, steps: int | None = None,
                 seed: int | None = None, placement: dict | None = None, plan: dict | None = None) -> Path:
     """Compile, check, and write RUN_DIR. Raises RunError listing every problem."""
+    if project.conflicts:
+        raise RunError(f"the project has {len(project.conflicts)} merge conflict(s) left (first: "
+                       f"{project.conflicts[0]['what']}); settle them (editor, or `layerflow resolve`) before running it")
     project = project.copy()
     if steps is not None:
         project.training.steps, project.training.epochs = steps, None
