@@ -12,11 +12,10 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
-from engine.diff import diff_projects, merge_projects, resolve_conflict
+from engine.diff import at_revision, diff_projects, merge_projects, resolve_conflict
 from engine.project import ProjectError, load_project, loads_project, save_project
 
 ATTRIBUTES_LINE = "*.lflow diff=layerflow merge=layerflow"
@@ -58,30 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _git(args: list[str], cwd: Path) -> str:
-    from app.cli import CliError
+    from engine.diff import git
 
-    try:
-        r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
-    except FileNotFoundError:
-        raise CliError("git is not installed (apt-get install git)") from None
-    if r.returncode:
-        raise CliError(f"git {' '.join(args)}: {r.stderr.strip() or 'failed'}")
-    return r.stdout
-
-
-def _at_revision(path: Path, rev: str):
-    """The project as git holds it at `rev`."""
-    folder = path.resolve().parent
-    _git(["rev-parse", "--git-dir"], folder)
-    rel = _git(["ls-files", "--full-name", "--", path.name], folder).strip() or \
-        (_git(["rev-parse", "--show-prefix"], folder).strip() + path.name)
-    try:
-        text = subprocess.run(["git", "show", f"{rev}:{rel}"], cwd=folder, capture_output=True, check=True).stdout
-    except subprocess.CalledProcessError as exc:
-        from app.cli import CliError
-
-        raise CliError(f"git has no {rel} at {rev}: {exc.stderr.decode(errors='replace').strip()}") from None
-    return loads_project(text, f"{rel}@{rev}")
+    return git(args, cwd)
 
 
 def cmd_diff(args) -> int:
@@ -93,7 +71,7 @@ def cmd_diff(args) -> int:
         old, new = load_project(args.project), load_project(args.other)
         old_label, new_label = args.project, args.other
     else:
-        old, new = _at_revision(Path(args.project), args.rev or "HEAD"), load_project(args.project)
+        old, new = at_revision(Path(args.project), args.rev or "HEAD"), load_project(args.project)
         old_label, new_label = f"{args.project}@{args.rev or 'HEAD'}", args.project
     d = diff_projects(old, new)
     if args.json:

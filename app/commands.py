@@ -383,3 +383,35 @@ class SetDirection(_ViewChange):
             graph.direction = self.new if on else self.old
         else:
             graph.set_direction(self.new if on else self.old)
+
+
+class ResolveConflict(QUndoCommand):
+    """Settle one merge conflict of the project (engine/diff.py) by taking a side. The
+    project before and after are kept whole (a conflict may touch the diagram, the
+    training or the placement); `changed` refreshes every view."""
+
+    def __init__(self, project, index: int, side: str, changed=lambda: None):
+        from engine.diff import resolve_conflict
+        from engine.project import Project
+
+        self.project, self.changed = project, changed
+        self.before = project.to_dict()
+        trial = Project.from_dict(self.before)
+        resolve_conflict(trial, index, side)  # raises ProjectError before anything changed
+        self.after = trial.to_dict()
+        super().__init__(f"Take {side} for {project.conflicts[index]['where']}")
+
+    def _set(self, d: dict) -> None:
+        from engine.project import Project
+
+        p = Project.from_dict(d)
+        for attr in ("name", "description", "training", "placement", "cluster", "weights", "conflicts"):
+            setattr(self.project, attr, getattr(p, attr))
+        self.project.graph.load_dict(d["diagram"])
+        self.changed()
+
+    def redo(self) -> None:
+        self._set(self.after)
+
+    def undo(self) -> None:
+        self._set(self.before)

@@ -410,6 +410,22 @@ class EditorController(QObject):
         if training != self.project.training:
             self.push(C.SetTraining(self.project, training, what, self._training_changed))
 
+    def resolve_conflict(self, index: int, side: str) -> bool:
+        """Take `side` ('ours' / 'theirs') for merge conflict `index`: one undo step; a
+        resolution that would not make a valid project is a status message."""
+        from engine.project import ProjectError
+
+        try:
+            cmd = C.ResolveConflict(self.project, index, side, self._project_settings_changed)
+        except ProjectError as exc:
+            self.status.emit(str(exc))
+            return False
+        return self.push(cmd)
+
+    def _project_settings_changed(self) -> None:
+        self._placement_changed()
+        self.training_changed.emit()
+
     def _training_changed(self) -> None:  # batch size, ...: the plan and the summary follow
         self._version += 1
         self.training_changed.emit()

@@ -12,7 +12,7 @@ that fails to install raises: a bug shows as an error, not as a missing menu.
 """
 from __future__ import annotations
 
-from app import interop_ui, jobs_panel, run_ui, training_ui
+from app import compare_ui, interop_ui, jobs_panel, run_ui, training_ui
 from app.main_window import EditorWindow
 
 
@@ -24,3 +24,4 @@ class MainWindow(EditorWindow):
         self.jobs_controller, self.jobs_panel, self.jobs_dock = jobs_panel.install(self)  # remote jobs, Deploy…
         self.interop_ui = interop_ui.install(self)  # File menu: ONNX / PyTorch import and export
         self.training_panel, self.training_dock = training_ui.install(self)  # the Training dock
+        self.compare_ui = compare_ui.install(self)  # Edit ▸ Compare, the Changes dock, merge conflicts

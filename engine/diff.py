@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.graph import Graph, GraphError
-from engine.project import Project, ProjectError
+from engine.project import Project, ProjectError, loads_project
 
 _MISSING = object()  # a key one side does not have
 UNSET = {"$unset": True}  # how a conflict record writes "this side has no such key"
@@ -56,10 +57,11 @@ def _content(n: dict) -> tuple:
 def match_nodes(a: dict, b: dict) -> dict[str, str]:
     """Node ids of diagram `a` -> the same node's id in `b`.
 
-    By id first. The rest by structure, in rounds: a pair is taken when each is the
-    other's single best candidate, scored by the wiring they share with nodes already
-    matched, by equal parameters and by position; so renames inside a chain resolve from
-    its matched ends inward. A node whose type changed is matched only by its id."""
+    By id first. The rest by structure, in rounds: a pair of the same type is taken when
+    each is the other's single best candidate, scored by the wiring they share with nodes
+    already matched (at least one input or output), then by equal parameters and by
+    position; so renames inside a chain resolve from its matched ends inward. A node
+    whose type changed, or that shares no wiring, is matched only by its id."""
     an = {n["id"]: n for n in a.get("nodes", [])}
     bn = {n["id"]: n for n in b.get("nodes", [])}
     m = {i: i for i in an if i in bn}
@@ -82,9 +84,9 @@ def match_nodes(a: dict, b: dict) -> dict[str, str]:
                 wiring += 1
         targets = {(p, m.get(d), dp) for p, d, dp in a_out.get(x, ())}
         wiring += len(targets & b_out.get(y, set()))
-        same = _content(an[x]) == _content(bn[y])
-        if not wiring and not same:
+        if not wiring:  # same type and parameters alone is a removed node and an added one
             return 0.0
+        same = _content(an[x]) == _content(bn[y])
         (x0, y0), (x1, y1) = an[x].get("pos", (0, 0)), bn[y].get("pos", (0, 0))
         near = 1.0 / (1.0 + (abs(x0 - x1) + abs(y0 - y1)) / 100.0)
         return 2.0 * wiring + (3.0 if same else 0.0) + near
@@ -145,6 +147,8 @@ class Change:
 def _show(v: Any) -> str:
     if v is _MISSING or v == UNSET:
         return "(unset)"
+    if v is None:
+        return "(none)"
     if isinstance(v, str):
         return v if v and " " not in v else repr(v)
     return json.dumps(v, sort_keys=True) if isinstance(v, (dict, list, tuple)) else str(v)
@@ -335,7 +339,7 @@ def _consequences(pa: dict, pb: dict, m: dict[str, str]) -> list[str]:
         lines.append(f"plan: now refused: {qb.errors[0]}")
     sa = [[m.get(n, n) for n in s] for s in qa.doc.get("stages", [])]
     sb = [list(s) for s in qb.doc.get("stages", [])]
-    if sa != sb:
+    if sa != sb and max(len(sa), len(sb)) > 1:  # one stage holds everything: nothing to say
         if len(sa) != len(sb):
             lines.append(f"plan changed: {len(sa)} pipeline stage(s) -> {len(sb)}")
         for i in range(max(len(sa), len(sb))):
@@ -690,3 +694,29 @@ def _apply(d: dict, where: str, value: Any) -> None:
         d["conflicts"] = keep
     else:
         raise ProjectError(f"conflict at {where!r}: not a place Layerflow knows how to resolve")
+
+
+# ----- git --------------------------------------------------------------------
+def git(args: list[str], cwd) -> str:
+    """git's output; ProjectError with git's own message when it fails or is missing."""
+    try:
+        r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False, timeout=60)
+    except FileNotFoundError:
+        raise ProjectError("git is not installed (apt-get install git)") from None
+    if r.returncode:
+        raise ProjectError(f"git {' '.join(args)}: {r.stderr.strip() or 'failed'}")
+    return r.stdout
+
+
+def at_revision(path, rev: str = "HEAD") -> Project:
+    """The project file `path` as git holds it at revision `rev`."""
+    from pathlib import Path
+
+    path = Path(path)
+    folder = path.resolve().parent
+    git(["rev-parse", "--git-dir"], folder)
+    rel = git(["rev-parse", "--show-prefix"], folder).strip() + path.name
+    r = subprocess.run(["git", "show", f"{rev}:{rel}"], cwd=folder, capture_output=True, check=False, timeout=60)
+    if r.returncode:
+        raise ProjectError(f"git has no {rel} at {rev}: {r.stderr.decode(errors='replace').strip()}")
+    return loads_project(r.stdout, f"{rel}@{rev}")

@@ -245,7 +245,9 @@ class NodeItem(QGraphicsItem):
             self.badge = Badge(self, "error" if errors else "warning")
             self.badge.setPos(NODE_W - 4, 0)
             self.badge.setToolTip("\n".join(str(e) for e in (errors or warnings)))
-        self.setToolTip("\n".join(str(e) for e in (*errors, *warnings)))
+        mark = self.scene().diff_marks.get(self.node_id)
+        tip = [str(e) for e in (*errors, *warnings)] + ([f"Since the compared version:\n{mark[1]}"] if mark else [])
+        self.setToolTip("\n".join(tip))
         self.update()
 
     def boundingRect(self) -> QRectF:
@@ -267,6 +269,11 @@ class NodeItem(QGraphicsItem):
         if lod < LOD_DETAIL:  # far away (and not in overview mode): a coloured card and its name
             p.fillRect(rect, QColor(t.selected) if sel else head)
             draw_far_label(p, rect, self.node_id, QColor(t.header_text), lod)
+            mark = scene.diff_marks.get(self.node_id)
+            if mark:
+                p.setPen(QPen(DIFF_COLORS[mark[0]], 3 / max(lod, 0.05)))  # thick at any zoom
+                p.setBrush(_NO_BRUSH)
+                p.drawRect(rect.adjusted(-4, -4, 4, 4))
             return
         p.setRenderHint(QPainter.Antialiasing)
         p.setPen(QPen(QColor(t.selected), 2.2) if sel else QPen(QColor(t.node_border), 1))
@@ -281,6 +288,11 @@ class NodeItem(QGraphicsItem):
             p.setPen(QPen(QColor(t.selected), 2.2))
             p.setBrush(_NO_BRUSH)
             p.drawRoundedRect(rect, 7, 7)
+        mark = scene.diff_marks.get(self.node_id)
+        if mark:  # compared with another version: added green, changed amber, outside the card
+            p.setPen(QPen(DIFF_COLORS[mark[0]], 4))
+            p.setBrush(_NO_BRUSH)
+            p.drawRoundedRect(rect.adjusted(-5, -5, 5, 5), 10, 10)
         # title, then a parameter-count badge on the right of the header
         badge = human(info.n_params) if info and info.n_params else ""
         bw = 0.0
@@ -337,6 +349,42 @@ class NodeItem(QGraphicsItem):
         if change == QGraphicsItem.ItemPositionHasChanged and scene is not None:
             scene._item_moved(self.node_id)
         return super().itemChange(change, value)
+
+
+DIFF_COLORS = {"added": QColor("#2e9e44"), "changed": QColor("#e0a000"), "removed": QColor("#d04040")}
+
+
+class GhostItem(QGraphicsItem):
+    """A node the compared version has and this one does not: a dashed red outline
+    where it was, with its name; not selectable, not part of the diagram."""
+
+    def __init__(self, node: dict, tip: str):
+        super().__init__()
+        self.node_id = node["id"]
+        self.kind = node["type"]
+        self._rect = QRectF(0, 0, NODE_W, node_height(1, 1))
+        self.setPos(*node.get("pos", (0, 0)))
+        self.setZValue(0.5)
+        self.setToolTip(f"Removed since the compared version:\n{tip}")
+
+    def boundingRect(self) -> QRectF:
+        return self._rect.adjusted(-3, -3, 3, 3)
+
+    def paint(self, p: QPainter, opt, widget=None) -> None:
+        red = DIFF_COLORS["removed"]
+        p.setRenderHint(QPainter.Antialiasing)
+        fill = QColor(red)
+        fill.setAlpha(40)
+        p.setBrush(fill)
+        p.setPen(QPen(red, 2.5, Qt.DashLine))
+        p.drawRoundedRect(self._rect, 7, 7)
+        p.setPen(red)
+        p.setFont(_TITLE_FONT)
+        p.drawText(self._rect.adjusted(10, 0, -10, -self._rect.height() / 2), Qt.AlignVCenter | Qt.AlignLeft,
+                   self.node_id)
+        p.setFont(_TEXT_FONT)
+        p.drawText(self._rect.adjusted(10, self._rect.height() / 2, -10, 0), Qt.AlignVCenter | Qt.AlignLeft,
+                   f"{self.kind} (removed)")
 
 
 class EdgeItem(QGraphicsPathItem):
@@ -803,6 +851,10 @@ class NodeScene(QGraphicsScene):
         self._drag_port: PortItem | None = None
         self._drag_path: QGraphicsPathItem | None = None
         self._rewire: Edge | None = None  # the wire picked up from a connected input
+        # a comparison with another version (app/compare_ui.py): node -> (added|changed, what), removed nodes
+        self.diff_marks: dict[str, tuple[str, str]] = {}
+        self.ghosts: list[tuple[dict, str]] = []
+        self.ghost_items: dict[str, GhostItem] = {}
         self.setSceneRect(-50000, -50000, 100000, 100000)  # pan freely
         self.selectionChanged.connect(self._repaint_overview)
         self.setItemIndexMethod(QGraphicsScene.BspTreeIndex)
@@ -844,6 +896,26 @@ class NodeScene(QGraphicsScene):
             self._add_edge(e)
         self._refit_groups()
         self.apply_result()
+        self.ghost_items = {}
+        self._place_ghosts()
+
+    def set_diff(self, marks: dict[str, tuple[str, str]], ghosts: list[tuple[dict, str]]) -> None:
+        """Show a comparison: marks on this version's nodes, ghosts of removed ones."""
+        self.diff_marks = dict(marks)
+        self.ghosts = list(ghosts)
+        self._place_ghosts()
+        self.apply_result()  # tooltips
+        for item in self.node_items.values():
+            item.update()
+
+    def _place_ghosts(self) -> None:
+        for item in self.ghost_items.values():
+            if item.scene() is self:
+                self.removeItem(item)
+        self.ghost_items = {}
+        for node, tip in self.ghosts:
+            item = self.ghost_items[node["id"]] = GhostItem(node, tip)
+            self.addItem(item)
 
     def _add_node(self, nid: str) -> None:
         item = NodeItem(nid, self)

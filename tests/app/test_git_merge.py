@@ -152,7 +152,7 @@ def test_diff_of_two_files_and_errors(tmp_path):
     assert r.returncode == 1
     assert {"kind": "setting", "where": "placement.dp", "old": 1, "new": 2} in json.loads(r.stdout)["changes"]
     r = cli("diff", a, cwd=tmp_path)  # not in a git repository: one line, no traceback
-    assert r.returncode == 2 and r.stderr.startswith("error: git rev-parse") and "Traceback" not in r.stderr
+    assert r.returncode == 2 and r.stderr.startswith("error: git rev-parse") and "Traceback" not in r.stderr, r.stderr
     b.write_text("{")
     r = cli("diff", a, b, cwd=tmp_path)
     assert r.returncode == 2 and "b.lflow: not valid JSON" in r.stderr
