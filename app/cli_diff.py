@@ -15,7 +15,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from engine.diff import at_revision, diff_projects, merge_projects, resolve_conflict
+from engine.diff import at_revision, diff_projects, merge_projects, resolve_conflict, show_value
 from engine.project import ProjectError, load_project, loads_project, save_project
 
 ATTRIBUTES_LINE = "*.lflow diff=layerflow merge=layerflow"
@@ -101,25 +101,12 @@ def cmd_merge(args) -> int:
     print(f"{name}: merged with {len(result.conflicts)} conflict(s), recorded in the file (ours kept for now); "
           f"`layerflow resolve {name}` lists them", file=sys.stderr)
     for i, c in enumerate(result.conflicts, 1):
-        print(f"  {i}. {c.what}: ours {_short(c.ours)}, theirs {_short(c.theirs)}", file=sys.stderr)
+        print(f"  {i}. {c.what}: ours {show_value(c.ours)}, theirs {show_value(c.theirs)}", file=sys.stderr)
     return 1
 
 
-def _short(v) -> str:
-    from engine.diff import UNSET
-
-    if v == UNSET:
-        return "(unset)"
-    if isinstance(v, dict) and "node" in v:
-        return f"node {v['node']['id']} ({v['node']['type']})"
-    if v is None:
-        return "(none)"
-    s = json.dumps(v, sort_keys=True) if not isinstance(v, str) else v
-    return s if len(s) <= 60 else s[:57] + "..."
-
-
 def conflict_lines(project) -> list[str]:
-    return [f"{i}. {c['what']} ({c['where']}): ours {_short(c['ours'])}, theirs {_short(c['theirs'])}"
+    return [f"{i}. {c['what']} ({c['where']}): ours {show_value(c['ours'])}, theirs {show_value(c['theirs'])}"
             for i, c in enumerate(project.conflicts, 1)]
 
 

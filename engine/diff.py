@@ -462,16 +462,8 @@ def merge_projects(base: Project | dict | None, ours: Project | dict, theirs: Pr
             if clash:
                 conflicts.append(Conflict(f"node:{nid}:{f}", f"{nid}.{f} changed on both sides", nb.get(f, _MISSING),
                                           o.get(f, _MISSING), t.get(f, _MISSING)))
-        params: dict = {}
-        bp, op, tp = nb.get("params", {}), o.get("params", {}), t.get("params", {})
-        for k in list(dict.fromkeys([*bp, *op, *tp])):
-            v, clash = _pick(bp.get(k, _MISSING), op.get(k, _MISSING), tp.get(k, _MISSING))
-            if v is not _MISSING:
-                params[k] = v
-            if clash:
-                conflicts.append(Conflict(f"node:{nid}:params.{k}", f"{nid}.{k} changed on both sides",
-                                          bp.get(k, _MISSING), op.get(k, _MISSING), tp.get(k, _MISSING)))
-        node["params"] = params
+        node["params"] = _merge_keys(nb.get("params", {}), o.get("params", {}), t.get("params", {}),
+                                     f"node:{nid}:params.{{}}", f"{nid}.{{}} changed on both sides", conflicts)
         node["pos"], _ = _pick(nb.get("pos"), o.get("pos"), t.get("pos"))  # a position is never a conflict
         result[x] = node
         order.append(x)
@@ -535,14 +527,7 @@ def merge_projects(base: Project | dict | None, ours: Project | dict, theirs: Pr
                 for k in [k for k in d if k.startswith(whole + ".")]:
                     del d[k]
                 d[whole] = p["training"]["dataset"]
-    flat: dict[str, Any] = {}
-    for k in list(dict.fromkeys([*sb, *so, *st])):
-        v, clash = _pick(sb.get(k, _MISSING), so.get(k, _MISSING), st.get(k, _MISSING))
-        if v is not _MISSING:
-            flat[k] = v
-        if clash:
-            conflicts.append(Conflict(f"setting:{k}", f"{k} changed on both sides", sb.get(k, _MISSING),
-                                      so.get(k, _MISSING), st.get(k, _MISSING)))
+    flat = _merge_keys(sb, so, st, "setting:{}", "{} changed on both sides", conflicts)
     for k, v in flat.items():
         _set_path(merged_p, k, v)
     diagram = {"nodes": [result[k] for k in order], "edges": [_edge_dict(e, result) for e in edges]}
@@ -556,8 +541,8 @@ def merge_projects(base: Project | dict | None, ours: Project | dict, theirs: Pr
         v = sorted((b_ & o_ & t_) | (o_ - b_) | (t_ - b_))
         if v:
             diagram[key] = v
-    ties, tie_conf = _merge_ties(db.get("ties", {}), do.get("ties", {}), dt.get("ties", {}))
-    conflicts += tie_conf
+    ties = _merge_keys(db.get("ties", {}), do.get("ties", {}), dt.get("ties", {}), "setting:diagram.ties.{}",
+                       "tie {} changed on both sides", conflicts)
     if ties:
         diagram["ties"] = ties
     merged_p["diagram"] = diagram
@@ -565,16 +550,30 @@ def merge_projects(base: Project | dict | None, ours: Project | dict, theirs: Pr
     return MergeResult(_loadable(merged_p, po, pt, conflicts), conflicts)
 
 
-def _merge_ties(b: dict, o: dict, t: dict) -> tuple[dict, list[Conflict]]:
-    out, conf = {}, []
+def _merge_keys(b: dict, o: dict, t: dict, where: str, what: str, conflicts: list[Conflict]) -> dict:
+    """Three-way merge of flat dicts key by key; a key both sides changed differently
+    takes ours and adds a Conflict (`where`/`what` are formats of the key)."""
+    out = {}
     for k in list(dict.fromkeys([*b, *o, *t])):
         v, clash = _pick(b.get(k, _MISSING), o.get(k, _MISSING), t.get(k, _MISSING))
         if v is not _MISSING:
             out[k] = v
         if clash:
-            conf.append(Conflict(f"setting:diagram.ties.{k}", f"tie {k} changed on both sides", b.get(k, _MISSING),
-                                 o.get(k, _MISSING), t.get(k, _MISSING)))
-    return out, conf
+            conflicts.append(Conflict(where.format(k), what.format(k), b.get(k, _MISSING), o.get(k, _MISSING),
+                                      t.get(k, _MISSING)))
+    return out
+
+
+def show_value(v: Any, limit: int = 60) -> str:
+    """A value of a conflict record, short: (unset), node NAME (TYPE), JSON."""
+    if v is _MISSING or v == UNSET:
+        return "(unset)"
+    if isinstance(v, dict) and "node" in v:
+        return f"node {v['node']['id']} ({v['node']['type']})"
+    if v is None:
+        return "(none)"
+    s = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+    return s if len(s) <= limit else s[:limit - 3] + "..."
 
 
 def _edge_dict(e: tuple, result: dict) -> dict:

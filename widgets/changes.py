@@ -2,8 +2,6 @@
 left in the project, each with Take ours / Take theirs."""
 from __future__ import annotations
 
-import json
-
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QBrush
 from PySide6.QtWidgets import (
@@ -16,20 +14,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.diff import show_value
 from widgets.node_scene import DIFF_COLORS
 
 _KIND_COLOR = {"added": "added", "removed": "removed"}
-
-
-def _short(v) -> str:
-    if isinstance(v, dict) and v.get("$unset"):
-        return "(unset)"
-    if isinstance(v, dict) and "node" in v:
-        return f"node {v['node']['id']} ({v['node']['type']})"
-    if v is None:
-        return "(none)"
-    s = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
-    return s if len(s) <= 50 else s[:47] + "..."
 
 
 class ChangesPanel(QWidget):
@@ -91,9 +79,9 @@ class ChangesPanel(QWidget):
     def set_conflicts(self, conflicts: list[dict]) -> None:
         self.conflicts.clear()
         for i, c in enumerate(conflicts):
-            it = QTreeWidgetItem(self.conflicts, [c["what"], _short(c["ours"]), _short(c["theirs"])])
+            it = QTreeWidgetItem(self.conflicts, [c["what"], show_value(c["ours"], 50), show_value(c["theirs"], 50)])
             it.setData(0, Qt.UserRole, i)
-            it.setToolTip(0, f"{c['where']}\nbase: {_short(c['base'])}")
+            it.setToolTip(0, f"{c['where']}\nbase: {show_value(c['base'], 50)}")
         self.conflict_box.setVisible(bool(conflicts))
         self.conflict_label.setText(f"<b>{len(conflicts)} merge conflict(s)</b>: the project holds ours; pick a side "
                                     "for each (runs start once none is left)")
