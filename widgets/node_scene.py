@@ -564,6 +564,10 @@ class GroupItem(QGraphicsItem):
         size, shapes = self.figures()
         tags, hidden = self.placement_tags()
         lines = [self.title(), size, shapes, tags]
+        marks = self.scene().diff_marks
+        changed = [marks[n][1] for n in self.scene().block_members(self.name) if n in marks]
+        if changed:
+            lines += [f"changed inside since the compared version ({len(changed)} node(s)):", *changed[:8]]
         if hidden:
             lines += ["inside (where the plan communicates):", *hidden[:12]] + ([f"… {len(hidden) - 12} more"] if len(hidden) > 12 else [])
         self.setToolTip("\n".join(x for x in lines if x))
@@ -686,7 +690,26 @@ class GroupItem(QGraphicsItem):
             return
         super().mouseDoubleClickEvent(e)
 
+    def diff_mark(self) -> str | None:
+        """A collapsed card holding nodes that changed since the compared version: added
+        when all of those are new, else changed; None when nothing inside changed."""
+        marks = self.scene().diff_marks
+        if not marks or not self.collapsed:
+            return None
+        inside = [marks[n][0] for n in self.scene().block_members(self.name) if n in marks]
+        if not inside:
+            return None
+        return "added" if all(k == "added" for k in inside) else "changed"
+
     def paint(self, p: QPainter, opt, widget=None) -> None:
+        self._paint(p, opt)
+        mark = self.diff_mark()
+        if mark:  # drawn over the card, inside its bounds
+            p.setPen(QPen(DIFF_COLORS[mark], 4))
+            p.setBrush(_NO_BRUSH)
+            p.drawRoundedRect(self._rect.adjusted(2, 2, -2, -2), 9, 9)
+
+    def _paint(self, p: QPainter, opt) -> None:
         t = self.scene().theme
         p.setRenderHint(QPainter.Antialiasing)
         if not self.collapsed:
@@ -904,8 +927,8 @@ class NodeScene(QGraphicsScene):
         self.diff_marks = dict(marks)
         self.ghosts = list(ghosts)
         self._place_ghosts()
-        self.apply_result()  # tooltips
-        for item in self.node_items.values():
+        self.apply_result()  # tooltips (collapsed cards' too)
+        for item in (*self.node_items.values(), *self.group_items.values()):
             item.update()
 
     def _place_ghosts(self) -> None:

@@ -54,6 +54,8 @@ def test_compare_with_a_file_marks_the_canvas_and_steps_through(qtbot, tmp_path)
     assert not ghost.flags() & ghost.GraphicsItemFlag.ItemIsSelectable
     texts = ui.panel.texts()
     assert "~ head.out_features 4 -> 8" in texts and any(t.startswith("parameters ") for t in texts)
+    card = scene.group_items["block2"]  # the collapsed block shows that something inside changed
+    assert card.diff_mark() == "changed" and "b2_conv1.out_channels 16 -> 32" in card.toolTip()
     # F8 steps through the changes; a change inside a collapsed block reveals it
     seen = []
     for _ in range(len(ui.panel.entries)):
