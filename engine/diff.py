@@ -285,8 +285,12 @@ def diff_projects(a: Project | dict, b: Project | dict, *, consequences: bool = 
         ga, gb = set(da.get(key, [])), set(db.get(key, []))
         if ga != gb:
             ch.append(Change("setting", f"diagram.{key}", sorted(ga), sorted(gb)))
+    def renamed(end: str) -> str:  # "node.param" in B's names
+        node, _, param = end.partition(".")
+        return f"{m.get(node, node)}.{param}"
+
     ta, tb = da.get("ties", {}), db.get("ties", {})
-    if {m.get(k.split(".")[0], k.split(".")[0]) + "." + k.split(".", 1)[1]: v for k, v in ta.items()} != tb and ta != tb:
+    if {renamed(k): renamed(v) for k, v in ta.items()} != tb:  # a renamed node's ties are not a change
         ch.append(Change("setting", "diagram.ties", ta, tb))
     if consequences and ch:
         out.consequences = _consequences(pa, pb, m)
@@ -455,13 +459,8 @@ def merge_projects(base: Project | dict | None, ours: Project | dict, theirs: Pr
         if clash:
             conflicts.append(Conflict(f"node:{nid}:id", f"node '{x}' renamed to '{o['id']}' by ours and to "
                                                         f"'{t['id']}' by theirs", x, o["id"], t["id"]))
-        for f in _NODE_FIELDS:
-            v, clash = _pick(nb.get(f, _MISSING), o.get(f, _MISSING), t.get(f, _MISSING))
-            if v is not _MISSING:
-                node[f] = v
-            if clash:
-                conflicts.append(Conflict(f"node:{nid}:{f}", f"{nid}.{f} changed on both sides", nb.get(f, _MISSING),
-                                          o.get(f, _MISSING), t.get(f, _MISSING)))
+        node.update(_merge_keys(*({f: n[f] for f in _NODE_FIELDS if f in n} for n in (nb, o, t)),
+                                f"node:{nid}:{{}}", f"{nid}.{{}} changed on both sides", conflicts))
         node["params"] = _merge_keys(nb.get("params", {}), o.get("params", {}), t.get("params", {}),
                                      f"node:{nid}:params.{{}}", f"{nid}.{{}} changed on both sides", conflicts)
         node["pos"], _ = _pick(nb.get("pos"), o.get("pos"), t.get("pos"))  # a position is never a conflict

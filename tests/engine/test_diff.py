@@ -237,3 +237,13 @@ def test_unset_value_in_a_conflict():
     theirs.graph.set_param("head", "bias", True)
     r = merge_projects(base, ours, theirs)
     assert r.conflicts[0].base is not None and r.conflicts[0].to_dict()["base"] == UNSET
+
+
+def test_ties_follow_renames():
+    a = mlp()
+    a.graph.ties = {"head.weight": "fc1.weight"}
+    b = a.copy()
+    b.graph.rename_node("fc1", "first")
+    assert [c.kind for c in diff_projects(a, b).changes] == ["renamed"]
+    b.graph.ties = {}
+    assert ("setting", "diagram.ties") in kinds(diff_projects(a, b))
