@@ -220,10 +220,6 @@ def _settings(p: dict) -> dict[str, Any]:
     return out
 
 
-def _label(n: dict) -> str:
-    return n["type"]
-
-
 def _normal(p: Project | dict) -> dict:
     if isinstance(p, Project):
         return p.to_dict()
@@ -245,10 +241,10 @@ def diff_projects(a: Project | dict, b: Project | dict, *, consequences: bool = 
             ch.append(Change("renamed", y, x, y))
     for y, n in bn.items():
         if y not in back:
-            ch.append(Change("added", y, None, _label(n)))
+            ch.append(Change("added", y, None, n["type"]))
     for x, n in an.items():
         if x not in m:
-            ch.append(Change("removed", x, _label(n), None))
+            ch.append(Change("removed", x, n["type"], None))
     for x, y in m.items():
         na, nb = an[x], bn[y]
         if na["type"] != nb["type"]:
