@@ -12,6 +12,8 @@ import importlib
 import os
 import sys
 
+from engine.errors import LayerflowError
+
 COMMAND_MODULES = [
     "app.cli_core",  # validate, summary, train
     "app.cli_interop",  # export (--onnx/--script), import (.onnx, module:pkg.mod:Class)
@@ -22,8 +24,9 @@ COMMAND_MODULES = [
 ]
 
 
-class CliError(Exception):
-    """A user error: printed as `error: <message>`, exit code 2."""
+class CliError(LayerflowError):
+    """A user error of the command line itself (a bad flag); printed, like every
+    LayerflowError, as `error: <message>`, exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,8 +86,6 @@ def cmd_trust(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine.project import ProjectError
-
     argv = list(sys.argv[1:] if argv is None else argv)
     consent = "--trust" in argv  # any command: run the project's own code (Custom layers), and remember it
     once = "--trust-once" in argv  # the same for this command only, remembered nowhere (the app's runs)
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with _consent(getattr(args, "project", None), consent, once):
             return int(args.func(args) or 0)
-    except (CliError, ProjectError) as exc:
+    except LayerflowError as exc:  # CliError, ProjectError, RunError, SSHError, ...: one line each
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

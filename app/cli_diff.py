@@ -15,7 +15,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from engine.diff import at_revision, diff_projects, merge_projects, resolve_conflict, show_value
+from engine.diff import at_revision, conflict_lines, diff_projects, merge_projects, resolve_conflict, show_value
 from engine.project import ProjectError, load_project, loads_project, save_project
 
 ATTRIBUTES_LINE = "*.lflow diff=layerflow merge=layerflow"
@@ -103,11 +103,6 @@ def cmd_merge(args) -> int:
     for i, c in enumerate(result.conflicts, 1):
         print(f"  {i}. {c.what}: ours {show_value(c.ours)}, theirs {show_value(c.theirs)}", file=sys.stderr)
     return 1
-
-
-def conflict_lines(project) -> list[str]:
-    return [f"{i}. {c['what']} ({c['where']}): ours {show_value(c['ours'])}, theirs {show_value(c['theirs'])}"
-            for i, c in enumerate(project.conflicts, 1)]
 
 
 def cmd_resolve(args) -> int:

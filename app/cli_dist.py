@@ -33,67 +33,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_place)
 
 
-def _device(args, nproc: int):
-    from dataclasses import replace
-
-    from app.cli import CliError
-    from engine.cost import device_from_name
-
-    try:
-        dev = device_from_name(args.device, nproc)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    if args.memory_gb is not None:
-        if args.memory_gb <= 0:
-            raise CliError(f"--memory-gb must be positive, not {args.memory_gb}")
-        dev = replace(dev, memory_bytes=int(args.memory_gb * 2**30))
-    return dev
-
-
 def cmd_plan(args) -> int:
     from app.cli import CliError
-    from engine.autoplace import apply_to_project, auto_place
-    from engine.compile import compile_graph
-    from engine.planner import format_plan, make_plan
-    from engine.project import save_project
+    from app.cli_placement import check_counts, placement_flags
+    from layerflow import Project
 
-    if args.nproc is not None and args.nproc < 1:
-        raise CliError(f"--nproc must be at least 1, not {args.nproc}")
-    from app.cli_placement import with_placement_flags
-
-    project = with_placement_flags(load_project(args.project), args)
-    compiled = compile_graph(project.graph)
-    if not compiled.ok:
-        raise CliError("the diagram has errors:\n" + "\n".join(f"  {e}" for e in compiled.errors))
-    pl = project.placement
-    nproc = args.nproc or pl.pp * pl.dp * pl.tp
-    device = _device(args, nproc)
-    reasons: list[str] = []
-    if args.auto:
-        try:
-            auto = auto_place(project, nproc, device, compiled)
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
-        plan, reasons = auto.plan, auto.reasons
-        if args.accept:
-            apply_to_project(project, auto)
-            save_project(project)
-            reasons.append(f"written into {args.project}")
-    elif args.accept:
+    check_counts(args, "nproc")
+    if args.accept and not args.auto:
         raise CliError("--accept needs --auto")
+    project = Project.load(args.project)
+    overrides = placement_flags(project, args)
+    pl = project.placement.model_copy(update=overrides)
+    nproc = args.nproc or pl.pp * pl.dp * pl.tp
+    if args.auto:
+        if overrides:  # the fields auto-placement leaves alone (schedule, ...) as the flags say
+            project.core.placement = pl
+        plan = project.autoplace(nproc, device=args.device, memory_gb=args.memory_gb)
+        if args.accept:
+            project.save()
+            plan.reasons.append(f"written into {args.project}")
     else:
-        plan = make_plan(project, nproc, device, compiled)
-    from engine import calibration
-
-    calibration.apply(plan, project)  # the newest run of this layout says how fast this machine really is
+        plan = project.plan(nproc, device=args.device, memory_gb=args.memory_gb, **overrides)
     if args.json:
         doc = plan.to_dict()
-        if reasons:
-            doc["reasons"] = reasons
+        if plan.reasons:
+            doc["reasons"] = plan.reasons
         print(json.dumps(doc, indent=1))
     else:
-        print(format_plan(plan))
-        for r in reasons:
+        print(plan)
+        for r in plan.reasons:
             print(f"why: {r}")
     return 1 if plan.errors else 0
 

@@ -32,22 +32,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_export(args) -> int:
-    from engine.interop import InteropError, export_onnx, export_script
-    from engine.interop.onnx_export import DEFAULT_OPSET
-    from engine.project import load_project
+    from layerflow import Project
 
     if not args.onnx and not args.script:
         raise CliError("say what to write: --onnx FILE and/or --script FILE")
-    project = load_project(args.project)
-    try:
-        if args.onnx:
-            path = export_onnx(project, args.onnx, opset=args.opset or DEFAULT_OPSET)
-            print(f"wrote {path}")
-        if args.script:
-            path = export_script(project, args.script)
-            print(f"wrote {path}")
-    except InteropError as exc:
-        raise CliError(str(exc)) from None
+    project = Project.load(args.project)
+    if args.onnx:
+        print(f"wrote {project.export_onnx(args.onnx, opset=args.opset)}")
+    if args.script:
+        print(f"wrote {project.export_script(args.script)}")
     return 0
 
 

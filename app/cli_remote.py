@@ -61,8 +61,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "do not upload it")
     p.set_defaults(func=cmd_deploy)
 
-    p = sub.add_parser("jobs", help="list remote jobs (refreshes the ones still running)")
+    p = sub.add_parser("jobs", help="list remote jobs (refreshes the ones still running); --all: everyone's")
     p.add_argument("--no-refresh", action="store_true", help="show the database only; contact no host")
+    p.add_argument("--cluster", metavar="NAME", help="only this cluster's jobs")
+    p.add_argument("--all", action="store_true", help="with --cluster: every user's jobs, read from the cluster's "
+                   "shared job board (its shared_dir); teammates' jobs can then be followed with status/logs")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_jobs)
 
@@ -96,6 +99,8 @@ def _profile_flags(a: argparse.ArgumentParser) -> None:
     a.add_argument("--rdzv-port", type=int, default=29400)
     a.add_argument("--max-restarts", type=int, default=0)
     a.add_argument("--known-hosts", help="known_hosts file (default: Layerflow's own + ~/.ssh/known_hosts)")
+    a.add_argument("--shared-dir", metavar="PATH", help="a folder on the cluster every user can write (group "
+                   "permissions): jobs register there, and `jobs --cluster NAME --all` lists everyone's")
 
 
 def _profile(args, hosts: list[dict]):
@@ -109,7 +114,7 @@ def _profile(args, hosts: list[dict]):
         env[k] = v
     data = {"name": args.name, "hosts": hosts, "workdir": args.workdir, "python": args.python, "env": env,
             "backend": args.backend, "nproc_per_node": args.nproc_per_node, "rdzv_port": args.rdzv_port,
-            "max_restarts": args.max_restarts, "known_hosts": args.known_hosts}
+            "max_restarts": args.max_restarts, "known_hosts": args.known_hosts, "shared_dir": args.shared_dir}
     return parse_cluster({k: v for k, v in data.items() if v is not None}, f"cluster {args.name!r}")
 
 
@@ -223,22 +228,15 @@ class _Bar:
 
 @_guard
 def cmd_deploy(args) -> int:
-    from engine.project import load_project
-    from remote.cluster import ClusterStore
-    from remote.launch_ssh import deploy, prepare
-
-    cluster = ClusterStore().get(args.cluster)
-    if args.steps is not None and args.steps < 1:
-        raise CliError(f"--steps must be at least 1, not {args.steps}")
-    project = load_project(args.project)
-    run_dir = prepare(project, args.out, steps=args.steps)
-    print(f"run folder: {run_dir}", file=sys.stderr)
+    from layerflow import Project
 
     def show(rep):
         print(rep.table(), file=sys.stderr)
 
-    job = deploy(cluster, run_dir, name=args.name, accept=args.accept_host_key, progress=_Bar(), on_preflight=show,
-                 remote_data=args.remote_data)
+    job = Project.load(args.project).deploy(
+        args.cluster, steps=args.steps, name=args.name, out=args.out, accept_host_key=args.accept_host_key,
+        remote_data=args.remote_data, progress=_Bar(), on_preflight=show,
+        on_prepared=lambda run_dir: print(f"run folder: {run_dir}", file=sys.stderr))
     print(job.id)
     return 0
 
@@ -257,12 +255,16 @@ def _steps(job) -> str:
 def cmd_jobs(args) -> int:
     from remote.jobs import JobDB
 
+    if args.all:
+        if not args.cluster:
+            raise CliError("--all needs --cluster NAME: the board is the cluster's own")
+        return _board(args)
     db = JobDB()
     if not args.no_refresh:
         for job in db.active():  # reattach: one poll refreshes state and mirrors new output
             with _tracker(job.id, db=db) as tr:
                 tr.poll()
-    jobs = db.list()
+    jobs = [j for j in db.list() if not args.cluster or j.cluster.get("name") == args.cluster]
     if args.json:
         print(json.dumps([json.loads(j.to_json()) for j in jobs], indent=1))
         return 0
@@ -271,6 +273,30 @@ def cmd_jobs(args) -> int:
     for j in jobs:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(j.created))
         print(f"{j.id:<44} {j.state:<10} {_steps(j):>12}  {j.cluster.get('name', '?'):<16} {when}")
+    return 0
+
+
+def _board(args) -> int:
+    """Everyone's jobs on the cluster, from its shared job board (remote/board.py)."""
+    from layerflow import cluster_jobs
+    from remote.cluster import ClusterStore
+    from remote.jobs import JobDB
+
+    cluster = ClusterStore().get(args.cluster)
+    records = cluster_jobs(cluster.name)
+    mine = {j.id for j in JobDB().list() if not j.extra.get("teammate")}
+    if args.json:
+        print(json.dumps(records, indent=1))
+        return 0
+    if not records:
+        print(f"no jobs on {cluster.name}'s board ({cluster.shared_dir}/jobs)")
+    for r in records:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.get("created") or 0))
+        devices = f"{r.get('world_size') or '?'} proc" + (f", {r['gpus']} GPU" if r.get("gpus") else "")
+        steps = f"{r.get('step') or 0}/{r.get('total_steps') or '?'}"
+        you = " (you)" if r["id"] in mine else ""
+        print(f"{r['id']:<44} {str(r.get('owner')) + you:<16} {r.get('state', '?'):<10} {steps:>12}  "
+              f"{devices:<16} {', '.join(r.get('hosts') or [])}  {when}")
     return 0
 
 
@@ -284,6 +310,8 @@ def cmd_status(args) -> int:
         return 0
     print(f"{job.id}: {job.state}, step {_steps(job)}")
     print(f"  name: {job.name}\n  cluster: {job.cluster.get('name')}")
+    if job.extra.get("owner"):
+        print(f"  owner: {job.extra['owner']}" + (" (a teammate's job: read only)" if job.extra.get("teammate") else ""))
     for n in job.nodes:
         print(f"  node {n.index}: {n.host}:{n.jobdir}")
     if job.error:

@@ -74,6 +74,10 @@ class ClusterDialog(QDialog):
         self.nproc = QSpinBox(minimum=0, maximum=1024, specialValueText="auto")
         self.rdzv_port = QSpinBox(minimum=1, maximum=65535, value=29400)
         self.known_hosts = QLineEdit()
+        self.shared_dir = QLineEdit()
+        self.shared_dir.setPlaceholderText("e.g. /shared/layerflow (optional)")
+        self.shared_dir.setToolTip("A folder on the cluster every user can write (group permissions): jobs register "
+                                   "there, and the Remote jobs panel's 'Everyone on' view lists every user's jobs")
         self.known_hosts.setPlaceholderText("default: Layerflow's own + ~/.ssh/known_hosts")
         form = QFormLayout()
         form.addRow("Name", self.name)
@@ -90,6 +94,7 @@ class ClusterDialog(QDialog):
         form.addRow("Processes per node", self.nproc)
         form.addRow("Rendezvous port", self.rdzv_port)
         form.addRow("known_hosts", self.known_hosts)
+        form.addRow("Shared job board folder", self.shared_dir)
 
         self.error = QLabel()
         self.error.setStyleSheet("color: #c0392b")
@@ -148,6 +153,7 @@ class ClusterDialog(QDialog):
         self.nproc.setValue(0)
         self.rdzv_port.setValue(29400)
         self.known_hosts.setText("")
+        self.shared_dir.setText("")
         self.report.clear()
 
     def add_host_row(self, address="", port=22, user="", identity="") -> None:
@@ -177,6 +183,7 @@ class ClusterDialog(QDialog):
         self.nproc.setValue(c.nproc_per_node or 0)
         self.rdzv_port.setValue(c.rdzv_port)
         self.known_hosts.setText(c.known_hosts or "")
+        self.shared_dir.setText(c.shared_dir or "")
         self.report.clear()
 
     # ----- form <-> profile ----------------------------------------------------------
@@ -206,7 +213,8 @@ class ClusterDialog(QDialog):
         data = {"name": self.name.text().strip(), "hosts": hosts, "workdir": self.workdir.text().strip(),
                 "python": self.python.text().strip(), "env": env, "backend": self.backend.currentText(),
                 "nproc_per_node": self.nproc.value() or None, "rdzv_port": self.rdzv_port.value(),
-                "known_hosts": self.known_hosts.text().strip() or None}
+                "known_hosts": self.known_hosts.text().strip() or None,
+                "shared_dir": self.shared_dir.text().strip() or None}
         return parse_cluster({k: v for k, v in data.items() if v is not None}, "cluster")
 
     def save(self) -> bool:

@@ -14,13 +14,27 @@ import time
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
-from PySide6.QtWidgets import (QAbstractItemView, QDockWidget, QFileDialog, QHBoxLayout, QInputDialog, QMessageBox,
-                               QPlainTextEdit, QPushButton, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QDockWidget,
+    QFileDialog,
+    QHBoxLayout,
+    QInputDialog,
+    QMessageBox,
+    QPlainTextEdit,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
 
 from remote.jobs import JobDB
 from remote.tracker import Follower, Tracker
 
-COLUMNS = ("job", "name", "cluster", "state", "step", "started")
+COLUMNS = ("job", "name", "cluster", "state", "step", "started", "owner")
+MINE = "My jobs"
 
 
 class JobsController(QObject):
@@ -33,6 +47,7 @@ class JobsController(QObject):
     message = Signal(str)  # one line for the status bar
     failed = Signal(str, str)  # title, text
     host_key_question = Signal(str, str, str)  # host, key type, fingerprint (deploy stopped on it)
+    board_loaded = Signal(str, list)  # cluster name, every user's job records (remote/board.py)
 
     def __init__(self, parent=None, db: JobDB | None = None):
         super().__init__(parent)
@@ -119,6 +134,13 @@ class JobsController(QObject):
             self.follow(job.id)
         self.jobs_changed.emit()
 
+    def load_board(self, cluster_name: str) -> None:
+        """Everyone's jobs on the cluster, read from its shared job board; teammates' jobs
+        join the database (marked with their owner) so they can be opened and followed."""
+        from layerflow import cluster_jobs
+
+        self._submit(cluster_jobs, lambda records: self.board_loaded.emit(cluster_name, records), cluster_name)
+
     def cancel(self, job_id: str) -> None:
         def work():
             with Tracker(job_id, self.db) as tr:
@@ -159,8 +181,14 @@ class JobsPanel(QWidget):
         self.log = QPlainTextEdit(readOnly=True)
         self.log.setMaximumBlockCount(5000)
         self.buttons = {}
+        self.view = QComboBox()  # My jobs, or Everyone on <cluster> (clusters with a shared_dir)
+        self.view.setToolTip("My jobs: this machine's job database; Everyone on a cluster: every user's jobs, "
+                             "read from the cluster's shared job board")
+        self.view.activated.connect(lambda _i: self._view_changed())
+        self.board: dict[str, dict] = {}  # job id -> record, in the Everyone view
         row = QHBoxLayout()
-        for name, slot in (("Refresh", self.refresh), ("Open", self._open), ("Cancel", self._cancel),
+        row.addWidget(self.view)
+        for name, slot in (("Refresh", self._reload), ("Open", self._open), ("Cancel", self._cancel),
                            ("Fetch…", self._fetch)):
             b = QPushButton(name)
             b.clicked.connect(slot)
@@ -175,15 +203,62 @@ class JobsPanel(QWidget):
         controller.job_state.connect(lambda _id, _s: self.refresh())
         controller.log_lines.connect(self._append_log)
         controller.metrics.connect(self._on_metrics)
+        controller.board_loaded.connect(self._on_board)
+        self.fill_views()
         self.refresh()
+
+    # ----- My jobs / Everyone on a cluster ------------------------------------------------
+    def fill_views(self) -> None:
+        from remote.cluster import ClusterError, ClusterStore
+
+        try:
+            shared = [c.name for c in ClusterStore().all() if c.shared_dir]
+        except ClusterError:
+            shared = []
+        current = self.view.currentText()
+        self.view.clear()
+        self.view.addItems([MINE, *(f"Everyone on {n}" for n in shared)])
+        if self.view.findText(current) >= 0:
+            self.view.setCurrentText(current)
+
+    def everyone_on(self) -> str | None:
+        text = self.view.currentText()
+        return text.removeprefix("Everyone on ") if text != MINE and text else None
+
+    def show_everyone(self, cluster_name: str) -> None:
+        self.fill_views()
+        self.view.setCurrentText(f"Everyone on {cluster_name}")
+        self._view_changed()
+
+    def _view_changed(self) -> None:
+        self.board = {}
+        name = self.everyone_on()
+        if name:
+            self.controller.load_board(name)
+        self.refresh()
+
+    def _reload(self) -> None:
+        if self.everyone_on():
+            self.controller.load_board(self.everyone_on())
+        self.refresh()
+
+    def _on_board(self, cluster_name: str, records: list) -> None:
+        if cluster_name == self.everyone_on():
+            self.board = {r["id"]: r for r in records}
+            self.refresh()
 
     def refresh(self) -> None:
         selected = self.selected_job()
         jobs = list(reversed(self.controller.db.list()))
+        if self.everyone_on():
+            jobs = [j for j in jobs if j.id in self.board]
         self.table.setRowCount(len(jobs))
         for r, j in enumerate(jobs):
-            cells = (j.id, j.name, j.cluster.get("name", "?"), j.state, f"{j.step or 0}/{j.total_steps or '?'}",
-                     time.strftime("%Y-%m-%d %H:%M", time.localtime(j.created)))
+            rec = self.board.get(j.id, {})
+            state, step = (j.state, j.step) if not j.extra.get("teammate") or not rec else (rec.get("state"), rec.get("step"))
+            cells = (j.id, j.name, j.cluster.get("name", "?"), str(state), f"{step or 0}/{j.total_steps or '?'}",
+                     time.strftime("%Y-%m-%d %H:%M", time.localtime(j.created)),
+                     str(j.extra.get("owner") or rec.get("owner") or "you"))
             for c, v in enumerate(cells):
                 item = QTableWidgetItem(v)
                 item.setData(Qt.UserRole, j.id)
@@ -206,13 +281,16 @@ class JobsPanel(QWidget):
 
     def _update_buttons(self) -> None:
         jid = self.selected_job()
-        state = None
+        state, teammate = None, None
         if jid:
             try:
-                state = self.controller.db.get(jid).state
+                job = self.controller.db.get(jid)
+                state, teammate = job.state, job.extra.get("teammate") and job.extra.get("owner")
             except LookupError:
                 state = None
-        self.buttons["Cancel"].setEnabled(state in ("pending", "running", "lost"))
+        cancel = self.buttons["Cancel"]
+        cancel.setEnabled(state in ("pending", "running", "lost") and not teammate)
+        cancel.setToolTip(f"a job of {teammate}'s: only its owner can cancel it" if teammate else "")
         for k in ("Open", "Fetch…"):
             self.buttons[k].setEnabled(jid is not None)
 
@@ -242,6 +320,9 @@ class JobsPanel(QWidget):
     def _open(self) -> None:
         jid = self.selected_job()
         if jid:
+            job = self.controller.db.get(jid)
+            if job.extra.get("teammate") and not job.done:
+                self.controller.follow(jid)  # read only: its metrics mirrored by byte offset like one's own
             self.open_requested.emit(str(self.controller.db.mirror_dir(jid)))
 
     def _cancel(self) -> None:
@@ -269,6 +350,7 @@ def install(window) -> tuple[JobsController, JobsPanel, QDockWidget]:
     def clusters():
         from app.cluster_dialog import ClusterDialog
         ClusterDialog(window).exec()
+        panel.fill_views()  # a cluster with a shared_dir offers "Everyone on" it
 
     def deploy(accept=()):
         from remote.cluster import ClusterError, ClusterStore

@@ -234,9 +234,13 @@ def run_single(tmp: Path, device: torch.device, spec, smoke: bool, steps: int, e
             rows.append(row)
             rows.append(Row("hand", arch["name"], precision, step_ms=dt * 1e3, peak_mib=hpeak, losses=means,
                             tflops=row.tflops * row.step_ms / (dt * 1e3) if row.tflops else None))
+            # FSDP's bf16 policy casts the weights, autocast does not: the two bf16 trajectories part
+            # by 0.1 at most on a GPU; on a CPU, whose bf16 kernels differ from one CPU to the next,
+            # the tiny smoke models part by up to 0.15 (seen) and the check asks only that it runs sanely
+            bf16_tol = 0.1 if device.type == "cuda" else 0.3
             for kind in ("ddp", "fsdp"):
                 rows.append(world_one(kind, source, rd, device, precision, steps, marks, means))
-                if not rows[-1].match <= (1e-4 if precision == "fp32" else 0.1):  # FSDP's bf16 casts weights
+                if not rows[-1].match <= (1e-4 if precision == "fp32" else bf16_tol):
                     rows[-1].problems.append(f"{kind} at world size 1 ({arch['name']} {precision}): losses differ "
                                              f"from the plain loop's by {rows[-1].match:.2e}")
     for path in examples:

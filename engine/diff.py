@@ -607,6 +607,12 @@ def _loadable(merged: dict, ours: dict, theirs: dict, conflicts: list[Conflict])
 
 
 # ----- resolving --------------------------------------------------------------
+def conflict_lines(project: Project) -> list[str]:
+    """The project's merge conflicts left, numbered from 1 as `layerflow resolve` takes them."""
+    return [f"{i}. {c['what']} ({c['where']}): ours {show_value(c['ours'])}, theirs {show_value(c['theirs'])}"
+            for i, c in enumerate(project.conflicts, 1)]
+
+
 def resolve_conflict(project: Project, index: int, side: str) -> None:
     """Settle conflict `index` of `project` (in place) by taking `side`'s value ('ours' or
     'theirs'). Raises ProjectError if the result would not be a valid project, leaving the

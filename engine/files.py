@@ -7,8 +7,10 @@ import os
 import tempfile
 from pathlib import Path
 
+from engine.errors import LayerflowError
 
-class ProjectError(ValueError):
+
+class ProjectError(LayerflowError, ValueError):
     """A project file that cannot be used; the message names the file and field."""
 
 

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from engine.errors import LayerflowError
 from engine.runtime.plan import TP_STYLES
 
 _ID_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -33,7 +34,7 @@ def valid_id(node_id) -> bool:
 # runtime's (engine/runtime/plan.py), re-exported here.
 
 
-class GraphError(ValueError):
+class GraphError(LayerflowError, ValueError):
     """A refused edit: the message says which node/port and why."""
 
 

@@ -54,6 +54,10 @@ class Plan:
     doc: dict
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)  # auto-placement: why this layout
+
+    def __str__(self) -> str:
+        return format_plan(self)
 
     @property
     def ok(self) -> bool:

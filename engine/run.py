@@ -18,10 +18,11 @@ from pathlib import Path
 
 from engine.compile import compile_graph
 from engine.data import load_arrays
+from engine.errors import LayerflowError
 from engine.project import Project, atomic_write
 
 
-class RunError(ValueError):
+class RunError(LayerflowError, ValueError):
     """The project cannot be run as it is; the message lists every reason."""
 
 

@@ -17,13 +17,14 @@ from typing import Literal, Optional
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from engine.errors import LayerflowError
 from engine.project import atomic_write
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class ClusterError(ValueError):
+class ClusterError(LayerflowError, ValueError):
     """A bad or missing cluster profile; the message names the cluster and field."""
 
 
@@ -81,6 +82,9 @@ class Cluster(_Strict):
     rdzv_port: int = Field(29400, ge=1, le=65535)
     max_restarts: int = Field(0, ge=0, le=100)
     known_hosts: Optional[str] = None  # None: Layerflow's own file + ~/.ssh/known_hosts (read only)
+    # a folder every user of the cluster can write (group permissions): each job registers
+    # itself in <shared_dir>/jobs/ and keeps its record current, so `jobs --all` sees everyone's
+    shared_dir: Optional[str] = None
     connect_timeout: float = Field(10.0, gt=0)
     command_timeout: float = Field(60.0, gt=0)
     # Slurm only

@@ -17,13 +17,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from engine.errors import LayerflowError
 from remote.cluster import Cluster, config_dir
 
 STATES = ("pending", "running", "succeeded", "failed", "cancelled", "lost")
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
-class JobError(LookupError):
+class JobError(LayerflowError, LookupError):
     pass
 
 

@@ -134,7 +134,8 @@ class LocalJob:
 
     def describe_failure(self) -> str:
         if self.failure is None:
-            return f"torchrun exited with {self.returncode}; see {self.log_path}"
+            what = "torchrun" if self.nproc > 1 else "the trainer"
+            return f"{what} exited with {self.returncode}; see {self.log_path}"
         rank, tb = self.failure
         try:
             import json
@@ -237,10 +238,12 @@ def _last_traceback(path: Path) -> str | None:
 
 def launch_local(run_dir: str | os.PathLike, nproc: int, *, resume: bool = False,
                  code_root: str | os.PathLike | None = None, env: dict | None = None,
-                 detached: bool = False) -> LocalJob:
-    """Start `torchrun --standalone --nproc-per-node nproc -m engine.runtime.train RUN_DIR`.
-    Its workers stop when this process ends, however it ends (SIGKILL included), unless
-    `detached`: they watch this process's pid (engine/runtime/loop.py watch_parent)."""
+                 detached: bool = False, torchrun: bool | None = None) -> LocalJob:
+    """Start `torchrun --standalone --nproc-per-node nproc -m engine.runtime.train RUN_DIR`
+    (with `torchrun=False`, for one process only: `python -m engine.runtime.train RUN_DIR`
+    itself, the default for nproc 1). Its workers stop when this process ends, however it
+    ends (SIGKILL included), unless `detached`: they watch this process's pid
+    (engine/runtime/loop.py watch_parent)."""
     run_dir = Path(run_dir).resolve()
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, not {nproc}")
@@ -250,9 +253,13 @@ def launch_local(run_dir: str | os.PathLike, nproc: int, *, resume: bool = False
     logs.mkdir(parents=True, exist_ok=True)
     for stale in logs.glob("rank*.error"):
         stale.unlink()
+    if torchrun is None:
+        torchrun = nproc > 1
+    if not torchrun and nproc != 1:
+        raise ValueError(f"{nproc} processes need torchrun")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "--log-dir", str(logs / "torchrun"), "--redirects", "3",
-           "-m", "engine.runtime.train", str(run_dir)]
+           "--log-dir", str(logs / "torchrun"), "--redirects", "3"] if torchrun else [sys.executable]
+    cmd += ["-m", "engine.runtime.train", str(run_dir)]
     if resume:
         cmd.append("--resume")
     full_env = {**os.environ, **(env or {})}

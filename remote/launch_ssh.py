@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable
 
+from engine.errors import LayerflowError
 from remote.bundle import Bundle, extract, make_bundle, upload
 from remote.cluster import Cluster, config_dir
 from remote.jobctl import TOKEN_VAR
@@ -32,7 +33,7 @@ from remote.ssh import Connection, SSHError, quote
 Progress = Callable[[str, int, int], None]  # (host, bytes done, bytes total)
 
 
-class DeployError(RuntimeError):
+class DeployError(LayerflowError, RuntimeError):
     def __init__(self, message: str, report: PreflightReport | None = None):
         super().__init__(message)
         self.report = report
@@ -111,6 +112,16 @@ def _link_data(job: Job) -> str:
     return f"ln -sfn {quote(path)} run/data.npz\n" if path else ""
 
 
+def _board_keeper(job: Job, cluster: Cluster, i: int) -> str:
+    """Node 0 keeps the job's record on the shared job board current (remote/board.py), from
+    a session of its own without the job's token: a cancel neither kills it nor counts it."""
+    record = job.extra.get("board")
+    if not record or i != 0:
+        return ""
+    cmd = " ".join(quote(a) for a in [cluster.python, "layerflow_jobctl.py", "board", ".", "0", record, "5"])
+    return f"setsid nohup {cmd} </dev/null >board.out 2>&1 &\n"
+
+
 def node_script(job: Job, cluster: Cluster, i: int, nnodes: int, nproc: int) -> str:
     env = {TOKEN_VAR: job.token, "PYTHONUNBUFFERED": "1", **cluster.env}
     exports = "\n".join(f"export {k}={quote(v)}" for k, v in env.items())
@@ -124,7 +135,7 @@ def node_script(job: Job, cluster: Cluster, i: int, nnodes: int, nproc: int) -> 
 # this shell leads its own session, so its pid is the job's process group on this node.
 echo $$ > node{i}.pid.tmp && mv node{i}.pid.tmp node{i}.pid
 printf 'layerflow job %s (%s) node {i} of {nnodes}\\n' {quote(job.id)} {quote(job.name)}
-{_link_data(job)}{exports}
+{_board_keeper(job, cluster, i)}{_link_data(job)}{exports}
 {torchrun}
 rc=$?
 echo $rc > node{i}.exit.tmp && mv node{i}.exit.tmp node{i}.exit
@@ -173,7 +184,15 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
                   cluster=cluster_used.model_dump(mode="json"), created=time.time(), token=secrets.token_hex(12),
                   total_steps=json.loads((run_dir / "run.json").read_text()).get("total_steps"))
         job.extra = {"world_size": world, "nproc_per_node": nproc, "bundle": bundle.sha256,
-                     "remote_data": remote_data}
+                     "remote_data": remote_data,
+                     "gpus": sum(min(len(h.gpus), nproc) for h in report.hosts)}
+        owner = None
+        if cluster.shared_dir:  # the shared job board: the record's place is in every node script
+            from remote import board
+
+            owner = board.whoami(conns[0])
+            job.extra["owner"] = owner
+            job.extra["board"] = board.prepare_record(conns[0], cluster, job.id)
 
         def stage(i: int) -> Node:
             c = conns[i]
@@ -203,6 +222,11 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
             job.state, job.error = "failed", f"upload failed, nothing was launched: {exc}"
             db.save(job)
             raise DeployError(job.error) from None
+        if owner is not None:
+            from remote import board
+
+            project = json.loads((run_dir / "run.json").read_text()).get("name")
+            board.write_record(conns[0], job.extra["board"], board.record_of(job, owner, project))
         # All nodes staged: only now start anything.
         started = []
         try:

@@ -26,12 +26,13 @@ from typing import Callable, Iterable
 
 import paramiko
 
+from engine.errors import LayerflowError
 from remote.cluster import Cluster, Host
 
 quote = shlex.quote
 
 
-class SSHError(Exception):
+class SSHError(LayerflowError):
     """Anything that went wrong talking to a host; `host` names it."""
 
     def __init__(self, host: str, message: str):

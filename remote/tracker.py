@@ -29,6 +29,7 @@ from typing import Callable, Iterable
 
 from filelock import FileLock
 
+from engine.errors import LayerflowError
 from engine.project import atomic_write
 from engine.tail import parse_jsonl, read_from, split_complete
 from remote.jobs import TERMINAL, Job, JobDB
@@ -38,7 +39,7 @@ MetricsFn = Callable[[list[dict]], None]
 LogFn = Callable[[str, list[str]], None]  # (log name, new lines)
 
 
-class CancelError(RuntimeError):
+class CancelError(LayerflowError, RuntimeError):
     pass
 
 
@@ -102,7 +103,10 @@ class Tracker:
     # ----- connections -------------------------------------------------------
     def conn(self, i: int) -> Connection:
         if i not in self._conns:
-            host = next(h for h in self.cluster.hosts if h.label == self.job.nodes[i].host)
+            host = next((h for h in self.cluster.hosts if h.label == self.job.nodes[i].host), None)
+            if host is None:
+                raise SSHError(self.job.nodes[i].host, f"this host of job {self.job.id} is not in cluster "
+                                                       f"{self.cluster.name!r}'s profile; add it to follow the job")
             self._conns[i] = Connection.to(self.cluster, host, self.accept)
         return self._conns[i]
 
@@ -313,6 +317,8 @@ class Tracker:
         return ""
 
     def _kill_rest(self) -> None:
+        if self.job.extra.get("teammate"):
+            return  # a teammate's job: its owner's tracker (or its rendezvous timeout) ends it
         for n in self.job.nodes:
             inf = self.nodes[n.index].info
             if inf.get("alive"):
@@ -340,6 +346,9 @@ class Tracker:
 
     def cancel(self, grace: float = 15.0) -> Job:
         """TERM every node's job processes, wait `grace` s, KILL what is left, verify none remain."""
+        if self.job.extra.get("teammate"):
+            raise CancelError(f"job {self.job.id} belongs to {self.job.extra.get('owner')} on cluster "
+                              f"{self.job.cluster.get('name')}: only its owner can cancel it")
         if self.job.backend == "slurm":
             from remote.launch_slurm import cancel_command
             self.conn(0).run(cancel_command(self.job.extra["slurm_id"]))

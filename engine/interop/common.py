@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine.errors import LayerflowError
 from engine.graph import MAX_ID_LEN
 from engine.project import Project, atomic_write, save_project
 
@@ -20,7 +21,7 @@ _RESERVED = (set(dir(nn.Module)) | {"forward", "code", "graph"} | set(keyword.kw
              | set(vars(builtins)) | {"torch", "math", "inf", "nan", "device", "pytree", "fx_pytree"})
 
 
-class InteropError(ValueError):
+class InteropError(LayerflowError, ValueError):
     """An export or import that cannot be done; the message lists every reason."""
 
 

@@ -263,8 +263,7 @@ def test_gradient_accumulation_must_divide_the_batch(tmp_path, capsys):
     with pytest.raises(ValueError, match="training.batch_size 64 is not divisible by training.grad_accumulation 3"):
         Training(batch_size=64, grad_accumulation=3)
     assert main(["train", str(EX / "mlp_digits.lflow"), "--accumulate", "3", "--out", str(tmp_path / "r")]) == 2
-    assert "--accumulate 3: training.batch_size 64 is not divisible by training.grad_accumulation 3" \
-        in capsys.readouterr().err
+    assert "training.batch_size 64 is not divisible by training.grad_accumulation 3" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
     p = load_project(EX / "mlp_digits.lflow")
     p.training.grad_accumulation = 2

@@ -1,0 +1,50 @@
+"""Layerflow as a Python library: the same core the command line and the editor use.
+
+    import layerflow as lf
+
+    p = lf.Project.new("mlp", dataset={"kind": "digits"}, steps=60)
+    x = p.add("Input", shape=[64])
+    h = p.add("ReLU", p.add("Linear", x, out_features=128))
+    p.add("Output", p.add("Linear", h, out_features=10), loss="cross_entropy")
+    print(p.summary())                      # shapes, parameters, FLOPs per node
+    print(p.place(dp=2))                    # the plan: what each device holds, what moves
+    run = p.train()                         # two processes (torchrun) on this machine
+    for rec in run.metrics(follow=True):    # each record as it is written
+        print(rec["step"], rec.get("loss"))
+
+`Project.load(path)`, `.from_module(model, input_shape=...)` and `.from_onnx(path)` open
+existing models; `.validate()`, `.autoplace(devices=N)`, `.deploy(cluster)` (a `Job` with
+`status()`, `metrics(follow=True)`, `cancel()`, `fetch()`), `.export_onnx()`,
+`.export_script()`, `.save()` and `.diff(other)` do what the commands of the same names do.
+Every error is a `LayerflowError` whose message names the node, field or host at fault.
+"""
+from __future__ import annotations
+
+from engine.diff import ProjectDiff
+from engine.errors import CheckFailed, LayerflowError
+from engine.files import ProjectError
+from engine.graph import GraphError
+from engine.interop.common import InteropError
+from engine.planner import Plan
+from engine.run import RunError
+from layerflow.project import Project, Summary, load
+from layerflow.runs import Job, Run, RunFailed, Status, cluster_jobs
+
+__all__ = [
+           "CheckFailed",
+           "GraphError",
+           "InteropError",
+           "Job",
+           "LayerflowError",
+           "Plan",
+           "Project",
+           "ProjectDiff",
+           "ProjectError",
+           "Run",
+           "RunError",
+           "RunFailed",
+           "Status",
+           "Summary",
+           "cluster_jobs",
+           "load",
+]

@@ -1,0 +1,460 @@
+"""`lf.Project`: build or load a diagram, check it, place it, train or deploy it, export it.
+
+A thin, documented layer over the engine the command line and the editor use: the same
+compile, planner, run folders, launchers and errors (every one a LayerflowError whose
+message names the node, field or host at fault)."""
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from engine import project as core
+from engine.errors import CheckFailed, LayerflowError
+from engine.graph import GraphError, ports_of
+from layerflow.runs import Job, Run
+
+Source = str  # "node" (its only output) or "node.port"
+
+
+@dataclass
+class Summary:
+    """Per node: type, output shape, parameters and FLOPs per sample; and the totals.
+    `str(summary)` is the table `layerflow summary` prints."""
+
+    rows: list[dict]
+    total_params: int
+    total_flops: int
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"nodes": self.rows, "total_params": self.total_params, "total_flops": self.total_flops,
+                "errors": self.errors, "warnings": self.warnings}
+
+    def __getitem__(self, node: str) -> dict:
+        for r in self.rows:
+            if r["node"] == node:
+                return r
+        raise KeyError(node)
+
+    def __str__(self) -> str:
+        from engine.units import human
+
+        headers = ("node", "type", "output shape", "params", "FLOPs/sample")
+        table = [(r["node"], r["type"], r["output_shape"], f"{r['params']:,}", human(r["flops"])) for r in self.rows]
+        table.append(("total", "", "", f"{self.total_params:,}", human(self.total_flops)))
+        widths = [max(len(str(x[i])) for x in [headers, *table]) for i in range(len(headers))]
+
+        def line(cells) -> str:
+            return "  ".join(str(c).ljust(w) if i < 3 else str(c).rjust(w)
+                             for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+        rule = "  ".join("-" * w for w in widths)
+        return "\n".join([line(headers), rule, *map(line, table[:-1]), rule, line(table[-1])])
+
+
+def _settings_error(where: str, exc: ValidationError) -> core.ProjectError:
+    return core.ProjectError(core._format_validation(where, exc))
+
+
+class Project:
+    """A Layerflow project: a diagram (nodes and edges) with its training and placement.
+
+        p = lf.Project.new("mlp", dataset={"kind": "digits"}, steps=100)
+        x = p.add("Input", shape=[64])
+        h = p.add("ReLU", p.add("Linear", x, out_features=128))
+        p.add("Output", p.add("Linear", h, out_features=10), loss="cross_entropy")
+
+    `training` and `placement` are the file's settings (pydantic models): change their
+    fields directly (`p.training.batch_size = 32`); they are checked again before use."""
+
+    def __init__(self, project: core.Project | None = None):
+        self._p = project or core.Project()
+        self._weights = None  # an imported model's tensors, written beside the file at save()
+        self._laid_out = True  # False once a node was added without a position: save() lays them out
+
+    # ----- making one -----------------------------------------------------------------
+    @classmethod
+    def new(cls, name: str = "untitled", *, dataset: dict | None = None, description: str = "",
+            **training: Any) -> Project:
+        """An empty diagram; `dataset` and the other keywords are training settings
+        (`steps=`, `batch_size=`, `optimizer={"name": "sgd", "lr": 0.1}`, ...)."""
+        values = dict(training)
+        if dataset is not None:
+            values["dataset"] = dataset
+        try:
+            tr = core.Training.model_validate(values)
+        except ValidationError as exc:
+            raise _settings_error("training", exc) from None
+        return cls(core.Project(name=name, description=description, training=tr))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Project:
+        """Open a .lflow file (checked; ProjectError names the file and field)."""
+        return cls(core.load_project(path))
+
+    @classmethod
+    def from_module(cls, module, input_shape: Iterable[int] | list[Iterable[int]], *,
+                    input_dtype: str | list[str] | None = None, name: str | None = None) -> Project:
+        """The diagram of an nn.Module instance, with its weights (input shapes without the
+        batch; a list of shapes for several inputs). Checked to compute what the module does."""
+        from engine.interop.module_import import from_module
+
+        shapes = [list(input_shape)] if all(isinstance(d, int) for d in input_shape) else [list(s) for s in input_shape]
+        dtypes = [input_dtype] if isinstance(input_dtype, str) else input_dtype
+        imported = from_module(module, shapes, dtypes, name=name)
+        p = cls(imported.project)
+        p._weights = imported
+        return p
+
+    @classmethod
+    def from_onnx(cls, path: str | os.PathLike, *, name: str | None = None) -> Project:
+        """The diagram of an ONNX model, with its weights."""
+        from engine.interop import import_onnx
+
+        imported = import_onnx(path, name=name)
+        p = cls(imported.project)
+        p._weights = imported
+        return p
+
+    # ----- what it is -----------------------------------------------------------------
+    @property
+    def core(self) -> core.Project:
+        """The engine's project (engine/project.py), for what this layer does not cover."""
+        return self._p
+
+    @property
+    def name(self) -> str:
+        return self._p.name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._p.name = value
+
+    @property
+    def path(self) -> Path | None:
+        return self._p.path
+
+    @property
+    def graph(self):
+        return self._p.graph
+
+    @property
+    def training(self) -> core.Training:
+        return self._p.training
+
+    @property
+    def placement(self) -> core.Placement:
+        return self._p.placement
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(self._p.graph.nodes)
+
+    def __repr__(self) -> str:
+        where = f", {str(self.path)!r}" if self.path else ""
+        return f"Project({self.name!r}, {len(self._p.graph.nodes)} nodes{where})"
+
+    # ----- editing ----------------------------------------------------------------------
+    def add(self, type: str, *inputs: Source, id: str | None = None, pos: tuple[float, float] | None = None,
+            **params: Any) -> str:
+        """Add a layer and wire `inputs` to its input ports in order (Add's a and b, ...);
+        returns its id (default: the type in lower case, numbered). An input is a node id
+        (its only output) or "node.port"."""
+        from engine.layers import CATALOG
+
+        if type not in CATALOG:
+            near = difflib.get_close_matches(type, list(CATALOG), n=3, cutoff=0.6)
+            hint = f" (did you mean {', '.join(near)}?)" if near else ""
+            raise GraphError(f"no layer type '{type}' in the catalog{hint}")
+        spec = CATALOG[type]
+        _check_params(spec, params, type)
+        ins = ports_of(type, {**spec.defaults(), **params})[0]
+        if len(inputs) > len(ins):
+            raise GraphError(f"{type} takes {len(ins)} input(s) ({', '.join(ins) or 'none'}), not {len(inputs)}")
+        for src in inputs:  # every source exists before anything is added
+            self._source(src)
+        g = self._p.graph
+        nid = id or g.unique_id(type.lower())
+        g.add_node(type, params, pos=pos or (0.0, 0.0), id=nid)
+        try:
+            for src, port in zip(inputs, ins):
+                s, sp = self._source(src)
+                g.connect(s, sp, nid, port)
+        except GraphError:
+            g.remove_node(nid)
+            raise
+        if pos is None:
+            self._laid_out = False
+        return nid
+
+    def _source(self, src: Source) -> tuple[str, str]:
+        g = self._p.graph
+        node, _, port = str(src).partition(".")
+        if node not in g.nodes:
+            raise GraphError(f"no node named '{node}'")
+        outs = ports_of(g.nodes[node].type, g.nodes[node].params)[1]
+        if not port:
+            if len(outs) != 1:
+                raise GraphError(f"node '{node}' ({g.nodes[node].type}) has outputs {', '.join(outs)}: "
+                                 f"say which, e.g. '{node}.{outs[0] if outs else 'out'}'")
+            port = outs[0]
+        return node, port
+
+    def connect(self, src: Source, dst: str, port: str | None = None) -> None:
+        """Wire src to `port` of dst (default: its first free input)."""
+        g = self._p.graph
+        s, sp = self._source(src)
+        node, _, p = dst.partition(".")
+        if node not in g.nodes:
+            raise GraphError(f"no node named '{node}'")
+        port = port or p
+        if not port:
+            taken = g.incoming(node)
+            free = [q for q in ports_of(g.nodes[node].type, g.nodes[node].params)[0] if q not in taken]
+            if not free:
+                raise GraphError(f"every input of node '{node}' is already connected")
+            port = free[0]
+        g.connect(s, sp, node, port)
+
+    def set(self, node: str, **params: Any) -> None:
+        """Change a node's parameters (None: back to the default)."""
+        g = self._p.graph
+        n = g.node(node)
+        from engine.layers import CATALOG
+
+        _check_params(CATALOG[n.type], {k: v for k, v in params.items() if v is not None}, f"node '{node}' ({n.type})")
+        for k, v in params.items():
+            g.set_param(node, k, v)
+
+    def remove(self, node: str) -> None:
+        self._p.graph.remove_node(node)
+
+    # ----- checking ---------------------------------------------------------------------
+    def _settings(self) -> None:
+        """Fields changed on p.training / p.placement are checked as the file's are."""
+        try:
+            self._p.training = core.Training.model_validate(self._p.training.model_dump())
+        except ValidationError as exc:
+            raise _settings_error("training", exc) from None
+        try:
+            self._p.placement = core.Placement.model_validate(self._p.placement.model_dump())
+        except ValidationError as exc:
+            raise _settings_error("placement", exc) from None
+
+    def summary(self) -> Summary:
+        """Shapes, parameters and FLOPs of every node (errors listed, not raised)."""
+        from engine.compile import compile_graph
+
+        r = compile_graph(self._p.graph)
+        return Summary(r.summary_rows(), r.total_params, r.total_flops,
+                       [e.message for e in r.errors], [w.message for w in r.warnings])
+
+    def validate(self) -> list[str]:
+        """Check the diagram and that it can run as placed (memory included); returns the
+        warnings, raises CheckFailed listing every error."""
+        from engine.compile import compile_graph
+        from engine.planner import grouped, make_plan
+
+        name = str(self.path or self.name)
+        self._settings()
+        if self._p.conflicts:
+            from engine.diff import conflict_lines
+
+            raise CheckFailed(f"{name}: merge conflicts left: settle them in the editor or with "
+                              f"`layerflow resolve {name} N --ours|--theirs`",
+                              [f"merge conflict {line}" for line in conflict_lines(self._p)])
+        result = compile_graph(self._p.graph)
+        warnings = [str(w) for w in result.warnings]
+        if result.errors:
+            raise CheckFailed(name, result.errors, warnings)
+        pl = self._p.placement
+        plan = make_plan(self._p, pl.pp * pl.dp * pl.tp, compiled=result)
+        warnings += [w for w, _ in grouped(plan.warnings)]
+        if plan.errors:
+            raise CheckFailed(f"{name}: the diagram compiles but cannot run as placed", plan.errors, warnings)
+        return warnings
+
+    # ----- placing ----------------------------------------------------------------------
+    def plan(self, nproc: int | None = None, *, device: str = "cpu", memory_gb: float | None = None, **placement):
+        """The distributed plan (engine.planner.Plan: mesh, stages, TP layouts,
+        communication, memory and time per device) for the placement with `placement`'s
+        fields changed; its errors are listed in `plan.errors`, not raised."""
+        from engine import calibration
+        from engine.planner import make_plan
+        from layerflow._prepare import checked_placement
+
+        compiled = self._compiled()
+        pl = checked_placement(self._p.placement, placement)
+        trial = self._with_placement(pl)
+        nproc = nproc or pl.pp * pl.dp * pl.tp
+        plan = make_plan(trial, nproc, _device(device, nproc, memory_gb), compiled)
+        calibration.apply(plan, trial)  # the newest run of this layout says how fast this machine really is
+        return plan
+
+    def _with_placement(self, pl: core.Placement) -> core.Project:
+        p = core.Project(self._p.graph, name=self._p.name, training=self._p.training, placement=pl,
+                         weights=self._p.weights, path=self._p.path)
+        return p
+
+    def place(self, *, pp: int | None = None, dp: int | None = None, tp: int | None = None,
+              schedule: str | None = None, microbatches: int | None = None, data_parallel: str | None = None,
+              device: str = "cpu", memory_gb: float | None = None):
+        """Set the placement (pipeline stages x data-parallel replicas x tensor-parallel
+        degree) and return its plan; CheckFailed, with the placement left as it was,
+        when it cannot run."""
+        fields = {"pp": pp, "dp": dp, "tp": tp, "schedule": schedule, "microbatches": microbatches,
+                  "data_parallel": data_parallel}
+        plan = self.plan(device=device, memory_gb=memory_gb, **fields)
+        if plan.errors:
+            raise CheckFailed("the placement cannot run", plan.errors, plan.warnings)
+        from layerflow._prepare import checked_placement
+
+        self._p.placement = checked_placement(self._p.placement, fields)
+        return plan
+
+    def autoplace(self, devices: int, *, device: str = "cpu", memory_gb: float | None = None):
+        """Choose pp/dp/tp, the stage cuts and TP styles for `devices` devices, write them
+        into the diagram and the placement, and return the plan (`plan.reasons` says why)."""
+        from engine import calibration
+        from engine.autoplace import apply_to_project, auto_place
+
+        compiled = self._compiled()
+        try:
+            auto = auto_place(self._p, devices, _device(device, devices, memory_gb), compiled)
+        except ValueError as exc:
+            raise LayerflowError(str(exc)) from None
+        apply_to_project(self._p, auto)
+        auto.plan.reasons = list(auto.reasons)
+        calibration.apply(auto.plan, self._p)
+        return auto.plan
+
+    def _compiled(self):
+        """The compiled diagram (settings checked first); CheckFailed when it has errors."""
+        from engine.compile import compile_graph
+
+        self._settings()
+        compiled = compile_graph(self._p.graph)
+        if not compiled.ok:
+            raise CheckFailed(f"{self.path or self.name}: the diagram has errors", compiled.errors)
+        return compiled
+
+    # ----- running ------------------------------------------------------------------------
+    def _runnable(self) -> core.Project:
+        self._settings()
+        if self._weights is not None and self._p.weights is None:
+            raise LayerflowError(f"{self.name}: save the project first (p.save('{self.name}.lflow')): its imported "
+                                 "weights are written beside the file, and the run starts from them")
+        return self._p
+
+    def train(self, nproc: int | None = None, *, steps: int | None = None, seed: int | None = None,
+              out: str | os.PathLike | None = None, **placement) -> Run:
+        """Start training on this machine: one process, or `nproc` (default: the
+        placement's pp*dp*tp; nproc alone on a 1-process placement means data parallel).
+        Returns at once with the Run; `placement` fields (pp=, dp=, tp=, schedule=,
+        microbatches=) change this run's layout only."""
+        from layerflow._prepare import prepare_training
+        from layerflow.runs import start
+
+        prep = prepare_training(self._runnable(), nproc=nproc, steps=steps, seed=seed, out=out, placement=placement)
+        return start(prep)
+
+    def deploy(self, cluster: str, *, steps: int | None = None, name: str | None = None,
+               out: str | os.PathLike | None = None, accept_host_key: Iterable[str] = (),
+               remote_data: str | None = None, progress=None, on_preflight=None, on_prepared=None) -> Job:
+        """Run on a cluster profile (`layerflow cluster add`): preflight, upload, torchrun on
+        every node; returns the Job at once. An unknown host key stops with its
+        fingerprint; pass it in accept_host_key once checked. progress(host, done, total)
+        follows the upload, on_preflight(report) gets the nodes' check, on_prepared(run_dir)
+        the local run folder."""
+        from layerflow._prepare import _positive
+        from remote.cluster import ClusterStore
+        from remote.launch_ssh import deploy, prepare
+
+        profile = ClusterStore().get(cluster)
+        _positive(steps=steps)
+        run_dir = prepare(self._runnable(), out, steps=steps)
+        if on_prepared:
+            on_prepared(run_dir)
+        job = deploy(profile, run_dir, name=name, accept=list(accept_host_key), progress=progress,
+                     on_preflight=on_preflight, remote_data=remote_data)
+        return Job(job.id)
+
+    # ----- files --------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike | None = None) -> Path:
+        """Write the .lflow file (atomically); an imported model's weights go beside it.
+        A diagram built here without positions is laid out first."""
+        if path is None and self.path is None:
+            raise LayerflowError(f"{self.name}: say where to save it: p.save('{self.name}.lflow')")
+        if not self._laid_out:
+            from engine.layout import lay_out
+
+            for nid, xy in lay_out(self._p.graph).items():
+                self._p.graph.move(nid, xy)
+            self._laid_out = True
+        if self._weights is not None and self._p.weights is None:
+            from engine.interop import save_imported
+
+            out = save_imported(self._weights, path or self.path)
+        else:
+            out = core.save_project(self._p, path)
+        self._p.path = out
+        return out
+
+    def export_onnx(self, path: str | os.PathLike, opset: int | None = None) -> Path:
+        from engine.interop import export_onnx
+        from engine.interop.onnx_export import DEFAULT_OPSET
+
+        return export_onnx(self._runnable(), path, opset=opset or DEFAULT_OPSET)
+
+    def export_script(self, path: str | os.PathLike) -> Path:
+        """A standalone PyTorch training script (torch only) of this project."""
+        from engine.interop import export_script
+
+        return export_script(self._runnable(), path)
+
+    def diff(self, other: Project | str | os.PathLike):
+        """What changed from this project to `other`, by meaning (engine.diff.ProjectDiff)."""
+        from engine.diff import diff_projects
+
+        theirs = other._p if isinstance(other, Project) else core.load_project(other)
+        return diff_projects(self._p, theirs)
+
+
+def _check_params(spec, params: dict, where: str) -> None:
+    """GraphError naming every bad parameter (an unknown one with the names it may have meant)."""
+    _, errs = spec.check_params(params)
+    if not errs:
+        return
+    names = [q.name for q in spec.params]
+    msgs = []
+    for e in errs:
+        near = difflib.get_close_matches(e.field or "", names, n=2) if str(e).startswith("unknown parameter") else []
+        msgs.append(f"{e} (did you mean {', '.join(near)}?)" if near else str(e))
+    raise GraphError(f"{where}: " + "; ".join(msgs))
+
+
+def _device(name: str, nproc: int, memory_gb: float | None):
+    from dataclasses import replace
+
+    from engine.cost import device_from_name
+
+    try:
+        dev = device_from_name(name, nproc)
+    except ValueError as exc:
+        raise LayerflowError(str(exc)) from None
+    if memory_gb is not None:
+        if memory_gb <= 0:
+            raise LayerflowError(f"memory_gb must be positive, not {memory_gb}")
+        dev = replace(dev, memory_bytes=int(memory_gb * 2**30))
+    return dev
+
+
+def load(path: str | os.PathLike) -> Project:
+    return Project.load(path)
