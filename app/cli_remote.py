@@ -357,16 +357,19 @@ def cmd_logs(args) -> int:
 
 @_guard
 def cmd_cancel(args) -> int:
-    with _tracker(args.job) as tr:
-        job = tr.cancel()
-    print(f"{job.id}: {job.state}; no process of it is left on {len(job.nodes)} node(s)")
+    from layerflow import Job
+
+    with Job(args.job) as job:
+        st = job.cancel()
+        print(f"{job.id}: {st.state}; no process of it is left on {len(job.record.nodes)} node(s)")
     return 0
 
 
 @_guard
 def cmd_fetch(args) -> int:
-    with _tracker(args.job) as tr:
-        out = Path(args.out or tr.job.id)
-        files = tr.fetch(out)
-    print(f"{len(files)} file(s) into {out}")
+    from layerflow import Job
+
+    with Job(args.job) as job:
+        out = job.fetch(args.out)
+    print(f"{sum(1 for p in out.rglob('*') if p.is_file())} file(s) into {out}")
     return 0

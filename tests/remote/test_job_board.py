@@ -156,6 +156,8 @@ def test_everyone_sees_and_follows_every_job_and_cancels_only_their_own(sshd_pai
     assert main(["cancel", ids[bob]]) == 0
     as_(alice)
     assert main(["status", ids[alice]]) == 0 and "running" in capsys.readouterr().out  # untouched by bob
+    assert main(["status", ids[bob]]) == 0  # and she follows his, read only
+    assert f"owner: {bob} (a teammate's job: read only)" in capsys.readouterr().out
     assert main(["cancel", ids[alice]]) == 0
     capsys.readouterr()
 
