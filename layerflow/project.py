@@ -358,7 +358,8 @@ class Project:
         """Start training on this machine: one process, or `nproc` (default: the
         placement's pp*dp*tp; nproc alone on a 1-process placement means data parallel).
         Returns at once with the Run; `placement` fields (pp=, dp=, tp=, schedule=,
-        microbatches=) change this run's layout only."""
+        microbatches=) change this run's layout only. The run folder is `out`, else
+        <project folder>/runs/<name>-<time> (the current folder's runs/ before a save)."""
         from layerflow._prepare import prepare_training
         from layerflow.runs import start
 
