@@ -17,6 +17,7 @@ from a thread or a timer.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import signal
 import subprocess
@@ -138,7 +139,6 @@ class LocalJob:
             return f"{what} exited with {self.returncode}; see {self.log_path}"
         rank, tb = self.failure
         try:
-            import json
 
             step = json.loads((self.run_dir / "status.json").read_text()).get("step")
         except (OSError, ValueError):
@@ -170,8 +170,6 @@ def torchrun_root_cause(log_path: Path) -> tuple[int, int, str] | None:
 
 def _record_failure(run_dir: Path, rank: int, text: str) -> None:
     """status.json says which rank failed first and how (the GUI and `status` read it)."""
-    import json
-
     path = Path(run_dir) / "status.json"
     try:
         st = json.loads(path.read_text())
@@ -185,6 +183,24 @@ def _record_failure(run_dir: Path, rank: int, text: str) -> None:
     from engine.project import atomic_write
 
     atomic_write(path, json.dumps(st, indent=1, sort_keys=True).encode())
+
+
+def read_rank_error(path: Path) -> dict | None:
+    """logs/rank{R}.error: {"rank", "time", "error"} as JSON (runs before session 9 wrote a
+    Python repr of the same dict: read as a literal, never evaluated)."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return None
+    try:
+        err = json.loads(text)
+    except ValueError:
+        try:
+            err = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return None
+    ok = isinstance(err, dict) and isinstance(err.get("rank"), int) and isinstance(err.get("time"), (int, float))
+    return err if ok and isinstance(err.get("error"), str) else None
 
 
 def failing_rank(run_dir: Path) -> tuple[int, str] | None:
@@ -201,10 +217,9 @@ def failing_rank(run_dir: Path) -> tuple[int, str] | None:
                       f"traceback. The end of its log:\n{tail}\nkilled by {sig or f'signal {-code}'}")
     errors = []
     for p in logs.glob("rank*.error"):
-        try:
-            errors.append(ast.literal_eval(p.read_text()))
-        except (OSError, ValueError, SyntaxError):
-            continue
+        err = read_rank_error(p)
+        if err is not None:
+            errors.append(err)
     if errors:
         first = min(errors, key=lambda e: e["time"])
         return first["rank"], _last_traceback(logs / f"rank{first['rank']}.log") or first["error"]

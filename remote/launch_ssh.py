@@ -222,6 +222,7 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
             job.state, job.error = "failed", f"upload failed, nothing was launched: {exc}"
             db.save(job)
             raise DeployError(job.error) from None
+        project = None
         if owner is not None:
             from remote import board
 
@@ -244,6 +245,12 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
                     pass
             job.state, job.error = "failed", f"launch failed on {exc.host}: {exc.reason}"
             db.save(job)
+            if owner is not None:  # the board must not show a job that never started as pending
+                try:
+                    board.write_record(conns[0], job.extra["board"], {**board.record_of(job, owner, project),
+                                                                      "error": job.error})
+                except SSHError:
+                    pass
             raise DeployError(job.error) from None
         job.state = "running"
         db.save(job)

@@ -19,6 +19,7 @@ the single-process Trainer's methods (train.py), so the same `fit` loop (loop.py
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 import traceback
@@ -509,14 +510,14 @@ def run_distributed(run_dir: str | Path, *, resume: bool = False) -> dict:
             peaks = trainer.peak_mem_per_rank()
             if rank == 0:
                 log("peak memory per rank (MB): " + ", ".join(map(str, peaks)))
-                (run_dir / "peak_mem_per_rank.json").write_text(str(peaks))
+                (run_dir / "peak_mem_per_rank.json").write_text(json.dumps(peaks))
             dist.barrier()  # no rank tears its process group down while another still talks to it
             return status
         except BaseException as exc:
             log(traceback.format_exc())
             # the launcher reports the first rank that failed: the time says which
             err = {"rank": rank, "time": time.time(), "error": f"{type(exc).__name__}: {exc}"}
-            (run_dir / "logs" / f"rank{rank}.error").write_text(repr(err))
+            (run_dir / "logs" / f"rank{rank}.error").write_text(json.dumps(err))
             if rank == 0 and not _ended(run_dir):  # fit() already wrote the step it reached
                 Status(run_dir, int(spec.get("total_steps", 0))).update(
                     state="failed", ended=time.time(), error=err["error"])

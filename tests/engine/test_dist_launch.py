@@ -74,6 +74,20 @@ def test_failing_rank_traceback_is_reported(tmp_path):
     assert rank == 1 and "custom layer broke on rank 1" in tb and tb.startswith("Traceback")
     assert "rank 1 failed first" in job.describe_failure()
     assert not [p for p in [job.pid, *job.seen] if alive(p)]
+    err = json.loads((d / "logs" / "rank1.error").read_text())  # a typed record: JSON, not a repr
+    assert err["rank"] == 1 and "custom layer broke on rank 1" in err["error"]
+
+
+def test_rank_error_records_of_older_runs_still_read(tmp_path):
+    from remote.launch_local import read_rank_error
+
+    old = tmp_path / "rank0.error"
+    old.write_text(repr({"rank": 0, "time": 5.0, "error": "ValueError: x"}))  # how runs before JSON wrote it
+    assert read_rank_error(old) == {"rank": 0, "time": 5.0, "error": "ValueError: x"}
+    old.write_text("__import__('os').system('false')")  # never evaluated
+    assert read_rank_error(old) is None
+    old.write_text('{"rank": "0"}')
+    assert read_rank_error(old) is None
 
 
 def test_ctrl_c_ends_every_process_and_checkpoints(tmp_path):
