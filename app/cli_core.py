@@ -126,9 +126,7 @@ def _train_multi(run_dir, nproc: int, resume: bool) -> int:
     from app.cli import CliError
 
     try:
-        from remote.launch_local import (
-            launch_local,  # the distributed runtime's local launcher
-        )
+        from remote.launch_local import launch_local  # the distributed runtime's local launcher
     except ImportError:
         raise CliError(f"training on {nproc} processes needs the distributed runtime, which this build lacks") from None
     job = launch_local(run_dir, nproc, resume=resume)

@@ -14,21 +14,9 @@ import time
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
-from PySide6.QtWidgets import (
-    QAbstractItemView,
-    QComboBox,
-    QDockWidget,
-    QFileDialog,
-    QHBoxLayout,
-    QInputDialog,
-    QMessageBox,
-    QPlainTextEdit,
-    QPushButton,
-    QTableWidget,
-    QTableWidgetItem,
-    QVBoxLayout,
-    QWidget,
-)
+from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDockWidget, QFileDialog, QHBoxLayout, QInputDialog,
+                               QMessageBox, QPlainTextEdit, QPushButton, QTableWidget, QTableWidgetItem, QVBoxLayout,
+                               QWidget)
 
 from remote.jobs import JobDB
 from remote.tracker import Follower, Tracker
@@ -232,10 +220,7 @@ class JobsPanel(QWidget):
 
     def _view_changed(self) -> None:
         self.board = {}
-        name = self.everyone_on()
-        if name:
-            self.controller.load_board(name)
-        self.refresh()
+        self._reload()
 
     def _reload(self) -> None:
         if self.everyone_on():

@@ -13,8 +13,6 @@ from engine.errors import CheckFailed
 from engine.project import Placement, Project, Training, atomic_write, load_project
 from engine.run import RunError, prepare_run
 
-PLACEMENT_KEYS = ("dp", "tp", "pp", "schedule", "microbatches")
-
 
 @dataclass
 class Prepared:

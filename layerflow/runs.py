@@ -99,7 +99,6 @@ class Run:
             alive = follow and self.running  # read before draining: a record written at the end is not lost
             yield from tail.poll_records()
             if not alive:
-                yield from tail.poll_records()
                 return
             if end is not None and time.monotonic() > end:
                 raise TimeoutError(f"run {self.name} still going after {timeout} s")

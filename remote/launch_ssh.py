@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from engine.errors import LayerflowError
+from remote import board
 from remote.bundle import Bundle, extract, make_bundle, upload
 from remote.cluster import Cluster, config_dir
 from remote.jobctl import TOKEN_VAR
@@ -188,8 +189,6 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
                      "gpus": sum(min(len(h.gpus), nproc) for h in report.hosts)}
         owner = None
         if cluster.shared_dir:  # the shared job board: the record's place is in every node script
-            from remote import board
-
             owner = board.whoami(conns[0])
             job.extra["owner"] = owner
             job.extra["board"] = board.prepare_record(conns[0], cluster, job.id)
@@ -224,8 +223,6 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
             raise DeployError(job.error) from None
         project = None
         if owner is not None:
-            from remote import board
-
             project = json.loads((run_dir / "run.json").read_text()).get("name")
             board.write_record(conns[0], job.extra["board"], board.record_of(job, owner, project))
         # All nodes staged: only now start anything.
