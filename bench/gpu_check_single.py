@@ -12,6 +12,7 @@ their logging. Each bundled example runs through the runtime alone. The runtime'
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import math
 import time
@@ -170,6 +171,13 @@ def world_one(kind: str, source: torch.nn.Module, run_dir: Path, device: torch.d
         model = apply_dp(model, mesh["dp"], kind, True, "bf16" if precision == "bf16" else "none")
         # FSDP casts through its policy; DDP's forward autocasts in the loop
         dt, means, peak = hand_loop(model, run_dir, device, "fp32" if kind == "fsdp" else precision, steps, marks)
+        # drop DDP's reducer while the group still lives: freed after it (holding the GIL) it
+        # would destroy the group and join gloo's thread, which waits for the GIL to free its
+        # last finished work (a deadlock, seen once in CI-sized runs)
+        dist.barrier()
+        time.sleep(0.05)  # GIL released: gloo's thread frees the barrier's work now, not during the join
+        del model
+        gc.collect()
     finally:
         dist.destroy_process_group()
     row = Row("world 1", f"{kind} x1", precision, step_ms=dt * 1e3, peak_mib=peak, losses=means,
