@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_summary)
 
     p = sub.add_parser("train", help="train a project (this machine; --nproc N for several processes)")
-    p.add_argument("project")
+    p.add_argument("project", nargs="?", help="the .lflow file (with --resume: optional, the run folder has its own)")
     p.add_argument("--steps", type=int, help="optimizer steps (overrides the project's steps/epochs)")
     p.add_argument("--out", help="run folder (default: <project folder>/runs/<name>-<time>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
@@ -73,11 +73,15 @@ def cmd_train(args) -> int:
     from layerflow._prepare import prepare_resume, prepare_training
 
     check_counts(args, "nproc", "steps", "accumulate")
+    if not args.resume and not args.project:
+        raise CliError("train: give a project (.lflow), or --resume RUN_DIR")
     if args.resume:
         if args.accumulate is not None:
             raise CliError("--accumulate sets up a new run; a resumed run keeps its training.grad_accumulation")
-        project = load_project(Path(args.resume) / "project.lflow") if (Path(args.resume) / "project.lflow").exists() \
-            else load_project(args.project)
+        snapshot = Path(args.resume) / "project.lflow"
+        if not snapshot.exists() and not args.project:
+            raise CliError(f"--resume {args.resume}: no project.lflow in it; give the project too")
+        project = load_project(snapshot if snapshot.exists() else args.project)
         prep = prepare_resume(args.resume, nproc=args.nproc, steps=args.steps,
                               placement=placement_flags(project, args))
     else:

@@ -101,6 +101,10 @@ def _profile_flags(a: argparse.ArgumentParser) -> None:
     a.add_argument("--known-hosts", help="known_hosts file (default: Layerflow's own + ~/.ssh/known_hosts)")
     a.add_argument("--shared-dir", metavar="PATH", help="a folder on the cluster every user can write (group "
                    "permissions): jobs register there, and `jobs --cluster NAME --all` lists everyone's")
+    s = a.add_argument_group("Slurm (--backend slurm: the first --host is the login node)")
+    s.add_argument("--partition", help="partition to submit to (default: the cluster's default partition)")
+    s.add_argument("--time-limit", metavar="TIME", help="sbatch --time, e.g. 02:00:00 (default: the partition's)")
+    s.add_argument("--gpus-per-node", type=int, metavar="N", help="GPUs asked per node (sbatch --gpus-per-node)")
 
 
 def _profile(args, hosts: list[dict]):
@@ -114,7 +118,8 @@ def _profile(args, hosts: list[dict]):
         env[k] = v
     data = {"name": args.name, "hosts": hosts, "workdir": args.workdir, "python": args.python, "env": env,
             "backend": args.backend, "nproc_per_node": args.nproc_per_node, "rdzv_port": args.rdzv_port,
-            "max_restarts": args.max_restarts, "known_hosts": args.known_hosts, "shared_dir": args.shared_dir}
+            "max_restarts": args.max_restarts, "known_hosts": args.known_hosts, "shared_dir": args.shared_dir,
+            "partition": args.partition, "time_limit": args.time_limit, "gpus_per_node": args.gpus_per_node}
     return parse_cluster({k: v for k, v in data.items() if v is not None}, f"cluster {args.name!r}")
 
 
@@ -186,7 +191,7 @@ def cmd_cluster_list(args) -> int:
 @_guard
 def cmd_cluster_check(args) -> int:
     from remote.cluster import ClusterStore
-    from remote.preflight import preflight
+    from remote.launch import check as preflight
 
     rep = preflight(ClusterStore().get(args.name), accept=args.accept_host_key)
     print(json.dumps(rep.to_dict(), indent=1) if args.json else rep.table())
@@ -254,6 +259,7 @@ def _steps(job) -> str:
 @_guard
 def cmd_jobs(args) -> int:
     from remote.jobs import JobDB
+    from remote.launch_slurm import state_text
 
     if args.all:
         if not args.cluster:
@@ -272,7 +278,7 @@ def cmd_jobs(args) -> int:
         print("no jobs yet; start one with `deploy PROJECT --cluster NAME`")
     for j in jobs:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(j.created))
-        print(f"{j.id:<44} {j.state:<10} {_steps(j):>12}  {j.cluster.get('name', '?'):<16} {when}")
+        print(f"{j.id:<44} {state_text(j):<10} {_steps(j):>12}  {j.cluster.get('name', '?'):<16} {when}")
     return 0
 
 
@@ -312,7 +318,14 @@ def cmd_status(args) -> int:
     print(f"  name: {job.name}\n  cluster: {job.cluster.get('name')}")
     if job.extra.get("owner"):
         print(f"  owner: {job.extra['owner']}" + (" (a teammate's job: read only)" if job.extra.get("teammate") else ""))
-    for n in job.nodes:
+    if job.backend == "slurm":
+        from remote.launch_slurm import describe
+
+        sl = job.extra.get("slurm") or {}
+        print(f"  slurm: job {job.extra.get('slurm_id')} {describe(sl)}" + (f" on {sl['nodes']}" if sl.get("nodes") and
+              sl.get("nodes") != "(null)" else "") + f", partition {job.extra.get('partition')}")
+        print(f"  login node: {job.nodes[0].host}:{job.nodes[0].jobdir}")
+    for n in job.nodes if job.backend != "slurm" else []:
         print(f"  node {n.index}: {n.host}:{n.jobdir}")
     if job.error:
         print(f"  error: {job.error}")

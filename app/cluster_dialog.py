@@ -79,6 +79,12 @@ class ClusterDialog(QDialog):
         self.shared_dir.setToolTip("A folder on the cluster every user can write (group permissions): jobs register "
                                    "there, and the Remote jobs panel's 'Everyone on' view lists every user's jobs")
         self.known_hosts.setPlaceholderText("default: Layerflow's own + ~/.ssh/known_hosts")
+        # Slurm only: the first host is the login node; sbatch asks for these
+        self.partition, self.time_limit = QLineEdit(), QLineEdit()
+        self.partition.setPlaceholderText("default partition")
+        self.time_limit.setPlaceholderText("e.g. 02:00:00 (default: the partition's)")
+        self.gpus = QSpinBox(minimum=0, maximum=64, specialValueText="none")
+        self.backend.currentTextChanged.connect(self._backend_changed)
         form = QFormLayout()
         form.addRow("Name", self.name)
         hb = QHBoxLayout()
@@ -95,6 +101,10 @@ class ClusterDialog(QDialog):
         form.addRow("Rendezvous port", self.rdzv_port)
         form.addRow("known_hosts", self.known_hosts)
         form.addRow("Shared job board folder", self.shared_dir)
+        form.addRow("Slurm partition", self.partition)
+        form.addRow("Slurm time limit", self.time_limit)
+        form.addRow("Slurm GPUs per node", self.gpus)
+        self._backend_changed(self.backend.currentText())
 
         self.error = QLabel()
         self.error.setStyleSheet("color: #c0392b")
@@ -154,7 +164,14 @@ class ClusterDialog(QDialog):
         self.rdzv_port.setValue(29400)
         self.known_hosts.setText("")
         self.shared_dir.setText("")
+        self.partition.setText("")
+        self.time_limit.setText("")
+        self.gpus.setValue(0)
         self.report.clear()
+
+    def _backend_changed(self, backend: str) -> None:
+        for w in (self.partition, self.time_limit, self.gpus):
+            w.setEnabled(backend == "slurm")
 
     def add_host_row(self, address="", port=22, user="", identity="") -> None:
         r = self.hosts.rowCount()
@@ -184,6 +201,9 @@ class ClusterDialog(QDialog):
         self.rdzv_port.setValue(c.rdzv_port)
         self.known_hosts.setText(c.known_hosts or "")
         self.shared_dir.setText(c.shared_dir or "")
+        self.partition.setText(c.partition or "")
+        self.time_limit.setText(c.time_limit or "")
+        self.gpus.setValue(c.gpus_per_node or 0)
         self.report.clear()
 
     # ----- form <-> profile ----------------------------------------------------------
@@ -215,6 +235,9 @@ class ClusterDialog(QDialog):
                 "nproc_per_node": self.nproc.value() or None, "rdzv_port": self.rdzv_port.value(),
                 "known_hosts": self.known_hosts.text().strip() or None,
                 "shared_dir": self.shared_dir.text().strip() or None}
+        if data["backend"] == "slurm":
+            data.update(partition=self.partition.text().strip() or None,
+                        time_limit=self.time_limit.text().strip() or None, gpus_per_node=self.gpus.value() or None)
         return parse_cluster({k: v for k, v in data.items() if v is not None}, "cluster")
 
     def save(self) -> bool:
@@ -268,7 +291,7 @@ class ClusterDialog(QDialog):
 
     # ----- test connection (preflight in a worker thread) -----------------------------
     def test_connection(self) -> None:
-        from remote.preflight import preflight
+        from remote.launch import check as preflight
 
         try:
             c = self.cluster_from_form()

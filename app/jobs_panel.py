@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDockWidget, QFileD
                                QWidget)
 
 from remote.jobs import JobDB
+from remote.launch_slurm import state_text
 from remote.tracker import Follower, Tracker
 
 COLUMNS = ("job", "name", "cluster", "state", "step", "started", "owner")
@@ -84,7 +85,8 @@ class JobsController(QObject):
     def deploy(self, project, cluster_name: str, *, steps: int | None = None, accept=()) -> None:
         """Prepare the run folder, preflight, upload and launch, off the GUI thread."""
         from remote.cluster import ClusterStore
-        from remote.launch_ssh import deploy, prepare
+        from remote.launch import deploy
+        from remote.launch_ssh import prepare
 
         project = project.copy()  # a snapshot taken here: the user may keep editing meanwhile
 
@@ -241,6 +243,8 @@ class JobsPanel(QWidget):
         for r, j in enumerate(jobs):
             rec = self.board.get(j.id, {})
             state, step = (j.state, j.step) if not j.extra.get("teammate") or not rec else (rec.get("state"), rec.get("step"))
+            if not j.extra.get("teammate"):
+                state = state_text(j)  # a Slurm job: with its Slurm id and queue reason
             cells = (j.id, j.name, j.cluster.get("name", "?"), str(state), f"{step or 0}/{j.total_steps or '?'}",
                      time.strftime("%Y-%m-%d %H:%M", time.localtime(j.created)),
                      str(j.extra.get("owner") or rec.get("owner") or "you"))

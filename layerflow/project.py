@@ -376,7 +376,8 @@ class Project:
         the local run folder."""
         from layerflow._prepare import _positive
         from remote.cluster import ClusterStore
-        from remote.launch_ssh import deploy, prepare
+        from remote.launch import deploy
+        from remote.launch_ssh import prepare
 
         profile = ClusterStore().get(cluster)
         _positive(steps=steps)

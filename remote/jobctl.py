@@ -5,6 +5,8 @@
     python layerflow_jobctl.py board JOBDIR NODE RECORD SECONDS
         keeps the job's record on the cluster's shared job board (remote/board.py) current
         until the job ends: state and step every SECONDS, and once more at the end
+    python layerflow_jobctl.py slurm JOBDIR SLURM_ID         -> one JSON line (on the login node)
+    python layerflow_jobctl.py slurm-cancel JOBDIR SLURM_ID GRACE -> one JSON line
 
 Asking the node itself keeps each tracker round to one SSH command per node and
 keeps shell quoting out of the logic. A job's processes are found two ways: the
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -60,9 +63,9 @@ def job_pids(token: str, pgid: int | None) -> list[int]:
     return sorted(found)
 
 
-def sizes(jobdir: str, node: int) -> dict:
+def sizes(jobdir: str, node: int, outs: tuple[str, ...] | None = None) -> dict:
     out = {}
-    for rel in (f"node{node}.out", "run/metrics.jsonl"):
+    for rel in (*(outs if outs is not None else (f"node{node}.out",)), "run/metrics.jsonl"):
         try:
             out[rel] = os.path.getsize(os.path.join(jobdir, rel))
         except OSError:
@@ -170,14 +173,106 @@ def board(jobdir: str, node: int, record: str, every: float) -> dict:
         time.sleep(every)
 
 
+# Slurm's states once a job has ended (squeue and scontrol drop the "+" of "CANCELLED+")
+SLURM_ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
+               "DEADLINE", "PREEMPTED", "SPECIAL_EXIT", "REVOKED"}
+
+
+def _slurm_cmd(args: list[str]) -> tuple[int, str, str]:
+    try:
+        r = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return 127, "", str(exc)
+    return r.returncode, r.stdout, r.stderr
+
+
+def _kv(line: str) -> dict:
+    out, key = {}, None
+    for tok in line.strip().split(" "):
+        k, sep, v = tok.partition("=")
+        if sep and k and k[0].isalpha() and all(c.isalnum() or c in "_:/" for c in k):
+            key, out[k] = k, v
+        elif key is not None:
+            out[key] += " " + tok
+    return out
+
+
+def slurm_job(jobdir: str, slurm_id: str) -> dict:
+    """What Slurm says of the job: scontrol while it remembers the job, then sacct (when
+    accounting is on), then the batch script's exit file. source says which answered."""
+    rc, out, err = _slurm_cmd(["scontrol", "show", "job", "-o", slurm_id])
+    line = next((ln for ln in out.splitlines() if "JobState=" in ln), None)
+    if rc == 0 and line:
+        kv = _kv(line)
+        return {"source": "scontrol", "state": kv.get("JobState"), "reason": kv.get("Reason"),
+                "nodes": kv.get("NodeList"), "exit": kv.get("ExitCode"), "run_time": kv.get("RunTime"),
+                "time_limit": kv.get("TimeLimit"), "batch_host": kv.get("BatchHost")}
+    rc, out, _ = _slurm_cmd(["sacct", "-j", slurm_id, "-X", "-n", "-P", "-o", "State,Reason,NodeList,ExitCode"])
+    rows = [ln.split("|") for ln in out.splitlines() if ln.strip()]
+    if rc == 0 and rows and len(rows[0]) == 4:
+        state, reason, nodes, code = rows[0]
+        return {"source": "sacct", "state": state.split(" ")[0].rstrip("+"), "reason": reason, "nodes": nodes,
+                "exit": code}
+    code = read(os.path.join(jobdir, "batch.exit"))
+    if code is not None:
+        return {"source": "exit file", "state": "COMPLETED" if code == "0" else "FAILED", "exit": f"{code}:0"}
+    return {"source": None, "state": None, "error": (err or "").strip()[-300:]}
+
+
+def _outs(jobdir: str) -> tuple[str, ...]:
+    try:
+        names = os.listdir(jobdir)
+    except OSError:
+        return ()
+    return tuple(sorted(n for n in names if n.endswith(".out") and (n.startswith("node") or n.startswith("slurm-"))))
+
+
+def slurm_status(jobdir: str, slurm_id: str) -> dict:
+    st = read(os.path.join(jobdir, "run", "status.json"))
+    try:
+        st = json.loads(st) if st else None
+    except ValueError:
+        st = None
+    return {"node": 0, "slurm": slurm_job(jobdir, slurm_id), "status": st, "sizes": sizes(jobdir, 0, _outs(jobdir)),
+            "cancelled": os.path.exists(os.path.join(jobdir, "cancelled")),
+            "checkpoint": read(os.path.join(jobdir, "run", "checkpoints", "latest"))}
+
+
+def slurm_steps(slurm_id: str) -> list[str]:
+    """The job's steps Slurm still runs (squeue -s), batch and extern included."""
+    rc, out, _ = _slurm_cmd(["squeue", "-h", "-s", "-j", slurm_id, "-o", "%i"])
+    return [ln.strip() for ln in out.splitlines() if ln.strip()] if rc == 0 else []
+
+
+def slurm_cancel(jobdir: str, slurm_id: str, grace: float) -> dict:
+    """scancel, then wait (up to grace s) until Slurm says the job ended and no step is left."""
+    with open(os.path.join(jobdir, "cancelled"), "a"):
+        pass
+    rc, _, err = _slurm_cmd(["scancel", slurm_id])
+    deadline = time.monotonic() + grace
+    while True:
+        job, steps = slurm_job(jobdir, slurm_id), slurm_steps(slurm_id)
+        ended = job.get("state") in SLURM_ENDED or job.get("source") is None
+        if (ended and not steps) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    return {"node": 0, "scancel": rc, "error": err.strip()[-300:] if rc else None, "state": job.get("state"),
+            "left": [f"step {x}" for x in steps] + ([] if ended else [f"job {slurm_id} still {job.get('state')}"])}
+
+
 def main(argv: list[str]) -> int:
-    cmd, jobdir, node = argv[0], argv[1], int(argv[2])
+    cmd, jobdir = argv[0], argv[1]
+    node = int(argv[2]) if cmd in ("status", "cancel", "board") else 0
     if cmd == "status":
         out = status(jobdir, node)
     elif cmd == "cancel":
         out = cancel(jobdir, node, float(argv[3]))
     elif cmd == "board":
         out = board(jobdir, node, argv[3], float(argv[4]))
+    elif cmd == "slurm":
+        out = slurm_status(jobdir, argv[2])
+    elif cmd == "slurm-cancel":
+        out = slurm_cancel(jobdir, argv[2], float(argv[3]))
     else:
         print(f"unknown command {cmd!r}", file=sys.stderr)
         return 2

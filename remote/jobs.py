@@ -20,8 +20,8 @@ from pathlib import Path
 from engine.errors import LayerflowError
 from remote.cluster import Cluster, config_dir
 
-STATES = ("pending", "running", "succeeded", "failed", "cancelled", "lost")
-TERMINAL = {"succeeded", "failed", "cancelled"}
+STATES = ("pending", "running", "succeeded", "failed", "cancelled", "timeout", "lost")
+TERMINAL = {"succeeded", "failed", "cancelled", "timeout"}  # timeout: Slurm ended it at its time limit
 
 
 class JobError(LayerflowError, LookupError):

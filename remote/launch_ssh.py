@@ -155,7 +155,7 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
     db = db or JobDB()
     accept = list(accept)
     if cluster.backend != "ssh":
-        raise DeployError(f"cluster {cluster.name!r} uses backend {cluster.backend!r}; use remote.launch_slurm")
+        raise DeployError(f"cluster {cluster.name!r} uses backend {cluster.backend!r}; use remote.launch.deploy")
     world = world_size(run_dir)
     nnodes, nproc = layout(cluster, world)
     cluster_used = cluster.model_copy(update={"hosts": cluster.hosts[:nnodes]})

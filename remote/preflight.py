@@ -108,6 +108,7 @@ class HostReport:
 @dataclass
 class PreflightReport:
     hosts: list[HostReport]
+    notes: list[str] = field(default_factory=list)  # e.g. the Slurm partition the login node reported
 
     @property
     def ok(self) -> bool:
@@ -118,7 +119,7 @@ class PreflightReport:
         return [f"{h.host}: {h.error}" for h in self.hosts if not h.ok]
 
     def to_dict(self) -> dict:
-        return {"ok": self.ok, "hosts": [asdict(h) for h in self.hosts]}
+        return {"ok": self.ok, "hosts": [asdict(h) for h in self.hosts], "notes": list(self.notes)}
 
     def table(self) -> str:
         head = ["host", "ok", "python", "torch", "cpus", "gpus", "free disk", "rendezvous", "problem"]
@@ -130,7 +131,7 @@ class PreflightReport:
                          {True: "ok", False: "FAILED", None: "-"}[h.rdzv_ok], h.error or ""])
         w = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
         fmt = "  ".join(f"{{:<{x}}}" for x in w)
-        return "\n".join(fmt.format(*r).rstrip() for r in [head] + rows)
+        return "\n".join([*(fmt.format(*r).rstrip() for r in [head] + rows), *self.notes])
 
 
 def probe_host(conn: Connection, cluster: Cluster, timeout: float) -> HostReport:

@@ -121,11 +121,11 @@ class Tracker:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _ctl(self, i: int, command: str, *extra: str, timeout: float | None = None) -> dict:
+    def _ctl(self, i: int, command: str, *extra: str, timeout: float | None = None, node_arg: bool = True) -> dict:
         """Run layerflow_jobctl.py on node i; its last stdout line is JSON."""
         node = self.job.nodes[i]
         cmd = " ".join(quote(a) for a in [self.cluster.python, f"{node.jobdir}/layerflow_jobctl.py", command,
-                                          node.jobdir, str(i), *extra])
+                                          node.jobdir, *([str(i)] if node_arg else []), *extra])
         res = self.conn(i).run(cmd, timeout=timeout or self.status_timeout)
         return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -136,7 +136,10 @@ class Tracker:
         for n in self.job.nodes:
             view = self.nodes[n.index]
             try:
-                view.info = self._ctl(n.index, "status")
+                if self.job.backend == "slurm":  # one login node: Slurm's state and the file sizes
+                    view.info = self._ctl(n.index, "slurm", self.job.extra["slurm_id"], node_arg=False)
+                else:
+                    view.info = self._ctl(n.index, "status")
                 view.reachable, view.since_unreachable, view.error = True, None, None
             except (SSHError, ValueError, IndexError) as exc:
                 view.reachable, view.error = False, str(exc)
@@ -153,27 +156,53 @@ class Tracker:
                         v.reachable, v.error, v.since_unreachable = False, str(exc), v.since_unreachable or now
         self._deliver()
         if self.job.backend == "slurm":
-            self._update_slurm_state()
+            self._update_slurm_state(now)
         else:
             self._update_state(now)
         return self.job
 
-    def _update_slurm_state(self) -> None:
-        """Slurm knows the state of its jobs: ask sacct (on the login node)."""
-        from remote.launch_slurm import slurm_state, state_command
+    def _update_slurm_state(self, now: float) -> None:
+        """Slurm knows the state of its jobs (jobctl asked it on the login node)."""
+        from remote.launch_slurm import describe, slurm_state
 
-        if not self.nodes[0].reachable or self.job.done:
-            return
-        try:
-            res = self.conn(0).run(state_command(self.job.extra["slurm_id"]), timeout=self.status_timeout)
-        except SSHError:
-            return
-        state = slurm_state(res.stdout)
-        if state and state != self.job.state:
-            self.job.state = state
-            self.db.save(self.job)
-            if self.on_state:
-                self.on_state(self.job)
+        job, old = self.job, (self.job.state, self.job.error, self.job.extra.get("slurm"))
+        view = self.nodes[0]
+        if job.done:
+            pass
+        elif not view.reachable:
+            if view.since_unreachable and now - view.since_unreachable > self.lost_after:
+                job.state = "lost"
+                job.error = (f"login node {job.nodes[0].host} unreachable for more than {self.lost_after:g} s: "
+                             f"{view.error}; the job may still run under Slurm (the next poll asks again)")
+        else:
+            info = view.info.get("slurm") or {}
+            state = slurm_state(info.get("state") or "")
+            job.extra["slurm"] = {k: info.get(k) for k in ("state", "reason", "nodes", "exit", "source")}
+            run = view.info.get("status") or {}
+            if state is None:
+                job.state = "lost"
+                job.error = (f"Slurm no longer knows job {job.extra['slurm_id']} (no accounting store) and it left "
+                             f"no exit code: {info.get('error') or 'no record'}")
+            else:
+                job.state, job.error = state, None
+                if state == "pending":
+                    reason = info.get("reason")
+                    job.error = f"waiting in the queue: {reason}" if reason and reason != "None" else None
+                elif state == "succeeded" and run.get("state") == "cancelled":
+                    job.state = "cancelled"
+                elif state == "failed":
+                    job.error = f"Slurm: {describe(info)}, exit code {info.get('exit')}" + (
+                        f": {run['error']}" if run.get("error") else self._error_hint())
+                elif state == "timeout":
+                    ckpt = view.info.get("checkpoint")
+                    job.error = (f"Slurm stopped the job at its time limit ({info.get('time_limit') or job.cluster.get('time_limit')})"
+                                 + (f"; latest checkpoint: {ckpt}" if ckpt else "")
+                                 + "; `fetch` it and `train --resume` the folder to go on")
+                elif state == "lost":
+                    job.error = f"Slurm: {describe(info)} on {info.get('nodes')}"
+        self.db.save(job)
+        if (job.state, job.error, job.extra.get("slurm")) != old and self.on_state:
+            self.on_state(job)
 
     def _stream(self, i: int) -> None:
         sizes = self.nodes[i].info.get("sizes", {})
@@ -350,11 +379,7 @@ class Tracker:
             raise CancelError(f"job {self.job.id} belongs to {self.job.extra.get('owner')} on cluster "
                               f"{self.job.cluster.get('name')}: only its owner can cancel it")
         if self.job.backend == "slurm":
-            from remote.launch_slurm import cancel_command
-            self.conn(0).run(cancel_command(self.job.extra["slurm_id"]))
-            self.job.state = "cancelled"
-            self.db.save(self.job)
-            return self.job
+            return self._cancel_slurm(grace)
 
         def one(n):
             return self._ctl(n.index, "cancel", f"{grace:g}", timeout=grace + 30)
@@ -379,6 +404,22 @@ class Tracker:
         self.db.save(self.job)
         return self.job
 
+    def _cancel_slurm(self, grace: float) -> Job:
+        """scancel on the login node; Slurm TERMs every step (the run checkpoints), KILLs
+        after its KillWait; jobctl waits until the job has ended and no step is left."""
+        wait = grace + 60.0  # Slurm's own KillWait (30 s by default) comes on top of ours
+        r = self._ctl(0, "slurm-cancel", self.job.extra["slurm_id"], f"{wait:g}", timeout=wait + 30, node_arg=False)
+        if r.get("scancel"):
+            raise CancelError(f"scancel {self.job.extra['slurm_id']} failed: {r.get('error')}")
+        self.poll()
+        if r.get("left"):
+            raise CancelError(f"cancel incomplete: Slurm still runs {', '.join(r['left'])} of job "
+                              f"{self.job.extra['slurm_id']}")
+        if self.job.state not in TERMINAL:
+            self.job.state = "cancelled"
+        self.db.save(self.job)
+        return self.job
+
     def fetch(self, out_dir: str | Path, progress: Callable[[str, int, int], None] | None = None) -> list[Path]:
         """Download checkpoints, model.pt, metrics, status and logs into out_dir."""
         out_dir = Path(out_dir)
@@ -387,15 +428,19 @@ class Tracker:
         for n in order:
             c = self.conn(n.index)
             run = f"{n.jobdir}/run"
-            wanted = ["metrics.jsonl", "status.json", "model.pt"] if n.index == order[0].index else []
+            # the outputs, and the inputs that make the folder one `train --resume` accepts
+            wanted = (["metrics.jsonl", "status.json", "model.pt", "run.json", "project.lflow"]
+                      + ([] if self.job.extra.get("remote_data") else ["data.npz"])  # (a big set stays there)
+                      if n.index == order[0].index else [])
             for name in wanted:
                 if c.stat_size(f"{run}/{name}") is not None:
                     got.append(self._get(c, f"{run}/{name}", out_dir / name, progress))
             for sub in ("checkpoints", "logs"):
                 got += self._get_tree(c, f"{run}/{sub}", out_dir / sub, progress)
-            if c.stat_size(f"{n.jobdir}/node{n.index}.out") is not None:
-                got.append(self._get(c, f"{n.jobdir}/node{n.index}.out", out_dir / "logs" / f"node{n.index}.out",
-                                     progress))
+            # the node scripts' output (nodeN.out) and, under Slurm, the batch script's (slurm-ID.out)
+            for e in c.listdir(n.jobdir):
+                if e.filename.endswith(".out") and (e.filename.startswith(("node", "slurm-"))):
+                    got.append(self._get(c, f"{n.jobdir}/{e.filename}", out_dir / "logs" / e.filename, progress))
         return got
 
     @staticmethod

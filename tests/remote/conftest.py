@@ -50,3 +50,52 @@ def relay_factory():
     yield make
     for r in relays:
         r.stop()
+
+
+class SlurmEnv:
+    """A running Slurm cluster (slurm_helpers.SlurmCluster) and its login node, a real sshd
+    on 127.0.0.4 whose sessions see the cluster's SLURM_CONF."""
+
+    def __init__(self, cluster, login, ssh_env, known_hosts):
+        self.cluster, self.login, self.ssh_env, self.known_hosts = cluster, login, ssh_env, known_hosts
+
+    def profile(self, name: str, workdir, **kw) -> dict:
+        from sshd_helpers import REMOTE_PYTHON, USER, free_port
+
+        env = {"OMP_NUM_THREADS": "1"}
+        if self.cluster.multi_node:  # the nodes' own interface, as NCCL/GLOO_SOCKET_IFNAME on a real cluster
+            from slurm_helpers import IFNAME
+            env["GLOO_SOCKET_IFNAME"] = IFNAME
+        data = {"name": name, "backend": "slurm", "workdir": str(workdir), "python": REMOTE_PYTHON,
+                "hosts": [{"address": self.login.addr, "port": self.login.port, "user": USER,
+                           "identity_file": str(self.ssh_env.client_key)}],
+                "known_hosts": str(self.known_hosts), "connect_timeout": 5, "command_timeout": 60,
+                "partition": "debug", "env": env, "rdzv_port": free_port("127.0.0.1"),
+                "nproc_per_node": 1 if self.cluster.multi_node else 2}
+        data.update(kw)
+        return data
+
+
+@pytest.fixture(scope="session")
+def slurm_env(ssh_env, tmp_path_factory):
+    """One real Slurm cluster per test session (the Slurm tests share an xdist group)."""
+    from slurm_helpers import SlurmCluster, missing_slurm
+    from sshd_helpers import Sshd
+
+    why = missing_slurm()
+    if why:
+        pytest.skip(why)
+    root = tmp_path_factory.mktemp("slurm")
+    cluster = SlurmCluster(root / "cluster")
+    try:
+        cluster.start()
+        login = Sshd(root / "login", "127.0.0.4", ssh_env.authorized, extra=(f"SetEnv SLURM_CONF={cluster.conf}",))
+        login.start()
+    except BaseException:
+        cluster.stop()
+        raise
+    known = root / "known_hosts"
+    known.write_text(login.public_key_line() + "\n")
+    yield SlurmEnv(cluster, login, ssh_env, known)
+    login.stop()
+    cluster.stop()

@@ -49,7 +49,7 @@ def wait_port(addr: str, port: int, timeout: float = 10.0) -> None:
 class Sshd:
     """One OpenSSH server on addr:port with its own host key."""
 
-    def __init__(self, root: Path, addr: str, authorized_keys: Path):
+    def __init__(self, root: Path, addr: str, authorized_keys: Path, extra: tuple[str, ...] = ()):
         self.root, self.addr = root, addr
         root.mkdir(parents=True, exist_ok=True)
         self.port = free_port(addr)
@@ -61,7 +61,7 @@ class Sshd:
             f"Port {self.port}", f"ListenAddress {addr}", f"HostKey {self.host_key}", f"PidFile {self.pidfile}",
             f"AuthorizedKeysFile {authorized_keys}", "UsePAM no", "StrictModes no", "PermitRootLogin yes",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "Subsystem sftp internal-sftp",
-            "AllowTcpForwarding yes", "MaxStartups 100:30:200", "MaxSessions 100", "LogLevel ERROR", ""]))
+            "AllowTcpForwarding yes", "MaxStartups 100:30:200", "MaxSessions 100", "LogLevel ERROR", *extra, ""]))
         self.proc: subprocess.Popen | None = None
 
     def public_key_line(self) -> str:
