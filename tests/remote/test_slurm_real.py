@@ -276,3 +276,18 @@ def test_clusters_dialog_keeps_slurm_settings_and_tests_the_partition(slurm_env,
     assert (c.backend, c.partition, c.time_limit, c.gpus_per_node) == ("slurm", "capped", "00:20:00", 2)
     dlg.backend.setCurrentText("ssh")  # an SSH profile has no Slurm settings
     assert not dlg.partition.isEnabled() and dlg.save() and ClusterStore().get("hpc").partition is None
+
+
+def test_a_run_that_fails_under_slurm_shows_failed_with_its_reason(slurm_env, tmp_path, config_dir):
+    """The data set named by --remote-data is there but is no data set: the run fails on the
+    node, Slurm says FAILED, and the job's error carries the run's own reason."""
+    not_data = tmp_path / "not-a-dataset.npz"
+    not_data.write_text("these are not arrays\n")
+    proj = project(tmp_path, dp=1, steps=5)
+    add_profile(slurm_env, tmp_path, nproc_per_node=1)
+    job_id = cli("deploy", str(proj), "--cluster", "hpc", "--remote-data", str(not_data)).stdout.strip().splitlines()[-1]
+    with Tracker(job_id) as tr:
+        job = tr.follow(interval=0.5)
+    assert job.state == "failed", (job.state, job.error)
+    assert job.error.startswith("Slurm: FAILED (NonZeroExitCode), exit code 1:0: ValueError"), job.error
+    assert cli("status", job_id).stdout.startswith(f"{job_id}: failed")
