@@ -6,7 +6,6 @@ same code the buttons do.
 from __future__ import annotations
 
 import json
-import re
 import time
 
 from PySide6.QtCore import QMimeData, QObject, QPointF, QRunnable, QThreadPool, QTimer, Signal
@@ -14,8 +13,9 @@ from PySide6.QtGui import QUndoStack
 from PySide6.QtWidgets import QApplication
 
 from app import commands as C
-from engine.layout import COL_W, lay_out, layered_layout, view_layout
+from engine.layout import lay_out, layered_layout, view_layout
 from engine.compile import compile_graph
+from engine.editing import EditError, plan_group, plan_paste, plan_repeat, plan_ungroup
 from engine.graph import Edge, GraphError
 from engine.layers import get_layer
 from engine.project import Project
@@ -25,17 +25,6 @@ CLIP_MIME = "application/x-layerflow-nodes"
 COMPILE_DELAY_MS = 60
 SLOW_S = 0.15  # compiles slower than this move to a worker thread
 BIG_DIAGRAM = 300  # nodes: a diagram this big is compiled on the worker from the start
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    """A free identifier like base, base_2, base_3 ..."""
-    if base not in taken:
-        return base
-    stem = re.sub(r"(_\d+)$", "", base)
-    i = 2
-    while f"{stem}_{i}" in taken:
-        i += 1
-    return f"{stem}_{i}"
 
 
 def plan_notes(plan, graph=None) -> tuple[dict[Edge, str], list[tuple[str, int, str]], list[str]]:
@@ -355,12 +344,12 @@ class EditorController(QObject):
             self.push(C.SetParam(self.graph, node_id, key, value))
 
     def rename(self, old: str, new: str) -> bool:
-        from engine.graph import valid_id
+        from engine.editing import check_rename
 
-        if new in self.graph.nodes or not valid_id(new):  # the model's one id rule (keywords refused too)
-            self.status.emit(f"Cannot rename '{old}' to '{new}': " + (
-                "that name is taken" if new in self.graph.nodes else
-                "use letters, digits and _, not starting with a digit and not a Python keyword"))
+        try:
+            check_rename(self.graph, old, new)  # the model's one id rule (keywords refused too)
+        except EditError as exc:
+            self.status.emit(str(exc)[0].upper() + str(exc)[1:])
             return False
         ok = self.push(C.Rename(self.graph, old, new))
         if ok:
@@ -475,150 +464,67 @@ class EditorController(QObject):
         ids = self.scene.selected_ids()
         return self.insert_subgraph(self.graph.subgraph_dict(ids), None, "Duplicate") if ids else []
 
-    def insert_subgraph(self, sub: dict, at: QPointF | None, text: str, offset=(40.0, 40.0), group_map=None) -> list[str]:
-        """Insert copies with fresh names; groups get fresh names too."""
-        from collections import Counter
-
-        from engine.graph import BLOCK_SEP, block_name, block_path
-
-        taken = set(self.graph.nodes)
-        existing = self.graph.blocks()
-        rename, group_map = {}, dict(group_map or {})
-        nodes = [dict(d) for d in sub.get("nodes", [])]
-        if not nodes:
+    def insert_subgraph(self, sub: dict, at: QPointF | None, text: str, offset=(40.0, 40.0)) -> list[str]:
+        """Insert copies with fresh names (engine/editing.py plans them); one undo step."""
+        try:
+            paste = plan_paste(self.graph, sub, offset=offset, at=(at.x(), at.y()) if at is not None else None)
+        except EditError as exc:
+            self.status.emit(str(exc))
             return []
-        copied = Counter(b for d in nodes for b in block_path(d.get("group")))
+        return self._insert(paste, text)
 
-        def new_group(group: str | None) -> str | None:
-            """A copied whole block becomes a new block beside it (its nested blocks with it);
-            copies of part of a block join it; a block this diagram lacks comes as it is."""
-            for b in block_path(group):  # outermost first
-                if b in group_map:
-                    return group_map[b] + group[len(b):]
-                if b not in existing:
-                    return group
-                if copied[b] >= len(self.graph.block_members(b)):
-                    parent, _, name = b.rpartition(BLOCK_SEP)
-                    names = {block_name(x) for x in existing} | {block_name(v) for v in group_map.values()}
-                    group_map[b] = (parent + BLOCK_SEP if parent else "") + _fresh(name, names)
-                    return group_map[b] + group[len(b):]
-            return group
-        if at is not None:
-            x0 = min(d["pos"][0] for d in nodes)
-            y0 = min(d["pos"][1] for d in nodes)
-            offset = (at.x() - x0, at.y() - y0)
-        for d in nodes:
-            new = _fresh(d["id"], taken)
-            taken.add(new)
-            rename[d["id"]] = new
-            d["id"] = new
-            d["pos"] = [d["pos"][0] + offset[0], d["pos"][1] + offset[1]]
-            if d.get("group"):
-                d["group"] = new_group(d["group"])
-        edges = [dict(e, src=rename[e["src"]], dst=rename[e["dst"]]) for e in sub.get("edges", [])
-                 if e["src"] in rename and e["dst"] in rename]
-        self.push(C.AddSubgraph(self.graph, {"nodes": nodes, "edges": edges}, text))
-        shut = {new + b[len(old):] for old, new in group_map.items() for b in self.scene.collapsed
-                if b == old or b.startswith(old + BLOCK_SEP)}
-        if shut:  # a copy of a collapsed block arrives collapsed, like the original
-            self.scene.collapsed |= shut
+    def _insert(self, paste, text: str) -> list[str]:
+        if not paste.nodes:
+            return []
+        self.push(C.AddSubgraph(self.graph, {"nodes": paste.nodes, "edges": paste.edges}, text))
+        if paste.collapsed:  # a copy of a collapsed block arrives collapsed, like the original
+            self.scene.collapsed |= paste.collapsed
             self.scene.apply_collapse()
-        self.scene.select_nodes(rename.values())
-        return list(rename.values())
+        self.scene.select_nodes(paste.ids)
+        return paste.ids
 
     # ----- groups -------------------------------------------------------------
     def group_selected(self, name: str | None = None) -> str | None:
-        ids = self.scene.selected_ids()
-        if not ids:
-            self.status.emit("Select the nodes to group first")
+        try:
+            g = plan_group(self.graph, self.scene.selected_ids(), name)
+        except EditError as exc:
+            self.status.emit(str(exc)[0].upper() + str(exc)[1:])
             return None
-        from engine.graph import BLOCK_SEP, block_name, block_path
-
-        groups = {block_name(b) for b in self.graph.blocks()}
-        name = name or _fresh("block", groups)
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_ -]*$", name):
-            self.status.emit(f"'{name}' is not a usable block name")
-            return None
-        # the new block goes inside the innermost block that holds the whole selection
-        paths = [block_path(self.graph.nodes[n].group) for n in ids]
-        common = ""
-        for level in zip(*paths):
-            if len(set(level)) != 1:
-                break
-            common = level[0]
-        block = f"{common}{BLOCK_SEP}{name}" if common else name
-        new = {}
-        for n in ids:
-            g = self.graph.nodes[n].group
-            rest = g[len(common):].lstrip(BLOCK_SEP) if g and common else (g or "")
-            new[n] = f"{block}{BLOCK_SEP}{rest}" if rest else block
-        if name in self.graph.nodes:
-            self.status.emit(f"'{name}' is the name of a node; give the block another name")
-            return None
-        whole = {b: block + b[len(common):] for b in self.graph.blocks()
-                 if (not common or b.startswith(common + BLOCK_SEP)) and set(self.graph.block_members(b)) <= set(ids)}
-        self.push(C.SetGroup(self.graph, ids, None, f"Group {len(ids)} node(s) as '{name}'", groups=new,
-                             moved=whole, scene=self.scene))
-        return block
+        self.push(C.SetGroup(self.graph, list(g.groups), None, g.text, groups=g.groups, moved=g.moved,
+                             scene=self.scene))
+        return g.block
 
     def ungroup_selected(self) -> None:
         """Take the selected blocks away: what they held moves up one level."""
-        from engine.graph import BLOCK_SEP
-
         blocks = self.scene.selected_groups()
-        new = {}
-        moved: dict[str, str | None] = {}
-        for b in sorted(blocks, key=len, reverse=True):
-            parent = b.rpartition(BLOCK_SEP)[0]
-            moved[b] = None
-            for inner in self.graph.blocks():
-                if inner.startswith(b + BLOCK_SEP):
-                    moved[inner] = BLOCK_SEP.join(x for x in (parent, inner[len(b) + 1:]) if x)
-            for n in self.graph.block_members(b):
-                g = new.get(n, self.graph.nodes[n].group) or ""
-                if g != b and not g.startswith(b + BLOCK_SEP):
-                    continue
-                rest = g[len(b):].lstrip(BLOCK_SEP)
-                new[n] = BLOCK_SEP.join(x for x in (parent, rest) if x) or None
-        if new:
-            self.push(C.SetGroup(self.graph, list(new), None, f"Ungroup {', '.join(sorted(blocks))}", groups=new,
-                                 moved=moved, scene=self.scene))
+        if not blocks:
+            return
+        g = plan_ungroup(self.graph, blocks)
+        if g.groups:
+            self.push(C.SetGroup(self.graph, list(g.groups), None, g.text, groups=g.groups, moved=g.moved,
+                                 scene=self.scene))
 
     def members(self, group: str) -> list[str]:
         return self.graph.block_members(group)
 
     def repeat_block(self, group: str, times: int) -> bool:
-        """Stack `times` copies of a block in a chain (stacked transformer layers).
-
-        The block must take one value in (any number of edges from one output)
-        and give one value out; the copies are chained value to value and what
-        consumed the block's output now consumes the last copy's."""
-        ids = set(self.members(group))
-        if not ids or times < 2:
+        """Stack `times` copies of a block in a chain (engine.editing.plan_repeat), one undo step."""
+        if times < 2 or not self.members(group):
             return False
-        ins = [e for e in self.graph.edges if e.dst in ids and e.src not in ids]
-        outs = [e for e in self.graph.edges if e.src in ids and e.dst not in ids]
-        in_vals = {(e.src, e.src_port) for e in ins}
-        out_vals = {(e.src, e.src_port) for e in outs}
-        if len(in_vals) != 1 or len(out_vals) != 1:
-            self.status.emit(f"Block '{group}' has {len(in_vals)} input value(s) and {len(out_vals)} output value(s): "
-                             "it needs exactly one of each to be repeated")
+        try:
+            rep = plan_repeat(self.graph, group, times, width=None)
+        except EditError as exc:
+            self.status.emit(str(exc)[0].upper() + str(exc)[1:])
             return False
-        (exit_node, exit_port), = out_vals
-        sub = self.graph.subgraph_dict(ids)
-        width = max(n.pos[0] for n in (self.graph.nodes[i] for i in ids)) - min(n.pos[0] for n in (self.graph.nodes[i] for i in ids)) + COL_W
-        self.stack.beginMacro(f"Repeat block '{group}' ×{times}")
-        for e in outs:
-            self.push(C.Disconnect(self.graph, [e]))
-        prev_exit = (exit_node, exit_port)
-        for k in range(1, times):
-            new_ids = self.insert_subgraph(sub, None, "Repeat", offset=(width * k, 0.0))
-            rename = dict(zip([d["id"] for d in sub["nodes"]], new_ids))
-            for e in ins:
-                self.push(C.Connect(self.graph, Edge(prev_exit[0], prev_exit[1], rename[e.dst], e.dst_port)))
-            prev_exit = (rename[exit_node], exit_port)
-        for e in outs:
-            self.push(C.Connect(self.graph, Edge(prev_exit[0], prev_exit[1], e.dst, e.dst_port)))
+        self.stack.beginMacro(rep.text)
+        if rep.disconnect:
+            self.push(C.Disconnect(self.graph, rep.disconnect))
+        for paste, edges in zip(rep.copies, rep.connect):
+            self._insert(paste, "Repeat")
+            for e in edges:
+                self.push(C.Connect(self.graph, e))
+        for e in rep.reconnect:
+            self.push(C.Connect(self.graph, e))
         self.auto_layout()
         self.stack.endMacro()
         return True

@@ -17,7 +17,7 @@ from pathlib import Path
 from PySide6.QtCore import QByteArray, QEvent, QObject, QPointF, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QActionGroup, QColor, QIcon, QKeySequence, QPalette
 from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QInputDialog, QLabel, QMainWindow,
-                               QMessageBox, QStyle, QToolBar, QWidget)
+                               QMessageBox, QToolBar, QWidget)
 
 from app.controller import EditorController
 from app.settings import Settings
@@ -183,7 +183,6 @@ class EditorWindow(QMainWindow):
 
     def _build_actions(self) -> None:
         c = self.controller
-        S = QStyle
         self._act("new", "&New", self.new_project, QKeySequence.New, "new")
         self._act("open", "&Open…", lambda: self.open_project(), QKeySequence.Open, "open")
         self._act("save", "&Save", self.save, QKeySequence.Save, "save")
@@ -459,9 +458,9 @@ class EditorWindow(QMainWindow):
         if not self.scene.selected_ids():
             self.statusBar().showMessage("Select the nodes to group first", 5000)
             return
-        from app.controller import _fresh
+        from engine.editing import fresh_id
 
-        default = _fresh("block", {n.group for n in self.project.graph.nodes.values() if n.group})
+        default = fresh_id("block", {n.group for n in self.project.graph.nodes.values() if n.group})
         name, ok = QInputDialog.getText(self, "Group into block", "Block name:", text=default)
         if ok and name.strip():
             self.controller.group_selected(name.strip())

@@ -236,6 +236,57 @@ class Project:
     def remove(self, node: str) -> None:
         self._p.graph.remove_node(node)
 
+    # ----- editing more than one node (engine/editing.py: the editor's own operations) ----
+    def rename(self, node: str, new: str) -> None:
+        """Rename a node (the model's id rule; edges and ties follow)."""
+        from engine.editing import check_rename
+
+        check_rename(self._p.graph, node, new)
+        self._p.graph.rename_node(node, new)
+
+    def duplicate(self, nodes: Iterable[str], *, offset: tuple[float, float] = (40.0, 40.0)) -> list[str]:
+        """Copies of nodes and the edges among them, with fresh ids (relu -> relu_2); a
+        whole block copied becomes a new block. Returns the copies' ids, in order."""
+        from engine.editing import apply, plan_paste
+
+        nodes = list(nodes)
+        missing = [n for n in nodes if n not in self._p.graph.nodes]
+        if missing:
+            raise GraphError(f"no node {', '.join(map(repr, missing))} to duplicate")
+        paste = plan_paste(self._p.graph, self._p.graph.subgraph_dict(nodes), offset=offset)
+        apply(self._p.graph, paste)
+        return paste.ids
+
+    def group(self, nodes: Iterable[str], name: str | None = None) -> str:
+        """Put nodes into a block (inside the innermost block holding all of them);
+        returns the block's path ("encoder/layer")."""
+        from engine.editing import apply, plan_group
+
+        nodes = list(nodes)
+        missing = [n for n in nodes if n not in self._p.graph.nodes]
+        if missing:
+            raise GraphError(f"no node {', '.join(map(repr, missing))} to group")
+        g = plan_group(self._p.graph, list(nodes), name)
+        apply(self._p.graph, g)
+        return g.block
+
+    def ungroup(self, *blocks: str) -> None:
+        """Take blocks away; what they held moves up one level."""
+        from engine.editing import apply, plan_ungroup
+
+        apply(self._p.graph, plan_ungroup(self._p.graph, set(blocks)))
+
+    def repeat(self, block: str, times: int) -> list[str]:
+        """`times` copies of a block in a chain, as stacked layers: the block must take one
+        value in and give one out; what used its output uses the last copy's. Returns
+        the new nodes' ids."""
+        from engine.editing import apply, plan_repeat
+
+        rep = plan_repeat(self._p.graph, block, times)
+        apply(self._p.graph, rep)
+        self._laid_out = False  # the copies sit in a row; save() lays the diagram out
+        return [i for p in rep.copies for i in p.ids]
+
     # ----- checking ---------------------------------------------------------------------
     def _settings(self) -> None:
         """Fields changed on p.training / p.placement are checked as the file's are."""
