@@ -227,14 +227,14 @@ class Disconnect(QUndoCommand):
 
 
 class SetProjectPlacement(QUndoCommand):
-    """A mesh setting of the project (pp/dp/tp/...); `changed` repaints views."""
+    """A mesh setting of the project (pp/dp/tp/...); the project's event repaints views."""
 
     ID = 1002
 
     MERGE_S = 1.5  # typing "12" into a spin box is one edit; a change a while later is another
 
-    def __init__(self, project, key: str, value: Any, changed=lambda: None):
-        self.project, self.key, self.value, self.changed = project, key, value, changed
+    def __init__(self, project, key: str, value: Any):
+        self.project, self.key, self.value = project, key, value
         self.old = getattr(project.placement, key)
         self.at = time.monotonic()
         super().__init__(f"Set {key} = {value}")
@@ -252,7 +252,6 @@ class SetProjectPlacement(QUndoCommand):
 
     def _set(self, value) -> None:
         self.project.placement = self.project.placement.model_copy(update={self.key: value})
-        self.changed()
 
     def redo(self) -> None:
         self._set(self.value)
@@ -264,12 +263,12 @@ class SetProjectPlacement(QUndoCommand):
 class SetTraining(QUndoCommand):
     """The project's training settings, replaced by an already validated Training.
     `what` names the field edited ("optimizer.lr"); consecutive edits of one field
-    merge (spin-box arrows), like SetParam. `changed` recompiles and refreshes views."""
+    merge (spin-box arrows), like SetParam. The project's event recompiles and refreshes views."""
 
     ID = 1003
 
-    def __init__(self, project, training, what: str, changed=lambda: None):
-        self.project, self.new, self.what, self.changed = project, training, what, changed
+    def __init__(self, project, training, what: str):
+        self.project, self.new, self.what = project, training, what
         self.old = project.training
         super().__init__(f"Set training.{what}")
 
@@ -285,7 +284,6 @@ class SetTraining(QUndoCommand):
 
     def _set(self, training) -> None:
         self.project.training = training
-        self.changed()
 
     def redo(self) -> None:
         self._set(self.new)
@@ -388,13 +386,13 @@ class SetDirection(_ViewChange):
 class ResolveConflict(QUndoCommand):
     """Settle one merge conflict of the project (engine/diff.py) by taking a side. The
     project before and after are kept whole (a conflict may touch the diagram, the
-    training or the placement); `changed` refreshes every view."""
+    training or the placement); the project's and the graph's events refresh every view."""
 
-    def __init__(self, project, index: int, side: str, changed=lambda: None):
+    def __init__(self, project, index: int, side: str):
         from engine.diff import resolve_conflict
         from engine.project import Project
 
-        self.project, self.changed = project, changed
+        self.project = project
         self.before = project.to_dict()
         trial = Project.from_dict(self.before)
         resolve_conflict(trial, index, side)  # raises ProjectError before anything changed
@@ -408,7 +406,6 @@ class ResolveConflict(QUndoCommand):
         for attr in ("name", "description", "training", "placement", "cluster", "weights", "conflicts"):
             setattr(self.project, attr, getattr(p, attr))
         self.project.graph.load_dict(d["diagram"])
-        self.changed()
 
     def redo(self) -> None:
         self._set(self.after)

@@ -171,11 +171,13 @@ class EditorController(QObject):
     def set_project(self, project: Project) -> None:
         if self.project is not None:
             self.project.graph.unsubscribe(self._on_graph_event)
+            self.project.unsubscribe(self._on_project_event)
         self.project = project
         self._version += 1
         self.stack.clear()
         self.scene.set_graph(project.graph)
         project.graph.subscribe(self._on_graph_event)
+        project.subscribe(self._on_project_event)
         if len(project.graph.nodes) >= BIG_DIAGRAM:  # its first compile would hold up the first paint
             self.result = self.plan = self.plan_error = None
             self.plan_info = ({}, [], [])
@@ -387,7 +389,7 @@ class EditorController(QObject):
 
     def set_mesh(self, key: str, value) -> None:
         if getattr(self.project.placement, key) != value:
-            self.push(C.SetProjectPlacement(self.project, key, value, self._placement_changed))
+            self.push(C.SetProjectPlacement(self.project, key, value))
 
     def _placement_changed(self) -> None:
         self._version += 1
@@ -397,7 +399,7 @@ class EditorController(QObject):
     def set_training(self, training, what: str = "training") -> None:
         """Replace the training settings (a validated engine.project.Training): one undo step."""
         if training != self.project.training:
-            self.push(C.SetTraining(self.project, training, what, self._training_changed))
+            self.push(C.SetTraining(self.project, training, what))
 
     def resolve_conflict(self, index: int, side: str) -> bool:
         """Take `side` ('ours' / 'theirs') for merge conflict `index`: one undo step; a
@@ -405,15 +407,18 @@ class EditorController(QObject):
         from engine.project import ProjectError
 
         try:
-            cmd = C.ResolveConflict(self.project, index, side, self._project_settings_changed)
+            cmd = C.ResolveConflict(self.project, index, side)
         except ProjectError as exc:
             self.status.emit(str(exc))
             return False
         return self.push(cmd)
 
-    def _project_settings_changed(self) -> None:
-        self._placement_changed()
-        self.training_changed.emit()
+    def _on_project_event(self, ev) -> None:
+        """training or placement replaced (an undo command, a merge resolution, a script)."""
+        if ev.what == "placement":
+            self._placement_changed()
+        else:
+            self._training_changed()
 
     def _training_changed(self) -> None:  # batch size, ...: the plan and the summary follow
         self._version += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -225,23 +226,69 @@ class _ProjectModel(_Strict):
     conflicts: list[_ConflictModel] = Field(default_factory=list)  # left by a merge, until resolved
 
 
+@dataclass(frozen=True)
+class ProjectEvent:
+    """`what` ("training" or "placement") was replaced: old and new values."""
+    what: str
+    old: Any
+    new: Any
+
+
 class Project:
-    """A diagram plus its settings. `graph` is the live model the GUI edits."""
+    """A diagram plus its settings. `graph` is the live model the GUI edits (it emits
+    GraphEvents); replacing `training` or `placement` emits a ProjectEvent to the
+    project's subscribers, so every view follows an edit, whoever made it (an undo
+    command, a merge resolution, a script)."""
 
     def __init__(self, graph: Graph | None = None, *, name: str = "untitled", description: str = "",
                  training: Training | None = None, placement: Placement | None = None,
                  cluster: str | None = None, weights: str | None = None, path: Path | None = None,
                  conflicts: list[dict] | None = None):
+        self._subscribers: list = []
         self.graph = graph or Graph()
         self.name = name
         self.description = description
-        self.training = training or Training()
-        self.placement = placement or Placement()
+        self._training = training or Training()
+        self._placement = placement or Placement()
         self.cluster = cluster
         self.weights = weights
         self.path = Path(path) if path else None
         # merge conflicts not yet resolved (engine/diff.py): where, what, base, ours, theirs
         self.conflicts: list[dict] = list(conflicts or [])
+
+    # ----- events -----------------------------------------------------------------
+    def subscribe(self, callback) -> None:
+        """callback(ProjectEvent) after `training` or `placement` is replaced."""
+        self._subscribers.append(callback)
+
+    def unsubscribe(self, callback) -> None:
+        if callback in self._subscribers:
+            self._subscribers.remove(callback)
+
+    def _emit(self, what: str, old, new) -> None:
+        if old == new:
+            return
+        ev = ProjectEvent(what, old, new)
+        for cb in list(self._subscribers):
+            cb(ev)
+
+    @property
+    def training(self) -> Training:
+        return self._training
+
+    @training.setter
+    def training(self, value: Training) -> None:
+        old, self._training = self._training, value
+        self._emit("training", old, value)
+
+    @property
+    def placement(self) -> Placement:
+        return self._placement
+
+    @placement.setter
+    def placement(self, value: Placement) -> None:
+        old, self._placement = self._placement, value
+        self._emit("placement", old, value)
 
     @property
     def directory(self) -> Path:

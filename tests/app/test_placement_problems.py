@@ -232,3 +232,15 @@ def test_rename_follows_the_models_id_rule_and_a_planner_failure_is_an_error(win
     errors, _ = w.controller.problems()
     assert any("the plan failed: TypeError: a bug in the planner" in e.message for e in errors)
     assert not w.run_ui.toolbar.run_action.isEnabled()
+
+
+def test_settings_replaced_outside_an_undo_command_reach_the_views(win, qtbot):
+    """The project's own events carry training and placement changes, whoever makes them
+    (here a script or plug-in assigning them directly): the plan and the Devices dock follow."""
+    w = win
+    w.project.placement = w.project.placement.model_copy(update={"pp": 2})
+    w.controller.flush()
+    assert w.controller.plan.doc["microbatches"] == 2 and w.devices.spins["pp"].value() == 2
+    w.project.training = w.project.training.model_copy(update={"batch_size": 32})
+    w.controller.flush()
+    assert w.controller.plan.doc["batch"]["global"] == 32

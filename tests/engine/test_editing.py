@@ -118,3 +118,19 @@ def test_the_python_api_edits_through_the_same_operations(tmp_path):
     saved = p.save(tmp_path / "stack.lflow")
     back = lf.Project.load(saved)
     assert back.nodes == p.nodes and back.summary().total_params == p.summary().total_params
+
+
+def test_replacing_training_or_placement_is_an_event():
+    from engine.project import Project
+
+    p, seen = Project(), []
+    default_batch = p.training.batch_size
+    p.subscribe(seen.append)
+    p.placement = p.placement.model_copy(update={"dp": 2})
+    p.placement = p.placement.model_copy(update={"dp": 2})  # the same value: no event
+    p.training = p.training.model_copy(update={"batch_size": 16})
+    assert [(e.what, e.old.dp if e.what == "placement" else e.old.batch_size) for e in seen] == [
+        ("placement", 1), ("training", default_batch)]
+    p.unsubscribe(seen.append)
+    p.training = p.training.model_copy(update={"batch_size": 8})
+    assert len(seen) == 2
