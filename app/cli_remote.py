@@ -155,7 +155,8 @@ def cmd_cluster_add(args) -> int:
         hosts.append(h)
     c = _profile(args, hosts)
     ClusterStore().save(c)
-    print(f"cluster {c.name}: {len(c.hosts)} node(s) saved; check them with `cluster check {c.name}`")
+    what = (f"Slurm login node {c.hosts[0].label}" if c.backend == "slurm" else f"{len(c.hosts)} node(s)")
+    print(f"cluster {c.name}: {what} saved; check them with `cluster check {c.name}`")
     return 0
 
 
