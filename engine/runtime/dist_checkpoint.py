@@ -14,12 +14,16 @@ The single-process trainer writes checkpoints/step_N/state.pt (plain torch.save)
 """
 from __future__ import annotations
 
+import errno
+import os
+import shutil
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -38,11 +42,45 @@ def save(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extra: 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     msd, osd = get_state_dict(model, optimizer)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path))
+    try:
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path))
+    except CheckpointException as exc:
+        full = _disk_full(exc, path)
+        if full is not None:  # the run ends as "disk full" with its latest whole checkpoint named
+            raise full from exc
+        raise
     if write_extra:
-        torch.save(extra, path / EXTRA)
+        from .loop import save_tensors
+
+        save_tensors(extra, path / EXTRA)  # (a full disk: OSError ENOSPC, not torch's "unexpected pos")
     if dist.is_initialized():
         dist.barrier()  # `latest` may name this folder only once every rank has written
+
+
+DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+
+
+def _disk_full(exc: CheckpointException, path: Path) -> OSError | None:
+    """The full disk behind a failed DCP save, as OSError(ENOSPC). DCP gathers every rank's
+    failure into one CheckpointException: a rank that failed opening a file says ENOSPC;
+    one that failed inside torch.save says only "unexpected pos" (torch's zip writer loses
+    the errno), so that one counts as a full disk when the disk has (almost) no room left."""
+    failures = getattr(exc, "failures", {}) or {}
+    for err in (v[0] if isinstance(v, tuple) else v for v in failures.values()):
+        seen = set()
+        while err is not None and id(err) not in seen:
+            seen.add(id(err))
+            if isinstance(err, OSError) and err.errno in DISK_FULL:
+                return OSError(err.errno, os.strerror(err.errno), err.filename or str(path))
+            err = err.__cause__ or err.__context__
+    if any("unexpected pos" in str(v[0] if isinstance(v, tuple) else v) for v in failures.values()):
+        try:
+            free = shutil.disk_usage(path).free
+        except OSError:
+            return None
+        if free < 1 << 20:
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    return None
 
 
 def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:

@@ -363,3 +363,62 @@ def test_a_full_disk_ends_the_run_as_failed_with_the_reason_and_a_resumable_chec
     steps = [json.loads(line)["step"] for line in (out / "resumed" / "metrics.jsonl").read_text().splitlines()
              if '"loss"' in line]
     assert steps == list(range(1, 61))  # every step once: the lines after the checkpoint were cut off
+
+
+DISK_FULL_DP2_SCRIPT = r"""
+set -e
+mount -t tmpfs -o size=2400k tmpfs "$SMALL"
+cp -r "$PREP" "$SMALL/run"
+set +e
+"$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m engine.runtime.train "$SMALL/run" \
+    > "$OUT/first.txt" 2>&1
+echo $? > "$OUT/first.rc"
+set -e
+cp -r "$SMALL/run" "$OUT/failed"
+mount -o remount,size=64m "$SMALL"
+"$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m engine.runtime.train "$SMALL/run" --resume \
+    > "$OUT/second.txt" 2>&1
+cp -r "$SMALL/run" "$OUT/resumed"
+"""
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_two_ranks_is_named_too_and_resumes(tmp_path):
+    """The same with dp=2: DCP gathers the ranks' failures into one CheckpointException
+    (one rank's ENOSPC, the other's opaque "unexpected pos"); the run still ends as
+    "disk full" with its latest whole checkpoint named, not with a traceback."""
+    import shutil as _shutil
+
+    from engine.project import Training
+    from remote.launch_ssh import prepare
+
+    unshare = _shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("needs util-linux's unshare to make a small filesystem of the test's own")
+    probe = subprocess.run([unshare, "-rm", "sh", "-c", f"mount -t tmpfs tmpfs {tmp_path}"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs in a user+mount namespace here: {probe.stderr.decode().strip()}")
+    p = load_project(MLP)
+    p.path = tmp_path / "p.lflow"
+    p.graph.nodes["fc1"].params["out_features"] = 512
+    p.training = Training.model_validate({**p.training.model_dump(), "steps": 40, "checkpoint_interval": 5,
+                                          "eval_interval": 1000, "log_interval": 1})
+    prep = prepare(p, tmp_path / "prep", placement={"dp": 2})
+    (tmp_path / "small").mkdir()
+    (tmp_path / "out").mkdir()
+    env = {**os.environ, "PREP": str(prep), "SMALL": str(tmp_path / "small"), "OUT": str(tmp_path / "out"),
+           "PY": sys.executable, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([unshare, "-rm", "bash", "-c", DISK_FULL_DP2_SCRIPT], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    out = tmp_path / "out"
+    assert r.returncode == 0, r.stderr
+    assert (out / "first.rc").read_text().strip() != "0"
+    status = json.loads((out / "failed" / "status.json").read_text())
+    assert status["state"] == "failed", status
+    assert status["error"].startswith("disk full: No space left on device"), status["error"][:400]
+    latest = (out / "failed" / "checkpoints" / "latest").read_text().strip()
+    assert f"latest whole checkpoint is {latest}" in status["error"] and "Traceback" not in status["error"]
+    kept = sorted(d.name for d in (out / "failed" / "checkpoints").iterdir() if d.is_dir())
+    assert latest in kept and all((out / "failed" / "checkpoints" / d / ".metadata").exists() for d in kept)
+    resumed = json.loads((out / "resumed" / "status.json").read_text())
+    assert resumed["state"] == "succeeded" and resumed["step"] == 40, (out / "second.txt").read_text()[-2000:]
