@@ -91,7 +91,8 @@ class ClusterDialog(QDialog):
         hb.addWidget(add_host)
         hb.addWidget(del_host)
         hb.addStretch()
-        form.addRow("Hosts (first = rendezvous)", self.hosts)
+        self.hosts_label = QLabel("Hosts (first = rendezvous)")
+        form.addRow(self.hosts_label, self.hosts)
         form.addRow("", _wrap(hb))
         form.addRow("Remote work folder", self.workdir)
         form.addRow("Python (with torch)", self.python)
@@ -172,6 +173,8 @@ class ClusterDialog(QDialog):
     def _backend_changed(self, backend: str) -> None:
         for w in (self.partition, self.time_limit, self.gpus):
             w.setEnabled(backend == "slurm")
+        self.hosts_label.setText("Login node (Slurm picks the nodes)" if backend == "slurm"
+                                 else "Hosts (first = rendezvous)")
 
     def add_host_row(self, address="", port=22, user="", identity="") -> None:
         r = self.hosts.rowCount()

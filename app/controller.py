@@ -81,21 +81,18 @@ def plan_notes(plan, graph=None) -> tuple[dict[Edge, str], list[tuple[str, int, 
 
 
 def _plan(project: Project, result, devices=None):
-    """(plan, error) from engine/planner.py when it exists; (None, None) otherwise.
+    """(plan, error) of engine/planner.py; (None, None) while the diagram does not compile.
     devices: (nproc, engine.cost.DeviceSpec) of real devices (a cluster's), or None
     for this machine."""
-    try:
-        from engine import planner  # noqa: PLC0415 - optional, written in parallel
-    except ImportError:
-        return None, None
-    make = getattr(planner, "make_plan", None)
-    if make is None or not result.ok:
+    from engine.planner import make_plan
+
+    if not result.ok:
         return None, None
     try:  # a planner failure is shown as an error, never replaced by a plan for other devices
         if devices is not None:
-            plan = make(project, devices[0], devices[1], compiled=result)
+            plan = make_plan(project, devices[0], devices[1], compiled=result)
         else:
-            plan = make(project, compiled=result)  # reuse this compile
+            plan = make_plan(project, compiled=result)  # reuse this compile
         from engine import calibration
 
         calibration.apply(plan, project)  # corrected by what the newest run of this layout measured
