@@ -121,5 +121,19 @@ class JobDB:
         with self._db() as db:
             return [Job.from_json(r[0]) for r in db.execute("SELECT data FROM jobs ORDER BY created")]
 
+    def add_with_mirror(self, job: Job, run_dir: Path) -> Path:
+        """Add a job being launched, its local mirror starting as a copy of the run folder's
+        inputs: the dashboard and the runs list read it like a local run while the tracker
+        appends metrics and logs. Returns the mirror."""
+        import shutil
+
+        self.add(job)
+        mirror = self.mirror_dir(job.id)
+        mirror.mkdir(parents=True, exist_ok=True)
+        for name in ("run.json", "project.lflow"):
+            if (Path(run_dir) / name).is_file():
+                shutil.copyfile(Path(run_dir) / name, mirror / name)
+        return mirror
+
     def active(self) -> list[Job]:
         return [j for j in self.list() if not j.done]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import re
 import secrets
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,7 @@ from remote.cluster import Cluster, config_dir
 from remote.jobctl import TOKEN_VAR
 from remote.jobs import Job, JobDB, Node, new_job_id
 from remote.launch_ssh import DeployError, Progress, world_size
-from remote.preflight import PreflightReport, probe_host
+from remote.preflight import PreflightReport, probe_host, sections
 from remote.ssh import Connection, SSHError, quote
 
 # Slurm job states (scontrol/sacct/squeue) -> Layerflow job states
@@ -148,40 +147,33 @@ def check_slurm(conn: Connection, cluster: Cluster, nnodes: int, timeout: float)
     part = quote(cluster.partition) if cluster.partition else ""
     res = conn.run(SLURM_PROBE.format(tools=" ".join(TOOLS), part=part,
                                       parg=f"-p {part}" if part else ""), timeout=timeout, check=False)
-    sections: dict[str, list[str]] = {}
-    cur = None
-    for line in res.stdout.splitlines():
-        if line.startswith("@@"):
-            cur = line[2:]
-            sections[cur] = []
-        elif cur:
-            sections[cur].append(line)
-    missing = [ln.split()[1] for ln in sections.get("tools", []) if ln.startswith("missing ")]
+    parts = sections(res.stdout)
+    missing = [ln.split()[1] for ln in parts.get("tools", []) if ln.startswith("missing ")]
     if missing:
         chk.errors.append(f"{conn.label}: {', '.join(missing)} not found on the login node's PATH: is it a Slurm "
                           f"login node? (the profile's backend is slurm)")
         return chk
-    parts = [parse_kv(ln) for ln in sections.get("partition", []) if "PartitionName=" in ln]
+    found = [parse_kv(ln) for ln in parts.get("partition", []) if "PartitionName=" in ln]
     if cluster.partition:
-        if not parts:
+        if not found:
             every = conn.run("scontrol show partition -o", timeout=timeout, check=False).stdout
             names = [parse_kv(ln).get("PartitionName") for ln in every.splitlines() if "PartitionName=" in ln]
             chk.errors.append(f"partition {cluster.partition!r} does not exist on cluster {cluster.name!r} "
                               f"(partitions: {', '.join(n for n in names if n) or 'none'}); fix the profile's "
                               f"partition")
             return chk
-        p = parts[0]
+        p = found[0]
     else:
-        default = [p for p in parts if p.get("Default") == "YES"]
+        default = [p for p in found if p.get("Default") == "YES"]
         if not default:
             chk.errors.append(f"cluster {cluster.name!r} has no default partition; set the profile's partition "
-                              f"(partitions: {', '.join(p.get('PartitionName', '?') for p in parts) or 'none'})")
+                              f"(partitions: {', '.join(p.get('PartitionName', '?') for p in found) or 'none'})")
             return chk
         p = default[0]
     chk.partition, chk.state, chk.max_time = p.get("PartitionName"), p.get("State"), p.get("MaxTime")
     if chk.state != "UP":
         chk.errors.append(f"partition {chk.partition!r} is {chk.state}: Slurm starts no job there now")
-    lines = sections.get("nodes", [])
+    lines = parts.get("nodes", [])
     if cluster.partition is None:  # sinfo without -p listed every partition's nodes: ask for the default's
         lines = conn.run(f"sinfo -h -N -p {quote(chk.partition)} -o '%N|%T|%G|%c'", timeout=timeout,
                          check=False).stdout.splitlines()
@@ -329,12 +321,7 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
         workdir = c.abspath(cluster.workdir)
         jobdir = f"{workdir}/jobs/{job.id}"
         job.nodes = [Node(0, c.label, jobdir)]
-        db.add(job)
-        mirror = db.mirror_dir(job.id)
-        mirror.mkdir(parents=True, exist_ok=True)
-        for fname in ("run.json", "project.lflow"):
-            if (run_dir / fname).is_file():
-                shutil.copyfile(run_dir / fname, mirror / fname)
+        db.add_with_mirror(job, run_dir)
         try:
             tar, _ = upload(c, bundle, f"{workdir}/bundles",
                             (lambda d, t: progress(c.label, d, t)) if progress else None)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -206,14 +205,7 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
             c.write_bytes(f"{jobdir}/node{i}.sh", node_script(job, cluster_used, i, nnodes, nproc).encode(), 0o700)
             return Node(i, c.label, jobdir)
 
-        db.add(job)
-        # the local mirror starts as a copy of the run folder's inputs, so the dashboard and
-        # the runs list read it like a local run while the tracker appends metrics and logs
-        mirror = db.mirror_dir(job.id)
-        mirror.mkdir(parents=True, exist_ok=True)
-        for name in ("run.json", "project.lflow"):
-            if (run_dir / name).is_file():
-                shutil.copyfile(run_dir / name, mirror / name)
+        db.add_with_mirror(job, run_dir)
         try:
             with ThreadPoolExecutor(len(conns)) as ex:
                 job.nodes = list(ex.map(stage, range(nnodes)))

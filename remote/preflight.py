@@ -134,6 +134,19 @@ class PreflightReport:
         return "\n".join([*(fmt.format(*r).rstrip() for r in [head] + rows), *self.notes])
 
 
+def sections(text: str) -> dict[str, list[str]]:
+    """A probe's output cut at its "@@name" lines: {name: lines}."""
+    out: dict[str, list[str]] = {}
+    cur = None
+    for line in text.splitlines():
+        if line.startswith("@@"):
+            cur = line[2:]
+            out[cur] = []
+        elif cur:
+            out[cur].append(line)
+    return out
+
+
 def probe_host(conn: Connection, cluster: Cluster, timeout: float) -> HostReport:
     rep = HostReport(conn.label)
     try:
@@ -145,14 +158,8 @@ def probe_host(conn: Connection, cluster: Cluster, timeout: float) -> HostReport
         return rep.fail(exc.reason)
     except SSHError as exc:
         return rep.fail(exc.reason)
-    sections, cur = {}, None
-    for line in res.stdout.splitlines():
-        if line.startswith("@@"):
-            cur = line[2:]
-            sections[cur] = []
-        elif cur:
-            sections[cur].append(line)
-    py = "\n".join(sections.get("python", []))
+    parts = sections(res.stdout)
+    py = "\n".join(parts.get("python", []))
     try:
         info = json.loads(py.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -162,8 +169,8 @@ def probe_host(conn: Connection, cluster: Cluster, timeout: float) -> HostReport
     rep.cpus, rep.hostname, rep.mem_bytes = info.get("cpus"), info.get("hostname"), info.get("mem_bytes")
     if not rep.torch:
         return rep.fail(f"torch is not importable by {cluster.python} ({info.get('torch_error')})")
-    rep.gpus, rep.warnings = parse_nvidia_smi("\n".join(sections.get("nvidia", [])))
-    disk = " ".join(sections.get("disk", [])).split()
+    rep.gpus, rep.warnings = parse_nvidia_smi("\n".join(parts.get("nvidia", [])))
+    disk = " ".join(parts.get("disk", [])).split()
     try:
         rep.free_disk_gb = int(disk[3]) / 1024 ** 2
     except (IndexError, ValueError):

@@ -299,6 +299,28 @@ def test_token_ids_beyond_the_vocabulary_are_named(tmp_path):
         prepare_run(p, tmp_path / "run", steps=1)
 
 
+def _unshare_or_skip(tmp_path) -> str:
+    """util-linux's unshare, where it can mount a tmpfs in a user+mount namespace of our own."""
+    import shutil
+
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("needs util-linux's unshare to make a small filesystem of the test's own")
+    probe = subprocess.run([unshare, "-rm", "sh", "-c", f"mount -t tmpfs tmpfs {tmp_path}"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs in a user+mount namespace here: {probe.stderr.decode().strip()}")
+    return unshare
+
+
+def _in_small_fs(unshare: str, tmp_path, prep, script: str) -> subprocess.CompletedProcess:
+    (tmp_path / "small").mkdir()
+    (tmp_path / "out").mkdir()
+    env = {**os.environ, "PREP": str(prep), "SMALL": str(tmp_path / "small"), "OUT": str(tmp_path / "out"),
+           "PY": sys.executable, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([unshare, "-rm", "bash", "-c", script], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
 DISK_FULL_SCRIPT = r"""
 set -e
 mount -t tmpfs -o size=1600k tmpfs "$SMALL"
@@ -318,29 +340,17 @@ def test_a_full_disk_ends_the_run_as_failed_with_the_reason_and_a_resumable_chec
     """A real full disk: the run folder on a 1.6 MB tmpfs in a mount namespace of the test's
     own. The run ends 'failed' with the reason in status.json (not 'running', no half
     checkpoint named latest), and resumes once there is room."""
-    import shutil as _shutil
-
     from engine.project import Training
     from engine.run import prepare_run
 
-    unshare = _shutil.which("unshare")
-    if unshare is None:
-        pytest.skip("needs util-linux's unshare to make a small filesystem of the test's own")
-    probe = subprocess.run([unshare, "-rm", "sh", "-c", f"mount -t tmpfs tmpfs {tmp_path}"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs in a user+mount namespace here: {probe.stderr.decode().strip()}")
+    unshare = _unshare_or_skip(tmp_path)
     p = load_project(MLP)
     p.path = tmp_path / "p.lflow"
     p.graph.nodes["fc1"].params["out_features"] = 512  # ~0.45 MB a checkpoint with Adam's state
     p.training = Training.model_validate({**p.training.model_dump(), "steps": 60, "checkpoint_interval": 5,
                                           "eval_interval": 1000, "log_interval": 1})  # every step recorded
     prep = prepare_run(p, tmp_path / "prep")
-    (tmp_path / "small").mkdir()
-    (tmp_path / "out").mkdir()
-    env = {**os.environ, "PREP": str(prep), "SMALL": str(tmp_path / "small"), "OUT": str(tmp_path / "out"),
-           "PY": sys.executable}
-    r = subprocess.run([unshare, "-rm", "bash", "-c", DISK_FULL_SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = _in_small_fs(unshare, tmp_path, prep, DISK_FULL_SCRIPT)
     out = tmp_path / "out"
     assert r.returncode == 0, r.stderr
     assert (out / "first.rc").read_text().strip() == "1"
@@ -387,29 +397,17 @@ def test_a_full_disk_under_two_ranks_is_named_too_and_resumes(tmp_path):
     """The same with dp=2: DCP gathers the ranks' failures into one CheckpointException
     (one rank's ENOSPC, the other's opaque "unexpected pos"); the run still ends as
     "disk full" with its latest whole checkpoint named, not with a traceback."""
-    import shutil as _shutil
-
     from engine.project import Training
     from remote.launch_ssh import prepare
 
-    unshare = _shutil.which("unshare")
-    if unshare is None:
-        pytest.skip("needs util-linux's unshare to make a small filesystem of the test's own")
-    probe = subprocess.run([unshare, "-rm", "sh", "-c", f"mount -t tmpfs tmpfs {tmp_path}"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs in a user+mount namespace here: {probe.stderr.decode().strip()}")
+    unshare = _unshare_or_skip(tmp_path)
     p = load_project(MLP)
     p.path = tmp_path / "p.lflow"
     p.graph.nodes["fc1"].params["out_features"] = 512
     p.training = Training.model_validate({**p.training.model_dump(), "steps": 40, "checkpoint_interval": 5,
                                           "eval_interval": 1000, "log_interval": 1})
     prep = prepare(p, tmp_path / "prep", placement={"dp": 2})
-    (tmp_path / "small").mkdir()
-    (tmp_path / "out").mkdir()
-    env = {**os.environ, "PREP": str(prep), "SMALL": str(tmp_path / "small"), "OUT": str(tmp_path / "out"),
-           "PY": sys.executable, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([unshare, "-rm", "bash", "-c", DISK_FULL_DP2_SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = _in_small_fs(unshare, tmp_path, prep, DISK_FULL_DP2_SCRIPT)
     out = tmp_path / "out"
     assert r.returncode == 0, r.stderr
     assert (out / "first.rc").read_text().strip() != "0"

@@ -46,14 +46,14 @@ def remote_file(job, rel: str, node: int | None = None) -> bytes:
     return Path(n.jobdir, rel).read_bytes()  # loopback hosts: the remote file is right here
 
 
-def wait_for(pred, timeout=120.0, every=0.2):
+def wait_for(pred, timeout=120.0, every=0.2, what="condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         v = pred()
         if v:
             return v
         time.sleep(every)
-    raise AssertionError("condition not reached in time")
+    raise AssertionError(f"{what}: not reached in {timeout:g} s")
 
 
 def assert_no_process_left(job):

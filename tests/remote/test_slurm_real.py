@@ -5,7 +5,6 @@ time limit; the errors a user meets on real clusters."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from engine.project import load_project, save_project
 from remote.cluster import ClusterStore, parse_cluster
 from remote.jobs import JobDB
 from remote.tracker import Tracker
+
+from test_remote_deploy import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "resources" / "examples" / "mlp_digits.lflow"
@@ -48,16 +49,6 @@ def add_profile(slurm_env, tmp_path: Path, name: str = "hpc", **kw):
     c = parse_cluster(slurm_env.profile(name, tmp_path / "shared work", **kw))
     ClusterStore().save(c)
     return c
-
-
-def wait_for(pred, timeout=120.0, every=0.3, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    raise AssertionError(f"{what}: not reached in {timeout:g} s")
 
 
 def job_processes(token: str) -> list[int]:
