@@ -186,7 +186,8 @@ def _slurm_cmd(args: list[str]) -> tuple[int, str, str]:
     return r.returncode, r.stdout, r.stderr
 
 
-def _kv(line: str) -> dict:
+def kv_pairs(line: str) -> dict:
+    """`scontrol show ... -o` (Key=Value separated by spaces; a value may hold spaces) -> dict."""
     out, key = {}, None
     for tok in line.strip().split(" "):
         k, sep, v = tok.partition("=")
@@ -203,7 +204,7 @@ def slurm_job(jobdir: str, slurm_id: str) -> dict:
     rc, out, err = _slurm_cmd(["scontrol", "show", "job", "-o", slurm_id])
     line = next((ln for ln in out.splitlines() if "JobState=" in ln), None)
     if rc == 0 and line:
-        kv = _kv(line)
+        kv = kv_pairs(line)
         return {"source": "scontrol", "state": kv.get("JobState"), "reason": kv.get("Reason"),
                 "nodes": kv.get("NodeList"), "exit": kv.get("ExitCode"), "run_time": kv.get("RunTime"),
                 "time_limit": kv.get("TimeLimit"), "batch_host": kv.get("BatchHost")}

@@ -33,6 +33,7 @@ from typing import Callable, Iterable
 from remote.bundle import extract, make_bundle, upload
 from remote.cluster import Cluster, config_dir
 from remote.jobctl import TOKEN_VAR
+from remote.jobctl import kv_pairs as parse_kv  # `scontrol show ... -o` lines (one parser, node and host)
 from remote.jobs import Job, JobDB, Node, new_job_id
 from remote.launch_ssh import DeployError, Progress, world_size
 from remote.preflight import PreflightReport, probe_host, sections
@@ -99,20 +100,6 @@ def parse_gpus(gres: str) -> int:
             except ValueError:
                 total += 1  # "gpu:a100" without a count: one
     return total
-
-
-def parse_kv(line: str) -> dict[str, str]:
-    """`scontrol show ... -o` output (Key=Value separated by spaces; a value may hold
-    spaces, e.g. a job name) -> dict."""
-    out: dict[str, str] = {}
-    key = None
-    for tok in line.strip().split(" "):
-        k, sep, v = tok.partition("=")
-        if sep and re.fullmatch(r"[A-Za-z][A-Za-z0-9_:/]*", k):
-            key, out[k] = k, v
-        elif key is not None:
-            out[key] += " " + tok
-    return out
 
 
 @dataclass
