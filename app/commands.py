@@ -344,8 +344,8 @@ class ToggleBlock(_ViewChange):
     def _set(self, on: bool) -> None:
         want = self.collapse if on else not self.collapse
         if self.moves is None:  # laying out the view it leads to: the state only
-            g = self.scene.graph
-            g.collapsed = (g.collapsed | {self.name}) if want else (g.collapsed - {self.name})
+            g = self.scene.graph  # through the scene: the layout below redraws the cards
+            self.scene.collapsed = (g.collapsed | {self.name}) if want else (g.collapsed - {self.name})
         else:
             self.scene.set_collapsed(self.name, want)
 

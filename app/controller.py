@@ -189,6 +189,8 @@ class EditorController(QObject):
         return self.project.graph
 
     def _on_graph_event(self, ev) -> None:
+        if ev.kind == "collapsed_changed":
+            return  # how the editor shows blocks: nothing to compile or plan again
         self._version += 1
         self._timer.start()
 

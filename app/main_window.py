@@ -361,6 +361,8 @@ class EditorWindow(QMainWindow):
             self._update_devices()
         if ev.kind in ("direction_changed", "reset"):  # (undo too)
             self.actions["top_down"].setChecked(self.project.graph.direction == "TB")
+        if ev.kind == "collapsed_changed":  # saved with the diagram; an undo step or not
+            self._mark_modified()
 
     def _on_compiled(self, result) -> None:
         errors, warnings = self.controller.problems()  # the compiler's and the placement's

@@ -183,7 +183,7 @@ def apply_grouping(graph: Graph, g: Grouping) -> None:
     """Set the blocks; a collapsed block keeps its state under its new name."""
     for n, block in g.groups.items():
         graph.set_group(n, block)
-    graph.collapsed = {g.moved.get(b, b) for b in graph.collapsed if g.moved.get(b, b)}
+    graph.set_collapsed({g.moved.get(b, b) for b in graph.collapsed if g.moved.get(b, b)})
     graph.unfolded = {g.moved.get(b, b) for b in graph.unfolded if g.moved.get(b, b)}
 
 

@@ -114,7 +114,8 @@ class Edge:
 @dataclass(frozen=True)
 class GraphEvent:
     """kind is one of: node_added, node_removed, node_renamed, edge_added,
-    edge_removed, param_changed, moved, placement_changed, group_changed, reset."""
+    edge_removed, param_changed, moved, placement_changed, group_changed,
+    collapsed_changed (old/new: the collapsed blocks before and after), reset."""
 
     kind: str
     node: str | None = None
@@ -203,10 +204,20 @@ class Graph:
             self._subscribers.remove(callback)
 
     def _emit(self, ev: GraphEvent) -> None:
-        if ev.kind not in ("moved", "placement_changed", "direction_changed"):
+        if ev.kind not in ("moved", "placement_changed", "direction_changed", "collapsed_changed"):
             self.structure_version += 1  # what the diagram computes, or its blocks, changed
         for cb in list(self._subscribers):
             cb(ev)
+
+    def set_collapsed(self, blocks: Iterable[str]) -> None:
+        """Which blocks the editor shows as one card (saved with the diagram): every
+        writer goes through here, so a view, the editor's "modified" and a script see
+        the change as a `collapsed_changed` event."""
+        new = {str(b) for b in blocks}
+        if new == self.collapsed:
+            return
+        old, self.collapsed = frozenset(self.collapsed), new
+        self._emit(GraphEvent("collapsed_changed", old=old, new=frozenset(new)))
 
     # ----- queries ------------------------------------------------------------
     def node(self, node_id: str) -> Node:

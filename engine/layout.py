@@ -384,7 +384,7 @@ def blocks_from_scopes(graph: Graph) -> None:
     shown = set()
     if len(top) == 1 and len(blocks) > 1:  # one wrapper around everything: show what it holds
         shown = top
-    graph.collapsed = blocks - shown  # expanding a stage shows its blocks; expanding one, its layers
+    graph.set_collapsed(blocks - shown)  # expanding a stage shows its blocks; expanding one, its layers
     graph.layout = "hierarchy" if blocks else None
     for nid, p in view_layout(graph).items():
         graph.nodes[nid].pos = p

@@ -14,7 +14,7 @@ import contextlib
 import functools
 
 import shiboken6
-from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtCore import QPointF, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QGraphicsItem, QGraphicsPathItem, QGraphicsScene
 
@@ -966,6 +966,14 @@ class NodeScene(QGraphicsScene):
 
     def _on_event(self, ev: GraphEvent) -> None:
         k = ev.kind
+        if k == "collapsed_changed":
+            self._outer = None
+            # Written through `collapsed`, the writer redraws (once, after its layout);
+            # written by someone else (a script, the engine), the cards follow here, once.
+            if not getattr(self, "_writing_collapsed", False) and not getattr(self, "_collapse_due", False):
+                self._collapse_due = True
+                QTimer.singleShot(0, self, self._apply_due_collapse)  # not after the scene is gone
+            return
         if k not in ("moved", "placement_changed"):
             self._members = self._outer = None  # nodes or blocks changed
         if not self.detail and k not in ("reset", "param_changed"):
@@ -1171,8 +1179,12 @@ class NodeScene(QGraphicsScene):
 
     @collapsed.setter
     def collapsed(self, names: set[str]) -> None:
-        if self.graph is not None:
-            self.graph.collapsed = names
+        if self.graph is not None:  # the scene's own write: its caller redraws the cards
+            self._writing_collapsed = True
+            try:
+                self.graph.set_collapsed(names)
+            finally:
+                self._writing_collapsed = False
 
     def toggle_collapsed(self, name: str) -> None:
         """Collapse or expand a block: through `toggle_handler` when the editor set one
@@ -1190,12 +1202,14 @@ class NodeScene(QGraphicsScene):
 
     def set_collapsed(self, name: str, collapsed: bool) -> None:
         self._outer = None
-        if collapsed:
-            self.collapsed.add(name)
-        else:
-            self.collapsed.discard(name)
+        self.collapsed = (self.collapsed | {name}) if collapsed else (self.collapsed - {name})
         self.apply_collapse()
         self.collapsed_changed.emit(name)
+
+    def _apply_due_collapse(self) -> None:
+        self._collapse_due = False
+        self.apply_collapse()
+        self.collapsed_changed.emit("")
 
     def apply_collapse(self) -> None:
         """Show or hide block members, internal edges and cards per self.collapsed."""

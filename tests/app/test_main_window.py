@@ -337,6 +337,10 @@ def test_a_collapsed_block_is_saved_with_the_project(qtbot, asked, tmp_path):
     again = make_window(qtbot, load_project(tmp_path / "b.lflow"))
     assert again.scene.group_items["layer"].collapsed and not again.scene.node_items["lin"].isVisible()
     assert not again.is_dirty()
+    # The state is the model's: written as a script would, the card opens and the window knows
+    again.project.graph.set_collapsed(set())
+    qtbot.waitUntil(lambda: again.scene.node_items["lin"].isVisible())
+    assert not again.scene.group_items["layer"].collapsed and again.is_dirty()
 
 
 def test_slow_diagrams_compile_on_a_worker_thread(qtbot, asked):

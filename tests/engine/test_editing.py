@@ -134,3 +134,20 @@ def test_replacing_training_or_placement_is_an_event():
     p.unsubscribe(seen.append)
     p.training = p.training.model_copy(update={"batch_size": 8})
     assert len(seen) == 2
+
+
+def test_collapsing_a_block_is_an_event_and_not_a_structure_change():
+    from engine.graph import Graph
+
+    g = Graph()
+    g.add_node("Linear", id="a", params={"in_features": 4, "out_features": 4})
+    g.set_group("a", "blk")
+    seen = []
+    g.subscribe(seen.append)
+    version = g.structure_version
+    g.set_collapsed({"blk"})
+    g.set_collapsed({"blk"})  # no change: no event
+    assert [(e.kind, set(e.old), set(e.new)) for e in seen] == [("collapsed_changed", set(), {"blk"})]
+    assert g.collapsed == {"blk"} and g.structure_version == version  # caches of what it computes stay
+    g.set_collapsed(set())
+    assert seen[-1].kind == "collapsed_changed" and set(seen[-1].old) == {"blk"} and g.collapsed == set()
