@@ -251,9 +251,12 @@ class JobsPanel(QWidget):
             for c, v in enumerate(cells):
                 item = QTableWidgetItem(v)
                 item.setData(Qt.UserRole, j.id)
+                item.setToolTip(v)  # the whole text where a column cuts it
                 self.table.setItem(r, c, item)
             if j.id == selected:
                 self.table.selectRow(r)
+        # a state reads whole ("pending, Slurm 12 (Resources)"); the first column keeps its width
+        self.table.resizeColumnToContents(COLUMNS.index("state"))
         self._update_buttons()
 
     def job_ids(self) -> list[str]:

@@ -99,6 +99,10 @@ def test_jobs_panel_reattaches_follows_and_cancels(qtbot, sshd_pair, config_dir,
                 if panel.table.item(r, 0).text() == jid:
                     return panel.table.item(r, 3).text(), panel.table.item(r, 4).text()
         qtbot.waitUntil(lambda: state_of(done_job.id) == ("succeeded", "2/3"), timeout=60000)
+        cell = next(panel.table.item(r, 3) for r in range(panel.table.rowCount())
+                    if panel.table.item(r, 0).text() == done_job.id)
+        assert cell.toolTip() == "succeeded"  # and the column is wide enough to read it whole
+        assert panel.table.columnWidth(3) >= panel.table.fontMetrics().horizontalAdvance("succeeded")
         panel.select_job(running.id)
         assert panel.buttons["Cancel"].isEnabled()
         panel.buttons["Cancel"].click()
