@@ -81,7 +81,6 @@ class EditorWindow(QMainWindow):
         trust.interactive()  # the user's own edits here may run; a project file's code asks first (ask_trust)
         self.settings = settings or Settings()
         self.run_openers: list = []  # callables (window, run_dir) from the run dashboard
-        self._dirty_extra = False  # changes outside the undo stack not on disk yet (recovered content, collapse)
         self._autosave_key = f"{os.getpid()}-{id(self)}"
         self.controller = EditorController(project)
         self.controller.setParent(self)
@@ -468,8 +467,11 @@ class EditorWindow(QMainWindow):
             self.controller.group_selected(name.strip())
 
     def _mark_modified(self, *_) -> None:
-        """A change that is saved but is no undo step (a block collapsed or expanded)."""
-        self._dirty_extra = True
+        """A change that is saved but is no undo step (recovered content, a block shown
+        folded or collapsed by a script, the project's cluster). "Modified" has one
+        source, the undo stack's clean state: such a change leaves it (resetClean), so
+        the title, the close question and is_dirty agree until the next save."""
+        self.controller.stack.resetClean()
         self._update_title()
 
     def toggle_collapse(self) -> None:
@@ -521,7 +523,7 @@ class EditorWindow(QMainWindow):
         return box.exec()
 
     def is_dirty(self) -> bool:
-        return self._dirty_extra or not self.controller.stack.isClean()
+        return not self.controller.stack.isClean()
 
     def _update_title(self, *_) -> None:
         p = self.project
@@ -531,8 +533,7 @@ class EditorWindow(QMainWindow):
 
     def set_project(self, project: Project) -> None:
         self.project.graph.unsubscribe(self._on_graph_event)
-        self.controller.set_project(project)
-        self._dirty_extra = False
+        self.controller.set_project(project)  # (a new, clean undo stack)
         self._after_project_set()
         self.project_changed.emit()
 
@@ -664,7 +665,6 @@ class EditorWindow(QMainWindow):
             self.ask("warning", "Cannot save", f"{path}: {exc}", B.Ok, B.Ok)
             return False
         self.controller.stack.setClean()
-        self._dirty_extra = False
         self.settings.add_recent(path)
         self._remove_autosave()
         self._update_title()
@@ -723,8 +723,7 @@ class EditorWindow(QMainWindow):
                     continue
                 project.path = Path(info["path"]) if info.get("path") else None
                 self.set_project(project)
-                self._dirty_extra = True
-                self._update_title()
+                self._mark_modified()
                 # The autosave becomes this window's own: kept until the work is saved, so a
                 # second crash before that still finds it (and no other window offers it now).
                 from engine.project import atomic_write
