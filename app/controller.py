@@ -39,38 +39,34 @@ def plan_notes(plan, graph=None) -> tuple[dict[Edge, str], list[tuple[str, int, 
         return {}, rows, []
     from widgets.style import human_bytes
 
-    doc = getattr(plan, "doc", None) or {}
     edges = list(graph.edges) if graph is not None else []
 
     def add(e: Edge, text: str) -> None:
         if text not in notes.setdefault(e, []):
             notes[e].append(text)
 
-    per_replica = (doc.get("batch") or {}).get("per_replica", 1)
-    for rec in doc.get("layouts", []):
-        tp_layout = rec.get("tp_layout", "")
-        if tp_layout.startswith("Shard("):  # a tensor-parallel piece, not the whole tensor
+    per_replica = plan.batch.per_replica if plan.batch else 1
+    for rec in plan.layouts:
+        if rec.tp.is_shard:  # a tensor-parallel piece, not the whole tensor
             for e in edges:
-                if (e.src, e.dst) == (rec.get("src"), rec.get("dst")):
-                    add(e, f"tp {tp_layout}")
-        if rec.get("crosses"):
-            nbytes = 2 * rec.get("bytes_per_sample", 0) * per_replica  # forward value + its gradient
+                if (e.src, e.dst) == (rec.src, rec.dst):
+                    add(e, f"tp {rec.tp}")
+        if rec.crosses:
+            nbytes = 2 * rec.bytes_per_sample * per_replica  # forward value + its gradient
             for e in edges:
-                if (e.src, e.dst) == (rec.get("src"), rec.get("dst")):
+                if (e.src, e.dst) == (rec.src, rec.dst):
                     add(e, f"send/recv {human_bytes(nbytes)}/step")
-    for c in doc.get("communication", []):
-        where = str(c.get("where", ""))
-        if not where.startswith("node "):
+    for c in plan.communication:
+        node = c.node
+        if node is None:
             continue
-        node = where[5:]
-        side = c.get("side") or ("in" if str(c.get("why", "")).startswith("backward") else "out")
-        text = f"{c.get('op')} {human_bytes(c.get('bytes_per_step', 0))}/step"
+        side = c.side or ("in" if c.why.startswith("backward") else "out")
+        text = f"{c.op} {human_bytes(c.bytes_per_step)}/step"
         for e in edges:
             if (e.dst if side == "in" else e.src) == node:
                 add(e, text)
-    for dv in doc.get("devices", []):
-        mem = (dv.get("memory") or {}).get("total_bytes", 0)
-        rows.append((f"rank {dv.get('rank')} (dp {dv.get('dp_rank')}, tp {dv.get('tp_rank')})", int(mem), f"stage {dv.get('stage')}"))
+    for dv in plan.devices:
+        rows.append((f"rank {dv.rank} (dp {dv.dp_rank}, tp {dv.tp_rank})", dv.memory.total_bytes, f"stage {dv.stage}"))
     try:
         from engine.planner import format_plan
 

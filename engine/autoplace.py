@@ -16,7 +16,7 @@ from engine.partition import (  # noqa: F401  (PAIRS, block_tp, megatron_pairs, 
     PAIRS, _microbatches, auto_microbatches, auto_tp_styles, balanced_stages, block_tp, megatron_pairs,
     replica_bytes, sequence_norms,
 )
-from engine.planner import make_plan
+from engine.planner import Plan, make_plan
 from engine.project import Project
 from engine.units import gib
 
@@ -26,7 +26,7 @@ class AutoPlacement:
     placement: dict  # pp, dp, tp, data_parallel, microbatches, schedule
     stages: list[list[str]]
     styles: dict[str, str]
-    plan: object  # engine.planner.Plan
+    plan: Plan
     reasons: list[str] = field(default_factory=list)
     candidates: list[dict] = field(default_factory=list)
 
@@ -85,9 +85,9 @@ def auto_place(project: Project, nproc: int, device: DeviceSpec | None = None,
                 if not plan.ok:
                     plan, chosen = None, styles
             plan = plan or make_plan(project, nproc, device, compiled, placement=pl, stages=stages, styles=styles)
-            c.update(microbatches=m, data_parallel=kind, step_s=plan.doc.get("predicted", {}).get("step_s"),
-                     peak_bytes=plan.doc.get("predicted", {}).get("peak_bytes_max"), feasible=plan.ok,
-                     bubble=plan.doc.get("bubble_fraction"))
+            pred = plan.predicted
+            c.update(microbatches=m, data_parallel=kind, step_s=pred.step_s if pred else None,
+                     peak_bytes=pred.peak_bytes_max if pred else None, feasible=plan.ok, bubble=plan.bubble_fraction)
             if tp > 1:
                 c["sequence_parallel"] = "sequence" in chosen.values()
             if not plan.ok:
@@ -96,7 +96,7 @@ def auto_place(project: Project, nproc: int, device: DeviceSpec | None = None,
             # simpler layouts win ties: fewer stages, then less tensor parallelism
             key = (c["step_s"] * 1.02 ** (pp - 1 + tp - 1),)
             if plan.ok and (best is None or key < best[0]):
-                best = (key, pl, plan.doc["stages"], chosen, plan, c)
+                best = (key, pl, plan.run.stages, chosen, plan, c)
     if best is None:
         raise ValueError(f"no layout of {nproc} devices fits: " + "; ".join(c.get("why", "") for c in cands if not c["feasible"]))
     _, pl, stages, styles, plan, c = best
@@ -107,7 +107,7 @@ def auto_place(project: Project, nproc: int, device: DeviceSpec | None = None,
         reasons.append("no pipeline: each rank holds its whole replica within memory, and a pipeline would idle "
                        "(p-1)/(m+p-1) of every step in its bubble")
     else:
-        reasons.append(f"pipeline bubble {plan.doc['bubble_fraction']:.1%} with {pl['microbatches']} micro-batches")
+        reasons.append(f"pipeline bubble {plan.bubble_fraction:.1%} with {pl['microbatches']} micro-batches")
     seq = sorted(n for n, st in styles.items() if st == "sequence")
     if seq:
         reasons.append(f"sequence parallelism on {', '.join(seq)}: each rank keeps 1/{pl['tp']} of their tokens' "

@@ -109,13 +109,12 @@ def _run_facts(path: Path) -> dict | None:
 
 def apply(plan, project, runs_dir: str | Path | None = None) -> dict | None:
     """Correct a plan's predicted step time by the calibration `find` gives (in place)."""
-    doc = plan.doc
-    if "predicted" not in doc:
+    if plan.predicted is None:
         return None
-    cal = find(project, doc, runs_dir)
+    cal = find(project, plan.doc, runs_dir)
     if cal is not None:
-        doc["calibration"] = cal
-        doc["predicted"]["calibrated_step_s"] = doc["predicted"]["step_s"] * cal["ratio"]
+        plan.calibration = cal
+        plan.predicted.calibrated_step_s = plan.predicted.step_s * cal["ratio"]
     return cal
 
 

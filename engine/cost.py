@@ -264,5 +264,152 @@ def step_time(stage_flops: list[float], m: int, dev: DeviceSpec, comm_s: float, 
     return {"compute_s": compute, "update_s": update, "comm_s": comm_s, "step_s": compute + update + comm_s}
 
 
-__all__ = ["DeviceSpec", "local_cpu", "cpu_calibration", "measure_cpu", "cache_dir", "worker_threads",
+# ----- what each rank holds and computes --------------------------------------------
+@dataclass
+class Memory:
+    """Bytes one rank holds. Parameters, gradients and optimizer state are exact (they
+    follow torch.chunk, as DTensor Shard and FSDP2 split); activations are an estimate."""
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+
+    @property
+    def state_bytes(self) -> int:
+        """What the optimizer step goes through: parameters, gradients, optimizer state."""
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.state_bytes + self.activations_bytes
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "total_bytes": self.total_bytes}
+
+
+@dataclass
+class RankLoad:
+    """One rank's share of the model: where it sits on the mesh, what it holds and computes."""
+    rank: int
+    stage: int  # its pipeline rank (its first stage)
+    stages: list[int]  # every stage it runs (several under interleaved 1F1B)
+    dp_rank: int
+    tp_rank: int
+    memory: Memory
+    flops_per_step: float
+    params: int  # parameter elements it holds
+
+    def to_json(self) -> dict:
+        return {**{k: v for k, v in asdict(self).items() if k != "memory"}, "memory": self.memory.to_json()}
+
+
+@dataclass
+class Prediction:
+    """The predicted step (seconds) and the largest rank's memory."""
+    step_s: float
+    compute_s: float
+    update_s: float
+    comm_s: float
+    peak_bytes_max: int
+    calibrated_step_s: float | None = None  # step_s corrected by a run's measured pace (engine/calibration.py)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        if d["calibrated_step_s"] is None:
+            del d["calibrated_step_s"]
+        return d
+
+
+def chunk_len(size: int, n: int, i: int) -> int:
+    """Length of piece i when torch.chunk cuts `size` into n (DTensor Shard, FSDP2)."""
+    c = math.ceil(size / n) if n > 0 else size
+    return max(0, min(c, size - i * c))
+
+
+def param_shards(ntype: str, style: str | None, pname: str) -> int | None:
+    """Which dimension of a parameter TP splits (None: replicated); the layer's TPRule says."""
+    from engine.layers import get_layer
+
+    spec = get_layer(ntype)
+    rule = spec.tp_rule(style) if spec and style else None
+    return rule.shard_dim(pname) if rule else None
+
+
+def output_bytes(compiled, n: str) -> int:
+    info = compiled.nodes[n].out
+    return info.nbytes() if info else 0
+
+
+def activation_bytes(compiled, ids, layout, tp, local_b, m, pp, s, schedule, ckpt) -> int:
+    """Estimate: every layer's output is kept for backward (checkpointed ones are
+    recomputed), for as many micro-batches as the schedule holds at once: all m
+    under GPipe, at most pp - s under 1F1B. layout: node -> its output's Layout on tp."""
+    per_sample = 0
+    for n in ids:
+        if n in ckpt:
+            continue
+        b = output_bytes(compiled, n)
+        lay = layout.get(n)
+        if lay is not None and lay.is_shard:
+            b //= tp
+        per_sample += b
+    in_flight = m if (pp == 1 or schedule != "1f1b") else min(m, pp - s)
+    return per_sample * (local_b // max(1, m)) * in_flight
+
+
+def rank_loads(compiled, stages: list[list[str]], styles: dict[str, str], layout: dict, *, pp: int, dp: int,
+               tp: int, microbatches: int, batch_size: int, schedule: str, fsdp: bool, optimizer: str,
+               momentum: float = 0.0, checkpointed: frozenset | set = frozenset()) -> list[RankLoad]:
+    """Every rank's memory and FLOPs per step, in rank order (rank = (s*dp + d)*tp + t, as
+    runtime/parallel.py's init_device_mesh lays them out). stages: node ids per stage (stage
+    s runs on pipeline rank s % pp); styles: node -> tp style; layout: node -> output Layout."""
+    from engine.layers import get_layer
+
+    graph, meta = compiled.graph, compiled.module
+    slots = optimizer_slots(optimizer, momentum)
+    local_b = batch_size // max(1, dp)
+    loads = []
+    for s in range(pp):
+        mine = list(range(s, len(stages), pp))  # this pipeline rank's stages
+        ids = [n for st in mine for n in stages[st]]
+        acts = sum(activation_bytes(compiled, stages[st], layout, tp, local_b, microbatches, pp, st, schedule,
+                                    checkpointed) for st in mine)
+        flops = 3.0 * sum(compiled.nodes[n].flops / (tp if n in styles else 1) for n in ids) * local_b
+        for d in range(dp):
+            for t in range(tp):
+                params = tensors = 0
+                seen: set[int] = set()  # a tied parameter is held once
+                for n in ids:
+                    if get_layer(graph.nodes[n].type).kind == "function":  # no parameters
+                        continue
+                    for pname, p in meta.get_submodule(n).named_parameters():
+                        if id(p) in seen:
+                            continue
+                        seen.add(id(p))
+                        shape = list(p.shape)
+                        dim = param_shards(graph.nodes[n].type, styles.get(n), pname)
+                        if dim is not None:
+                            shape[dim] = chunk_len(shape[dim], tp, t)
+                        if fsdp:
+                            shape[0] = chunk_len(shape[0], dp, d)
+                        params += math.prod(shape)
+                        tensors += 1
+                mem = Memory(params * FLOAT_BYTES, params * FLOAT_BYTES,
+                             slots * params * FLOAT_BYTES + (tensors * 4 if optimizer != "sgd" else 0), acts)
+                loads.append(RankLoad((s * dp + d) * tp + t, s, mine, d, t, mem, flops, params))
+    return loads
+
+
+def predict(loads: list[RankLoad], comm_s: float, microbatches: int, device: DeviceSpec, pp: int,
+            stages_per_rank: int = 1) -> Prediction:
+    """The step time (step_time over each pipeline rank's FLOPs and optimizer state) and the peak memory."""
+    stage_flops = [max((x.flops_per_step for x in loads if x.stage == s), default=0.0) for s in range(pp)]
+    state = [max((x.memory.state_bytes for x in loads if x.stage == s), default=0) for s in range(pp)]
+    t = step_time(stage_flops, microbatches, device, comm_s, stages_per_rank, state_bytes=state)
+    return Prediction(t["step_s"], t["compute_s"], t["update_s"], t["comm_s"],
+                      max((x.memory.total_bytes for x in loads), default=0))
+
+
+__all__ = ["Memory", "RankLoad", "Prediction", "rank_loads", "predict", "activation_bytes", "chunk_len", "param_shards",
+           "DeviceSpec", "local_cpu", "cpu_calibration", "measure_cpu", "cache_dir", "worker_threads",
            "device_from_name", "collective_bytes", "comm_time", "bubble_fraction", "step_time", "FLOAT_BYTES", "GPUS"]

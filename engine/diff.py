@@ -337,8 +337,8 @@ def _consequences(pa: dict, pb: dict, m: dict[str, str]) -> list[str]:
     qa, qb = plans
     if qa.errors != qb.errors and qb.errors:
         lines.append(f"plan: now refused: {qb.errors[0]}")
-    sa = [[m.get(n, n) for n in s] for s in qa.doc.get("stages", [])]
-    sb = [list(s) for s in qb.doc.get("stages", [])]
+    sa = [[m.get(n, n) for n in s] for s in (qa.run.stages if qa.run else [])]
+    sb = [list(s) for s in (qb.run.stages if qb.run else [])]
     if sa != sb and max(len(sa), len(sb)) > 1:  # one stage holds everything: nothing to say
         if len(sa) != len(sb):
             lines.append(f"plan changed: {len(sa)} pipeline stage(s) -> {len(sb)}")

@@ -7,6 +7,7 @@ Below both, so neither imports the other. Costs come from engine/cost.py.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from engine.compile import CompileResult
@@ -160,6 +161,109 @@ def sequence_norms(compiled: CompileResult, styles: dict[str, str], tp: int) -> 
                 and shape[0] % tp == 0 and not (isinstance(ns, (list, tuple)) and len(ns) > 1):
             out[n] = "sequence"
     return out
+
+
+@dataclass
+class Cut:
+    """The pipeline stages of a plan: node ids per stage (stage s runs on pipeline rank
+    s % pp), each node's stage, stages per rank, and what was found on the way."""
+    stages: list[list[str]]
+    stage_of: dict[str, int]
+    per_rank: int = 1
+    errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the planner chose where the placement left it open
+
+
+def microbatches_for(placement: dict, batch_size: int) -> int:
+    """The placement's micro-batch count, or when it is not set one per stage at least
+    (1F1B's need; two per rank under interleaved 1F1B), dividing each replica's batch."""
+    pp, dp = int(placement["pp"]), int(placement["dp"])
+    if pp == 1:
+        return 1
+    if placement.get("microbatches"):
+        return int(placement["microbatches"])
+    return auto_microbatches(batch_size, dp, pp, 2 * pp if placement["schedule"] == "interleaved1f1b" else pp)
+
+
+def cut_stages(compiled: CompileResult, placement: dict, microbatches: int, batch_size: int, device: DeviceSpec,
+               slots: int, stages: list[list[str]] | None = None) -> Cut:
+    """The stages: given (auto-placement's candidate), numbered on the nodes (a node
+    without a stage follows the one before it), or, when no node has one, a balanced cut
+    (balanced_stages). Then checked: the data flows forward, no stage is empty, tied
+    weights share a stage. Interleaved 1F1B runs several stages per rank."""
+    graph = compiled.graph
+    pp, dp, tp = int(placement["pp"]), int(placement["dp"]), int(placement["tp"])
+    m = microbatches
+    errors: list[str] = []
+    notes: list[str] = []
+    compute = [n for n in compiled.order if graph.nodes[n].type not in ("Input", "Output")]
+    given = {n: graph.nodes[n].stage for n in compute if graph.nodes[n].stage is not None}
+    n_stages = pp
+    if pp > 1 and placement["schedule"] == "interleaved1f1b":
+        n_stages = len(stages) if stages is not None else (max(given.values()) + 1 if given else 2 * pp)
+        if n_stages % pp or n_stages < 2 * pp:
+            errors.append(f"placement.schedule interleaved1f1b runs several stages per rank: the number of stages "
+                          f"must be a multiple of pp={pp} and at least {2 * pp}, but it is {n_stages}; number the "
+                          f"nodes' stages 0..{2 * pp - 1} (2 per rank) or choose 1f1b")
+        rounds = max(1, m // pp)
+        if m % rounds:
+            errors.append(f"placement.schedule interleaved1f1b with pp={pp} needs microbatches divisible by "
+                          f"microbatches // pp = {rounds}, but microbatches is {m}; set it to a multiple of {pp}")
+    too_many = False
+    if stages is None:
+        if pp == 1:
+            stages = [list(compute)]
+        elif len(compute) < n_stages:
+            errors.append(f"placement.pp={pp} asks for {n_stages} pipeline stages but the model has only "
+                          f"{len(compute)} layer(s); lower placement.pp to at most {max(1, len(compute))}")
+            stages = [[n] for n in compute] + [[] for _ in range(n_stages - len(compute))]
+            too_many = True
+        elif not given:
+            stages, _ = balanced_stages(compiled, n_stages, device, dp=dp, tp=tp, microbatches=m,
+                                        batch_size=batch_size, optimizer_slots=slots)
+            notes.append(f"no node has a pipeline stage: the planner cut the model into {n_stages} balanced stages")
+        else:
+            stages = [[] for _ in range(n_stages)]
+            cur = 0
+            for n in compute:  # a node without a stage follows the one before it
+                s = given.get(n, cur)
+                if s >= n_stages:
+                    errors.append(f"node '{n}' ({graph.nodes[n].type}): stage {s} but placement.pp is {pp}; "
+                                  f"set its stage to 0..{pp - 1} or raise pp to {s + 1}")
+                    s = n_stages - 1
+                stages[s].append(n)
+                cur = s
+    stage = {n: s for s, ids in enumerate(stages) for n in ids}
+    for n in compiled.order:
+        if graph.nodes[n].type == "Input":
+            stage[n] = 0
+    for e in graph.edges:
+        if e.src in stage and e.dst in stage and stage[e.src] > stage[e.dst]:
+            errors.append(f"edge {e.src} -> {e.dst} goes from stage {stage[e.src]} back to stage {stage[e.dst]}; "
+                          f"stages must follow the data flow: set '{e.dst}' to stage {stage[e.src]} or later")
+    for s, ids in enumerate(stages):
+        if not ids and not too_many:
+            errors.append(f"stage {s} holds no layer; lower placement.pp to {len([x for x in stages if x])} "
+                          f"or move a layer to stage {s}")
+    for dst, src in ((compiled.spec or {}).get("ties") or {}).items():
+        a, b = dst.partition(".")[0], src.partition(".")[0]
+        if a in stage and b in stage and stage[a] != stage[b]:
+            errors.append(f"nodes '{b}' and '{a}' share one parameter ({src} = {dst}, tied weights) but sit in "
+                          f"stages {stage[b]} and {stage[a]}; a pipeline stage holds its own copy, so put both in one "
+                          f"stage (set their stage) or lower placement.pp to 1")
+    return Cut(stages, stage, max(1, n_stages // pp), errors, notes)
+
+
+def mesh_ranks(pp: int, dp: int, tp: int) -> dict:
+    """Ranks laid out as runtime/parallel.py's init_device_mesh does: rank = (s*dp + d)*tp + t."""
+    ranks = [[[(s * dp + d) * tp + t for t in range(tp)] for d in range(dp)] for s in range(pp)]
+    coords = {ranks[s][d][t]: (s, d, t) for s in range(pp) for d in range(dp) for t in range(tp)}
+    groups = {
+        "pp": [[ranks[s][d][t] for s in range(pp)] for d in range(dp) for t in range(tp)],
+        "dp": [[ranks[s][d][t] for d in range(dp)] for s in range(pp) for t in range(tp)],
+        "tp": [list(ranks[s][d]) for s in range(pp) for d in range(dp)],
+    }
+    return {"ranks": ranks, "coords": coords, "groups": groups}
 
 
 def auto_microbatches(B: int, dp: int, pp: int, least: int) -> int:

@@ -120,8 +120,8 @@ def _predicted_alone(project: Project, result) -> dict | None:
     try:
         from engine.planner import make_plan
 
-        doc = make_plan(project, 1, compiled=result).doc
-        return {"step_s": doc["predicted"]["step_s"], "device": doc["device"]["name"], "world": 1}
+        plan = make_plan(project, 1, compiled=result)
+        return {"step_s": plan.predicted.step_s, "device": plan.device.name, "world": 1}
     except Exception:  # noqa: BLE001 - a run never fails for want of a prediction
         return None
 

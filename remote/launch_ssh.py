@@ -82,7 +82,7 @@ def prepare(project, out_dir: str | Path | None = None, *, steps: int | None = N
         if p.errors:
             raise DeployError("the placement cannot run:\n" + "\n".join(f"  {e}" for e in p.errors))
         plan = p.runtime_plan()
-        peak = (p.doc.get("predicted") or {}).get("peak_bytes_max")
+        peak = p.predicted.peak_bytes_max if p.predicted else None
         if peak:
             plan["predicted_peak_bytes"] = int(peak)  # checked against the GPUs' free memory at deploy
     try:

@@ -205,6 +205,46 @@ def test_plan_is_readable_json_with_mesh_stages_layouts_and_comms():
     assert "stage 0 (ranks [0, 1])" in text and "split(-1)" in text and "bubble 33.3%" in text
 
 
+def test_the_plan_is_typed_and_its_json_is_made_from_the_types():
+    """Readers use the typed fields (the runtime's RunPlan, per-rank loads, collectives,
+    edge layouts, the prediction); `doc` is derived from them, so a correction made to a
+    field (calibration) shows in the JSON too."""
+    from engine.comms import Comm, EdgeLayout
+    from engine.cost import Memory, Prediction, RankLoad
+    from engine.runtime.plan import Layout, RunPlan, shard
+
+    plan = make_plan(proj("transformer_synthetic"), 4, placement={"pp": 2, "tp": 2, "microbatches": 2},
+                     styles={"attn": "colwise", "fc_in": "colwise", "fc_out": "rowwise"})
+    assert plan.ok, plan.errors
+    assert isinstance(plan.run, RunPlan) and plan.run.world == plan.world == 4 and plan.run_plan() is plan.run
+    assert all(isinstance(d, RankLoad) and isinstance(d.memory, Memory) for d in plan.devices)
+    assert [d.rank for d in plan.devices] == [0, 1, 2, 3] and [d.stage for d in plan.devices] == [0, 0, 1, 1]
+    assert all(isinstance(c, Comm) for c in plan.communication) and all(isinstance(e, EdgeLayout) for e in plan.layouts)
+    assert all(isinstance(e.tp, Layout) for e in plan.layouts)
+    fc_in = next(e for e in plan.layouts if (e.src, e.dst) == ("fc_in", "gelu"))
+    assert fc_in.tp == shard(-1) and plan.run.tp_plan["fc_in"].output == shard(-1)
+    cuts = [c for c in plan.communication if c.op == "send/recv"]
+    assert len(cuts) == 1 and cuts[0].values and cuts[0].node is None
+    assert {c.node for c in plan.communication if c.group == "tp"} >= {"fc_out"}
+    doc = plan.doc
+    for d, j in zip(plan.devices, doc["devices"]):
+        assert j["memory"]["total_bytes"] == d.memory.total_bytes == d.memory.state_bytes + d.memory.activations_bytes
+        assert j["params"] == d.params and j["stages"] == d.stages
+    assert [c["per_rank_bytes"] for c in doc["communication"]] == [c.per_rank_bytes for c in plan.communication]
+    assert isinstance(plan.predicted, Prediction) and plan.predicted.peak_bytes_max == max(
+        d.memory.total_bytes for d in plan.devices)
+    assert "calibrated_step_s" not in doc["predicted"]
+    plan.predicted.calibrated_step_s = 2 * plan.predicted.step_s
+    assert plan.doc["predicted"]["calibrated_step_s"] == 2 * plan.predicted.step_s
+    assert json.loads(plan.to_json())["stages"] == plan.run.stages
+    assert plan.runtime_plan()["predicted"]["step_s"] == plan.predicted.step_s
+    failed = make_plan(proj("transformer_synthetic"), 4, compiled=replace(compile_graph(proj("transformer_synthetic").graph),
+                                                                          errors=["broken"]))
+    assert failed.run is None and not failed.ok and failed.doc == {"version": plan.run.version}
+    with pytest.raises(ValueError, match="no plan"):
+        failed.run_plan()
+
+
 def test_colwise_not_followed_by_rowwise_is_gathered():
     plan = make_plan(proj("mlp_digits"), 2, placement={"tp": 2}, styles={"fc1": "colwise"})
     assert plan.doc["tp_plan"]["fc1"]["output"] == "Replicate()"

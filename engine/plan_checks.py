@@ -1,0 +1,92 @@
+"""The planner's checks of a placement against the project: each returns messages that
+state the numbers and the setting to change (errors stop a run; warnings explain why
+its losses will differ from one process's, or where it wastes time).
+
+Stage checks live with the cut (engine/partition.py), tensor-parallel ones with the
+layout (engine/tp_layout.py); these are the ones about the placement as a whole.
+"""
+from __future__ import annotations
+
+from engine.compile import CompileResult
+from engine.cost import DeviceSpec, RankLoad
+from engine.layers import get_layer
+from engine.units import gib
+
+
+def check_placement(placement: dict, *, microbatches: int, batch_size: int, nproc: int,
+                    grad_accumulation: int = 1) -> list[str]:
+    """pp*dp*tp against the processes, the schedule's micro-batches, DDP beside TP, the batch's split."""
+    pp, dp, tp = int(placement["pp"]), int(placement["dp"]), int(placement["tp"])
+    world, m, B = pp * dp * tp, microbatches, batch_size
+    errors = []
+    if world != nproc:
+        errors.append(f"placement pp={pp} x dp={dp} x tp={tp} = {world} processes, but {nproc} are available; "
+                      f"set placement pp/dp/tp so that pp*dp*tp = {nproc}, or run with --nproc {world}")
+    if pp > 1 and placement["schedule"] == "1f1b" and m < pp:
+        errors.append(f"placement.schedule 1f1b needs placement.microbatches >= stages, but microbatches is {m} and "
+                      f"pp is {pp}; raise placement.microbatches to {pp} (or leave it unset: the planner picks it), or choose gpipe")
+    if dp > 1 and tp > 1 and placement["data_parallel"] == "ddp":
+        errors.append(f"data_parallel ddp with tp={tp}: torch's DDP swaps tensor-parallel DTensor parameters for "
+                      f"local ones, which breaks optimizer state and distributed checkpoints; set "
+                      f"placement.data_parallel to fsdp (FSDP2 shards on the dp axis over TP's DTensors)")
+    if B % (dp * m):
+        good = (B // (dp * m) + 1) * dp * m
+        errors.append(f"training.batch_size {B} is not divisible by dp={dp} x microbatches={m} = {dp * m}; "
+                      f"set batch_size to a multiple of {dp * m} (e.g. {good}) or change dp/microbatches")
+    if grad_accumulation > 1 and world > 1:
+        errors.append(f"training.grad_accumulation {grad_accumulation} runs in one process only, but the plan uses "
+                      f"{world} processes; set it to 1 (a pipeline cuts the batch into placement.microbatches itself)")
+    return errors
+
+
+def batch_warnings(compiled: CompileResult, placement: dict, *, microbatches: int, batch_size: int) -> list[str]:
+    """Layers whose result depends on the batch they see (BatchNorm's statistics,
+    Dropout's masks): under dp, tp or micro-batches their losses are not one process's."""
+    graph = compiled.graph
+    dp, tp, m, B = int(placement["dp"]), int(placement["tp"]), microbatches, batch_size
+    local_b, mb = B // max(1, dp), B // max(1, dp * m)
+    warnings = []
+    for n in compiled.order:
+        ntype = graph.nodes[n].type
+        spec = get_layer(ntype)
+        if ntype in ("Input", "Output") or not (spec and spec.batch_dependent):
+            continue
+        if ntype.startswith("BatchNorm"):
+            if dp > 1 and not placement.get("sync_batchnorm"):
+                warnings.append(f"node '{n}' ({ntype}): statistics come from each replica's {local_b} samples, not "
+                                f"the global batch of {B}, under dp={dp}, so losses differ from one process; fix: set "
+                                f"placement.sync_batchnorm (statistics over the data axis: torch's SyncBatchNorm "
+                                f"on GPUs, an all-reduce on CPU)")
+            if m > 1:
+                warnings.append(f"node '{n}' ({ntype}): statistics come from micro-batches of {mb} samples under "
+                                f"microbatches={m}; fix: compare against one process with training.grad_accumulation"
+                                f"={m} (train --accumulate {m}), or set placement.microbatches to 1 (pp=1)")
+        elif ntype == "Dropout" and (dp > 1 or tp > 1 or m > 1) and compiled.nodes[n].params.get("p", 0) > 0:
+            warnings.append(f"node '{n}' (Dropout): masks come from each rank's own random stream, so losses are "
+                            f"not the single-process ones; fix: compare with p=0, or accept statistically equal runs")
+    return warnings
+
+
+def check_memory(loads: list[RankLoad], device: DeviceSpec) -> list[str]:
+    """The first rank that does not fit its device, with what it holds."""
+    for x in loads:
+        mem = x.memory
+        if mem.total_bytes > device.memory_bytes:
+            return [f"rank {x.rank} (stage {x.stage}) needs {gib(mem.total_bytes)} (parameters "
+                    f"{gib(mem.params_bytes)}, gradients {gib(mem.grads_bytes)}, optimizer "
+                    f"{gib(mem.optimizer_bytes)}, activations {gib(mem.activations_bytes)}) but a "
+                    f"{device.name} device has {gib(device.memory_bytes)}; raise pp or tp, use "
+                    f"data_parallel fsdp, or raise microbatches"]
+    return []
+
+
+def schedule_warnings(placement: dict, microbatches: int) -> list[str]:
+    pp, dp = int(placement["pp"]), int(placement["dp"])
+    if pp > 1 and dp > 1 and placement["data_parallel"] == "fsdp" and placement["reshard_after_forward"]:
+        return [f"FSDP with reshard_after_forward under pp={pp}: parameters are gathered again for every one "
+                f"of the {microbatches} micro-batches; set placement.reshard_after_forward to false to gather once "
+                f"per step"]
+    return []
+
+
+__all__ = ["check_placement", "batch_warnings", "check_memory", "schedule_warnings"]
