@@ -6,8 +6,8 @@ A run is the CLI's own `python main.py train PROJECT --out RUN_DIR [--nproc N]`
 group for one process: the trainer checkpoints and marks the run cancelled; SIGINT
 to the CLI for several, whose launcher stops torchrun and its workers), then
 SIGKILLs, after a grace period, the group and every descendant it has seen: the
-same path as the CLI's launcher (remote/procs.py signal_tree/stop_tree), here
-escalated from the poll so the GUI thread never waits. Nothing runs in the GUI thread
+run's processes are a remote/procs.py ProcessTree, the CLI launcher's own stop path
+(LocalJob holds one too), escalated from the poll so the GUI thread never waits. Nothing runs in the GUI thread
 but a 5 Hz poll: the process's exit code and the new lines of metrics.jsonl
 (engine/tail.py, by byte offset).
 """
@@ -23,7 +23,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from engine.runs import failure_report, is_run_dir
@@ -44,54 +43,46 @@ def _fmt_eta(seconds: float) -> str:
 
 @dataclass
 class ActiveRun:
+    """The run the GUI follows: its folder, its processes (`tree`) and what the
+    dashboard shows of it (metrics tail, step, ETA)."""
     run_dir: Path
-    proc: subprocess.Popen
+    tree: procs.ProcessTree
     command: list[str]
     nproc: int = 1
     resume: bool = False
     snapshot: Path | None = None  # temporary project file, removed at the end
     tail: MetricsTail | None = None
     total_steps: int | None = None
-    stop_requested: bool = False
-    kill_at: float | None = None  # monotonic time to escalate to SIGKILL
     started: float = field(default_factory=time.monotonic)
     rate_ref: tuple[float, int] | None = None  # (metrics time, step) of the first record seen
     step: int = 0
     eta: float = math.nan
-    seen: dict = field(default_factory=dict)  # every descendant observed: pid -> psutil.Process
-    root: psutil.Process | None = None  # the CLI, as it was started (a reused pid is not it)
     launched_at: float = 0.0  # wall clock
     # A resumed run first cuts metrics.jsonl back to its checkpoint; until then the
     # file still holds lines that will disappear, so reading waits (see _read_metrics).
     tail_ready: bool = True
-    last_scan: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.root is None:
-            self.root = procs.process_of(self.proc.pid)  # not reaped yet: it is our child
-
-    def scan(self) -> None:
-        if self.root is not None:
-            procs.track(self.root, self.seen)
-        self.last_scan = time.monotonic()
-
-    def leftovers(self) -> list[int]:
-        """Processes of this run still alive: its group, and every descendant seen."""
-        return procs.leftovers(self.pgid, self.seen)
-
-    def send(self, sig, *, group_only: bool = False) -> None:
-        """`sig` to the group (group_only) or to the whole tree: remote/procs.py signal_tree."""
-        procs.signal_tree(self.root or self.proc.pid, self.pgid, sig, seen=self.seen, group_only=group_only)
 
     @property
-    def stop_signal(self):
-        """SIGINT to the CLI of several processes (its launcher stops torchrun), SIGTERM
-        to one (the trainer checkpoints, then exits)."""
-        return signal.SIGINT if self.nproc > 1 else signal.SIGTERM
+    def proc(self) -> subprocess.Popen:
+        return self.tree.proc
 
     @property
     def pgid(self) -> int:
-        return self.proc.pid  # start_new_session: the child leads its group
+        return self.tree.pgid
+
+    @property
+    def seen(self) -> procs.Seen:
+        return self.tree.seen
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.tree.stop_requested
+
+
+def stop_signal(nproc: int):
+    """SIGINT to the CLI of several processes (its launcher stops torchrun), SIGTERM
+    to one (the trainer checkpoints, then exits)."""
+    return signal.SIGINT if nproc > 1 else signal.SIGTERM
 
 
 class RunController(QObject):
@@ -191,7 +182,8 @@ class RunController(QObject):
             proc = subprocess.Popen(cmd, cwd=str(ROOT), env=env, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         tail = MetricsTail(run_dir / "metrics.jsonl")
-        self.active = ActiveRun(run_dir=run_dir, proc=proc, command=cmd, nproc=nproc, resume=resume,
+        tree = procs.ProcessTree(proc, stop_signal(nproc), self.grace_s)
+        self.active = ActiveRun(run_dir=run_dir, tree=tree, command=cmd, nproc=nproc, resume=resume,
                                 snapshot=snapshot, tail=tail, launched_at=time.time(), tail_ready=not resume)
         self._timer.start()
         self.started.emit(str(run_dir))
@@ -204,34 +196,20 @@ class RunController(QObject):
         Several: SIGINT to the CLI, whose launcher then stops torchrun and every
         worker (they live in sessions of their own) and kills them after its grace."""
         a = self.active
-        if a is None:
-            return
-        a.stop_requested = True
-        a.kill_at = time.monotonic() + self.grace_s * (2 if a.nproc > 1 else 1)
-        a.scan()
-        a.send(a.stop_signal, group_only=True)
+        if a is not None:  # (the CLI of several processes needs its own grace for torchrun's)
+            a.tree.request_stop(self.grace_s * (2 if a.nproc > 1 else 1))
 
     def kill(self) -> None:
-        a = self.active
-        if a is not None:
-            a.stop_requested = True
-            self._kill_all(a)
-
-    def _kill_all(self, a: ActiveRun) -> None:
         """SIGKILL to the group, the CLI, every descendant seen and every group they lead."""
-        a.send(signal.SIGKILL)
+        if self.active is not None:
+            self.active.tree.kill()
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the run and wait for its processes (the app is closing)."""
         a = self.active
         if a is None:
             return
-        a.stop_requested = True
-        grace = timeout_s * (2 if a.nproc > 1 else 1)
-        a.kill_at = time.monotonic() + grace
-        a.scan()
-        procs.stop_tree(a.root or a.proc.pid, a.pgid, grace, a.stop_signal, seen=a.seen)
-        a.proc.wait()
+        a.tree.stop(timeout_s * (2 if a.nproc > 1 else 1))
         self.poll()
 
     # ----- watching ---------------------------------------------------------------
@@ -241,18 +219,8 @@ class RunController(QObject):
             self._timer.stop()
             return
         self._read_metrics(a)
-        code = a.proc.poll()
-        if code is None and time.monotonic() - a.last_scan > 1.0:
-            a.scan()
-        if a.kill_at is not None and time.monotonic() > a.kill_at and a.leftovers():
-            self._kill_all(a)
+        code = a.tree.poll()  # None until the CLI and every process of the run are gone
         if code is None:
-            return
-        left = a.leftovers()
-        if left:  # the leader is gone but a worker is not: end it before calling the run over
-            if a.kill_at is None:
-                a.send(signal.SIGTERM)
-                a.kill_at = time.monotonic() + self.grace_s
             return
         self._read_metrics(a)
         self._finish(a, code)

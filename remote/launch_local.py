@@ -9,10 +9,9 @@ process group never reaches the caller; torchrun in turn starts every worker in 
 session of its own. terminate() therefore sends SIGTERM to torchrun's group (it
 forwards it to its workers, and the runtime checkpoints and stops after the
 current step), waits, and then SIGKILLs torchrun's group and every worker's group
-it has seen, so no orphan survives (remote/procs.py stop_tree: the GUI's stop path
-too). The runtime picks gloo on CPU and nccl when GPUs exist
-(engine/runtime/parallel.py). No Qt here: the GUI's Run button uses this same class
-from a thread or a timer.
+it has seen, so no orphan survives (a remote/procs.py ProcessTree: the GUI's runs
+are stopped by the same class). The runtime picks gloo on CPU and nccl when GPUs
+exist (engine/runtime/parallel.py). No Qt here.
 """
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -35,31 +34,33 @@ CODE_ROOT = Path(__file__).resolve().parents[1]  # the folder that holds engine/
 
 @dataclass
 class LocalJob:
+    """A run on this machine: its folder, and its processes (torchrun, or the trainer
+    itself, and every worker: a procs.ProcessTree, the stop path the GUI's runs use too)."""
     run_dir: Path
     nproc: int
     proc: subprocess.Popen
     log_path: Path
-    seen: dict[int, psutil.Process] = field(default_factory=dict)  # every descendant observed (workers)
     failure: tuple[int, str] | None = None
     returncode: int | None = None
-    root: psutil.Process | None = None  # torchrun, as it was started (a reused pid is not it)
+    tree: procs.ProcessTree | None = None
 
     def __post_init__(self) -> None:
-        if self.root is None:
-            self.root = procs.process_of(self.proc.pid)  # not reaped yet: it is our child
+        if self.tree is None:
+            self.tree = procs.ProcessTree(self.proc, signal.SIGTERM)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
-    def _observe(self) -> None:
-        if self.root is not None:
-            procs.track(self.root, self.seen)
+    @property
+    def seen(self) -> dict[int, psutil.Process]:
+        """Every descendant observed (the workers)."""
+        return self.tree.seen
 
     def poll(self) -> int | None:
+        """torchrun's exit code once it and every worker are gone; None before."""
         if self.returncode is None:
-            self._observe()
-            rc = self.proc.poll()
+            rc = self.tree.poll()
             if rc is not None:
                 self._finish(rc)
         return self.returncode
@@ -78,6 +79,8 @@ class LocalJob:
                     self.proc.wait(0.5)
                 except subprocess.TimeoutExpired:
                     pass
+                else:
+                    time.sleep(0.1)  # torchrun is gone, a worker is not yet (poll ends it)
         except KeyboardInterrupt:
             self.terminate()
             raise
@@ -111,14 +114,14 @@ class LocalJob:
 
     def terminate(self, grace: float = 30.0) -> int:
         """SIGTERM to torchrun's group; after `grace` seconds SIGKILL to it and to
-        every worker group (procs.stop_tree). Returns torchrun's exit code."""
-        procs.stop_tree(self.root or self.pid, self.pid, grace, signal.SIGTERM, seen=self.seen)
+        every worker group (ProcessTree.stop). Returns torchrun's exit code."""
+        self.tree.stop(grace)
         self._reap()
         return self.returncode  # type: ignore[return-value]
 
     def kill(self) -> None:
         """SIGKILL to torchrun, its group, every worker seen and every group they lead."""
-        procs.signal_tree(self.root or self.pid, self.pid, signal.SIGKILL, seen=self.seen)
+        self.tree.kill()
         self._reap()
 
     def _reap(self) -> None:

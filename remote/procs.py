@@ -4,10 +4,11 @@ torchrun starts each worker in a session of its own, so a process group alone do
 not find them; a run is therefore its launcher's process group *and* every
 descendant seen since the start (`track`), each worker's own group included. Both
 launchers, app/run_controller.py (the GUI) and remote/launch_local.py (the CLI's
-`train --nproc N`), stop a run with `signal_tree` / `stop_tree`: the first signal to
-the launcher's group (its leader forwards it: the runtime checkpoints and stops
-after the current step), then after a grace period SIGKILL to the group, to every
-descendant and to every group they lead, so no orphan survives.
+`train --nproc N`), hold a run's processes as a `ProcessTree` and stop it one way:
+the first signal to the launcher's group (its leader forwards it: the runtime
+checkpoints and stops after the current step), then after a grace period SIGKILL
+to the group, to every descendant and to every group they lead (`signal_tree`), so
+no orphan survives; from a poll that never blocks (the GUI) or waiting (`stop_tree`).
 
 A zombie counts as gone (it runs nothing; its parent reaps it), and nothing here
 reaps a process: a launcher's exit code stays for its subprocess.Popen. `seen` maps
@@ -182,4 +183,91 @@ def stop_tree(root: int | psutil.Process, pgid: int | None, grace_s: float, firs
     return left
 
 
-__all__ = ["alive", "descendants", "group_pids", "leftovers", "signal_tree", "stop_tree", "track", "wait_gone"]
+class ProcessTree:
+    """A run's processes, and the one way both launchers stop them: a launcher
+    (`proc`, leading a process group of its own: start_new_session) and every
+    descendant seen since the start. The GUI's runs (app/run_controller.py) and the
+    CLI's (remote/launch_local.py LocalJob) each hold one.
+
+    `request_stop` asks (its `stop_signal` to the launcher's group; the runtime
+    checkpoints and stops after the current step) and `poll` escalates to SIGKILL once
+    the grace period is over, so a caller that must not block (the GUI's 5 Hz poll)
+    never waits; `stop` does the same and waits. `poll` calls the run over only when
+    the launcher has exited *and* none of its processes is left: a worker that outlives
+    its launcher is asked to end (SIGTERM), then killed after `grace_s`."""
+
+    SCAN_S = 1.0  # how often poll looks for new descendants while the launcher runs
+
+    def __init__(self, proc, stop_signal=signal.SIGTERM, grace_s: float = 15.0):
+        self.proc = proc
+        self.stop_signal = stop_signal
+        self.grace_s = grace_s
+        self.root = process_of(proc.pid)  # not reaped yet: it is our child (a pid reused later is not it)
+        self.seen: Seen = {}
+        self.stop_requested = False
+        self.kill_at: float | None = None  # monotonic time to escalate to SIGKILL
+        self._last_scan = 0.0
+        self.scan()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def pgid(self) -> int:
+        return self.proc.pid  # start_new_session: the launcher leads its group
+
+    def scan(self) -> None:
+        if self.root is not None:
+            track(self.root, self.seen)
+        self._last_scan = time.monotonic()
+
+    def leftovers(self) -> list[int]:
+        """Processes of this run still alive: its group, and every descendant seen."""
+        return leftovers(self.pgid, self.seen)
+
+    def send(self, sig, *, group_only: bool = False) -> list[int]:
+        """`sig` to the group (group_only) or to the whole tree (signal_tree)."""
+        return signal_tree(self.root or self.pid, self.pgid, sig, seen=self.seen, group_only=group_only)
+
+    def request_stop(self, grace_s: float | None = None) -> None:
+        """Ask the run to stop (its stop_signal to the group); poll() SIGKILLs what is left
+        after `grace_s` (default: the tree's)."""
+        self.stop_requested = True
+        self.kill_at = time.monotonic() + (self.grace_s if grace_s is None else grace_s)
+        self.scan()
+        self.send(self.stop_signal, group_only=True)
+
+    def kill(self) -> None:
+        """SIGKILL to the launcher, its group, every descendant seen and every group they lead."""
+        self.stop_requested = True
+        self.send(signal.SIGKILL)
+
+    def poll(self) -> int | None:
+        """The launcher's exit code once nothing of the run is left; None before. Never blocks."""
+        code = self.proc.poll()
+        now = time.monotonic()
+        if code is None and now - self._last_scan > self.SCAN_S:
+            self.scan()
+        if self.kill_at is not None and now > self.kill_at and self.leftovers():
+            self.kill()
+        if code is None:
+            return None
+        if self.leftovers():  # the launcher is gone but a worker is not: end it before calling the run over
+            if self.kill_at is None:
+                self.send(signal.SIGTERM)
+                self.kill_at = now + self.grace_s
+            return None
+        return code
+
+    def stop(self, grace_s: float | None = None) -> int:
+        """request_stop, then wait: SIGKILL to the whole tree after the grace period
+        (stop_tree). Returns the launcher's exit code."""
+        self.stop_requested = True
+        grace = self.grace_s if grace_s is None else grace_s
+        self.kill_at = time.monotonic() + grace
+        stop_tree(self.root or self.pid, self.pgid, grace, self.stop_signal, seen=self.seen)
+        return self.proc.wait()
+
+
+__all__ = ["ProcessTree", "alive", "descendants", "group_pids", "leftovers", "signal_tree", "stop_tree", "track", "wait_gone"]

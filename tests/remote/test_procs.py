@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from remote.procs import alive, descendants, group_pids, signal_tree, stop_tree
+from remote.procs import ProcessTree, alive, descendants, group_pids, signal_tree, stop_tree
 
 # The worker: on SIGTERM ends its helper and exits (polite), or ignores it (stuck).
 WORKER = r"""
@@ -109,3 +109,53 @@ def test_signal_tree_kills_every_group_and_group_only_does_not(cleanup):
     while time.monotonic() < end and (alive(worker) or alive(helper)):
         time.sleep(0.05)
     assert not alive(worker) and not alive(helper)
+
+
+def _poll_until_done(tree, timeout: float) -> tuple[int | None, float]:
+    """What the GUI does: poll() at 20 Hz, never blocking; (exit code, longest poll call)."""
+    end, longest = time.monotonic() + timeout, 0.0
+    while time.monotonic() < end:
+        t = time.monotonic()
+        code = tree.poll()
+        longest = max(longest, time.monotonic() - t)
+        if code is not None:
+            return code, longest
+        time.sleep(0.05)
+    return None, longest
+
+
+def test_a_process_tree_stopped_from_a_poll_kills_a_stuck_worker_after_the_grace(cleanup):
+    """The one stop path of both launchers (ProcessTree): request_stop asks, poll()
+    escalates to SIGKILL once the grace is over and calls the run over only when the
+    leader *and* its worker (in a session of its own) are gone."""
+    leader, worker, helper = start("stuck")  # the leader exits on SIGTERM, the worker ignores it
+    cleanup += [leader.pid, worker, helper]
+    tree = ProcessTree(leader, signal.SIGTERM, grace_s=30.0)
+    assert {worker, helper} <= set(tree.seen) and tree.poll() is None
+    t0 = time.monotonic()
+    tree.request_stop(1.0)
+    code, longest = _poll_until_done(tree, 15)
+    took = time.monotonic() - t0
+    assert code == 7 and tree.stop_requested  # the leader's own exit code, kept for Popen
+    assert took >= 0.9  # the worker had its grace before SIGKILL
+    assert longest < 1.0  # no poll call waited out the grace
+    assert not alive(worker) and not alive(helper) and tree.leftovers() == []
+
+
+def test_a_worker_that_outlives_its_leader_is_ended_before_the_run_is_over(cleanup):
+    leader, worker, helper = start("polite")
+    cleanup += [leader.pid, worker, helper]
+    tree = ProcessTree(leader, signal.SIGTERM, grace_s=5.0)
+    os.kill(leader.pid, signal.SIGKILL)  # the leader dies without passing anything on
+    leader.wait(5)
+    assert alive(worker)
+    assert tree.poll() is None  # not over: its worker still runs; poll asked it to end (SIGTERM)
+    code, _ = _poll_until_done(tree, 10)
+    assert code == -signal.SIGKILL and not alive(worker) and not alive(helper)
+
+
+def test_a_process_tree_stop_waits_and_returns_the_exit_code(cleanup):
+    leader, worker, helper = start("polite")
+    cleanup += [leader.pid, worker, helper]
+    tree = ProcessTree(leader, signal.SIGTERM)
+    assert tree.stop(20.0) == 7 and tree.leftovers() == [] and not alive(worker)
