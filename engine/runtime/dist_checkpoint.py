@@ -9,14 +9,17 @@ with pp=2, with tp=2, or in one process without any process group.
     checkpoints/step_N/.metadata, __*_*.distcp   model + optimizer (DCP)
     checkpoints/step_N/extra.pt                  scheduler, RNG, step, metrics offset (rank 0)
 
-The single-process trainer writes checkpoints/step_N/state.pt (plain torch.save);
-`load` reads those too, so a one-process run can be resumed on several.
+Both trainers write this one format (the single-process one without a process group);
+runs written before that hold checkpoints/step_N/state.pt (plain torch.save), which
+`load` reads too, so such a run can still be resumed, on one process or several.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -43,7 +46,8 @@ def save(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extra: 
     path.mkdir(parents=True, exist_ok=True)
     msd, osd = get_state_dict(model, optimizer)
     try:
-        dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path))
+        with _alone():
+            dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path), no_dist=not dist.is_initialized())
     except CheckpointException as exc:
         full = _disk_full(exc, path)
         if full is not None:  # the run ends as "disk full" with its latest whole checkpoint named
@@ -55,6 +59,15 @@ def save(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extra: 
         save_tensors(extra, path / EXTRA)  # (a full disk: OSError ENOSPC, not torch's "unexpected pos")
     if dist.is_initialized():
         dist.barrier()  # `latest` may name this folder only once every rank has written
+
+
+@contextlib.contextmanager
+def _alone():
+    """DCP warns on every save and load without a process group; one process is meant here."""
+    with warnings.catch_warnings():
+        if not dist.is_initialized():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
@@ -90,7 +103,8 @@ def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict
     if is_dcp(path):
         msd, osd = get_state_dict(model, optimizer)
         state = {"model": msd, "optim": osd}
-        dcp.load(state, checkpoint_id=str(path))
+        with _alone():
+            dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         return torch.load(path / EXTRA, map_location="cpu", weights_only=False)
     single = path / "state.pt"

@@ -101,18 +101,21 @@ class Trainer:
         return self.opt.param_groups[0]["lr"]
 
     def save_checkpoint(self, path: Path, extra: dict) -> None:
-        path.mkdir(parents=True, exist_ok=True)
-        save_tensors({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                      "scheduler": self.sched.state_dict(), "rng": rng_state(), **extra}, path / "state.pt")
+        """The one checkpoint format, the distributed trainer's (DCP): any layout resumes it."""
+        from .dist_checkpoint import save
+
+        save(path, self.model, self.opt, {"scheduler": self.sched.state_dict(), "rng": rng_state(), **extra},
+             write_extra=True)
 
     def load_checkpoint(self, path: Path) -> dict:
-        if (path / ".metadata").exists():  # written by the distributed trainer (any layout)
+        if (path / ".metadata").exists():  # DCP: this trainer's, or the distributed one's (any layout)
             from .dist_checkpoint import load
 
             state = load(path, self.model, self.opt)
             self.sched.load_state_dict(state["scheduler"])
             set_rng_state(state["rng"])
             return state
+        # a run written before checkpoints were DCP: state.pt (plain torch.save)
         state = torch.load(path / "state.pt", map_location=self.device, weights_only=False)
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])

@@ -362,10 +362,12 @@ def test_a_full_disk_ends_the_run_as_failed_with_the_reason_and_a_resumable_chec
     assert f"latest whole checkpoint is {latest}" in status["error"]
     import torch
 
-    state = torch.load(out / "failed" / "checkpoints" / latest / "state.pt", weights_only=False)  # whole, loadable
-    assert state["step"] == int(latest.removeprefix("step_"))
-    kept = [d for d in (out / "failed" / "checkpoints").iterdir() if d.is_dir()]
-    assert kept and all(torch.load(d / "state.pt", weights_only=False)["step"] for d in kept)  # no half checkpoint
+    ckpts = out / "failed" / "checkpoints"
+    state = torch.load(ckpts / latest / "extra.pt", weights_only=False)  # whole (DCP, as every layout writes)
+    assert state["step"] == int(latest.removeprefix("step_")) and (ckpts / latest / ".metadata").exists()
+    kept = [d for d in ckpts.iterdir() if d.is_dir()]
+    assert kept and all((d / ".metadata").exists() and torch.load(d / "extra.pt", weights_only=False)["step"]
+                        for d in kept)  # no half checkpoint
     assert "Traceback" not in status["error"]
 
     resumed = json.loads((out / "resumed" / "status.json").read_text())

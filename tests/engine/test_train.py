@@ -127,6 +127,37 @@ def test_stop_and_resume_gives_the_same_losses(tmp_path):
     assert losses(rd2) == expected
 
 
+def test_checkpoints_are_dcp_and_an_older_runs_state_pt_still_resumes(tmp_path):
+    """One checkpoint format: the single-process trainer writes DCP, as the distributed
+    one does (so any layout resumes it). A run written before that holds state.pt; it
+    resumes on the same trajectory too."""
+    import torch
+
+    from engine.runtime.train import Trainer, load_spec
+
+    ref = prepare_run(dropout_project(), tmp_path / "ref")
+    run(ref)
+    expected = losses(ref)
+    rd = prepare_run(dropout_project(), tmp_path / "old")
+
+    def stop_at_25(step, total, rec):
+        if step == 25:
+            raise KeyboardInterrupt
+
+    assert run(rd, progress=stop_at_25)["state"] == "cancelled"
+    ckpt = rd / "checkpoints" / (rd / "checkpoints" / "latest").read_text().strip()
+    assert (ckpt / ".metadata").exists() and (ckpt / "extra.pt").exists() and not (ckpt / "state.pt").exists()
+    # the same checkpoint as an older Layerflow wrote it: one torch.save of the whole state
+    t = Trainer(rd, load_spec(rd), torch.device("cpu"))
+    state = t.load_checkpoint(ckpt)
+    old = {**state, "model": t.model.state_dict(), "optimizer": t.opt.state_dict(), "scheduler": t.sched.state_dict()}
+    for f in ckpt.iterdir():
+        f.unlink()
+    torch.save(old, ckpt / "state.pt")
+    assert run(rd, resume=True)["state"] == "succeeded"
+    assert losses(rd) == expected
+
+
 def test_lr_schedules():
     f = lr_lambda({"name": "cosine", "warmup_steps": 10, "min_lr_ratio": 0.1}, 110)
     assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
