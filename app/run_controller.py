@@ -26,6 +26,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from engine.runs import failure_report, is_run_dir
+from engine.runtime.records import FINAL_STATES, RunStatus
 from engine.tail import MetricsTail
 from remote import procs
 from remote.procs import group_pids  # noqa: F401  (used by tests)
@@ -229,12 +230,9 @@ class RunController(QObject):
         if not a.tail_ready:
             # The runtime writes status.json (state running, a new start time) right
             # after truncating metrics.jsonl: from then on the file only grows.
-            try:
-                st = json.loads((a.run_dir / "status.json").read_text())
-            except (OSError, ValueError):
-                return
-            if not (st.get("state") == "running" and isinstance(st.get("started"), (int, float))
-                    and st["started"] >= a.launched_at - 1.0):
+            st = RunStatus.read(a.run_dir)
+            if not (st is not None and st.state == "running" and st.started is not None
+                    and st.started >= a.launched_at - 1.0):
                 return
             a.tail_ready = True
             a.tail = MetricsTail(a.run_dir / "metrics.jsonl")
@@ -267,12 +265,9 @@ class RunController(QObject):
                 a.snapshot.unlink()
             except OSError:
                 pass
-        state = None
-        try:
-            state = json.loads((a.run_dir / "status.json").read_text()).get("state")
-        except (OSError, ValueError, AttributeError):
-            pass
-        if state not in ("succeeded", "failed", "cancelled"):
+        st = RunStatus.read(a.run_dir)
+        state = st.state if st is not None else None
+        if state not in FINAL_STATES:
             state = "cancelled" if a.stop_requested else ("succeeded" if code == 0 else "failed")
         if state == "failed":
             report = failure_report(a.run_dir, self.node_ids)

@@ -9,7 +9,6 @@ select_and_show.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import math
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QProgressBar, QSystemTr
 
 from app.run_controller import RunController, _fmt_eta
 from engine.runs import confusion_matrix, delete_run, list_runs, peak_memory_per_rank, runs_dir, summarize_run
+from engine.runtime.records import RunStatus
 from engine.tail import MetricsTail, RankMetricsTail, read_metrics
 from widgets.dashboard import Dashboard
 from widgets.run_toolbar import RunToolbar
@@ -335,11 +335,8 @@ class RunUI(QObject):
     def _has_ended(run_dir: str, records: list) -> bool:
         if any(r.get("event") == "end" for r in records):
             return True
-        try:  # the state the run (or a remote job's tracker) wrote; its pid may be on another host
-            state = json.loads((Path(run_dir) / "status.json").read_text()).get("state")
-        except (OSError, ValueError, AttributeError):
-            return True
-        return state in ("succeeded", "failed", "cancelled", "lost")
+        st = RunStatus.read(run_dir)  # the state the run (or a remote job's tracker) wrote; its pid may be on another host
+        return st is None or st.done or st.state == "lost"
 
     def _poll_followed(self) -> None:
         for key, tail in list(self._followed.items()):

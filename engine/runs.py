@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from engine.runtime.records import RunStatus
 from engine.tail import read_metrics
 
 RUNS_DIRNAME = "runs"
@@ -139,7 +140,7 @@ def _finite(v) -> float | None:
 def summarize_run(path: str | os.PathLike, records: list[dict] | None = None) -> RunSummary:
     """One run's status, length and best validation numbers, from its files."""
     p = Path(path)
-    status = _read_json(p / "status.json")
+    status = RunStatus.read(p) or RunStatus()
     info = _read_json(p / "run.json")
     if records is None:
         records = read_metrics(p / "metrics.jsonl")
@@ -148,14 +149,13 @@ def summarize_run(path: str | os.PathLike, records: list[dict] | None = None) ->
     val_acc = [v for v in (_finite(r.get("val_acc")) for r in records) if v is not None]
     times = [v for v in (_finite(r.get("time")) for r in records) if v is not None]
 
-    state = status.get("state") if isinstance(status.get("state"), str) else "pending"
-    if state == "running" and "pid" in status and not pid_alive(status.get("pid")):
+    state = status.state
+    if state == "running" and status.pid is not None and not pid_alive(status.pid):
         state = "interrupted"  # the process died without writing its final state
-    step = status.get("step") if isinstance(status.get("step"), int) else 0
-    step = max([step, *steps])
-    total = status.get("total_steps", info.get("total_steps"))
+    step = max([status.step, *steps])
+    total = status.total_steps if status.total_steps is not None else info.get("total_steps")
     total = total if isinstance(total, int) and not isinstance(total, bool) else None
-    started, ended = _timestamp(status.get("started")), _timestamp(status.get("ended"))
+    started, ended = status.started, status.ended
     if started is None:
         started = _timestamp(info.get("created"))
     if started is not None:
@@ -166,7 +166,7 @@ def summarize_run(path: str | os.PathLike, records: list[dict] | None = None) ->
     if duration is None and len(times) >= 2:
         duration = times[-1] - times[0]
     data = info.get("data") if isinstance(info.get("data"), dict) else {}
-    err = status.get("error")
+    err = status.error
     return RunSummary(
         path=p, name=str(info.get("name") or p.name), state=state, step=step, total_steps=total,
         started=started, ended=ended, duration=duration,
@@ -194,9 +194,9 @@ def delete_run(path: str | os.PathLike, *, within: str | os.PathLike | None = No
         raise ValueError(f"{p}: not a run folder (none of {', '.join(RUN_MARKERS)} in it); nothing deleted")
     if within is not None and Path(within).resolve() not in p.parents:
         raise ValueError(f"{p}: not inside {within}; nothing deleted")
-    status = _read_json(p / "status.json")
-    if status.get("state") == "running" and pid_alive(status.get("pid")):
-        raise ValueError(f"{p.name}: the run is still going (pid {status['pid']}); stop it before deleting")
+    status = RunStatus.read(p) or RunStatus()
+    if status.state == "running" and pid_alive(status.pid):
+        raise ValueError(f"{p.name}: the run is still going (pid {status.pid}); stop it before deleting")
     shutil.rmtree(p)
 
 
@@ -289,15 +289,15 @@ def failure_report(path: str | os.PathLike, node_ids=()) -> dict:
     """What went wrong in a failed run: {rank, traceback, node} from the rank logs
     (the first rank that has a traceback) or status.json's error."""
     p = Path(path)
-    status = _read_json(p / "status.json")
-    if isinstance(status.get("failed_rank"), int):  # the launcher knew which rank died first
-        rank = status["failed_rank"]
+    status = RunStatus.read(p) or RunStatus()
+    if status.failed_rank is not None:  # the launcher knew which rank died first
+        rank = status.failed_rank
         log = p / "logs" / f"rank{rank}.log"
         try:
             tb = last_traceback(log.read_text(encoding="utf-8", errors="replace"))
         except OSError:
             tb = None
-        tb = tb or str(status.get("error") or status.get("failure") or "")
+        tb = tb or status.error or status.failure or ""
         return {"rank": rank, "traceback": tb, "node": node_from_traceback(tb, node_ids), "log": str(log)}
     logs = sorted((p / "logs").glob("rank*.log"), key=lambda f: (len(f.name), f.name))
     for log in [*logs, p / "logs" / "launcher.log"]:
@@ -309,8 +309,7 @@ def failure_report(path: str | os.PathLike, node_ids=()) -> dict:
             m = re.match(r"rank(\d+)\.log", log.name)
             return {"rank": int(m.group(1)) if m else None, "traceback": tb,
                     "node": node_from_traceback(tb, node_ids), "log": str(log)}
-    err = _read_json(p / "status.json").get("error")
-    text = str(err) if err else None
+    text = status.error or None
     return {"rank": None, "traceback": text, "node": node_from_traceback(text or "", node_ids), "log": None}
 
 

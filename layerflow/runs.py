@@ -4,7 +4,6 @@ for the state, metrics.jsonl for the records, followed by byte offset (engine/ta
 so nothing is missed or repeated while a run goes on."""
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ from pathlib import Path
 
 from engine.errors import LayerflowError
 from engine.runs import FINAL_STATES, is_run_dir
+from engine.runtime.records import RunStatus
 from engine.tail import MetricsTail, read_metrics
 
 
@@ -45,12 +45,10 @@ class Status:
 
 
 def _read_status(run_dir: Path) -> Status:
-    try:
-        st = json.loads((run_dir / "status.json").read_text())
-    except (OSError, ValueError):
+    st = RunStatus.read(run_dir)
+    if st is None:
         return Status("pending")
-    return Status(str(st.get("state", "pending")), int(st.get("step") or 0), st.get("total_steps"),
-                  st.get("error"), st)
+    return Status(st.state, st.step, st.total_steps, st.error, st.to_json())
 
 
 class Run:
@@ -85,7 +83,7 @@ class Run:
             return False
         from engine.runs import pid_alive
 
-        return bool(pid_alive(st.raw.get("pid")))
+        return bool(pid_alive(st.raw.get("pid")))  # (raw: the record as JSON, RunStatus.to_json)
 
     def status(self) -> Status:
         return _read_status(self.dir)

@@ -15,7 +15,6 @@ exist (engine/runtime/parallel.py). No Qt here.
 """
 from __future__ import annotations
 
-import ast
 import json
 import os
 import signal
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import psutil
 
+from engine.runtime.records import RankError, RunStatus
 from remote import procs
 
 CODE_ROOT = Path(__file__).resolve().parents[1]  # the folder that holds engine/
@@ -173,37 +173,22 @@ def torchrun_root_cause(log_path: Path) -> tuple[int, int, str] | None:
 
 def _record_failure(run_dir: Path, rank: int, text: str) -> None:
     """status.json says which rank failed first and how (the GUI and `status` read it)."""
-    path = Path(run_dir) / "status.json"
-    try:
-        st = json.loads(path.read_text())
-    except (OSError, ValueError):
+    st = RunStatus.read(run_dir)
+    if st is None:
         return
-    st["failed_rank"] = rank
-    st["failure"] = text.strip().splitlines()[-1][:500] if text.strip() else ""
+    st.failed_rank = rank
+    st.failure = text.strip().splitlines()[-1][:500] if text.strip() else ""
     first = text.strip().splitlines()[0][:500] if text.strip() else ""
-    if first and first != st.get("error"):  # what the first rank died of, not what its peers saw after
-        st["peer_error"], st["error"] = st.get("error"), f"rank {rank}: {first}"
-    from engine.project import atomic_write
+    if first and first != st.error:  # what the first rank died of, not what its peers saw after
+        st.peer_error, st.error = st.error, f"rank {rank}: {first}"
+    from engine.files import atomic_write
 
-    atomic_write(path, json.dumps(st, indent=1, sort_keys=True).encode())
+    atomic_write(Path(run_dir) / "status.json", json.dumps(st.to_json(), indent=1, sort_keys=True).encode())
 
 
-def read_rank_error(path: Path) -> dict | None:
-    """logs/rank{R}.error: {"rank", "time", "error"} as JSON (runs before session 9 wrote a
-    Python repr of the same dict: read as a literal, never evaluated)."""
-    try:
-        text = Path(path).read_text()
-    except OSError:
-        return None
-    try:
-        err = json.loads(text)
-    except ValueError:
-        try:
-            err = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            return None
-    ok = isinstance(err, dict) and isinstance(err.get("rank"), int) and isinstance(err.get("time"), (int, float))
-    return err if ok and isinstance(err.get("error"), str) else None
+def read_rank_error(path: Path) -> RankError | None:
+    """logs/rank{R}.error (engine/runtime/records.py RankError)."""
+    return RankError.read(path)
 
 
 def failing_rank(run_dir: Path) -> tuple[int, str] | None:
@@ -218,14 +203,10 @@ def failing_rank(run_dir: Path) -> tuple[int, str] | None:
         tail = _tail(logs / f"rank{rank}.log")
         return rank, (f"rank {rank} was killed by {sig or f'signal {-code}'} (exit code {code}); it left no "
                       f"traceback. The end of its log:\n{tail}\nkilled by {sig or f'signal {-code}'}")
-    errors = []
-    for p in logs.glob("rank*.error"):
-        err = read_rank_error(p)
-        if err is not None:
-            errors.append(err)
+    errors = [e for e in map(RankError.read, logs.glob("rank*.error")) if e is not None]
     if errors:
-        first = min(errors, key=lambda e: e["time"])
-        return first["rank"], _last_traceback(logs / f"rank{first['rank']}.log") or first["error"]
+        first = min(errors, key=lambda e: e.time)
+        return first.rank, _last_traceback(logs / f"rank{first.rank}.log") or first.error
     for p in sorted(logs.glob("rank*.log")):  # died before the runtime could write its .error
         tb = _last_traceback(p)
         if tb:

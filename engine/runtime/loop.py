@@ -37,6 +37,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .records import RunStatus
+
 ProgressFn = Callable[[int, int, dict], None]
 
 
@@ -154,13 +156,21 @@ def write_json_atomic(path: Path, obj: dict) -> None:
 
 
 class Status:
+    """Writes the run's status.json (a records.RunStatus), whole every time."""
+
     def __init__(self, run_dir: Path, total_steps: int):
         self.path = run_dir / "status.json"
-        self.fields = {"state": "running", "step": 0, "total_steps": total_steps, "pid": os.getpid(),
-                       "started": time.time(), "ended": None, "error": None}
+        self.record = RunStatus("running", 0, total_steps, os.getpid(), time.time())
+
+    @property
+    def fields(self) -> dict:
+        return self.record.to_json()
 
     def update(self, **kw) -> None:
-        self.fields.update(kw)
+        for k, v in kw.items():
+            if k not in RunStatus.__dataclass_fields__ or k == "extra":
+                raise AttributeError(f"RunStatus has no field {k!r}")
+            setattr(self.record, k, v)
         text = json.dumps(self.fields, indent=1, sort_keys=True)
         try:
             write_text_atomic(self.path, text.ljust(STATUS_BYTES))

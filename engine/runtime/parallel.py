@@ -479,12 +479,10 @@ def init_distributed() -> torch.device:
 
 def _ended(run_dir: Path) -> bool:
     """status.json already says how the run ended (fit's own record, with its step)."""
-    import json
+    from .records import RunStatus
 
-    try:
-        return json.loads((run_dir / "status.json").read_text()).get("state") in ("failed", "cancelled", "succeeded")
-    except (OSError, ValueError):
-        return False
+    st = RunStatus.read(run_dir)
+    return st is not None and st.done
 
 
 def run_distributed(run_dir: str | Path, *, resume: bool = False) -> dict:
@@ -516,11 +514,13 @@ def run_distributed(run_dir: str | Path, *, resume: bool = False) -> dict:
         except BaseException as exc:
             log(traceback.format_exc())
             # the launcher reports the first rank that failed: the time says which
-            err = {"rank": rank, "time": time.time(), "error": f"{type(exc).__name__}: {exc}"}
-            (run_dir / "logs" / f"rank{rank}.error").write_text(json.dumps(err))
+            from .records import RankError
+
+            err = RankError(rank, time.time(), f"{type(exc).__name__}: {exc}")
+            (run_dir / "logs" / f"rank{rank}.error").write_text(json.dumps(err.to_json()))
             if rank == 0 and not _ended(run_dir):  # fit() already wrote the step it reached
                 Status(run_dir, int(spec.get("total_steps", 0))).update(
-                    state="failed", ended=time.time(), error=err["error"])
+                    state="failed", ended=time.time(), error=err.error)
             raise
         finally:
             if dist.is_initialized():

@@ -79,11 +79,14 @@ def test_failing_rank_traceback_is_reported(tmp_path):
 
 
 def test_rank_error_records_of_older_runs_still_read(tmp_path):
+    from engine.runtime.records import RankError
     from remote.launch_local import read_rank_error
 
     old = tmp_path / "rank0.error"
     old.write_text(repr({"rank": 0, "time": 5.0, "error": "ValueError: x"}))  # how runs before JSON wrote it
-    assert read_rank_error(old) == {"rank": 0, "time": 5.0, "error": "ValueError: x"}
+    assert read_rank_error(old) == RankError(0, 5.0, "ValueError: x")
+    old.write_text('{"rank": 2, "time": 7, "error": "E"}')
+    assert read_rank_error(old) == RankError(2, 7.0, "E") and RankError.parse('{"rank": true}') is None
     old.write_text("__import__('os').system('false')")  # never evaluated
     assert read_rank_error(old) is None
     old.write_text('{"rank": "0"}')

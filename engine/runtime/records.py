@@ -1,0 +1,127 @@
+"""A run folder's small records, typed: status.json (`RunStatus`) and
+logs/rank{R}.error (`RankError`).
+
+The runtime writes them (engine/runtime/loop.py, parallel.py); this machine's launcher
+adds which rank failed first (remote/launch_local.py); the GUI, the CLI, the Python API
+and the run list read them. Reading is lenient, since run folders outlive versions: a
+field that is missing or of the wrong type reads as its default, times written as
+ISO-8601 text read as epoch seconds, and fields this version does not know are kept
+(`extra`) and written back unchanged. Standard library only: this ships to GPU nodes.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import math
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from pathlib import Path
+
+FINAL_STATES = ("succeeded", "failed", "cancelled")
+
+
+def _int(v) -> int | None:
+    return v if type(v) is int else None
+
+
+def _time(v) -> float | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return float(v) if math.isfinite(v) else None
+    if isinstance(v, str):
+        try:
+            return datetime.fromisoformat(v.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def _text(v) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+@dataclass
+class RunStatus:
+    """Where a run stands (status.json). state: pending (nothing written yet), running,
+    succeeded, failed or cancelled."""
+    state: str = "pending"
+    step: int = 0
+    total_steps: int | None = None
+    pid: int | None = None  # the process that writes it (rank 0's)
+    started: float | None = None  # epoch seconds
+    ended: float | None = None
+    error: str | None = None  # why it failed (the first failing rank's, when the launcher knows it)
+    failed_rank: int | None = None
+    failure: str | None = None  # the last line of that rank's traceback
+    peer_error: str | None = None  # what rank 0 saw when another rank failed first
+    extra: dict = field(default_factory=dict)  # fields of other versions, kept as they were
+
+    @property
+    def done(self) -> bool:
+        return self.state in FINAL_STATES
+
+    def to_json(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        for k in ("failed_rank", "failure", "peer_error"):  # written only once known
+            if d[k] is None:
+                del d[k]
+        return {**self.extra, **d}
+
+    @classmethod
+    def from_json(cls, d) -> RunStatus:
+        if not isinstance(d, dict):
+            return cls()
+        known = {f.name for f in fields(cls)} - {"extra"}
+        return cls(state=d["state"] if isinstance(d.get("state"), str) else "pending",
+                   step=_int(d.get("step")) or 0, total_steps=_int(d.get("total_steps")), pid=_int(d.get("pid")),
+                   started=_time(d.get("started")), ended=_time(d.get("ended")), error=_text(d.get("error")),
+                   failed_rank=_int(d.get("failed_rank")), failure=_text(d.get("failure")),
+                   peer_error=_text(d.get("peer_error")), extra={k: v for k, v in d.items() if k not in known})
+
+    @classmethod
+    def read(cls, run_dir: str | Path) -> RunStatus | None:
+        """The run folder's status.json; None when there is none (or it is being written
+        for the first time and cannot be parsed yet)."""
+        try:
+            d = json.loads((Path(run_dir) / "status.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return cls.from_json(d)
+
+
+@dataclass
+class RankError:
+    """What a rank that failed by itself wrote (logs/rank{R}.error): when, and why."""
+    rank: int
+    time: float  # epoch seconds: the earliest is the rank that failed first
+    error: str
+
+    def to_json(self) -> dict:
+        return {"rank": self.rank, "time": self.time, "error": self.error}
+
+    @classmethod
+    def parse(cls, text: str) -> RankError | None:
+        """JSON; runs before session 9 wrote a Python repr of the same dict, read as a
+        literal (never evaluated). None when it is neither."""
+        try:
+            d = json.loads(text)
+        except ValueError:
+            try:
+                d = ast.literal_eval(text)
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                return None
+        if not (isinstance(d, dict) and type(d.get("rank")) is int and isinstance(d.get("error"), str)
+                and isinstance(d.get("time"), (int, float)) and not isinstance(d.get("time"), bool)):
+            return None
+        return cls(d["rank"], float(d["time"]), d["error"])
+
+    @classmethod
+    def read(cls, path: str | Path) -> RankError | None:
+        try:
+            return cls.parse(Path(path).read_text())
+        except OSError:
+            return None
+
+
+__all__ = ["RunStatus", "RankError", "FINAL_STATES"]
