@@ -17,13 +17,13 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QProgressBar, QSystemTr
 
 from app.run_controller import RunController, _fmt_eta
 from engine.runs import confusion_matrix, delete_run, list_runs, peak_memory_per_rank, runs_dir, summarize_run
-from engine.runtime.records import RunStatus
+from engine.runtime.records import RESUMABLE_STATES, RunStatus
 from engine.tail import MetricsTail, RankMetricsTail, read_metrics
 from widgets.dashboard import Dashboard
 from widgets.run_toolbar import RunToolbar
 from widgets.runs_panel import RunsPanel
 
-RESUMABLE = ("cancelled", "failed", "interrupted")
+RESUMABLE = RESUMABLE_STATES
 
 
 class RunUI(QObject):

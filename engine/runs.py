@@ -19,14 +19,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from engine.runtime.records import RunStatus
+from engine.runtime.records import ENDED_STATES, RunStatus
 from engine.tail import read_metrics
 
 RUNS_DIRNAME = "runs"
 # The files that make a folder a run folder; delete_run refuses anything else, so a
 # wrong path can never wipe an unrelated directory.
 RUN_MARKERS = ("run.json", "status.json", "metrics.jsonl")
-FINAL_STATES = ("succeeded", "failed", "cancelled", "interrupted")
 
 
 INSTALLED_EXAMPLES = Path(__file__).resolve().parents[1] / "resources" / "examples"
@@ -128,7 +127,7 @@ class RunSummary:
 
     @property
     def finished(self) -> bool:
-        return self.state in FINAL_STATES
+        return self.state in ENDED_STATES
 
 
 def _finite(v) -> float | None:

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.errors import LayerflowError
-from engine.runs import FINAL_STATES, is_run_dir
-from engine.runtime.records import RunStatus
+from engine.runs import is_run_dir
+from engine.runtime.records import ENDED_STATES, RunStatus
 from engine.tail import MetricsTail, read_metrics
 
 
@@ -37,7 +37,7 @@ class Status:
 
     @property
     def done(self) -> bool:
-        return self.state in FINAL_STATES or self.state in ("lost", "timeout")
+        return self.state in ENDED_STATES or self.state == "lost"  # (lost: nothing left to wait for)
 
     @property
     def ok(self) -> bool:

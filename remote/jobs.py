@@ -18,10 +18,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from engine.errors import LayerflowError
+from engine.runtime.records import ENDED_STATES
+from engine.runtime.records import STATES as RUN_STATES
 from remote.cluster import Cluster, config_dir
 
-STATES = ("pending", "running", "succeeded", "failed", "cancelled", "timeout", "lost")
-TERMINAL = {"succeeded", "failed", "cancelled", "timeout"}  # timeout: Slurm ended it at its time limit
+# the states of engine/runtime/records.py a job can have ("interrupted" is a local run's)
+STATES = tuple(s for s in RUN_STATES if s != "interrupted")
+TERMINAL = set(ENDED_STATES) - {"interrupted"}  # timeout: Slurm ended it at its time limit; lost is polled again
 
 
 class JobError(LayerflowError, LookupError):

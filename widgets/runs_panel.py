@@ -8,6 +8,8 @@ import time
 from PySide6 import QtCore, QtGui, QtWidgets
 from PySide6.QtCore import Qt
 
+from engine.runtime.records import RESUMABLE_STATES
+
 STATE_COLORS = {"running": "#1f77b4", "succeeded": "#2ca02c", "failed": "#d62728",
                 "cancelled": "#ff7f0e", "interrupted": "#9467bd", "pending": "#7f7f7f"}
 COLUMNS = ("Run", "Status", "Time", "Steps", "Best val")
@@ -167,7 +169,7 @@ class RunsPanel(QtWidgets.QWidget):
         self.delete_button.setEnabled(len(sel) == 1)
         self.logs_button.setEnabled(len(sel) == 1)
         s = self._summaries.get(sel[0]) if len(sel) == 1 else None
-        self.resume_button.setEnabled(bool(s and s.state in ("cancelled", "failed", "interrupted")))
+        self.resume_button.setEnabled(bool(s and s.state in RESUMABLE_STATES))
 
     def _open(self) -> None:
         for path in self.selected_runs()[:1]:

@@ -17,7 +17,15 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
 
-FINAL_STATES = ("succeeded", "failed", "cancelled")
+# A run's (and a remote job's) states, one vocabulary for the runtime, the run list, the
+# job database and the Python API. The run writes pending..cancelled itself; the host
+# concludes the others when the run cannot say: a local run whose process died without
+# writing its end (interrupted), one Slurm ended at its time limit (timeout), a remote
+# job whose processes its nodes no longer show (lost: a later poll may find it again).
+FINAL_STATES = ("succeeded", "failed", "cancelled")  # what a run writes when it ends
+STATES = ("pending", "running", *FINAL_STATES, "interrupted", "timeout", "lost")
+ENDED_STATES = (*FINAL_STATES, "interrupted", "timeout")  # nothing more will happen to it
+RESUMABLE_STATES = ("cancelled", "failed", "interrupted")  # a checkpoint to go on from
 
 
 def _int(v) -> int | None:
@@ -124,4 +132,4 @@ class RankError:
             return None
 
 
-__all__ = ["RunStatus", "RankError", "FINAL_STATES"]
+__all__ = ["RunStatus", "RankError", "FINAL_STATES", "STATES", "ENDED_STATES", "RESUMABLE_STATES"]
