@@ -212,7 +212,7 @@ def test_a_full_queue_shows_pending_with_slurm_reason_in_cli_and_panel(slurm_env
     from app.jobs_panel import JobsController, JobsPanel
 
     nodes = str(len(slurm_env.cluster.node_names))
-    blocker = slurm_env.cluster.run("sbatch", "--parsable", "-N", nodes, "--exclusive", "-p", "debug",
+    blocker = slurm_env.cluster.run("sbatch", "--parsable", "-N", nodes, "--exclusive", "-p", "debug", "-o", "/dev/null",
                                     "--wrap", "sleep 600").stdout.strip()
     try:
         wait_for(lambda: slurm_env.cluster.run("squeue", "-h", "-j", blocker, "-o", "%T").stdout.strip() == "RUNNING",
