@@ -1,39 +1,40 @@
 """Start, watch and stop training runs from the GUI.
 
-A run is the CLI's own `python main.py train PROJECT --out RUN_DIR [--nproc N]`
-(or `--resume RUN_DIR`) in a child process that leads its own process group
-(start_new_session). Stop asks it to end after the current step (SIGTERM to the
-group for one process: the trainer checkpoints and marks the run cancelled; SIGINT
-to the CLI for several, whose launcher stops torchrun and its workers), then
-SIGKILLs, after a grace period, the group and every descendant it has seen: the
-run's processes are a remote/procs.py ProcessTree, the CLI launcher's own stop path
-(LocalJob holds one too), escalated from the poll so the GUI thread never waits. Nothing runs in the GUI thread
-but a 5 Hz poll: the process's exit code and the new lines of metrics.jsonl
-(engine/tail.py, by byte offset).
+A run is what the CLI's `train` and the Python API's `Project.train` start: the run
+folder prepared by layerflow/_prepare.py (in a worker thread, so the window keeps
+drawing while the data is made), then remote/launch_local.py `launch_local` (the
+trainer itself for one process, torchrun for several), followed as a `LocalJob`.
+Stop asks it to end after the current step (SIGTERM to its group: the trainer, or
+torchrun, which passes it to its workers; each checkpoints and the run is marked
+cancelled), then SIGKILLs, after a grace period, the group and every descendant seen:
+the LocalJob's ProcessTree (remote/procs.py), escalated from the poll so the GUI
+thread never waits. One job model and one stop path for the GUI, the CLI and the API.
+Nothing runs in the GUI thread but a 5 Hz poll: the preparation's future, the
+processes' exit and the new lines of metrics.jsonl (engine/tail.py, by byte offset).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
+import shutil
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from engine.runs import failure_report, is_run_dir
+from engine.errors import LayerflowError
+from engine.runs import failure_report
 from engine.runtime.records import FINAL_STATES, RunStatus
 from engine.tail import MetricsTail
 from remote import procs
+from remote.launch_local import LocalJob, launch_local
 from remote.procs import group_pids  # noqa: F401  (used by tests)
 from widgets.runs_panel import fmt_duration
 
 ROOT = Path(__file__).resolve().parents[1]
-MAIN = ROOT / "main.py"
 
 
 def _fmt_eta(seconds: float) -> str:
@@ -44,14 +45,14 @@ def _fmt_eta(seconds: float) -> str:
 
 @dataclass
 class ActiveRun:
-    """The run the GUI follows: its folder, its processes (`tree`) and what the
-    dashboard shows of it (metrics tail, step, ETA)."""
+    """The run the GUI follows: its folder, its job (processes, how to stop them) once
+    launched, and what the dashboard shows of it (metrics tail, step, ETA)."""
     run_dir: Path
-    tree: procs.ProcessTree
-    command: list[str]
     nproc: int = 1
     resume: bool = False
-    snapshot: Path | None = None  # temporary project file, removed at the end
+    job: LocalJob | None = None  # None while the folder is being prepared
+    preparing: concurrent.futures.Future | None = None
+    stop_early: bool = False  # Stop pressed before the processes started: they never do
     tail: MetricsTail | None = None
     total_steps: int | None = None
     started: float = field(default_factory=time.monotonic)
@@ -64,26 +65,24 @@ class ActiveRun:
     tail_ready: bool = True
 
     @property
-    def proc(self) -> subprocess.Popen:
-        return self.tree.proc
+    def tree(self) -> procs.ProcessTree | None:
+        return self.job.tree if self.job is not None else None
 
     @property
-    def pgid(self) -> int:
-        return self.tree.pgid
+    def command(self) -> list[str]:
+        return list(self.job.proc.args) if self.job is not None else []
+
+    @property
+    def pgid(self) -> int | None:
+        return self.job.tree.pgid if self.job is not None else None
 
     @property
     def seen(self) -> procs.Seen:
-        return self.tree.seen
+        return self.job.seen if self.job is not None else {}
 
     @property
     def stop_requested(self) -> bool:
-        return self.tree.stop_requested
-
-
-def stop_signal(nproc: int):
-    """SIGINT to the CLI of several processes (its launcher stops torchrun), SIGTERM
-    to one (the trainer checkpoints, then exits)."""
-    return signal.SIGINT if nproc > 1 else signal.SIGTERM
+        return self.stop_early or (self.job is not None and self.job.tree.stop_requested)
 
 
 class RunController(QObject):
@@ -98,12 +97,12 @@ class RunController(QObject):
 
     POLL_MS = 200
 
-    def __init__(self, parent=None, python: str = sys.executable, grace_s: float = 15.0):
+    def __init__(self, parent=None, grace_s: float = 15.0):
         super().__init__(parent)
-        self.python = python
         self.grace_s = grace_s
         self.active: ActiveRun | None = None
         self.node_ids: tuple[str, ...] = ()  # for naming the failed node
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="prepare-run")
         self._timer = QTimer(self)
         self._timer.setInterval(self.POLL_MS)
         self._timer.timeout.connect(self.poll)
@@ -113,104 +112,126 @@ class RunController(QObject):
     def running(self) -> bool:
         return self.active is not None
 
-    def start(self, project, *, nproc: int = 1, steps: int | None = None, runs_dir: str | Path | None = None,
-              unsaved: bool = False) -> Path:
-        """Train `project` (an engine Project) in a new run folder; returns the folder.
-        A project with unsaved changes (`unsaved`, or never saved) is run as it is on
-        screen: a snapshot is written beside it (so relative data paths resolve) and
-        removed when the run ends."""
-        from engine.project import load_project, save_project
+    def start(self, project, *, nproc: int = 1, steps: int | None = None,
+              runs_dir: str | Path | None = None) -> Path:
+        """Train `project` (an engine Project, saved or not: the run is what is on screen
+        now) in a new run folder; returns the folder. The folder is prepared in the
+        background; a project the preparation refuses ends as a failed run that names
+        what is wrong, and leaves no folder."""
         from engine.run import new_run_dir
+        from layerflow._prepare import prepare_training
 
         self._refuse_if_running()
         run_dir = new_run_dir(project, Path(runs_dir) if runs_dir else None)
-        snapshot = None
-        if unsaved or project.path is None or not Path(project.path).exists():
-            snapshot = project.directory / f".{run_dir.name}.lflow"
-            copy = project.copy()
-            save_project(copy, snapshot)
-            project_file = snapshot
-        else:
-            project_file = Path(project.path)
-        cmd = [self.python, str(MAIN), "train", str(project_file), "--out", str(run_dir)]
-        cmd += self._consent(load_project(project_file))  # the file the CLI reads: its paths, resolved as it will
-        if nproc > 1:
-            cmd += ["--nproc", str(nproc)]
-        if steps:
-            cmd += ["--steps", str(steps)]
+        copy = project.copy()  # edits made while it is prepared are not this run's
         self.node_ids = tuple(project.graph.nodes)
-        return self.launch(run_dir, cmd, snapshot=snapshot, nproc=nproc)
+        return self._begin(run_dir, nproc, lambda: prepare_training(copy, nproc=nproc if nproc > 1 else None,
+                                                                   steps=steps, out=run_dir))
 
     def resume(self, run_dir: str | Path, *, nproc: int = 1, node_ids=()) -> Path:
         """Continue a stopped run from its latest checkpoint."""
+        from layerflow._prepare import prepare_resume
+
         self._refuse_if_running()
         run_dir = Path(run_dir)
         latest = run_dir / "checkpoints" / "latest"
         if not latest.is_file():
             raise ValueError(f"{run_dir.name}: no checkpoint to resume from (checkpoints/latest is missing)")
-        from engine.project import load_project
-
-        cmd = [self.python, str(MAIN), "train", str(run_dir / "project.lflow"), "--resume", str(run_dir)]
-        try:
-            cmd += self._consent(load_project(run_dir / "project.lflow"))
-        except Exception:  # noqa: BLE001  (an unreadable copy: the CLI names what is wrong with it)
-            pass
-        if nproc > 1:
-            cmd += ["--nproc", str(nproc)]
         self.node_ids = tuple(node_ids)
-        return self.launch(run_dir, cmd, resume=True, nproc=nproc)
-
-    @staticmethod
-    def _consent(project) -> list[str]:
-        """The run is the CLI in another process, on a snapshot or a run folder's copy: it may
-        run what this process may (the user's own edits, a project they trusted), no more."""
-        from engine import trust
-
-        return ["--trust-once"] if trust.needs_consent(project) and trust.consented(project) else []
+        return self._begin(run_dir, nproc, lambda: prepare_resume(run_dir, nproc=nproc if nproc > 1 else None),
+                           resume=True)
 
     def _refuse_if_running(self) -> None:
         if self.active is not None:
             raise RuntimeError(f"a run is already going ({self.active.run_dir.name}); stop it first")
 
-    def launch(self, run_dir: Path, cmd: list[str], *, snapshot: Path | None = None, resume: bool = False,
-               nproc: int = 1) -> Path:
+    def _begin(self, run_dir: Path, nproc: int, prepare, *, resume: bool = False) -> Path:
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.active = ActiveRun(run_dir=run_dir, nproc=nproc, resume=resume, launched_at=time.time(),
+                                tail=MetricsTail(run_dir / "metrics.jsonl"), tail_ready=not resume)
+        self.active.preparing = self._pool.submit(prepare)
+        self._timer.start()
+        self.started.emit(str(run_dir))
+        return run_dir
+
+    def _launch_prepared(self, a: ActiveRun) -> None:
+        """The folder is ready: start its processes (or say why it could not be made)."""
+        try:
+            prep = a.preparing.result()
+        except BaseException as exc:  # noqa: BLE001 - shown as the run's failure, never a crash of the GUI
+            self._refused(a, exc)
+            return
+        if a.stop_early:
+            self._finish(a, None)
+            return
+        if prep.warnings:
+            with open(a.run_dir / "logs" / "launcher.log", "a") as log:
+                log.writelines(f"warning: {w}\n" for w in prep.warnings)
+        a.nproc = prep.nproc
+        try:
+            a.job = launch_local(prep.run_dir, prep.nproc, resume=prep.resume)
+        except (OSError, ValueError) as exc:
+            self._refused(a, exc)
+            return
+        a.job.tree.grace_s = self.grace_s
+
+    def launch(self, run_dir: Path, cmd: list[str], *, nproc: int = 1, resume: bool = False) -> Path:
+        """Follow a command that trains `run_dir` (a prepared folder) as this controller's
+        run: what start and resume do once the folder is ready, for any launcher."""
+        import os
+        import subprocess
+
+        self._refuse_if_running()
         logs = run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        with open(logs / "launcher.log", "ab") as out:
-            out.write(f"$ {' '.join(cmd)}\n".encode())
-            out.flush()
-            proc = subprocess.Popen(cmd, cwd=str(ROOT), env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-        tail = MetricsTail(run_dir / "metrics.jsonl")
-        tree = procs.ProcessTree(proc, stop_signal(nproc), self.grace_s)
-        self.active = ActiveRun(run_dir=run_dir, tree=tree, command=cmd, nproc=nproc, resume=resume,
-                                snapshot=snapshot, tail=tail, launched_at=time.time(), tail_ready=not resume)
+        log_path = logs / "launcher.log"
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(cmd, cwd=str(ROOT), env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        job = LocalJob(run_dir, nproc, proc, log_path)
+        job.tree.grace_s = self.grace_s
+        self.active = ActiveRun(run_dir=run_dir, nproc=nproc, resume=resume, job=job, launched_at=time.time(),
+                                tail=MetricsTail(run_dir / "metrics.jsonl"), tail_ready=not resume)
         self._timer.start()
         self.started.emit(str(run_dir))
         return run_dir
 
     # ----- stopping ---------------------------------------------------------------
     def stop(self) -> None:
-        """Ask the run to stop after its current step; SIGKILL after `grace_s`.
-        One process: SIGTERM to the group (the trainer checkpoints, then exits).
-        Several: SIGINT to the CLI, whose launcher then stops torchrun and every
-        worker (they live in sessions of their own) and kills them after its grace."""
+        """Ask the run to stop after its current step; SIGKILL after `grace_s`. Before its
+        processes start (the folder still being prepared), they never do."""
         a = self.active
-        if a is not None:  # (the CLI of several processes needs its own grace for torchrun's)
-            a.tree.request_stop(self.grace_s * (2 if a.nproc > 1 else 1))
+        if a is None:
+            return
+        if a.job is None:
+            a.stop_early = True
+        else:
+            a.job.tree.request_stop(self.grace_s)
 
     def kill(self) -> None:
-        """SIGKILL to the group, the CLI, every descendant seen and every group they lead."""
-        if self.active is not None:
-            self.active.tree.kill()
+        """SIGKILL to the run's group, every descendant seen and every group they lead."""
+        a = self.active
+        if a is not None:
+            if a.job is None:
+                a.stop_early = True
+            else:
+                a.job.tree.kill()
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the run and wait for its processes (the app is closing)."""
         a = self.active
         if a is None:
             return
-        a.tree.stop(timeout_s * (2 if a.nproc > 1 else 1))
+        if a.job is None:
+            a.stop_early = True
+            concurrent.futures.wait([a.preparing], timeout=timeout_s)
+            if a.preparing.done():
+                self._launch_prepared(a)  # (stopped early: it finishes without starting anything)
+            else:
+                self._finish(a, None)
+            return
+        a.job.tree.stop(timeout_s)
         self.poll()
 
     # ----- watching ---------------------------------------------------------------
@@ -219,8 +240,12 @@ class RunController(QObject):
         if a is None:
             self._timer.stop()
             return
+        if a.job is None:
+            if a.preparing is not None and a.preparing.done():
+                self._launch_prepared(a)
+            return
         self._read_metrics(a)
-        code = a.tree.poll()  # None until the CLI and every process of the run are gone
+        code = a.job.poll()  # None until the launcher and every process of the run are gone
         if code is None:
             return
         self._read_metrics(a)
@@ -257,52 +282,44 @@ class RunController(QObject):
         self.records.emit(str(a.run_dir), recs)
         self.progress.emit(str(a.run_dir), a.step, a.total_steps or 0, a.eta)
 
-    def _finish(self, a: ActiveRun, code: int) -> None:
+    def _finish(self, a: ActiveRun, code: int | None) -> None:
+        """code: the launcher's exit code; None when nothing was started (stopped while
+        the folder was prepared)."""
         self._timer.stop()
         self.active = None
-        if a.snapshot is not None:
-            try:
-                a.snapshot.unlink()
-            except OSError:
-                pass
         st = RunStatus.read(a.run_dir)
         state = st.state if st is not None else None
         if state not in FINAL_STATES:
             state = "cancelled" if a.stop_requested else ("succeeded" if code == 0 else "failed")
+        if code is None and not a.resume:
+            self._discard(a.run_dir)  # prepared, never run: nothing to keep
         if state == "failed":
             report = failure_report(a.run_dir, self.node_ids)
-            report["message"] = self._last_error_line(a.run_dir) or f"the training process exited with code {code}"
+            report["message"] = (st.error if st is not None else None) or \
+                (a.job.describe_failure() if a.job is not None else f"the training process exited with code {code}")
             report["code"] = code
-            if not is_run_dir(a.run_dir):
-                # The CLI refused before the folder became a run (e.g. the data does not
-                # fit the diagram): keep nothing but tell the user why.
-                report.setdefault("traceback", None)
-                report["traceback"] = report["traceback"] or self._launcher_text(a.run_dir)
-                self._remove_empty(a.run_dir)
             self.failed.emit(str(a.run_dir), report)
         self.finished.emit(str(a.run_dir), state)
 
+    def _refused(self, a: ActiveRun, exc: BaseException) -> None:
+        """The preparation said no (a diagram that does not fit its data, a bad placement):
+        a failed run whose message is the reason; the folder it began is removed."""
+        self._timer.stop()
+        self.active = None
+        known = isinstance(exc, (LayerflowError, ValueError, OSError))
+        message = str(exc) if known else f"{type(exc).__name__}: {exc}"
+        named = [n for n in self.node_ids if f"node '{n}'" in message]
+        report = {"rank": None, "node": named[0] if named else None, "log": None, "code": None, "message": message,
+                  "traceback": None if known else "".join(traceback.format_exception(exc))}
+        if not a.resume:
+            self._discard(a.run_dir)
+        self.failed.emit(str(a.run_dir), report)
+        self.finished.emit(str(a.run_dir), "failed")
+
     @staticmethod
-    def _launcher_text(run_dir: Path) -> str:
-        try:
-            return (run_dir / "logs" / "launcher.log").read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def _last_error_line(self, run_dir: Path) -> str | None:
-        """The CLI's `error: ...` message (it may go on over several lines)."""
-        lines = self._launcher_text(run_dir).splitlines()
-        for i in range(len(lines) - 1, -1, -1):
-            if lines[i].startswith("error:"):
-                rest = [ln for ln in lines[i + 1:] if ln.startswith((" ", "\t"))]
-                return "\n".join([lines[i][len("error:"):].strip(), *rest])
-        return None
-
-    @staticmethod
-    def _remove_empty(run_dir: Path) -> None:
-        import shutil
-
-        if run_dir.is_dir() and not is_run_dir(run_dir) and {p.name for p in run_dir.iterdir()} <= {"logs"}:
+    def _discard(run_dir: Path) -> None:
+        """Remove a folder this controller began that holds no run's results (nothing ran in it)."""
+        if run_dir.is_dir() and not (run_dir / "status.json").exists() and not (run_dir / "metrics.jsonl").exists():
             shutil.rmtree(run_dir, ignore_errors=True)
 
     def eta_text(self) -> str:

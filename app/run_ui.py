@@ -145,8 +145,7 @@ class RunUI(QObject):
                 self._message(f"Cannot run: {blocker}")
                 return None
         try:
-            run_dir = self.controller.start(self.window.project, nproc=nproc, steps=steps,
-                                            unsaved=self.window.is_dirty())
+            run_dir = self.controller.start(self.window.project, nproc=nproc, steps=steps)
         except (OSError, RuntimeError, ValueError) as exc:
             self._message(f"Cannot start the run: {exc}")
             return None

@@ -81,9 +81,11 @@ def test_run_from_the_toolbar_stop_and_resume(qtbot, open_window, project_path):
     ui.toolbar.run_action.trigger()
     assert ui.controller.running and not ui.toolbar.run_action.isEnabled()
     active = ui.controller.active
-    run_dir, pgid = active.run_dir, active.pgid
+    run_dir = active.run_dir
     assert run_dir.parent == project_path.parent / "runs"
-    assert active.command[2:4] == ["train", str(project_path)]
+    qtbot.waitUntil(lambda: active.job is not None, timeout=60_000)  # prepared in the background, then launched
+    pgid = active.pgid
+    assert active.command[-3:-1] == ["-m", "engine.runtime.train"] and active.command[-1] == str(run_dir)
 
     qtbot.waitUntil(lambda: loss_points(ui, run_dir) >= 3, timeout=120_000)
     assert ui.progress.isVisible() and ui.progress.format().startswith("step ")
@@ -101,7 +103,9 @@ def test_run_from_the_toolbar_stop_and_resume(qtbot, open_window, project_path):
     stopped_at = s.step
     ui.toolbar.resume_action.trigger()
     assert ui.controller.running and ui.controller.active.resume
+    qtbot.waitUntil(lambda: ui.controller.active.job is not None, timeout=60_000)
     pgid2 = ui.controller.active.pgid
+    assert ui.controller.active.command[-1] == "--resume"
     qtbot.waitUntil(lambda: any(r.get("step", 0) > stopped_at for r in ui.dashboard.records(str(run_dir))),
                     timeout=120_000)
     ui.stop()
@@ -119,10 +123,11 @@ def test_two_process_run_from_the_toolbar_then_stop(qtbot, open_window, project_
     ui.toolbar.procs.setValue(2)
     ui.toolbar.run_action.trigger()
     active = ui.controller.active
+    qtbot.waitUntil(lambda: active.job is not None, timeout=60_000)
     run_dir, pgid = active.run_dir, active.pgid
-    assert active.command[-2:] == ["--nproc", "2"]
+    assert "torch.distributed.run" in active.command and "--nproc-per-node=2" in active.command
     qtbot.waitUntil(lambda: loss_points(ui, run_dir) >= 2, timeout=150_000)
-    workers = [p for p in active.seen if p in processes_mentioning(str(run_dir))]
+    workers = [p for p in [active.job.pid, *active.seen] if p in processes_mentioning(str(run_dir))]
     assert len(workers) >= 3  # torchrun and its two ranks
     ui.toolbar.stop_action.trigger()
     qtbot.waitUntil(lambda: not ui.controller.running, timeout=90_000)
@@ -215,6 +220,19 @@ def test_a_failed_run_names_the_node(qtbot, open_window, project_path):
     show[0].click()
     assert w.scene.selected_ids() == ["fc2"]
     assert ui.notifications[-1].startswith(f"Run {rd.name} failed")
+
+
+def test_stop_while_the_run_is_prepared_starts_nothing_and_leaves_no_folder(qtbot, open_window, project_path):
+    w = open_window(project_path)
+    ui = w.run_ui
+    run_dir = ui.run()
+    assert ui.controller.running and ui.controller.active.job is None  # its folder is being prepared
+    ui.stop()
+    with qtbot.waitSignal(ui.controller.finished, timeout=60_000) as sig:
+        pass
+    assert sig.args == [str(run_dir), "cancelled"] and not ui.controller.running
+    assert not run_dir.exists() and processes_mentioning(str(run_dir)) == []
+    assert ui.toolbar.run_action.isEnabled()
 
 
 def test_a_project_the_cli_refuses_leaves_no_folder_and_says_why(qtbot, open_window, project_path):

@@ -161,17 +161,27 @@ def test_weights_outside_the_project_folder_need_consent(tmp_path):
 
 
 def test_the_apps_runs_carry_its_consent_and_no_more(tmp_path):
-    """The GUI runs the CLI on a snapshot: what the user drew may run there (--trust-once,
-    remembered nowhere); what they refused on open may not."""
-    from app.run_controller import RunController
+    """The GUI prepares its runs in its own process (layerflow/_prepare.py, as the CLI and
+    the API do): what the user drew may run (the window's interactive consent,
+    remembered nowhere); what they refused on open may not; a CLI process, nothing
+    without consent."""
     from engine import trust
+    from engine.errors import LayerflowError
     from engine.project import load_project
+    from layerflow._prepare import prepare_training
 
     mine = _project(tmp_path, {"act": {"path": "tests.engine.interop_models:Swish"}}, "mine.lflow")
-    assert RunController._consent(load_project(mine)) == []  # a CLI process: nothing without consent
+    p = load_project(mine)
+    p.training = p.training.model_validate({**p.training.model_dump(), "dataset": {
+        "kind": "synthetic_regression", "n_samples": 256, "n_features": 4, "n_targets": 4}})
+    save_project(p, mine)  # data that fits the diagram: only consent stands in the way
+    with pytest.raises(LayerflowError, match="node 'act' \\(Custom\\)"):
+        prepare_training(load_project(mine), steps=1, out=tmp_path / "r0")
     trust.interactive()
-    assert RunController._consent(load_project(mine)) == ["--trust-once"]
+    prep = prepare_training(load_project(mine), steps=1, out=tmp_path / "r1")
+    assert (prep.run_dir / "run.json").is_file()
     trust.refuse(["tests.engine.interop_models:Swish"])
-    assert RunController._consent(load_project(mine)) == []
+    with pytest.raises(LayerflowError, match="node 'act' \\(Custom\\)"):
+        prepare_training(load_project(mine), steps=1, out=tmp_path / "r2")
     assert main(["validate", str(mine), "--trust-once"]) == 0
     assert not (tmp_path / "config" / "trust.json").exists()  # once: not remembered
