@@ -11,6 +11,7 @@ and error messages all speak of the same names.
 from __future__ import annotations
 
 import copy
+import heapq
 import keyword
 import math
 import re
@@ -297,23 +298,27 @@ class Graph:
         return None
 
     def topo_order(self) -> list[str]:
-        """Kahn's algorithm; ties broken by insertion order so the order is stable."""
+        """Kahn's algorithm, always taking the ready node added first (a heap on insertion
+        rank): the order is stable, and the runtime builds modules in it, so a seed gives
+        the same weights. (graphlib's TopologicalSorter hands out ready nodes in batches,
+        with no such tie-break.)"""
         indeg = {n: 0 for n in self.nodes}
+        succ: dict[str, list[str]] = {}  # successors(n) for every n at once, in edge order
         for e in self.edges:
+            succ.setdefault(e.src, []).append(e.dst)
             if e.dst in indeg and e.src in indeg:
                 indeg[e.dst] += 1
-        ready = [n for n in self.nodes if indeg[n] == 0]
-        order: list[str] = []
         rank = {n: i for i, n in enumerate(self.nodes)}
+        ready = [(rank[n], n) for n in self.nodes if indeg[n] == 0]  # (already a heap: ranks ascend)
+        order: list[str] = []
         while ready:
-            ready.sort(key=rank.__getitem__)
-            n = ready.pop(0)
+            _, n = heapq.heappop(ready)
             order.append(n)
-            for s in self.successors(n):
+            for s in succ.get(n, ()):
                 if s in indeg:
                     indeg[s] -= 1
                     if indeg[s] == 0:
-                        ready.append(s)
+                        heapq.heappush(ready, (rank[s], s))
         if len(order) != len(self.nodes):
             raise CycleError(self.find_cycle() or [])
         return order
