@@ -102,6 +102,12 @@ class Run:
                 raise TimeoutError(f"run {self.name} still going after {timeout} s")
             time.sleep(poll_s)
 
+    def logs(self, name: str = "rank0.log") -> str:
+        """A log of the run so far: rank<N>.log, or launcher.log (torchrun's, or the trainer's
+        own output); what Job.logs gives for a cluster job."""
+        path = self.dir / "logs" / Path(name).name
+        return path.read_text(errors="replace") if path.exists() else ""
+
     def losses(self) -> list[tuple[int, float]]:
         """(step, training loss) of every logged step so far."""
         return [(r["step"], r["loss"]) for r in read_metrics(self.dir / "metrics.jsonl") if "loss" in r]

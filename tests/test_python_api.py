@@ -137,6 +137,7 @@ def test_a_run_is_followed_cancelled_and_resumed(tmp_path):
     assert st.state == "cancelled" and 1 <= st.step < 100_000 and not run.running
     assert run._job.poll() is not None  # the trainer's process is gone
     assert (run.dir / "checkpoints").is_dir()  # a cancelled run checkpoints where it stopped
+    assert f"cancelled at step {st.step}" in run.logs()  # rank0.log, as Job.logs reads a cluster job's
     more = run.resume(steps=st.step + 5)
     assert more.wait(timeout=300).state == "succeeded"
     steps = [s for s, _ in more.losses()]
