@@ -111,7 +111,10 @@ def apply(plan, project, runs_dir: str | Path | None = None) -> dict | None:
     """Correct a plan's predicted step time by the calibration `find` gives (in place)."""
     if plan.predicted is None:
         return None
-    cal = find(project, plan.doc, runs_dir)
+    r = plan.run  # (what find reads of it: not the whole document, which lists every rank)
+    cal = find(project, {"pp": r.pp, "dp": r.dp, "tp": r.tp, "schedule": r.schedule, "microbatches": r.microbatches,
+                         "data_parallel": r.data_parallel, "mixed_precision": r.mixed_precision,
+                         "device": {"name": plan.device.name}, "world": plan.world}, runs_dir)
     if cal is not None:
         plan.calibration = cal
         plan.predicted.calibrated_step_s = plan.predicted.step_s * cal["ratio"]

@@ -126,9 +126,15 @@ def communication(compiled: CompileResult, stages: list[list[str]], stage: dict[
                               if ent.style == "sequence" else 0)
     # data parallel: gradient sync per stage
     if dp > 1:
+        sharded, whole = [0] * pp, [0] * pp  # per stage: the dp shards' parameters, one replica's
+        for x in loads:
+            if x.tp_rank == 0:
+                sharded[x.stage] += x.params
+                if x.dp_rank == 0:
+                    whole[x.stage] += x.params
         for s in range(pp):
             if data_parallel == "fsdp":
-                nb = sum(x.params for x in loads if x.stage == s and x.tp_rank == 0) * FLOAT_BYTES
+                nb = sharded[s] * FLOAT_BYTES
                 gathers = (2 if reshard_after_forward else 1) * (m if pp > 1 and reshard_after_forward else 1)
                 comms.append(Comm("all-gather", f"stage {s} parameters", "dp", dp, gathers, gathers * nb,
                                   "FSDP2: Shard(0) -> Replicate() before forward" +
@@ -136,8 +142,7 @@ def communication(compiled: CompileResult, stages: list[list[str]], stage: dict[
                 comms.append(Comm("reduce-scatter", f"stage {s} gradients", "dp", dp, 1, nb,
                                   "FSDP2: gradients Partial() -> Shard(0)"))
             else:
-                full = sum(x.params for x in loads if x.stage == s and x.dp_rank == 0 and x.tp_rank == 0)
-                comms.append(Comm("all-reduce", f"stage {s} gradients", "dp", dp, 1, full * FLOAT_BYTES,
+                comms.append(Comm("all-reduce", f"stage {s} gradients", "dp", dp, 1, whole[s] * FLOAT_BYTES,
                                   "DDP: gradients Partial() -> Replicate() (bucketed, overlapped with backward)"))
     return comms
 

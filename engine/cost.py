@@ -403,8 +403,10 @@ def rank_loads(compiled, stages: list[list[str]], styles: dict[str, str], layout
 def predict(loads: list[RankLoad], comm_s: float, microbatches: int, device: DeviceSpec, pp: int,
             stages_per_rank: int = 1) -> Prediction:
     """The step time (step_time over each pipeline rank's FLOPs and optimizer state) and the peak memory."""
-    stage_flops = [max((x.flops_per_step for x in loads if x.stage == s), default=0.0) for s in range(pp)]
-    state = [max((x.memory.state_bytes for x in loads if x.stage == s), default=0) for s in range(pp)]
+    stage_flops, state = [0.0] * pp, [0] * pp  # per pipeline rank: the most any of its ranks does and holds
+    for x in loads:
+        stage_flops[x.stage] = max(stage_flops[x.stage], x.flops_per_step)
+        state[x.stage] = max(state[x.stage], x.memory.state_bytes)
     t = step_time(stage_flops, microbatches, device, comm_s, stages_per_rank, state_bytes=state)
     return Prediction(t["step_s"], t["compute_s"], t["update_s"], t["comm_s"],
                       max((x.memory.total_bytes for x in loads), default=0))
