@@ -478,7 +478,7 @@ class EditorController(QObject):
             return []
         self.push(C.AddSubgraph(self.graph, {"nodes": paste.nodes, "edges": paste.edges}, text))
         if paste.collapsed:  # a copy of a collapsed block arrives collapsed, like the original
-            self.scene.collapsed |= paste.collapsed
+            self.scene.collapsed = self.scene.collapsed | paste.collapsed  # (a new set: set_collapsed sees the change)
             self.scene.apply_collapse()
         self.scene.select_nodes(paste.ids)
         return paste.ids

@@ -173,7 +173,7 @@ class RunController(QObject):
         except (OSError, ValueError) as exc:
             self._refused(a, exc)
             return
-        a.job.tree.grace_s = self.grace_s
+        a.job.tree.grace_s = self._grace(a)
 
     def launch(self, run_dir: Path, cmd: list[str], *, nproc: int = 1, resume: bool = False) -> Path:
         """Follow a command that trains `run_dir` (a prepared folder) as this controller's
@@ -206,8 +206,8 @@ class RunController(QObject):
             return
         if a.job is None:
             a.stop_early = True
-        else:
-            a.job.tree.request_stop(self.grace_s)
+        else:  # several ranks stop at an agreed log step, then write their checkpoint together: more time
+            a.job.tree.request_stop(self._grace(a))
 
     def kill(self) -> None:
         """SIGKILL to the run's group, every descendant seen and every group they lead."""
@@ -228,11 +228,17 @@ class RunController(QObject):
             concurrent.futures.wait([a.preparing], timeout=timeout_s)
             if a.preparing.done():
                 self._launch_prepared(a)  # (stopped early: it finishes without starting anything)
-            else:
-                self._finish(a, None)
+            else:  # still writing the folder: it is removed once the worker is done with it
+                if not a.resume:
+                    run_dir = a.run_dir
+                    a.preparing.add_done_callback(lambda _f: RunController._discard(run_dir))
+                self._finish(a, None, discard=False)
             return
-        a.job.tree.stop(timeout_s)
+        a.job.tree.stop(timeout_s * (2 if a.nproc > 1 else 1))
         self.poll()
+
+    def _grace(self, a: ActiveRun) -> float:
+        return self.grace_s * (2 if a.nproc > 1 else 1)
 
     # ----- watching ---------------------------------------------------------------
     def poll(self) -> None:
@@ -282,16 +288,17 @@ class RunController(QObject):
         self.records.emit(str(a.run_dir), recs)
         self.progress.emit(str(a.run_dir), a.step, a.total_steps or 0, a.eta)
 
-    def _finish(self, a: ActiveRun, code: int | None) -> None:
+    def _finish(self, a: ActiveRun, code: int | None, *, discard: bool = True) -> None:
         """code: the launcher's exit code; None when nothing was started (stopped while
-        the folder was prepared)."""
+        the folder was prepared: a new run's folder is then removed, unless `discard` is
+        false)."""
         self._timer.stop()
         self.active = None
         st = RunStatus.read(a.run_dir)
         state = st.state if st is not None else None
         if state not in FINAL_STATES:
             state = "cancelled" if a.stop_requested else ("succeeded" if code == 0 else "failed")
-        if code is None and not a.resume:
+        if code is None and not a.resume and discard:
             self._discard(a.run_dir)  # prepared, never run: nothing to keep
         if state == "failed":
             report = failure_report(a.run_dir, self.node_ids)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -331,6 +332,7 @@ def _check_ties(ties: dict[str, str], infos: dict[str, NodeInfo], errors: list[C
 # after every edit, and an edit changes one node, so the other nodes come from here.
 _META_CACHE: "OrderedDict[tuple, tuple[tuple[int, ...], torch.dtype, int, int]]" = OrderedDict()
 _META_CACHE_SIZE = 4096
+_META_LOCK = threading.Lock()
 
 
 def _run_meta(ntype: str, params: dict, args: list[torch.Tensor]) -> tuple[Any, int, int]:
@@ -339,15 +341,21 @@ def _run_meta(ntype: str, params: dict, args: list[torch.Tensor]) -> tuple[Any, 
         key = (ntype, json.dumps(params, sort_keys=True), tuple((tuple(a.shape), a.dtype) for a in args))
     except (TypeError, ValueError):
         key = None
-    if key is not None and key in _META_CACHE:
-        _META_CACHE.move_to_end(key)
-        shape, dtype, n_params, flops = _META_CACHE[key]
+    hit = None
+    if key is not None:
+        with _META_LOCK:  # (the editor compiles in the GUI thread while a run is prepared in another)
+            hit = _META_CACHE.get(key)
+            if hit is not None:
+                _META_CACHE.move_to_end(key)
+    if hit is not None:
+        shape, dtype, n_params, flops = hit
         return torch.empty(shape, dtype=dtype, device="meta"), n_params, flops
     y, n_params, flops = _forward_meta(ntype, params, args)
     if key is not None and isinstance(y, torch.Tensor):
-        _META_CACHE[key] = (tuple(y.shape), y.dtype, n_params, flops)
-        if len(_META_CACHE) > _META_CACHE_SIZE:
-            _META_CACHE.popitem(last=False)
+        with _META_LOCK:
+            _META_CACHE[key] = (tuple(y.shape), y.dtype, n_params, flops)
+            if len(_META_CACHE) > _META_CACHE_SIZE:
+                _META_CACHE.popitem(last=False)
     return y, n_params, flops
 
 

@@ -14,6 +14,7 @@ import functools
 import json
 import math
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -163,7 +164,7 @@ def cpu_calibration(threads: int) -> dict:
         new = {k: max(float(old[k]), new[k]) for k in FIGURES}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # (a thread of its own too)
         tmp.write_text(json.dumps({**known, key: {**new, "samples": (old or {}).get("samples", 0) + 1}}, indent=1))
         os.replace(tmp, path)  # atomic: test workers may calibrate at the same time
     except OSError:

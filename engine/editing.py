@@ -117,7 +117,8 @@ def insert_paste(graph: Graph, paste: Paste) -> None:
         graph.insert_node(Node.from_dict(d))
     for e in paste.edges:
         graph.add_edge_unchecked(Edge.from_dict(e))
-    graph.collapsed |= paste.collapsed
+    if paste.collapsed:  # (a copy of a collapsed block arrives collapsed: an event, as every write)
+        graph.set_collapsed(graph.collapsed | paste.collapsed)
 
 
 # ----- blocks ----------------------------------------------------------------------------

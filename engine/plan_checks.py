@@ -13,8 +13,7 @@ from engine.layers import get_layer
 from engine.units import gib
 
 
-def check_placement(placement: dict, *, microbatches: int, batch_size: int, nproc: int,
-                    grad_accumulation: int = 1) -> list[str]:
+def check_placement(placement: dict, *, microbatches: int, batch_size: int, nproc: int) -> list[str]:
     """pp*dp*tp against the processes, the schedule's micro-batches, DDP beside TP, the batch's split."""
     pp, dp, tp = int(placement["pp"]), int(placement["dp"]), int(placement["tp"])
     world, m, B = pp * dp * tp, microbatches, batch_size
@@ -33,10 +32,25 @@ def check_placement(placement: dict, *, microbatches: int, batch_size: int, npro
         good = (B // (dp * m) + 1) * dp * m
         errors.append(f"training.batch_size {B} is not divisible by dp={dp} x microbatches={m} = {dp * m}; "
                       f"set batch_size to a multiple of {dp * m} (e.g. {good}) or change dp/microbatches")
-    if grad_accumulation > 1 and world > 1:
-        errors.append(f"training.grad_accumulation {grad_accumulation} runs in one process only, but the plan uses "
-                      f"{world} processes; set it to 1 (a pipeline cuts the batch into placement.microbatches itself)")
     return errors
+
+
+def check_accumulation(placement: dict, grad_accumulation: int) -> list[str]:
+    world = int(placement["pp"]) * int(placement["dp"]) * int(placement["tp"])
+    if grad_accumulation > 1 and world > 1:
+        return [f"training.grad_accumulation {grad_accumulation} runs in one process only, but the plan uses "
+                f"{world} processes; set it to 1 (a pipeline cuts the batch into placement.microbatches itself)"]
+    return []
+
+
+def generic_op_warnings(compiled: CompileResult, tp: int) -> list[str]:
+    graph = compiled.graph
+    generic = [n for n in compiled.order if graph.nodes[n].type == "Op"]
+    if tp > 1 and generic:
+        return [f"{len(generic)} generic Op node(s) ({', '.join(generic[:5])}{', ...' if len(generic) > 5 else ''}) "
+                f"run replicated on every tensor-parallel rank: the planner does not split ATen calls it has no "
+                f"rule for (their inputs are gathered first)"]
+    return []
 
 
 def batch_warnings(compiled: CompileResult, placement: dict, *, microbatches: int, batch_size: int) -> list[str]:
@@ -89,4 +103,5 @@ def schedule_warnings(placement: dict, microbatches: int) -> list[str]:
     return []
 
 
-__all__ = ["check_placement", "batch_warnings", "check_memory", "schedule_warnings"]
+__all__ = ["check_placement", "check_accumulation", "batch_warnings", "generic_op_warnings", "check_memory",
+           "schedule_warnings"]

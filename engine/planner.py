@@ -35,7 +35,8 @@ from engine.compile import CompileError, CompileResult, compile_graph
 from engine.cost import (DeviceSpec, Prediction, RankLoad, chunk_len, comm_time, local_cpu,  # noqa: F401  (chunk_len too)
                          optimizer_slots, predict, rank_loads, bubble_fraction)
 from engine.partition import cut_stages, mesh_ranks, microbatches_for
-from engine.plan_checks import batch_warnings, check_memory, check_placement, schedule_warnings
+from engine.plan_checks import (batch_warnings, check_accumulation, check_memory, check_placement, generic_op_warnings,
+                                schedule_warnings)
 from engine.project import Project
 from engine.runtime.plan import PLAN_VERSION, Layout, RunPlan
 from engine.tp_layout import lay_out_tp, tp_layouts  # noqa: F401  (tp_layouts: this module's API too)
@@ -151,12 +152,12 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
     graph, training = compiled.graph, project.training
     B, opt = training.batch_size, training.optimizer
     m = microbatches_for(pl, B)
-    errors = check_placement(pl, microbatches=m, batch_size=B, nproc=nproc, grad_accumulation=training.grad_accumulation)
+    errors = check_placement(pl, microbatches=m, batch_size=B, nproc=nproc)
     cut = cut_stages(compiled, pl, m, B, device, optimizer_slots(opt.name, opt.momentum), stages)
-    errors += cut.errors
+    errors += cut.errors + check_accumulation(pl, training.grad_accumulation)
     tpl = lay_out_tp(compiled, tp, cut.stage_of, styles)
     errors += tpl.errors
-    warnings = tpl.warnings + batch_warnings(compiled, pl, microbatches=m, batch_size=B)
+    warnings = tpl.warnings + batch_warnings(compiled, pl, microbatches=m, batch_size=B) + generic_op_warnings(compiled, tp)
     compute = [n for n in compiled.order if graph.nodes[n].type not in ("Input", "Output")]
     ckpt = [n for n in compute if graph.nodes[n].checkpoint]
     loads = rank_loads(compiled, cut.stages, tpl.styles, tpl.layout, pp=pp, dp=dp, tp=tp, microbatches=m,

@@ -68,11 +68,6 @@ def lay_out_tp(compiled: CompileResult, tp: int, stage: dict[str, int],
         out.warnings.append(f"placement.tp={tp} splits no layer: every tp rank holds and computes the whole model; "
                             f"set nodes' tp style (colwise then rowwise Linear pairs, attention by heads) or leave "
                             f"them on auto with sizes that tp divides, or lower placement.tp to 1")
-    generic = [n for n in compute if graph.nodes[n].type == "Op"]
-    if tp > 1 and generic:
-        out.warnings.append(f"{len(generic)} generic Op node(s) ({', '.join(generic[:5])}"
-                            f"{', ...' if len(generic) > 5 else ''}) run replicated on every tensor-parallel rank: "
-                            f"the planner does not split ATen calls it has no rule for (their inputs are gathered first)")
     return out
 
 

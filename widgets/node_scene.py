@@ -1215,7 +1215,10 @@ class NodeScene(QGraphicsScene):
         """Show or hide block members, internal edges and cards per self.collapsed."""
         if self._defer:
             return  # deferred() applies it once at its end
-        self.collapsed &= set(self.group_items)
+        # names of blocks that no longer exist carry no state anyone sees: dropped in place,
+        # with no event (the saved file never lists them: Graph.to_dict writes live blocks only)
+        if self.graph is not None:
+            self.graph.collapsed.intersection_update(self.group_items)
         self._outer = None
         self._outer = {nid: self._collapsed_group(nid) for nid in self.node_items}  # one lookup per node
         for item in sorted(self.group_items.values(), key=lambda i: -i.depth):  # inner blocks first

@@ -461,7 +461,10 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
             if stop_now:  # (distributed: agreed by every rank, at the same log step)
                 checkpoint(step)
                 state_name = "cancelled"
-                log(f"cancelled at step {step}: checkpoint step_{step}")
+                try:
+                    log(f"cancelled at step {step}: checkpoint step_{step}")
+                except OSError:
+                    pass  # (a full disk: status.json still says it)
                 break
             next_log = next_log_step(step, start, fixed, step_s)
             loss_sum, last_log, t_last = None, step, time.perf_counter()

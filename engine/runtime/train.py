@@ -101,11 +101,17 @@ class Trainer:
         return self.opt.param_groups[0]["lr"]
 
     def save_checkpoint(self, path: Path, extra: dict) -> None:
-        """The one checkpoint format, the distributed trainer's (DCP): any layout resumes it."""
+        """The one checkpoint format, the distributed trainer's (DCP): any layout resumes it.
+        (A torch built without torch.distributed has no DCP: state.pt, which load reads too.)"""
+        state = {"scheduler": self.sched.state_dict(), "rng": rng_state(), **extra}
+        if not torch.distributed.is_available():
+            path.mkdir(parents=True, exist_ok=True)
+            save_tensors({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), **state},
+                         path / "state.pt")
+            return
         from .dist_checkpoint import save
 
-        save(path, self.model, self.opt, {"scheduler": self.sched.state_dict(), "rng": rng_state(), **extra},
-             write_extra=True)
+        save(path, self.model, self.opt, state, write_extra=True)
 
     def load_checkpoint(self, path: Path) -> dict:
         if (path / ".metadata").exists():  # DCP: this trainer's, or the distributed one's (any layout)

@@ -235,6 +235,18 @@ def test_stop_while_the_run_is_prepared_starts_nothing_and_leaves_no_folder(qtbo
     assert ui.toolbar.run_action.isEnabled()
 
 
+def test_closing_while_a_run_is_prepared_leaves_no_folder(qtbot, open_window, project_path):
+    w = open_window(project_path)
+    ui = w.run_ui
+    run_dir = ui.run()
+    preparing = ui.controller.active.preparing
+    ui.controller.shutdown(timeout_s=0)  # the app closes at once; the worker is still writing the folder
+    assert not ui.controller.running
+    preparing.result(timeout=60)
+    qtbot.waitUntil(lambda: not run_dir.exists(), timeout=10_000)  # removed once the worker was done with it
+    assert processes_mentioning(str(run_dir)) == []
+
+
 def test_a_project_the_cli_refuses_leaves_no_folder_and_says_why(qtbot, open_window, project_path):
     w = open_window(project_path)
     ui = w.run_ui
