@@ -16,10 +16,9 @@ import re
 import shutil
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
-from engine.runtime.records import ENDED_STATES, RunStatus
+from engine.runtime.records import ENDED_STATES, RunStatus, epoch_seconds
 from engine.tail import read_metrics
 
 RUNS_DIRNAME = "runs"
@@ -60,20 +59,6 @@ def runs_dir(project_dir: str | os.PathLike) -> Path:
 def is_run_dir(path: str | os.PathLike) -> bool:
     p = Path(path)
     return p.is_dir() and any((p / m).is_file() for m in RUN_MARKERS)
-
-
-def _timestamp(value) -> float | None:
-    """status.json times may be epoch seconds or ISO-8601 strings."""
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, str):
-        try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            return None
-    return None
 
 
 def _read_json(path: Path) -> dict:
@@ -156,7 +141,7 @@ def summarize_run(path: str | os.PathLike, records: list[dict] | None = None) ->
     total = total if isinstance(total, int) and not isinstance(total, bool) else None
     started, ended = status.started, status.ended
     if started is None:
-        started = _timestamp(info.get("created"))
+        started = epoch_seconds(info.get("created"))
     if started is not None:
         end = ended if ended is not None else (time.time() if state == "running" else None)
         duration = end - started if end is not None else None

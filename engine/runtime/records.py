@@ -32,7 +32,8 @@ def _int(v) -> int | None:
     return v if type(v) is int else None
 
 
-def _time(v) -> float | None:
+def epoch_seconds(v) -> float | None:
+    """A time as run folders hold it (epoch seconds, or ISO-8601 text) in epoch seconds."""
     if isinstance(v, bool) or v is None:
         return None
     if isinstance(v, (int, float)):
@@ -83,7 +84,8 @@ class RunStatus:
         known = {f.name for f in fields(cls)} - {"extra"}
         return cls(state=d["state"] if isinstance(d.get("state"), str) else "pending",
                    step=_int(d.get("step")) or 0, total_steps=_int(d.get("total_steps")), pid=_int(d.get("pid")),
-                   started=_time(d.get("started")), ended=_time(d.get("ended")), error=_text(d.get("error")),
+                   started=epoch_seconds(d.get("started")), ended=epoch_seconds(d.get("ended")),
+                   error=_text(d.get("error")),
                    failed_rank=_int(d.get("failed_rank")), failure=_text(d.get("failure")),
                    peer_error=_text(d.get("peer_error")), extra={k: v for k, v in d.items() if k not in known})
 
@@ -132,4 +134,4 @@ class RankError:
             return None
 
 
-__all__ = ["RunStatus", "RankError", "FINAL_STATES", "STATES", "ENDED_STATES", "RESUMABLE_STATES"]
+__all__ = ["RunStatus", "RankError", "epoch_seconds", "FINAL_STATES", "STATES", "ENDED_STATES", "RESUMABLE_STATES"]
