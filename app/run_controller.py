@@ -34,8 +34,6 @@ from remote.launch_local import LocalJob, launch_local
 from remote.procs import group_pids  # noqa: F401  (used by tests)
 from widgets.runs_panel import fmt_duration
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def _fmt_eta(seconds: float) -> str:
     if not math.isfinite(seconds) or seconds < 0:
@@ -63,10 +61,6 @@ class ActiveRun:
     # A resumed run first cuts metrics.jsonl back to its checkpoint; until then the
     # file still holds lines that will disappear, so reading waits (see _read_metrics).
     tail_ready: bool = True
-
-    @property
-    def tree(self) -> procs.ProcessTree | None:
-        return self.job.tree if self.job is not None else None
 
     @property
     def command(self) -> list[str]:
@@ -147,12 +141,15 @@ class RunController(QObject):
 
     def _begin(self, run_dir: Path, nproc: int, prepare, *, resume: bool = False) -> Path:
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        self.active = ActiveRun(run_dir=run_dir, nproc=nproc, resume=resume, launched_at=time.time(),
-                                tail=MetricsTail(run_dir / "metrics.jsonl"), tail_ready=not resume)
-        self.active.preparing = self._pool.submit(prepare)
+        return self._follow(ActiveRun(run_dir=run_dir, nproc=nproc, resume=resume,
+                                      preparing=self._pool.submit(prepare)))
+
+    def _follow(self, a: ActiveRun) -> Path:
+        a.launched_at, a.tail, a.tail_ready = time.time(), MetricsTail(a.run_dir / "metrics.jsonl"), not a.resume
+        self.active = a
         self._timer.start()
-        self.started.emit(str(run_dir))
-        return run_dir
+        self.started.emit(str(a.run_dir))
+        return a.run_dir
 
     def _launch_prepared(self, a: ActiveRun) -> None:
         """The folder is ready: start its processes (or say why it could not be made)."""
@@ -175,27 +172,14 @@ class RunController(QObject):
             return
         a.job.tree.grace_s = self._grace(a)
 
-    def launch(self, run_dir: Path, cmd: list[str], *, nproc: int = 1, resume: bool = False) -> Path:
-        """Follow a command that trains `run_dir` (a prepared folder) as this controller's
-        run: what start and resume do once the folder is ready, for any launcher."""
-        import os
-        import subprocess
-
+    def launch(self, run_dir: Path, *, nproc: int = 1, resume: bool = False) -> Path:
+        """Start and follow a run folder prepared elsewhere (what start and resume do once
+        theirs is ready)."""
         self._refuse_if_running()
-        logs = run_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        log_path = logs / "launcher.log"
-        with open(log_path, "ab") as out:
-            proc = subprocess.Popen(cmd, cwd=str(ROOT), env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        job = LocalJob(run_dir, nproc, proc, log_path)
-        job.tree.grace_s = self.grace_s
-        self.active = ActiveRun(run_dir=run_dir, nproc=nproc, resume=resume, job=job, launched_at=time.time(),
-                                tail=MetricsTail(run_dir / "metrics.jsonl"), tail_ready=not resume)
-        self._timer.start()
-        self.started.emit(str(run_dir))
-        return run_dir
+        a = ActiveRun(run_dir=Path(run_dir), nproc=nproc, resume=resume)
+        a.job = launch_local(a.run_dir, nproc, resume=resume)
+        a.job.tree.grace_s = self._grace(a)
+        return self._follow(a)
 
     # ----- stopping ---------------------------------------------------------------
     def stop(self) -> None:
@@ -206,7 +190,7 @@ class RunController(QObject):
             return
         if a.job is None:
             a.stop_early = True
-        else:  # several ranks stop at an agreed log step, then write their checkpoint together: more time
+        else:
             a.job.tree.request_stop(self._grace(a))
 
     def kill(self) -> None:
@@ -234,11 +218,12 @@ class RunController(QObject):
                     a.preparing.add_done_callback(lambda _f: RunController._discard(run_dir))
                 self._finish(a, None, discard=False)
             return
-        a.job.tree.stop(timeout_s * (2 if a.nproc > 1 else 1))
+        a.job.tree.stop(self._grace(a, timeout_s))
         self.poll()
 
-    def _grace(self, a: ActiveRun) -> float:
-        return self.grace_s * (2 if a.nproc > 1 else 1)
+    def _grace(self, a: ActiveRun, base: float | None = None) -> float:
+        """Several ranks stop at an agreed log step, then write their checkpoint together: twice the time."""
+        return (self.grace_s if base is None else base) * (2 if a.nproc > 1 else 1)
 
     # ----- watching ---------------------------------------------------------------
     def poll(self) -> None:

@@ -128,12 +128,7 @@ def megatron_pairs(compiled: CompileResult, tp: int, only: set[str] | None = Non
             styles[n] = "colwise"
         if node.type != "Linear" or n in styles or p.get("out_features", 1) % tp:
             continue
-        cur = n
-        while True:
-            outs = graph.outgoing(cur)
-            if len(outs) != 1:
-                break
-            nxt = outs[0].dst
+        for nxt in single_chain(graph, n):
             t = graph.nodes[nxt].type
             if t == "Linear" and nxt not in styles and free(nxt) and \
                     compiled.nodes[nxt].params.get("in_features", 1) % tp == 0:
@@ -141,8 +136,19 @@ def megatron_pairs(compiled: CompileResult, tp: int, only: set[str] | None = Non
                 break
             if t not in ELEMENTWISE:
                 break
-            cur = nxt
     return styles
+
+
+def single_chain(graph, start: str):
+    """The nodes after `start` while each has one consumer: start -> a -> b -> ... (a
+    Megatron pair is a colwise layer and the rowwise one such a chain reaches)."""
+    cur = start
+    while True:
+        outs = graph.outgoing(cur)
+        if len(outs) != 1:
+            return
+        cur = outs[0].dst
+        yield cur
 
 
 def sequence_norms(compiled: CompileResult, styles: dict[str, str], tp: int) -> dict[str, str]:

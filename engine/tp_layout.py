@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from engine.compile import CompileResult
 from engine.layers import get_layer
-from engine.partition import ELEMENTWISE, auto_tp_styles
+from engine.partition import ELEMENTWISE, auto_tp_styles, single_chain
 from engine.runtime.plan import REPLICATE, Layout, TPEntry, shard
 
 SEQ = shard(1)  # sequence-parallel activations: split on the sequence (dim 1 of [batch, seq, ...])
@@ -137,12 +137,7 @@ def tp_layouts(graph, compiled: CompileResult, styles: dict[str, str], stage: di
     for nid, style in styles.items():
         if style != "colwise" or nodes[nid].type == "MultiheadAttention":
             continue
-        cur = nid
-        while True:
-            outs = graph.outgoing(cur)
-            if len(outs) != 1:
-                break
-            nxt = outs[0].dst
+        for nxt in single_chain(graph, nid):
             if stage.get(nxt) != stage.get(nid) or nxt in seq:
                 break
             if styles.get(nxt) == "rowwise" and nodes[nxt].type == "Linear":
@@ -151,7 +146,6 @@ def tp_layouts(graph, compiled: CompileResult, styles: dict[str, str], stage: di
                 break
             if nodes[nxt].type not in ELEMENTWISE or styles.get(nxt, "replicate") != "replicate":
                 break
-            cur = nxt
 
     # ---- every node's output layout, then the entries the runtime applies ----
     layout: dict[str, Layout] = {}

@@ -265,7 +265,6 @@ class ProcessTree:
         (stop_tree). Returns the launcher's exit code."""
         self.stop_requested = True
         grace = self.grace_s if grace_s is None else grace_s
-        self.kill_at = time.monotonic() + grace
         stop_tree(self.root or self.pid, self.pgid, grace, self.stop_signal, seen=self.seen)
         return self.proc.wait()
 

@@ -461,10 +461,6 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
             if stop_now:  # (distributed: agreed by every rank, at the same log step)
                 checkpoint(step)
                 state_name = "cancelled"
-                try:
-                    log(f"cancelled at step {step}: checkpoint step_{step}")
-                except OSError:
-                    pass  # (a full disk: status.json still says it)
                 break
             next_log = next_log_step(step, start, fixed, step_s)
             loss_sum, last_log, t_last = None, step, time.perf_counter()
@@ -476,10 +472,6 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
         state_name = "cancelled"
         if step > start:
             checkpoint(step)
-        try:
-            log(f"cancelled at step {step}" + (f": checkpoint step_{step}" if step > start else ""))
-        except OSError:
-            pass  # (a full disk: status.json still says it)
     except BaseException as exc:
         state_name, error = "failed", f"{type(exc).__name__}: {exc}"
         full = disk_full(exc)
@@ -493,6 +485,11 @@ def fit(trainer, run_dir: Path, spec: dict, *, resume: bool = False, progress: P
             raise DiskFull(full.errno, error) from exc
         raise
     finally:
+        if state_name == "cancelled":  # (a stop request or Ctrl-C: it checkpointed where it stopped)
+            try:
+                log(f"cancelled at step {step}")
+            except OSError:
+                pass  # a full disk: status.json still says it
         if rank_metrics:
             rank_metrics.close()
         if metrics:

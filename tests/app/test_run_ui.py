@@ -6,7 +6,6 @@ screenshot command with --run."""
 import csv
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -208,7 +207,7 @@ def test_a_failed_run_names_the_node(qtbot, open_window, project_path):
             n["params"]["in_features"] = 5
     (rd / "run.json").write_text(json.dumps(spec))
     ui.controller.node_ids = tuple(project.graph.nodes)
-    ui.controller.launch(rd, [sys.executable, "-m", "engine.runtime.train", str(rd)])
+    ui.controller.launch(rd)  # python -m engine.runtime.train RUN_DIR
     with qtbot.waitSignal(ui.controller.finished, timeout=60_000) as sig:
         pass
     assert sig.args == [str(rd), "failed"]
