@@ -13,7 +13,7 @@ from PySide6.QtGui import QImage, QPainter
 import pyqtgraph as pg
 
 from engine.tail import MetricsTail, read_metrics
-from widgets.dashboard import BLOCK, ConfusionMatrixWidget, Dashboard, _Buffer, ema, envelope
+from widgets.dashboard import BLOCK, ConfusionMatrixWidget, Dashboard, _Buffer, as_thin_lines, ema, envelope
 
 pytestmark = pytest.mark.gui
 
@@ -196,9 +196,18 @@ def test_a_long_series_stays_exact_and_is_drawn_as_its_envelope(dash):
     assert x.dtype == np.float64 and len(x) == n and x[-1] == n - 1 and np.array_equal(y, values)
     c = dash.curve("big", "loss")
     cx, cy = curve_xy(dash, "big", "loss")
-    columns = int(dash.plots["loss"].getPlotItem().vb.width())
-    assert c.opts["connect"] == "pairs" and columns <= len(cx) // 2 <= columns + 40
-    check_envelope(cx, cy, values)
+    vb = dash.plots["loss"].getPlotItem().vb
+    dpr = dash.devicePixelRatioF()
+    columns = int(max(vb.width(), 200) * dpr)  # one per pixel (200 at least)
+    assert c.opts["connect"] == "pairs" and columns <= len(cx) // 4 <= columns + 40
+    # the envelope as two 1-pixel lines, which draw what the 2-pixel pen would
+    assert c.opts["pen"].widthF() == 1 and c.legend_pen.widthF() == 2
+    s = dash._runs["big"].series["loss"]
+    ex, ey = envelope(s.step, s.y, columns)
+    check_envelope(ex, ey, values)
+    (x0, x1), (y0, y1) = vb.viewRange()
+    tx, ty = as_thin_lines(ex, ey, 2, (x1 - x0) / (vb.width() * dpr), (y1 - y0) / (vb.height() * dpr))
+    assert np.array_equal(cx, tx) and np.array_equal(cy, ty)
     assert not c.opts["clipToView"] and not c.opts["autoDownsample"]  # already one segment per pixel
 
     vb = dash.plots["loss"].getPlotItem().vb
@@ -214,7 +223,7 @@ def test_a_long_series_stays_exact_and_is_drawn_as_its_envelope(dash):
 
     dash.auto_range()
     dash.flush()
-    assert c.opts["connect"] == "pairs" and len(curve_xy(dash, "big", "loss")[0]) < 2 * columns + 80
+    assert c.opts["connect"] == "pairs" and len(curve_xy(dash, "big", "loss")[0]) < 4 * columns + 160
 
 
 def check_envelope(cx, cy, values):
@@ -245,10 +254,11 @@ def test_min_max_levels_built_as_values_arrive_equal_a_full_pass(chunks):
         at += k
     assert np.array_equal(b.view(), values)
     assert len(b.levels) >= 2
-    for k, (lo, hi) in enumerate(b.levels):
+    for k, level in enumerate(b.levels):
         size = BLOCK << k
         blocks = values[: len(values) // size * size].reshape(-1, size)
-        assert np.array_equal(lo.view(), blocks.min(axis=1)) and np.array_equal(hi.view(), blocks.max(axis=1))
+        assert np.array_equal(level.lo[:level.n], blocks.min(axis=1))
+        assert np.array_equal(level.hi[:level.n], blocks.max(axis=1))
 
 
 def test_a_buffer_grows_without_copying_everything_at_once():
@@ -311,15 +321,28 @@ def test_the_envelope_draws_what_the_raw_series_draws(qtbot):
         return rows[:, :img.width(), :3].copy()
 
     raw = render(x, y, connect="all")
-    env = render(*envelope(xb, yb, int(pw.getPlotItem().vb.width())), connect="pairs")
-    padded = np.pad(raw, ((1, 1), (1, 1), (0, 0)), mode="edge")
-    near = np.zeros(raw.shape[:2], bool)  # the colour is within a pixel of there in the raw picture
+    vb = pw.getPlotItem().vb
+    env = render(*envelope(xb, yb, int(vb.width())), connect="pairs")
+    # as the dashboard draws it: as two 1-pixel lines
+    curve.setPen(pg.mkPen("#1f77b4", width=1))
+    thin = render(*as_thin_lines(*envelope(xb, yb, int(vb.width())), 2, n / vb.width(), 4.0 / vb.height()),
+                  connect="pairs")
+    drawn = np.any(raw != 255, axis=2).sum()
+    assert drawn > 10_000
+    # 21 pixels of 14,088 here, 14 for the thin lines (drawn as one 1-pixel line, 742;
+    # a column per 2 pixels, 763); and no drawn pixel of the raw picture is missing
+    for picture in (env, thin):
+        assert off(picture, raw) <= 0.005 * drawn and off(raw, picture) <= 0.002 * drawn
+
+
+def off(picture, reference):
+    """Pixels of `picture` whose colour is not within a pixel of there in `reference`."""
+    padded = np.pad(reference, ((1, 1), (1, 1), (0, 0)), mode="edge")
+    near = np.zeros(picture.shape[:2], bool)
     for dy in range(3):
         for dx in range(3):
-            near |= np.all(padded[dy:dy + raw.shape[0], dx:dx + raw.shape[1]] == env, axis=2)
-    drawn = np.any(raw != 255, axis=2).sum()
-    # 21 pixels of 14,088 here; with a column per 2 pixels, 763
-    assert drawn > 10_000 and (~near).sum() <= 0.005 * drawn
+            near |= np.all(padded[dy:dy + picture.shape[0], dx:dx + picture.shape[1]] == picture, axis=2)
+    return (~near).sum()
 
 
 def test_incremental_ema_equals_the_full_recomputation(dash):
@@ -416,7 +439,7 @@ def test_a_large_poll_read_as_columns_equals_reading_it_record_by_record(qtbot):
     assert fast.series_data("r", "loss")[0][0] == 2  # step 1's loss was NaN
     assert fast.records("r") == [r for p in polls for r in p]
     s_fast, s_slow = fast._runs["r"].series["loss"], slow._runs["r"].series["loss"]
-    assert (s_fast.ymin, s_fast.ymax) == (s_slow.ymin, s_slow.ymax)
+    assert (s_fast.y.lo, s_fast.y.hi) == (s_slow.y.lo, s_slow.y.hi)
     from widgets.dashboard import _Run
 
     cols = {}  # the big polls did go in as columns
