@@ -95,7 +95,7 @@ def timed_updates(d, paint, updates: int, batches_of) -> tuple[list, list]:
         for r, batch in enumerate(batches):
             d.append(f"run{r}", batch)
         t1 = now()
-        d.flush()
+        (d._tick if hasattr(d, "NEW_CURVES_PER_TICK") else d.flush)()  # what the 10 Hz timer runs
         for pw in paint:
             pw.viewport().repaint()
         t2 = now()

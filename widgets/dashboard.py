@@ -315,21 +315,59 @@ def envelope(xb: _Buffer, yb: _Buffer, bins: int) -> tuple[np.ndarray, np.ndarra
     return x, y
 
 
-def as_thin_lines(x: np.ndarray, y: np.ndarray, width: int, px: float, py: float,
-                  log: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def as_thin_lines(x: np.ndarray, y: np.ndarray, width: int, px: float, py: float) -> tuple[np.ndarray, np.ndarray]:
     """Segments (in pairs of points, as `envelope` gives them) that a 1-pixel pen
     draws as a `width`-pixel pen draws (x, y): each made longer by (width - 1) / 2
     pixels at both ends, and drawn `width` times, one pixel to the right each time.
-    px, py: the size of a pixel in data units (log: py in decades, a log-y plot)."""
+    px, py: the size of a pixel in the same units as x and y."""
     a, b = y[0::2], y[1::2]
     grow = np.where(b >= a, (width - 1) / 2 * py, -(width - 1) / 2 * py)
     y = np.empty_like(y)
-    if log:
-        grow = 10.0 ** grow
-        y[0::2], y[1::2] = a / grow, b * grow
-    else:
-        y[0::2], y[1::2] = a - grow, b + grow
+    y[0::2], y[1::2] = a - grow, b + grow
     return np.concatenate([x + i * px for i in range(width)]), np.tile(y, width)
+
+
+class _Segments(pg.GraphicsObject):
+    """Line segments in view coordinates (x, y in pairs of points), drawn with one
+    QPainter.drawLines: what a curve shows while it is an envelope. A PlotDataItem
+    costs pyqtgraph about 0.5 ms per curve and update for the same picture (its
+    setData, its bounds computed twice more over the data, its path bookkeeping);
+    this holds the segments and their bounds and nothing else."""
+
+    def __init__(self, pen: QtGui.QPen):
+        super().__init__()
+        self.pen = pen
+        self.x = self.y = np.empty(0)
+        self._lines = pg.Qt.internals.PrimitiveArray(QtCore.QLineF, 4)
+        self._rect = QtCore.QRectF()
+
+    def set_segments(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.x, self.y = x, y
+        self._lines.resize(len(x) // 2)
+        m = self._lines.ndarray()
+        m[:, 0], m[:, 1], m[:, 2], m[:, 3] = x[0::2], y[0::2], x[1::2], y[1::2]
+        self.prepareGeometryChange()
+        if len(x):
+            x0, x1, y0, y1 = float(x.min()), float(x.max()), float(y.min()), float(y.max())
+            self._rect = QtCore.QRectF(x0, y0, x1 - x0, y1 - y0)
+        else:
+            self._rect = QtCore.QRectF()
+        self.informViewBoundsChanged()
+        self.update()
+
+    def boundingRect(self) -> QtCore.QRectF:
+        return self._rect
+
+    def dataBounds(self, ax: int, frac: float = 1.0, orthoRange=None):
+        if not len(self.x):
+            return None, None
+        r = self._rect
+        return (r.left(), r.right()) if ax == 0 else (r.top(), r.bottom())
+
+    def paint(self, p, *args) -> None:
+        if len(self.x):
+            p.setPen(self.pen)
+            p.drawLines(*self._lines.drawargs())
 
 
 def ema(values: np.ndarray, weight: float, start: float | None = None) -> np.ndarray:
@@ -363,6 +401,8 @@ class _Series:
         self.curve: pg.PlotDataItem | None = None
         self.pen: QtGui.QPen | None = None  # its own
         self.thin_pen: QtGui.QPen | None = None  # 1 pixel, for its envelope (see Dashboard._display_data)
+        self.segments: _Segments | None = None  # its envelope, while it shows one
+        self.raw = False  # the curve holds the raw series
         self.dirty = True
 
 
@@ -415,6 +455,14 @@ class _GridAxis(pg.AxisItem):
         self._shared[key] = specs
         return specs
 
+    def tickStrings(self, values, scale, spacing):
+        """Large numbers as 200k or 1.2M: pyqtgraph writes 200000 (its SI prefixes
+        are off, see _build_ui), and along an x axis of a million steps the labels
+        ran into each other."""
+        if self.logMode or not values or max(abs(v * scale) for v in values) < 1e4:
+            return super().tickStrings(values, scale, spacing)
+        return [_short(v * scale, spacing * scale) for v in values]
+
     def _opaque_pen(self, pen: QtGui.QPen) -> QtGui.QPen:
         c = pen.color()
         out = self._opaque.get(c.rgba())
@@ -427,8 +475,8 @@ class _GridAxis(pg.AxisItem):
 
 
 class _LegendSample(pg.ItemSample):
-    """A legend entry's sample line in its curve's own pen (`legend_pen`), not in the
-    pen that draws the curve at the moment (a 1-pixel one for an envelope)."""
+    """A legend entry's sample line in its curve's own pen (`legend_pen`), also while
+    the curve is empty and its envelope (a _Segments, maybe of 1-pixel lines) draws."""
 
     def paint(self, p, *args):
         pen = getattr(self.item, "legend_pen", None)
@@ -465,6 +513,7 @@ class Dashboard(QtWidgets.QWidget):
     """Plots of one or more runs' metrics, updated live."""
 
     UPDATE_MS = 100  # 10 updates a second
+    NEW_CURVES_PER_TICK = 5
     COLUMNS = 4  # 6 plots and the confusion matrix in two rows
     run_visibility_changed = QtCore.Signal(str, bool)
 
@@ -652,6 +701,8 @@ class Dashboard(QtWidgets.QWidget):
         for s in run.series.values():
             if s.curve is not None:
                 self.plots[s.spec.plot].getPlotItem().removeItem(s.curve)
+            if s.segments is not None:
+                self.plots[s.spec.plot].getPlotItem().vb.removeItem(s.segments)
         if run.peaks is not None:
             self.plots["memory"].getPlotItem().removeItem(run.peaks)
         for i in range(self.run_list.count()):
@@ -885,16 +936,18 @@ class Dashboard(QtWidgets.QWidget):
         return xb, yb
 
     def _display_data(self, s: _Series) -> tuple[np.ndarray, np.ndarray, bool]:
-        """What the curve gets, and whether that is the envelope. While the plots
+        """What the series shows, and whether that is the envelope. While the plots
         follow their data (the live case) and there are two values per pixel or
-        more, it is the series' `envelope`, one segment per pixel column (columns
-        half a pen width apart): what the raw series looks like, built from the
-        min/max levels without touching the million values. A solid 2-pixel pen draws
-        it as two 1-pixel lines (`as_thin_lines`): the same picture (see
+        more, it is the series' `envelope`, in view coordinates (log10 on a log-y
+        plot), one segment per pixel column (columns half a pen width apart): what
+        the raw series looks like, built from the min/max levels without touching the
+        million values, and drawn by a _Segments item. A solid 2-pixel pen draws it
+        as two 1-pixel lines (`as_thin_lines`): the same picture (see
         tests/widgets/test_dashboard.py), and Qt's raster engine draws 1-pixel lines
-        about five times as fast as it strokes wider ones. Otherwise (zoomed in by the user, or a short series) it is the
-        raw series, which pyqtgraph clips to the view and peak-downsamples only where
-        there are more than five points per pixel: every point shows."""
+        about five times as fast as it strokes wider ones. Otherwise (zoomed in by the
+        user, or a short series) it is the raw series, which the PlotDataItem clips
+        to the view and peak-downsamples only where there are more than five points
+        per pixel: every point shows."""
         xb, yb = self._buffers(s)
         pw = self.plots[s.spec.plot]
         vb = pw.getPlotItem().vb
@@ -905,13 +958,27 @@ class Dashboard(QtWidgets.QWidget):
             width = s.pen.widthF()
             env = envelope(xb, yb, int(max(vb.width(), 200.0) * dpr * 2 / max(width, 1.0)))
             if env is not None:
+                x, y = env
+                if self._log_y and s.spec.plot in LOG_PLOTS:
+                    positive = y > 0  # values without a logarithm: down to the smallest that has one
+                    if not positive.all():
+                        x, y = (x, np.where(positive, y, y[positive].min())) if positive.any() else (x[:0], y[:0])
+                    y = np.log10(y)
                 if s.thin_pen is not None:
                     (x0, x1), (y0, y1) = vb.viewRange()
-                    env = as_thin_lines(*env, round(width), (x1 - x0) / max(vb.width() * dpr, 1.0),
-                                        (y1 - y0) / max(vb.height() * dpr, 1.0),
-                                        log=self._log_y and s.spec.plot in LOG_PLOTS)
-                return *env, True
+                    x, y = as_thin_lines(x, y, round(width), (x1 - x0) / max(vb.width() * dpr, 1.0),
+                                         (y1 - y0) / max(vb.height() * dpr, 1.0))
+                return x, y, True
         return xb.view(), yb.view(), False
+
+    def drawn(self, key: str, series: str) -> tuple[np.ndarray, np.ndarray, bool]:
+        """What is on screen for a series: (x, y, envelope), the envelope's segments in
+        view coordinates, or the raw data the curve was given."""
+        s = self._runs[key].series[series]
+        if s.segments is not None and not s.raw:
+            return s.segments.x, s.segments.y, True
+        x, y = s.curve.getOriginalDataset()
+        return np.asarray(x), np.asarray(y), False
 
     def curve(self, key: str, series: str) -> pg.PlotDataItem | None:
         s = self._runs.get(key, _Run("", "", "")).series.get(series)
@@ -928,10 +995,12 @@ class Dashboard(QtWidgets.QWidget):
         name = spec.label if len(self._runs) == 1 else f"{run.label}: {spec.label}"
         # Only finite values reach the buffers, so pyqtgraph may skip its own scan.
         curve = pg.PlotDataItem(pen=pen, name=name, skipFiniteCheck=True, **kw)
-        curve.legend_pen = s.pen = pen  # the legend shows it whichever pen draws (_LegendSample)
+        curve.legend_pen = s.pen = pen  # the legend shows it whichever item draws (_LegendSample)
         s.thin_pen = None
         if pen.widthF() == 2 and style == Qt.SolidLine:  # see _display_data
             s.thin_pen = pg.mkPen(run.color, width=1)
+        # shown or hidden (the run list, a click on the legend): its envelope too
+        curve.visibleChanged.connect(lambda: s.segments is not None and s.segments.setVisible(curve.isVisible()))
         curve.setClipToView(True)
         curve.setDownsampling(auto=True, method="peak")
         curve.setVisible(run.visible)
@@ -942,15 +1011,18 @@ class Dashboard(QtWidgets.QWidget):
         """The timer: new points reach the curves while they can be seen; a hidden
         dashboard (a dock tabbed away, a minimised window) catches up when shown."""
         if self.isVisible() and not self.window().isMinimized():
-            self.flush()
+            self.flush(new_curves=self.NEW_CURVES_PER_TICK)
 
     def showEvent(self, event) -> None:
         super().showEvent(event)
         self.flush()
 
     @QtCore.Slot()
-    def flush(self) -> None:
-        """Push changed series to their curves (the timer calls this 10 times a second)."""
+    def flush(self, new_curves: int | None = None) -> None:
+        """Push changed series to their curves (the timer calls this 10 times a second).
+        At most `new_curves` curves are made (default: all), the rest at the next call:
+        a new curve and its legend entry cost pyqtgraph about 2.5 ms, so three runs of
+        five series appearing together would hold one update for 40 ms."""
         # the ranges first: a widened envelope depends on the y range (see _display_data)
         self._fit({s.spec.plot for run in self._runs.values() for s in run.series.values() if s.dirty})
         for run in self._runs.values():
@@ -958,18 +1030,26 @@ class Dashboard(QtWidgets.QWidget):
                 if not s.dirty:
                     continue
                 if s.curve is None:
+                    if new_curves is not None:
+                        if new_curves <= 0:
+                            continue  # stays dirty: the next tick
+                        new_curves -= 1
                     s.curve = self._make_curve(run, s)
                 x, y, reduced = self._display_data(s)
-                if s.curve.opts["clipToView"] == reduced:  # pyqtgraph's own reduction: raw data only
-                    s.curve.setClipToView(not reduced)
-                    s.curve.setDownsampling(auto=not reduced, method="peak")
-                pen = s.thin_pen if reduced and s.thin_pen is not None else s.pen
-                if s.curve.opts["pen"] is not pen:
-                    s.curve.opts["pen"] = pen  # setPen would draw the old data once more; setData follows
-                    # pyqtgraph draws a 1-pixel curve as one QPainterPath, built point by point
-                    # in Python; as line segments (the envelope's own form) it is faster
-                    s.curve.curve.setSegmentedLineMode("on" if pen is s.thin_pen else "auto")
-                s.curve.setData(x, y, connect="pairs" if reduced else "all")
+                if reduced:
+                    if s.segments is None:
+                        s.segments = _Segments(s.thin_pen or s.pen)
+                        s.segments.setVisible(s.curve.isVisible())
+                        self.plots[s.spec.plot].getPlotItem().vb.addItem(s.segments)
+                    s.segments.set_segments(x, y)
+                    if s.raw:  # the curve stays for its legend entry and visibility, empty
+                        s.curve.setData([], [])
+                        s.raw = False
+                else:
+                    if s.segments is not None and len(s.segments.x):
+                        s.segments.set_segments(np.empty(0), np.empty(0))
+                    s.curve.setData(x, y)
+                    s.raw = True
                 s.dirty = False
 
     def _fit(self, plot_ids) -> None:
@@ -1104,6 +1184,16 @@ class Dashboard(QtWidgets.QWidget):
             fn()
         except OSError as exc:
             QtWidgets.QMessageBox.warning(self, "Export failed", str(exc))
+
+
+def _short(v: float, spacing: float) -> str:
+    """v with a k, M or G suffix and as many decimals as ticks `spacing` apart need."""
+    unit, suffix = next(((u, x) for u, x in ((1e9, "G"), (1e6, "M"), (1e3, "k")) if abs(v) >= u), (1.0, ""))
+    step, decimals = spacing / unit, 0  # the decimals a multiple of the spacing needs
+    while decimals < 6 and abs(round(step, decimals) - step) > 1e-9 * step:
+        decimals += 1
+    text = f"{v / unit:.{decimals}f}"
+    return (text.rstrip("0").rstrip(".") if "." in text else text) + suffix
 
 
 def _fmt(v: float) -> str:

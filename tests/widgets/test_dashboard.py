@@ -195,26 +195,30 @@ def test_a_long_series_stays_exact_and_is_drawn_as_its_envelope(dash):
     x, y = dash.series_data("big", "loss")
     assert x.dtype == np.float64 and len(x) == n and x[-1] == n - 1 and np.array_equal(y, values)
     c = dash.curve("big", "loss")
-    cx, cy = curve_xy(dash, "big", "loss")
+    cx, cy, is_envelope = dash.drawn("big", "loss")
     vb = dash.plots["loss"].getPlotItem().vb
     dpr = dash.devicePixelRatioF()
     columns = int(max(vb.width(), 200) * dpr)  # one per pixel (200 at least)
-    assert c.opts["connect"] == "pairs" and columns <= len(cx) // 4 <= columns + 40
+    assert is_envelope and columns <= len(cx) // 4 <= columns + 40
+    assert len(c.getOriginalDataset()[0] or []) == 0  # the curve keeps its legend entry, empty
     # the envelope as two 1-pixel lines, which draw what the 2-pixel pen would
-    assert c.opts["pen"].widthF() == 1 and c.legend_pen.widthF() == 2
+    segments = dash._runs["big"].series["loss"].segments
+    assert segments.isVisible() and segments.pen.widthF() == 1 and c.legend_pen.widthF() == 2
     s = dash._runs["big"].series["loss"]
     ex, ey = envelope(s.step, s.y, columns)
     check_envelope(ex, ey, values)
     (x0, x1), (y0, y1) = vb.viewRange()
     tx, ty = as_thin_lines(ex, ey, 2, (x1 - x0) / (vb.width() * dpr), (y1 - y0) / (vb.height() * dpr))
     assert np.array_equal(cx, tx) and np.array_equal(cy, ty)
-    assert not c.opts["clipToView"] and not c.opts["autoDownsample"]  # already one segment per pixel
+    dash.set_run_visible("big", False)
+    assert not segments.isVisible()
+    dash.set_run_visible("big", True)
 
-    vb = dash.plots["loss"].getPlotItem().vb
     vb.setXRange(1000, 1099, padding=0)
     vb.sigRangeChangedManually.emit(vb.state["mouseEnabled"])  # what a mouse zoom emits
     dash.flush()
-    assert len(curve_xy(dash, "big", "loss")[0]) == n and c.opts["connect"] == "all"
+    x, y, is_envelope = dash.drawn("big", "loss")
+    assert not is_envelope and len(x) == n and len(segments.x) == 0
     assert c.opts["clipToView"] and c.opts["autoDownsample"] and c.opts["downsampleMethod"] == "peak"
     shown_x, shown_y = c.getData()  # after pyqtgraph's clipping to the view: no downsampling of 100 points
     assert set(range(1000, 1100)) <= set(shown_x.astype(int)) and len(shown_x) <= 104
@@ -223,7 +227,8 @@ def test_a_long_series_stays_exact_and_is_drawn_as_its_envelope(dash):
 
     dash.auto_range()
     dash.flush()
-    assert c.opts["connect"] == "pairs" and len(curve_xy(dash, "big", "loss")[0]) < 4 * columns + 160
+    x, y, is_envelope = dash.drawn("big", "loss")
+    assert is_envelope and len(x) < 4 * columns + 160 and len(c.getOriginalDataset()[0] or []) == 0
 
 
 def check_envelope(cx, cy, values):
@@ -445,3 +450,56 @@ def test_a_large_poll_read_as_columns_equals_reading_it_record_by_record(qtbot):
     cols = {}  # the big polls did go in as columns
     assert Dashboard._ingest_columns(_Run("k", "k", "#000"), polls[0], cols) == [] and {"loss", "lr"} <= set(cols)
     assert Dashboard._ingest_columns(_Run("k", "k", "#000"), polls[0][:10], {}) == polls[0][:10]
+
+
+def test_while_following_the_ranges_hold_the_data_and_move_in_steps(dash):
+    """The dashboard sets the ranges itself while it follows the data: every point
+    inside, x changed far less often than at every update (so pyqtgraph's axes keep
+    their ticks and pictures), a flat series at +-5% of its value. A zoom by the user
+    ends following; Fit follows again."""
+    loss_vb, lr_vb = (dash.plots[p].getPlotItem().vb for p in ("loss", "lr"))
+    moves, last = 0, None
+    for i in range(50):
+        dash.append("r", [{"step": s, "loss": 2.0 - s / 1e4 + 0.1 * (s % 7), "lr": 1e-3}
+                          for s in range(i * 100, (i + 1) * 100)])
+        dash.flush()
+        (x0, x1), (y0, y1) = loss_vb.viewRange()
+        steps = np.arange((i + 1) * 100)
+        loss = 2.0 - steps / 1e4 + 0.1 * (steps % 7)
+        assert x0 <= 0 and x1 >= steps[-1] and y0 <= loss.min() and y1 >= loss.max()
+        assert x1 - x0 <= 1.5 * steps[-1] + 10  # and the data fill most of it
+        moves += (x0, x1) != last
+        last = (x0, x1)
+    assert moves <= 20
+    assert lr_vb.viewRange()[1] == pytest.approx([0.95e-3, 1.05e-3])
+
+    loss_vb.setXRange(100, 200, padding=0)
+    loss_vb.sigRangeChangedManually.emit(loss_vb.state["mouseEnabled"])  # what a mouse zoom emits
+    dash.append("r", [{"step": s, "loss": 5.0, "lr": 1e-3} for s in range(5000, 6000)])
+    dash.flush()
+    assert loss_vb.viewRange()[0] == pytest.approx([100, 200])
+    dash.auto_range()
+    (x0, x1), (y0, y1) = loss_vb.viewRange()
+    assert x1 >= 5999 and y1 >= 5.0
+
+
+def test_a_long_series_on_a_log_plot_is_drawn_in_decades(dash):
+    """On a log-y plot the envelope is drawn in view coordinates (log10 of the
+    values); a value without a logarithm (0 here) reaches down to the smallest
+    that has one."""
+    n = 60_000
+    loss = np.exp(-np.arange(n) / 1e4) + 1e-3
+    loss[100] = 0.0
+    dash.append("r", [{"step": s, "loss": float(loss[s])} for s in range(n)])
+    dash.set_log_y(True)
+    dash.flush()  # the 0 has no logarithm: pyqtgraph's own auto-range, when the plot is painted
+    dash.plots["loss"].viewport().repaint()
+    dash.flush()  # the envelope again, for the range pyqtgraph chose
+    x, y, is_envelope = dash.drawn("r", "loss")
+    assert is_envelope and np.isfinite(y).all()
+    vb = dash.plots["loss"].getPlotItem().vb
+    pixel = (vb.viewRange()[1][1] - vb.viewRange()[1][0]) / (vb.height() * dash.devicePixelRatioF())
+    assert y.max() == pytest.approx(np.log10(loss.max()) + pixel / 2)
+    assert y.min() == pytest.approx(np.log10(loss[loss > 0].min()) - pixel / 2)
+    y0, y1 = vb.viewRange()[1]  # the range holds it, in decades too
+    assert y0 <= y.min() and y1 >= y.max() and y1 - y0 < 5
