@@ -62,9 +62,12 @@ class Trainer:
         # training.grad_accumulation equal micro-batches, one optimizer step: the gradient and the
         # loss are those of the mean of their mean losses (1: the whole batch at once)
         value = None
-        for xm, ym in zip(x.chunk(self.accumulate), y.chunk(self.accumulate)):
+        parts = zip(x.chunk(self.accumulate), y.chunk(self.accumulate)) if self.accumulate > 1 else ((x, y),)
+        for xm, ym in parts:
             with self.autocast():
-                loss = compute_loss(self.loss_kind, self.model(xm), ym) / self.accumulate
+                loss = compute_loss(self.loss_kind, self.model(xm), ym)
+                if self.accumulate > 1:  # (no division, and no node for it in the backward, otherwise)
+                    loss = loss / self.accumulate
             loss.backward()
             loss = loss.detach().float()
             value = loss if value is None else value + loss
