@@ -503,3 +503,11 @@ def test_a_long_series_on_a_log_plot_is_drawn_in_decades(dash):
     assert y.min() == pytest.approx(np.log10(loss[loss > 0].min()) - pixel / 2)
     y0, y1 = vb.viewRange()[1]  # the range holds it, in decades too
     assert y0 <= y.min() and y1 >= y.max() and y1 - y0 < 5
+
+
+def test_large_tick_labels_are_short(dash):
+    """Along a million steps pyqtgraph's labels (200000 400000 ...) ran into each other."""
+    axis = dash.plots["loss"].getPlotItem().getAxis("bottom")
+    assert axis.tickStrings([0, 2e5, 4e5, 1e6, 1.2e6], 1, 2e5) == ["0", "200k", "400k", "1M", "1.2M"]
+    assert axis.tickStrings([2.5e5, 1.25e6], 1, 2.5e5) == ["250k", "1.25M"]
+    assert axis.tickStrings([0, 500, 1000], 1, 500) == ["0", "500", "1000"]  # small ones as pyqtgraph writes them
