@@ -83,7 +83,7 @@ class RunController(QObject):
     """One training run at a time, launched and watched for the GUI."""
 
     started = Signal(str)  # run_dir
-    records = Signal(str, list)  # run_dir, new metrics records
+    records = Signal(str, list, list)  # run_dir, new metrics records, the lines of metrics.jsonl they came from
     reset = Signal(str)  # run_dir: forget its records, they come again from the start
     progress = Signal(str, int, int, float)  # run_dir, step, total_steps (0: unknown), eta seconds (nan)
     finished = Signal(str, str)  # run_dir, state: succeeded | failed | cancelled
@@ -253,7 +253,7 @@ class RunController(QObject):
             a.tail_ready = True
             a.tail = MetricsTail(a.run_dir / "metrics.jsonl")
             self.reset.emit(str(a.run_dir))
-        recs = a.tail.poll_records()
+        recs, lines = a.tail.poll_with_lines()
         if a.total_steps is None and (a.run_dir / "run.json").is_file():
             try:
                 a.total_steps = int(json.loads((a.run_dir / "run.json").read_text())["total_steps"])
@@ -270,7 +270,7 @@ class RunController(QObject):
                     dt, ds = float(r["time"]) - a.rate_ref[0], a.step - a.rate_ref[1]
                     if dt > 0 and ds > 0 and a.total_steps:
                         a.eta = (a.total_steps - a.step) * dt / ds
-        self.records.emit(str(a.run_dir), recs)
+        self.records.emit(str(a.run_dir), recs, lines)
         self.progress.emit(str(a.run_dir), a.step, a.total_steps or 0, a.eta)
 
     def _finish(self, a: ActiveRun, code: int | None, *, discard: bool = True) -> None:

@@ -199,9 +199,10 @@ class RunUI(QObject):
         self.show_dashboard()
         self._message(f"Training {self.window.project.name}: {Path(run_dir).name}")
 
-    def _on_records(self, run_dir: str, records: list) -> None:
-        first = not self.dashboard.records(run_dir) if run_dir in self.dashboard.run_keys() else True
-        self.dashboard.append(run_dir, records + self._rank_records(run_dir))
+    def _on_records(self, run_dir: str, records: list, lines: list | None = None) -> None:
+        first = not self.dashboard.has_records(run_dir)
+        self.dashboard.append(run_dir, records, lines)
+        self.dashboard.append(run_dir, self._rank_records(run_dir))
         if first:
             self.refresh()  # the folder became a run: list it
 
@@ -316,9 +317,10 @@ class RunUI(QObject):
             if p == live:
                 continue
             tail = MetricsTail(Path(p) / "metrics.jsonl")
-            records = tail.poll_records()
+            records, lines = tail.poll_with_lines()
             self._rank_tails[p] = RankMetricsTail(p)
-            self.dashboard.set_records(p, records + self._rank_records(p), label=Path(p).name)
+            self.dashboard.set_records(p, records, label=Path(p).name, lines=lines)
+            self.dashboard.append(p, self._rank_records(p))
             self._show_rank_peaks(p)
             if not self._has_ended(p, records):
                 self._followed[p] = tail
@@ -342,9 +344,10 @@ class RunUI(QObject):
             if key not in self.dashboard.run_keys():
                 del self._followed[key]
                 continue
-            records = tail.poll_records()
+            records, lines = tail.poll_with_lines()
             if records:
-                self.dashboard.append(key, records + self._rank_records(key))
+                self.dashboard.append(key, records, lines)
+                self.dashboard.append(key, self._rank_records(key))
             elif self._has_ended(key, records):  # nothing new and the run is over
                 del self._followed[key]
         if not self._followed:

@@ -29,6 +29,8 @@ import pyqtgraph as pg
 from PySide6 import QtCore, QtGui, QtWidgets
 from PySide6.QtCore import Qt
 
+from engine.tail import parse_jsonl
+
 try:  # vectorised EMA (scipy comes with scikit-learn); a loop otherwise
     from scipy.signal import lfilter
 except ImportError:  # pragma: no cover
@@ -149,9 +151,10 @@ BLOCK = 16  # values per block of the finest min/max level (see _Buffer and enve
 
 _SMALL = 1 << 16  # values (512 KiB): up to this, a buffer is a numpy array that doubles
 _RESERVE = 1 << 24  # values (128 MiB of address space): what a larger buffer maps at once
+_LEVEL_SMALL = 1 << 12  # values: a min/max level past this fills a reservation (see _Level)
 
 
-def _empty(n: int, reserve: int = 0) -> np.ndarray:
+def _empty(n: int, reserve: int = 0, small: int = _SMALL) -> np.ndarray:
     """An uninitialised float64 array of n values or more. A large one is a private
     anonymous mapping of `reserve` values (n if that is larger): address space, whose
     pages the kernel supplies, zeroed, as they are first written. So a series of a
@@ -160,8 +163,9 @@ def _empty(n: int, reserve: int = 0) -> np.ndarray:
     per update here, against 3 ms this way. The mapping is marked MADV_NOHUGEPAGE:
     with transparent huge pages the kernel zeroes (and may compact memory for) 2 MiB
     at a time on first touch, which stalled one update for 150-280 ms. Where the
-    address space cannot be had (a strict overcommit policy, a ulimit -v), n values."""
-    if n <= _SMALL or not hasattr(mmap, "MAP_PRIVATE"):
+    address space cannot be had (a strict overcommit policy, a ulimit -v), n values.
+    Up to `small` values, a plain array."""
+    if n <= small or not hasattr(mmap, "MAP_PRIVATE"):
         return np.empty(n, dtype=np.float64)
     for size in dict.fromkeys((max(n, reserve), n)):
         try:
@@ -249,8 +253,12 @@ class _Buffer:
 
 class _Level:
     """The min (`lo`) and max (`hi`) of each of the first n blocks of one size of a
-    _Buffer's values. A level has 1/16 of the values or fewer, so it simply doubles
-    (it too reserves its address space past _SMALL values)."""
+    _Buffer's values. A level has 1/16 of the values or fewer: it doubles while small,
+    then reserves the address space of a _RESERVE-value buffer's level (8 MiB) and
+    fills it in place. Doubling all the way copied every level of every series in the
+    same update whenever the series reached a power of two, and fresh copies of
+    megabytes fault their pages in at once: 10-25 ms more at 524,288 points in a
+    3-run overlay."""
 
     __slots__ = ("lo", "hi", "n")
 
@@ -262,7 +270,8 @@ class _Level:
         need = n + len(lo)
         if need > len(self.lo):
             cap = max(need, 2 * len(self.lo))
-            self.lo, self.hi = (_moved_to(_empty(cap, _RESERVE), a[:n]) for a in (self.lo, self.hi))
+            self.lo, self.hi = (_moved_to(_empty(cap, _RESERVE // BLOCK, small=_LEVEL_SMALL), a[:n])
+                                for a in (self.lo, self.hi))
         self.lo[n:need], self.hi[n:need] = lo, hi
         self.n = need
 
@@ -414,7 +423,7 @@ class _Run:
     def __init__(self, key: str, label: str, color: str):
         self.key, self.label, self.color = key, label, color
         self.visible = True
-        self.records: list[dict] = []
+        self.kept: list[list[dict] | bytes] = []  # its records: polls' dicts, or their lines as read
         self.t0: float | None = None
         self.t_last = 0.0
         self.series: dict[str, _Series] = {}
@@ -439,6 +448,14 @@ class _GridAxis(pg.AxisItem):
         self._bg = QtGui.QColor(background)
         self._opaque: dict[int, QtGui.QPen] = {}
         self._shared = shared
+        # painted once into a pixmap and blitted until its ticks change: replaying the
+        # axis' QPicture cost 0.2 ms per axis and repaint, 12 axes on the dashboard
+        self.setCacheMode(QtWidgets.QGraphicsItem.DeviceCoordinateCache)
+        # two levels of grid, not pyqtgraph's three: its third (a line every tenth of a
+        # major step) doubled the cost of laying out an axis (1.4 ms to 0.75 ms), and
+        # when the data of all five plots leaves their ranges in one update, those
+        # layouts were the largest part of the slowest updates
+        self.setStyle(maxTickLevel=1)
 
     def generateDrawSpecs(self, p):
         view = self.linkedView()
@@ -513,7 +530,7 @@ class Dashboard(QtWidgets.QWidget):
     """Plots of one or more runs' metrics, updated live."""
 
     UPDATE_MS = 100  # 10 updates a second
-    NEW_CURVES_PER_TICK = 5
+    NEW_CURVES_PER_TICK = 3
     COLUMNS = 4  # 6 plots and the confusion matrix in two rows
     run_visibility_changed = QtCore.Signal(str, bool)
 
@@ -719,15 +736,27 @@ class Dashboard(QtWidgets.QWidget):
         self._x_lim, self._y_lim = None, {}
 
     def records(self, key: str) -> list[dict]:
-        return self._runs[key].records
+        """Every record of a run, in the order they came."""
+        out = []
+        for part in self._runs[key].kept:
+            out.extend(parse_jsonl(part.split(b"\n")) if isinstance(part, bytes) else part)
+        return out
 
-    def append(self, key: str, records: list[dict]) -> None:
-        """New metrics records of a run (plotted at the next timer tick)."""
+    def has_records(self, key: str) -> bool:
+        return key in self._runs and any(self._runs[key].kept)
+
+    def append(self, key: str, records: list[dict], lines: list[bytes] | None = None) -> None:
+        """New metrics records of a run (plotted at the next timer tick). `lines`: the
+        lines of metrics.jsonl they were read from (engine/tail.py), kept instead of the
+        dicts: a third of their memory. Three runs of a million records held as dicts
+        took 1.5 GB here, and growing that much memory made single updates take 100 ms
+        and more."""
         run = self._runs.get(key)
         if run is None:
             self.add_run(key)
             run = self._runs[key]
-        run.records.extend(records)
+        if records:
+            run.kept.append(b"\n".join(lines) if lines is not None else list(records))
         cols: dict[str, tuple[SeriesSpec, list, list, list]] = {}
         rest = self._ingest_columns(run, records, cols)
         for r in rest:
@@ -814,12 +843,13 @@ class Dashboard(QtWidgets.QWidget):
                 part.append(values if ok.all() else values[ok])
         return []
 
-    def set_records(self, key: str, records: list[dict], label: str | None = None) -> None:
-        """Replace a run's data (an old run opened from the history)."""
+    def set_records(self, key: str, records: list[dict], label: str | None = None,
+                    lines: list[bytes] | None = None) -> None:
+        """Replace a run's data (an old run opened from the history); `lines` as in append."""
         color = self._runs[key].color if key in self._runs else None
         self.remove_run(key)
         self.add_run(key, label, color)
-        self.append(key, records)
+        self.append(key, records, lines)
         self.flush()
 
     def set_run_visible(self, key: str, visible: bool) -> None:
@@ -1022,7 +1052,9 @@ class Dashboard(QtWidgets.QWidget):
         """Push changed series to their curves (the timer calls this 10 times a second).
         At most `new_curves` curves are made (default: all), the rest at the next call:
         a new curve and its legend entry cost pyqtgraph about 2.5 ms, so three runs of
-        five series appearing together would hold one update for 40 ms."""
+        five series appearing together would hold one update for 40 ms; three a tick
+        keeps the updates that make them near the others (all 15 shown in half a
+        second)."""
         # the ranges first: a widened envelope depends on the y range (see _display_data)
         self._fit({s.spec.plot for run in self._runs.values() for s in run.series.values() if s.dirty})
         for run in self._runs.values():
@@ -1167,7 +1199,7 @@ class Dashboard(QtWidgets.QWidget):
         from engine.runs import write_metrics_csv
 
         keys = keys if keys is not None else [k for k, r in self._runs.items() if r.visible]
-        return write_metrics_csv(path, {self._runs[k].label: self._runs[k].records for k in keys})
+        return write_metrics_csv(path, {self._runs[k].label: self.records(k) for k in keys})
 
     def _ask_png(self) -> None:
         path, _ = QtWidgets.QFileDialog.getSaveFileName(self, "Export plots as PNG", "plots.png", "PNG image (*.png)")

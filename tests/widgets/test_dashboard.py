@@ -5,6 +5,7 @@ peak memory per rank, the confusion matrix."""
 import csv
 import json
 import math
+import mmap
 
 import numpy as np
 import pytest
@@ -58,7 +59,7 @@ def test_points_arrive_as_the_file_grows(dash, tmp_path):
         for chunk in (full[:7], full[7:20], full[20:]):
             f.writelines(chunk)
             f.flush()
-            dash.append("r", tail.poll_records())
+            dash.append("r", *tail.poll_with_lines())  # as the app does: the lines are kept
             dash.flush()  # what the 10 Hz timer does
             x, y = curve_xy(dash, "r", "loss")
             assert len(x) == len([r for r in read_metrics(path) if "loss" in r])
@@ -70,6 +71,7 @@ def test_points_arrive_as_the_file_grows(dash, tmp_path):
     vx, vy = curve_xy(dash, "r", "val_loss")
     assert vx.tolist() == [10, 20, 30, 40] and vy.tolist() == [r["val_loss"] for r in recs if "val_loss" in r]
     assert dash.records("r") == recs  # every record kept, the end event included
+    assert all(type(part) is bytes for part in dash._runs["r"].kept)  # as lines, not dicts
 
 
 def test_the_timer_updates_the_curves(dash, qtbot, tmp_path):
@@ -137,10 +139,14 @@ def test_overlay_two_runs_show_hide_and_crosshair(dash, tmp_path):
     assert dash.run_keys() == ["runs/b"] and ca.scene() is None
 
 
-def test_csv_export_equals_metrics_jsonl(dash, tmp_path):
+@pytest.mark.parametrize("kept", ["dicts", "lines"])
+def test_csv_export_equals_metrics_jsonl(dash, tmp_path, kept):
     path = write_metrics(tmp_path / "metrics.jsonl", n=25)
-    recs = read_metrics(path)
-    dash.set_records("run1", recs)
+    if kept == "dicts":
+        dash.set_records("run1", read_metrics(path))
+    else:
+        recs, lines = MetricsTail(path).poll_with_lines()
+        dash.set_records("run1", recs, lines=lines)
     out = dash.export_csv(tmp_path / "out.csv")
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
@@ -264,14 +270,14 @@ def test_min_max_levels_built_as_values_arrive_equal_a_full_pass(chunks):
         blocks = values[: len(values) // size * size].reshape(-1, size)
         assert np.array_equal(level.lo[:level.n], blocks.min(axis=1))
         assert np.array_equal(level.hi[:level.n], blocks.max(axis=1))
+        if level.n > 1 << 12:  # a large level fills a reservation in place (no doubling)
+            assert isinstance(getattr(level.lo.base, "obj", None), mmap.mmap) and len(level.lo) >= 1 << 20
 
 
 def test_a_buffer_grows_without_copying_everything_at_once():
     """Each extend moves at most two old values per new one into the next, larger array
     (never all of them in one update, as a doubling does), and large arrays are plain
     pages (no transparent huge pages, whose first touch stalled updates)."""
-    import mmap
-
     b, at, worst = _Buffer(capacity=16), 0, 0
     values = np.arange(2_000_000, dtype=np.float64)
     for k in [1_000] * 50 + [10_000] * 195:
