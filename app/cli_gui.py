@@ -6,6 +6,7 @@ the real main window offscreen and exits (how docs and checks see the app), and
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import tempfile
@@ -71,6 +72,11 @@ def _run_window(project_path: str | None) -> int:
         # as File > Open does: a file that cannot be read is a message in the window, and a
         # project that names its own code asks before that code runs
         w.open_project(path)
+    # What exists now (modules, classes, Qt wrappers: about 400,000 objects with torch)
+    # lives as long as the app. Frozen, it is left out of the garbage collector's full
+    # collections, each of which otherwise walks all of it and stalls the GUI: 270 ms
+    # here with the example open (bench/plot_live.py freezes its setup the same way).
+    gc.freeze()
     return app.exec()
 
 
