@@ -76,6 +76,8 @@ def _run_window(project_path: str | None) -> int:
     # lives as long as the app. Frozen, it is left out of the garbage collector's full
     # collections, each of which otherwise walks all of it and stalls the GUI: 270 ms
     # here with the example open (bench/plot_live.py freezes its setup the same way).
+    # The price: a reference cycle among these objects is never freed (the example's
+    # graph once another project is opened), a small leak against a stall per pass.
     gc.freeze()
     return app.exec()
 

@@ -530,7 +530,7 @@ class Dashboard(QtWidgets.QWidget):
     """Plots of one or more runs' metrics, updated live."""
 
     UPDATE_MS = 100  # 10 updates a second
-    NEW_CURVES_PER_TICK = 3
+    NEW_CURVES_PER_TICK = 2
     COLUMNS = 4  # 6 plots and the confusion matrix in two rows
     run_visibility_changed = QtCore.Signal(str, bool)
 
@@ -1052,8 +1052,8 @@ class Dashboard(QtWidgets.QWidget):
         """Push changed series to their curves (the timer calls this 10 times a second).
         At most `new_curves` curves are made (default: all), the rest at the next call:
         a new curve and its legend entry cost pyqtgraph about 2.5 ms, so three runs of
-        five series appearing together would hold one update for 40 ms; three a tick
-        keeps the updates that make them near the others (all 15 shown in half a
+        five series appearing together would hold one update for 40 ms; two a tick
+        keeps the updates that make them near the others (all 15 shown within a
         second)."""
         # the ranges first: a widened envelope depends on the y range (see _display_data)
         self._fit({s.spec.plot for run in self._runs.values() for s in run.series.values() if s.dirty})
