@@ -97,7 +97,8 @@ def shown(cls, keys: str, **kw):
     QApplication.processEvents()
     gc.collect()
     gc.freeze()  # as app/cli_gui.py does once the window is up
-    return d, [pw for pid, pw in d.plots.items() if keys != "loss" or pid == "loss"]
+    # the five metric plots (the sixth, per-rank step times, gets no record here), or the loss plot alone
+    return d, [pw for pid, pw in d.plots.items() if pid == "loss" or (keys != "loss" and pid != "step_time")]
 
 
 def gone(d) -> None:

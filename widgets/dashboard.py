@@ -491,6 +491,19 @@ class _GridAxis(pg.AxisItem):
         return out
 
 
+def _cache_painting(item: QtWidgets.QGraphicsItem) -> None:
+    """Paint `item`, and the text and legend samples under it, once into a pixmap and
+    blit that until they change (Qt repaints a cached item when it calls update(), as
+    a text item does when its text changes). A cache mode holds for one item, not its
+    children, and pyqtgraph's titles, axis labels and legend entries are
+    QGraphicsTextItems under the item that lays them out: their text was laid out and
+    drawn again on every repaint, 2 ms of the 9 ms that repainting six plots took."""
+    item.setCacheMode(QtWidgets.QGraphicsItem.DeviceCoordinateCache)
+    for child in item.childItems():
+        if isinstance(child, (QtWidgets.QGraphicsTextItem, pg.ItemSample, pg.LabelItem)):
+            _cache_painting(child)
+
+
 class _LegendSample(pg.ItemSample):
     """A legend entry's sample line in its curve's own pen (`legend_pen`), also while
     the curve is empty and its envelope (a _Segments, maybe of 1-pixel lines) draws."""
@@ -643,8 +656,8 @@ class Dashboard(QtWidgets.QWidget):
             legend = pi.addLegend(offset=(-8, -8 if spec.legend_at_bottom else 8), labelTextColor=fg,
                                   labelTextSize="8pt", sampleType=_LegendSample)
             legend.setBrush(pg.mkBrush(bg.red(), bg.green(), bg.blue(), 200))
-            for item in (legend, pi.titleLabel):  # painted once, then blitted while they do not change
-                item.setCacheMode(QtWidgets.QGraphicsItem.DeviceCoordinateCache)
+            for item in (legend, pi.titleLabel, *(pi.getAxis(ax) for ax in ("left", "bottom"))):
+                _cache_painting(item)
             vline = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen(fg, width=1, style=Qt.DotLine))
             vline.setVisible(False)
             pi.addItem(vline, ignoreBounds=True)
@@ -1034,7 +1047,13 @@ class Dashboard(QtWidgets.QWidget):
         curve.setClipToView(True)
         curve.setDownsampling(auto=True, method="peak")
         curve.setVisible(run.visible)
-        self.plots[spec.plot].getPlotItem().addItem(curve)
+        pi = self.plots[spec.plot].getPlotItem()
+        pi.addItem(curve)
+        if pi.legend is not None:
+            _cache_painting(pi.legend)  # its new entry
+            sample = next((smp for smp, _ in pi.legend.items if smp.item is curve), None)
+            if sample is not None:  # a cached sample shows the curve hidden or not: repaint it then
+                curve.visibleChanged.connect(sample.update)
         return curve
 
     def _tick(self) -> None:
