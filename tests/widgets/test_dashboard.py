@@ -10,11 +10,12 @@ import mmap
 import numpy as np
 import pytest
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QImage, QPainter
+from PySide6.QtGui import QColor, QImage, QPainter
 import pyqtgraph as pg
 
 from engine.tail import MetricsTail, read_metrics
-from widgets.dashboard import BLOCK, ConfusionMatrixWidget, Dashboard, _Buffer, as_thin_lines, ema, envelope
+from widgets.dashboard import (BLOCK, ConfusionMatrixWidget, Dashboard, _Buffer, _GridAxis, as_thin_lines, ema,
+                               envelope)
 
 pytestmark = pytest.mark.gui
 
@@ -390,12 +391,15 @@ def test_grid_is_opaque_behind_the_curves_and_x_ticks_are_shared_exactly(dash, t
     """The grid keeps its colours, blended over the background beforehand (a
     translucent line costs a thread-pool round trip per line in Qt's raster
     engine), under the curves; the five x axes reuse one tick layout, which equals
-    what each would lay out itself."""
+    what each would lay out itself: the dashboard's own layout (_lean_specs) puts
+    the same ticks, labels and label boxes where pyqtgraph's does, over ranges of
+    every kind and on log axes."""
     dash.append("r", read_metrics(write_metrics(tmp_path / "m.jsonl", n=40)))
     dash.flush()
     dash.plots_area.grab()  # paint once
     image = QImage(10, 10, QImage.Format_ARGB32)  # held: a painter on a collected image crashes
     painter = QPainter(image)
+    ranges = [None, (0, 1e6), (123456, 987654), (0.5, 2.7), (1e-4, 3e-3), (-5, 5), (0.999, 1.001), (2, 2)]
     try:
         for pid, pw in dash.plots.items():
             pi = pw.getPlotItem()
@@ -403,10 +407,22 @@ def test_grid_is_opaque_behind_the_curves_and_x_ticks_are_shared_exactly(dash, t
             for ax in ("left", "bottom"):
                 axis = pi.getAxis(ax)
                 assert axis.zValue() < pi.vb.zValue()
+                for log in (False, True) if pid == "loss" else (False,):
+                    axis.setLogMode(log)
+                    for r in ranges if not log else [None, (-4, 1), (0.5, 2.7), (-5, 5)]:  # decades
+                        if r is not None:
+                            axis.setRange(*r)
+                        ours = axis.generateDrawSpecs(painter)
+                        own = pg.AxisItem.generateDrawSpecs(axis, painter)
+                        assert axis._lean()
+                        assert [(rect.getRect(), int(flags), text) for rect, flags, text in ours[2]] == \
+                            [(rect.getRect(), int(flags), text) for rect, flags, text in own[2]]  # the labels
+                        assert [(a, b) for _, a, b in ours[1]] == [(a, b) for _, a, b in own[1]]  # tick positions
+                        assert [ours[0][1], ours[0][2]] == [own[0][1], own[0][2]]  # the axis line
+                axis.setLogMode(False)
+                axis.linkedViewChanged(pi.vb)  # its view's range again
                 ours = axis.generateDrawSpecs(painter)
                 own = pg.AxisItem.generateDrawSpecs(axis, painter)
-                assert [t[2] for t in ours[2]] == [t[2] for t in own[2]]  # the labels
-                assert [(a, b) for _, a, b in ours[1]] == [(a, b) for _, a, b in own[1]]  # tick positions
                 for (pen, *_), (tpen, *_) in zip(ours[1], own[1]):
                     c, t = pen.color(), tpen.color()
                     assert c.alpha() == 255 and t.alpha() < 255
@@ -509,6 +525,21 @@ def test_a_long_series_on_a_log_plot_is_drawn_in_decades(dash):
     assert y.min() == pytest.approx(np.log10(loss[loss > 0].min()) - pixel / 2)
     y0, y1 = vb.viewRange()[1]  # the range holds it, in decades too
     assert y0 <= y.min() and y1 >= y.max() and y1 - y0 < 5
+
+
+def test_tick_values_equal_pyqtgraphs():
+    """_GridAxis.tickValues is pyqtgraph's (without numpy), tick for tick."""
+    axis = _GridAxis("bottom", QColor("white"), {})
+    rng = np.random.default_rng(1)
+    for level in (1, 2):
+        axis.setStyle(maxTickLevel=level)
+        for _ in range(3000):
+            lo = float(rng.uniform(-1e3, 1e3)) * 10.0 ** int(rng.integers(-8, 8))
+            hi = lo + float(rng.uniform(1e-6, 1e3)) * 10.0 ** int(rng.integers(-6, 8))
+            size = float(rng.uniform(20, 2000))
+            if rng.random() < 0.5:
+                lo, hi = hi, lo
+            assert axis.tickValues(lo, hi, size) == pg.AxisItem.tickValues(axis, lo, hi, size)
 
 
 def test_large_tick_labels_are_short(dash):
