@@ -448,23 +448,67 @@ class _GridAxis(pg.AxisItem):
         super().__init__(orientation)
         self._bg = QtGui.QColor(background)
         self._opaque: dict[int, QtGui.QPen] = {}
-        self._shared = shared
+        self._shared = shared.setdefault("specs", {})  # key: generateDrawSpecs' result
+        self._pixmaps = shared.setdefault("pixmaps", {})  # key: the axis drawn (see paint)
         self._text_sizes: dict[str, dict[str, tuple[float, float]]] = {}  # font key: label: (width, height)
-        # painted once into a pixmap and blitted until its ticks change: replaying the
-        # axis' QPicture cost 0.2 ms per axis and repaint, 12 axes on the dashboard
-        self.setCacheMode(QtWidgets.QGraphicsItem.DeviceCoordinateCache)
+        # painted once into a pixmap and blitted until its ticks change (see paint):
+        # replaying the axis' QPicture cost 0.2 ms per axis and repaint, 12 axes here
+        self._pixmap: tuple | None = None  # (key, pixmap, x, y) while self.picture is set
         # two levels of grid, not pyqtgraph's three: its third (a line every tenth of a
         # major step) doubled the cost of laying out an axis (1.4 ms to 0.75 ms), and
         # when the data of all five plots leaves their ranges in one update, those
         # layouts were the largest part of the slowest updates
         self.setStyle(maxTickLevel=1)
 
-    def generateDrawSpecs(self, p):
+    def _key(self) -> tuple:
+        """What the axis' ticks and labels depend on, for `shared`."""
         view = self.linkedView()
         # rounded: the plots' sizes, laid out in floats, differed in the 14th digit
         rect = view.mapRectToItem(self, view.boundingRect()).getRect() if view is not None else ()
-        key = (self.orientation, *self.range, self.logMode,
-               *(round(v, 3) for v in (*self.size().toTuple(), *rect)))
+        return (self.orientation, *self.range, self.logMode, *(round(v, 3) for v in (*self.size().toTuple(), *rect)))
+
+    def paint(self, p, opt, widget):
+        """The axis and its grid from a pixmap, drawn when its ticks change and shared
+        by the axes that draw the same (the five x axes): a Qt item cache
+        (DeviceCoordinateCache) is one pixmap per item, and when x moved all five were
+        drawn again, 0.4 ms each. pyqtgraph sets `picture` to None whenever the axis
+        must be drawn again."""
+        t = p.worldTransform()
+        if t.isScaling() or t.isRotating():  # an export, say: as pyqtgraph does
+            return super().paint(p, opt, widget)
+        rect = self.boundingRect()
+        dpr = p.device().devicePixelRatioF() if p.device() is not None else 1.0
+        left, top = rect.left() + t.dx(), rect.top() + t.dy()  # in device pixels
+        x0, y0 = math.floor(left), math.floor(top)
+        if self.picture is None or self._pixmap is None or self._pixmap[2:] != (x0 - t.dx(), y0 - t.dy()):
+            key = (self._key(), round(left - x0, 3), round(top - y0, 3), math.ceil(rect.width() + left - x0),
+                   math.ceil(rect.height() + top - y0), dpr, self.pen().color().rgba(), self.textPen().color().rgba(),
+                   self.style["tickFont"].key() if self.style["tickFont"] is not None else None)
+            pixmaps = self._pixmaps
+            pm = pixmaps.get(key)
+            if pm is None:
+                pm = QtGui.QPixmap(round(key[3] * dpr), round(key[4] * dpr))
+                pm.setDevicePixelRatio(dpr)
+                pm.fill(Qt.transparent)
+                painter = QtGui.QPainter(pm)
+                try:
+                    painter.translate(left - x0 - rect.left(), top - y0 - rect.top())
+                    if self.style["tickFont"] is not None:
+                        painter.setFont(self.style["tickFont"])
+                    specs = self.generateDrawSpecs(painter)
+                    if specs is not None:
+                        self.drawPicture(painter, *specs)
+                finally:
+                    painter.end()
+                if len(pixmaps) >= 16:  # the latest few
+                    del pixmaps[next(iter(pixmaps))]
+                pixmaps[key] = pm
+            self.picture = True  # drawn: until pyqtgraph sets it to None
+            self._pixmap = (key, pm, x0 - t.dx(), y0 - t.dy())
+        p.drawPixmap(QtCore.QPointF(self._pixmap[2], self._pixmap[3]), self._pixmap[1])
+
+    def generateDrawSpecs(self, p):
+        key = self._key()
         if key in self._shared:
             return self._shared[key]
         specs = self._lean_specs(p) if self._lean() else None
@@ -690,7 +734,8 @@ class Dashboard(QtWidgets.QWidget):
     """Plots of one or more runs' metrics, updated live."""
 
     UPDATE_MS = 100  # 10 updates a second
-    NEW_CURVES_PER_TICK = 2
+    NEW_CURVES_PER_TICK = 1
+    RANGE_MOVES_PER_TICK = 2  # y ranges (see _fit)
     COLUMNS = 4  # 6 plots and the confusion matrix in two rows
     run_visibility_changed = QtCore.Signal(str, bool)
 
@@ -705,6 +750,7 @@ class Dashboard(QtWidgets.QWidget):
         self._follow = True
         self._x_lim: tuple[float, float] | None = None
         self._y_lim: dict[str, tuple[float, float] | None] = {}
+        self._refit: set[str] = set()  # plots whose y range moves at a next tick (see _fit)
         self._build_ui()
         if smoothing:
             self.set_smoothing(smoothing)
@@ -803,8 +849,12 @@ class Dashboard(QtWidgets.QWidget):
             legend = pi.addLegend(offset=(-8, -8 if spec.legend_at_bottom else 8), labelTextColor=fg,
                                   labelTextSize="8pt", sampleType=_LegendSample)
             legend.setBrush(pg.mkBrush(bg.red(), bg.green(), bg.blue(), 200))
-            for item in (legend, pi.titleLabel, *(pi.getAxis(ax) for ax in ("left", "bottom"))):
+            for item in (legend, pi.titleLabel):
                 _cache_painting(item)
+            for ax in ("left", "bottom"):  # the axes cache their own painting (see _GridAxis.paint)
+                for child in pi.getAxis(ax).childItems():
+                    if isinstance(child, QtWidgets.QGraphicsTextItem):  # its label
+                        _cache_painting(child)
             vline = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen(fg, width=1, style=Qt.DotLine))
             vline.setVisible(False)
             pi.addItem(vline, ignoreBounds=True)
@@ -894,6 +944,7 @@ class Dashboard(QtWidgets.QWidget):
         self.set_confusion(None)
         self.readout.setText(" ")
         self._x_lim, self._y_lim = None, {}
+        self._refit.clear()
 
     def records(self, key: str) -> list[dict]:
         """Every record of a run, in the order they came."""
@@ -1087,7 +1138,8 @@ class Dashboard(QtWidgets.QWidget):
                 pi.setLogMode(y=self._log_y)
                 self._y_lim.pop(spec.id, None)  # in other units now
                 if self._follow:
-                    self._fit_y(spec.id)
+                    if (move := self._y_move(spec.id)) is not None:
+                        move[1]()
                 else:
                     pi.vb.enableAutoRange(axis=pg.ViewBox.YAxis)
 
@@ -1096,6 +1148,7 @@ class Dashboard(QtWidgets.QWidget):
         while it grows."""
         self._follow = True
         self._x_lim, self._y_lim = None, {}
+        self._refit.clear()
         self._mark_all_dirty()
         self._fit(self.plots)
 
@@ -1222,7 +1275,8 @@ class Dashboard(QtWidgets.QWidget):
         keeps the updates that make them near the others (all 15 shown within a
         second)."""
         # the ranges first: a widened envelope depends on the y range (see _display_data)
-        self._fit({s.spec.plot for run in self._runs.values() for s in run.series.values() if s.dirty})
+        self._fit({s.spec.plot for run in self._runs.values() for s in run.series.values() if s.dirty},
+                  None if new_curves is None else self.RANGE_MOVES_PER_TICK)
         for run in self._runs.values():
             for s in run.series.values():
                 if not s.dirty:
@@ -1250,10 +1304,15 @@ class Dashboard(QtWidgets.QWidget):
                     s.raw = True
                 s.dirty = False
 
-    def _fit(self, plot_ids) -> None:
+    def _fit(self, plot_ids, moves: int | None = None) -> None:
         """While following: x (all plots are linked) to the data of every visible series,
-        y of `plot_ids` to theirs; each set only when its _limits move."""
-        if not self._follow or not plot_ids:
+        y of `plot_ids` to theirs; each set only when its _limits move. With `moves`
+        (the timer's ticks), at most that many y ranges move in this call, one if x
+        moves: the others wait in _refit for the next ticks (a tenth of a second each;
+        plots whose data has left the range first). Each range that moves lays out
+        its axis again and repaints it, and the plots of a run often move together:
+        five at once made the slowest updates."""
+        if not self._follow or not (plot_ids or self._refit):
             return
         lo, hi = math.inf, -math.inf
         for run in self._runs.values():
@@ -1266,10 +1325,23 @@ class Dashboard(QtWidgets.QWidget):
             if lim != self._x_lim:
                 self._x_lim = lim
                 self.plots[PLOTS[0].id].getPlotItem().vb.setXRange(*lim, padding=0)
-        for plot_id in plot_ids:
-            self._fit_y(plot_id)
+                moves = None if moves is None else min(moves, 1)
+        due = []
+        for plot_id in dict.fromkeys((*plot_ids, *self._refit)):
+            self._refit.discard(plot_id)
+            move = self._y_move(plot_id)
+            if move is not None:
+                due.append((plot_id, *move))
+        due.sort(key=lambda m: not m[1])  # the data outside the range first
+        for i, (plot_id, _, apply) in enumerate(due):
+            if moves is not None and i >= moves:
+                self._refit.add(plot_id)
+            else:
+                apply()
 
-    def _fit_y(self, plot_id: str) -> None:
+    def _y_move(self, plot_id: str):
+        """None if plot_id's y range holds; else (whether its data has left the range,
+        the function that sets the new one)."""
         lo, hi = math.inf, -math.inf
         for run in self._runs.values():
             if run.visible:
@@ -1279,18 +1351,25 @@ class Dashboard(QtWidgets.QWidget):
                 if plot_id == "memory" and run.peak_values:
                     lo, hi = min(lo, *run.peak_values), max(hi, *run.peak_values)
         if not (math.isfinite(lo) and math.isfinite(hi)):
-            return
+            return None
         vb = self.plots[plot_id].getPlotItem().vb
+        current = self._y_lim.get(plot_id)
         if self._log_y and plot_id in LOG_PLOTS:
             if lo <= 0:  # no log of it: pyqtgraph's auto-range, over the positive values
-                self._y_lim[plot_id] = None
-                vb.enableAutoRange(axis=pg.ViewBox.YAxis)
-                return
+
+                def auto():
+                    self._y_lim[plot_id] = None
+                    vb.enableAutoRange(axis=pg.ViewBox.YAxis)
+                return (True, auto) if current is not None or not vb.autoRangeEnabled()[1] else None
             lo, hi = math.log10(lo), math.log10(hi)
-        lim = _limits(self._y_lim.get(plot_id), lo, hi)
-        if lim != self._y_lim.get(plot_id):
+        lim = _limits(current, lo, hi)
+        if lim == current:
+            return None
+
+        def apply():
             self._y_lim[plot_id] = lim
             vb.setYRange(*lim, padding=0)
+        return current is None or lo < current[0] or hi > current[1], apply
 
     # ----- crosshair ----------------------------------------------------------------
     def _mouse_moved(self, plot_id: str, pos) -> None:
