@@ -453,7 +453,7 @@ class _GridAxis(pg.AxisItem):
         self._text_sizes: dict[str, dict[str, tuple[float, float]]] = {}  # font key: label: (width, height)
         # painted once into a pixmap and blitted until its ticks change (see paint):
         # replaying the axis' QPicture cost 0.2 ms per axis and repaint, 12 axes here
-        self._pixmap: tuple | None = None  # (key, pixmap, x, y) while self.picture is set
+        self._pixmap: tuple | None = None  # (pixmap, x, y) while self.picture is set
         # two levels of grid, not pyqtgraph's three: its third (a line every tenth of a
         # major step) doubled the cost of laying out an axis (1.4 ms to 0.75 ms), and
         # when the data of all five plots leaves their ranges in one update, those
@@ -480,7 +480,7 @@ class _GridAxis(pg.AxisItem):
         dpr = p.device().devicePixelRatioF() if p.device() is not None else 1.0
         left, top = rect.left() + t.dx(), rect.top() + t.dy()  # in device pixels
         x0, y0 = math.floor(left), math.floor(top)
-        if self.picture is None or self._pixmap is None or self._pixmap[2:] != (x0 - t.dx(), y0 - t.dy()):
+        if self.picture is None or self._pixmap is None or self._pixmap[1:] != (x0 - t.dx(), y0 - t.dy()):
             key = (self._key(), round(left - x0, 3), round(top - y0, 3), math.ceil(rect.width() + left - x0),
                    math.ceil(rect.height() + top - y0), dpr, self.pen().color().rgba(), self.textPen().color().rgba(),
                    self.style["tickFont"].key() if self.style["tickFont"] is not None else None)
@@ -504,8 +504,9 @@ class _GridAxis(pg.AxisItem):
                     del pixmaps[next(iter(pixmaps))]
                 pixmaps[key] = pm
             self.picture = True  # drawn: until pyqtgraph sets it to None
-            self._pixmap = (key, pm, x0 - t.dx(), y0 - t.dy())
-        p.drawPixmap(QtCore.QPointF(self._pixmap[2], self._pixmap[3]), self._pixmap[1])
+            self._pixmap = (pm, x0 - t.dx(), y0 - t.dy())
+        pm, x, y = self._pixmap
+        p.drawPixmap(QtCore.QPointF(x, y), pm)
 
     def generateDrawSpecs(self, p):
         key = self._key()
@@ -1270,10 +1271,10 @@ class Dashboard(QtWidgets.QWidget):
     def flush(self, new_curves: int | None = None) -> None:
         """Push changed series to their curves (the timer calls this 10 times a second).
         At most `new_curves` curves are made (default: all), the rest at the next call:
-        a new curve and its legend entry cost pyqtgraph about 2.5 ms, so three runs of
-        five series appearing together would hold one update for 40 ms; two a tick
-        keeps the updates that make them near the others (all 15 shown within a
-        second)."""
+        a new curve and its legend entry cost pyqtgraph about 6 ms here, so three runs
+        of five series appearing together would hold one update for 90 ms; one a tick
+        keeps the updates that make them near the others (all 15 shown within 1.5 s).
+        Called with `new_curves` (the timer), the y ranges move a few a call (see _fit)."""
         # the ranges first: a widened envelope depends on the y range (see _display_data)
         self._fit({s.spec.plot for run in self._runs.values() for s in run.series.values() if s.dirty},
                   None if new_curves is None else self.RANGE_MOVES_PER_TICK)

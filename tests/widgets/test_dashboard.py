@@ -505,6 +505,27 @@ def test_while_following_the_ranges_hold_the_data_and_move_in_steps(dash):
     assert x1 >= 5999 and y1 >= 5.0
 
 
+def test_the_timer_moves_a_few_y_ranges_a_tick_until_all_hold_their_data(dash):
+    """Plots whose data leave their ranges together are refitted over the next ticks,
+    at most RANGE_MOVES_PER_TICK a tick (one when x moves too); a plain flush fits all."""
+    keys = ("loss", "acc", "lr", "samples_per_s", "peak_mem_mb")
+    plots = ("loss", "acc", "lr", "throughput", "memory")
+    dash.append("r", [{"step": s, **{k: 1.0 + s % 3 for k in keys}} for s in range(1, 101)])
+    dash.flush()
+    before = {p: dash._y_lim.get(p) for p in plots}
+    assert all(before.values())
+    dash.append("r", [{"step": s, **{k: 50.0 for k in keys}} for s in range(101, 111)])  # x holds
+    moved = []
+    for _ in range(5):
+        dash._tick()
+        now = {p: dash._y_lim.get(p) for p in plots}
+        moved.append(sum(now[p] != before[p] for p in plots))
+        before = now
+    assert max(moved) <= Dashboard.RANGE_MOVES_PER_TICK and sum(moved) == 5
+    for p in plots:
+        assert dash.plots[p].getPlotItem().vb.viewRange()[1][1] >= 50.0
+
+
 def test_a_long_series_on_a_log_plot_is_drawn_in_decades(dash):
     """On a log-y plot the envelope is drawn in view coordinates (log10 of the
     values); a value without a logarithm (0 here) reaches down to the smallest
