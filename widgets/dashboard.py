@@ -293,89 +293,133 @@ def envelope(xb: _Buffer, yb: _Buffer, bins: int) -> tuple[np.ndarray, np.ndarra
     level still left, then the last raw values, each a segment from the one before.
     One segment per pixel, where pyqtgraph's peak downsampling draws ten. None when
     there are fewer than two values per bin (nothing to reduce)."""
+    parts = envelope_parts(xb, yb, bins)
+    return None if parts is None else _pairs(*parts)
+
+
+def _pairs(x0: np.ndarray, y0: np.ndarray, x1: np.ndarray, y1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Segments from (x0, y0) to (x1, y1) as x, y in pairs of points."""
+    x = np.empty(2 * len(x0), dtype=np.float64)
+    y = np.empty_like(x)
+    x[0::2], x[1::2], y[0::2], y[1::2] = x0, x1, y0, y1
+    return x, y
+
+
+def envelope_parts(xb: _Buffer, yb: _Buffer, bins: int) -> tuple[np.ndarray, ...] | None:
+    """`envelope`'s segments as four arrays, (x0, y0, x1, y1): what _Segments draws,
+    built without the pairs in between (the dashboard builds one per series and tick)."""
     n, levels = yb.n, yb.levels
     if n < 2 * bins:
         return None
     k = next((k for k in range(len(levels) - 1, -1, -1) if levels[k].n >= 2 * bins), -1)
     lo, hi = (levels[k].lo, levels[k].hi) if k >= 0 else (yb.a, yb.a)
     size, nb = (BLOCK << k, levels[k].n) if k >= 0 else (1, n)
-    edges = np.arange(bins) * nb // bins
-    first, last = [edges * size], [np.append(edges[1:], nb) * size - 1]
-    mn, mx = [np.minimum.reduceat(lo[:nb], edges)], [np.maximum.reduceat(hi[:nb], edges)]
+    edges = np.arange(0, bins * nb, nb) // bins  # = arange(bins) * nb // bins
+    first = edges * size
+    last = np.empty_like(first)
+    last[:-1] = first[1:] - 1
+    last[-1] = nb * size - 1
+    mn, mx = np.minimum.reduceat(lo[:nb], edges), np.maximum.reduceat(hi[:nb], edges)
     start = nb * size
-    for j in range(k - 1, -1, -1):  # at most one block of each finer level is left
+    more = []  # at most one block of each finer level is left
+    for j in range(k - 1, -1, -1):
         size = BLOCK << j
         if levels[j].n * size > start:
             i = start // size
-            first.append([start])
-            last.append([start + size - 1])
-            mn.append(levels[j].lo[i: i + 1])
-            mx.append(levels[j].hi[i: i + 1])
+            more.append((start, start + size - 1, levels[j].lo[i], levels[j].hi[i]))
             start += size
-    first, last, mn, mx = (np.concatenate(v) for v in (first, last, mn, mx))
+    if more:
+        f, l_, a, b = zip(*more)
+        first, last = np.concatenate((first, f)), np.concatenate((last, l_))
+        mn, mx = np.concatenate((mn, a)), np.concatenate((mx, b))
     before = yb.a[last[:-1]]
-    mn[1:], mx[1:] = np.minimum(mn[1:], before), np.maximum(mx[1:], before)
-    m, tail = len(mn), n - start
-    x = np.empty(2 * (m + tail), dtype=np.float64)
-    y = np.empty_like(x)
-    x[0:2 * m:2], x[1:2 * m:2] = xb.a[first], xb.a[last]
-    y[0:2 * m:2], y[1:2 * m:2] = mn, mx
-    x[2 * m::2], x[2 * m + 1::2] = xb.a[start - 1:n - 1], xb.a[start:n]
-    y[2 * m::2], y[2 * m + 1::2] = yb.a[start - 1:n - 1], yb.a[start:n]
-    return x, y
-
-
-def as_thin_lines(x: np.ndarray, y: np.ndarray, width: int, px: float, py: float) -> tuple[np.ndarray, np.ndarray]:
-    """Segments (in pairs of points, as `envelope` gives them) that a 1-pixel pen
-    draws as a `width`-pixel pen draws (x, y): each made longer by (width - 1) / 2
-    pixels at both ends, and drawn `width` times, one pixel to the right each time.
-    px, py: the size of a pixel in the same units as x and y."""
-    a, b = y[0::2], y[1::2]
-    grow = np.where(b >= a, (width - 1) / 2 * py, -(width - 1) / 2 * py)
-    y = np.empty_like(y)
-    y[0::2], y[1::2] = a - grow, b + grow
-    return np.concatenate([x + i * px for i in range(width)]), np.tile(y, width)
+    np.minimum(mn[1:], before, out=mn[1:])
+    np.maximum(mx[1:], before, out=mx[1:])
+    xa, ya = xb.a, yb.a
+    if start == n:
+        return xa[first], mn, xa[last], mx
+    return (np.concatenate((xa[first], xa[start - 1:n - 1])), np.concatenate((mn, ya[start - 1:n - 1])),
+            np.concatenate((xa[last], xa[start:n])), np.concatenate((mx, ya[start:n])))
 
 
 class _Segments(pg.GraphicsObject):
-    """Line segments in view coordinates (x, y in pairs of points), drawn with one
-    QPainter.drawLines: what a curve shows while it is an envelope. A PlotDataItem
-    costs pyqtgraph about 0.5 ms per curve and update for the same picture (its
-    setData, its bounds computed twice more over the data, its path bookkeeping);
-    this holds the segments and their bounds and nothing else."""
+    """Line segments in view coordinates, drawn with one QPainter.drawLines: what a
+    curve shows while it is an envelope. A PlotDataItem costs pyqtgraph about 0.5 ms
+    per curve and update for the same picture (its setData, its bounds computed twice
+    more over the data, its path bookkeeping); this holds the segments and their
+    bounds and nothing else. `x`, `y`: the segments drawn, in pairs of points."""
 
     def __init__(self, pen: QtGui.QPen):
         super().__init__()
         self.pen = pen
-        self.x = self.y = np.empty(0)
         self._lines = pg.Qt.internals.PrimitiveArray(QtCore.QLineF, 4)
         self._rect = QtCore.QRectF()
+        self._n = 0
 
-    def set_segments(self, x: np.ndarray, y: np.ndarray) -> None:
-        self.x, self.y = x, y
-        self._lines.resize(len(x) // 2)
+    @property
+    def x(self) -> np.ndarray:
+        m = self._lines.ndarray()[:self._n]
+        return _pairs(m[:, 0], m[:, 1], m[:, 2], m[:, 3])[0]
+
+    @property
+    def y(self) -> np.ndarray:
+        m = self._lines.ndarray()[:self._n]
+        return _pairs(m[:, 0], m[:, 1], m[:, 2], m[:, 3])[1]
+
+    def set_segments(self, x: np.ndarray, y: np.ndarray, width: int = 1, px: float = 0.0, py: float = 0.0) -> None:
+        """Segments given in pairs of points; width etc. as in set_columns."""
+        self.set_columns(x[0::2], y[0::2], x[1::2], y[1::2], width, px, py)
+
+    def set_columns(self, x0: np.ndarray, y0: np.ndarray, x1: np.ndarray, y1: np.ndarray,
+                    width: int = 1, px: float = 0.0, py: float = 0.0) -> None:
+        """The segments from (x0, y0) to (x1, y1). With `width` > 1, drawn by a
+        1-pixel pen as a `width`-pixel pen draws them (px, py: a pixel's size in
+        view units): `width` copies, each one pixel to the right of
+        the one before, made longer by (width - 1) / 2 pixels at both ends. Written
+        straight into the QLineF array that is drawn."""
+        k = len(x0)
+        if width > 1 and k:
+            half = (width - 1) / 2 * py
+            grow = np.where(y1 >= y0, half, -half)
+            y0, y1 = y0 - grow, y1 + grow
+        else:
+            width = 1
+        self._n = k * width
+        self._lines.resize(self._n)
         m = self._lines.ndarray()
-        m[:, 0], m[:, 1], m[:, 2], m[:, 3] = x[0::2], y[0::2], x[1::2], y[1::2]
+        for i in range(width):
+            block = m[i * k:(i + 1) * k]
+            if i:
+                np.add(x0, i * px, out=block[:, 0])
+                np.add(x1, i * px, out=block[:, 2])
+            else:
+                block[:, 0], block[:, 2] = x0, x1
+            block[:, 1], block[:, 3] = y0, y1
         self.prepareGeometryChange()
-        if len(x):
-            x0, x1, y0, y1 = float(x.min()), float(x.max()), float(y.min()), float(y.max())
-            self._rect = QtCore.QRectF(x0, y0, x1 - x0, y1 - y0)
+        if k:
+            xs, ys = m[:self._n, 0::2], m[:self._n, 1::2]
+            left, top = float(xs.min()), float(ys.min())
+            self._rect = QtCore.QRectF(left, top, float(xs.max()) - left, float(ys.max()) - top)
         else:
             self._rect = QtCore.QRectF()
         self.informViewBoundsChanged()
         self.update()
 
+    def count(self) -> int:
+        """How many lines it draws."""
+        return self._n
+
     def boundingRect(self) -> QtCore.QRectF:
         return self._rect
 
     def dataBounds(self, ax: int, frac: float = 1.0, orthoRange=None):
-        if not len(self.x):
+        if not self._n:
             return None, None
         r = self._rect
         return (r.left(), r.right()) if ax == 0 else (r.top(), r.bottom())
 
     def paint(self, p, *args) -> None:
-        if len(self.x):
+        if self._n:
             p.setPen(self.pen)
             p.drawLines(*self._lines.drawargs())
 
@@ -410,7 +454,7 @@ class _Series:
         self.smoothed = _Buffer(envelope=True)
         self.curve: pg.PlotDataItem | None = None
         self.pen: QtGui.QPen | None = None  # its own
-        self.thin_pen: QtGui.QPen | None = None  # 1 pixel, for its envelope (see Dashboard._display_data)
+        self.thin_pen: QtGui.QPen | None = None  # 1 pixel, for its envelope (see Dashboard._envelope)
         self.segments: _Segments | None = None  # its envelope, while it shows one
         self.raw = False  # the curve holds the raw series
         self.dirty = True
@@ -689,8 +733,15 @@ def _cache_painting(item: QtWidgets.QGraphicsItem) -> None:
     a text item does when its text changes). A cache mode holds for one item, not its
     children, and pyqtgraph's titles, axis labels and legend entries are
     QGraphicsTextItems under the item that lays them out: their text was laid out and
-    drawn again on every repaint, 2 ms of the 9 ms that repainting six plots took."""
-    item.setCacheMode(QtWidgets.QGraphicsItem.DeviceCoordinateCache)
+    drawn again on every repaint, 2 ms of the 9 ms that repainting six plots took.
+    A pyqtgraph LabelItem (a title, a legend entry's text) only lays out the text
+    item under it and draws nothing itself: it is marked as having no contents, so
+    that a repaint neither asks it for its bounds (Python) nor blits an empty cached
+    pixmap for it, 0.85 ms of a repaint of the five plots of three runs."""
+    if type(item) is pg.LabelItem and type(item).paint is QtWidgets.QGraphicsWidget.paint:
+        item.setFlag(QtWidgets.QGraphicsItem.ItemHasNoContents)
+    else:
+        item.setCacheMode(QtWidgets.QGraphicsItem.DeviceCoordinateCache)
     for child in item.childItems():
         if isinstance(child, (QtWidgets.QGraphicsTextItem, pg.ItemSample, pg.LabelItem)):
             _cache_painting(child)
@@ -1179,41 +1230,50 @@ class Dashboard(QtWidgets.QWidget):
         yb = s.smoothed if s.spec.smooth and self._smoothing > 0 else s.y
         return xb, yb
 
-    def _display_data(self, s: _Series) -> tuple[np.ndarray, np.ndarray, bool]:
-        """What the series shows, and whether that is the envelope. While the plots
-        follow their data (the live case) and there are two values per pixel or
-        more, it is the series' `envelope`, in view coordinates (log10 on a log-y
-        plot), one segment per pixel column (columns half a pen width apart): what
-        the raw series looks like, built from the min/max levels without touching the
-        million values, and drawn by a _Segments item. A solid 2-pixel pen draws it
-        as two 1-pixel lines (`as_thin_lines`): the same picture (see
-        tests/widgets/test_dashboard.py), and Qt's raster engine draws 1-pixel lines
-        about five times as fast as it strokes wider ones. Otherwise (zoomed in by the
-        user, or a short series) it is the raw series, which the PlotDataItem clips
-        to the view and peak-downsamples only where there are more than five points
-        per pixel: every point shows."""
-        xb, yb = self._buffers(s)
-        pw = self.plots[s.spec.plot]
-        vb = pw.getPlotItem().vb
-        # every plot's x follows the first's (setXLink): following, or pyqtgraph's own
-        # auto-range (its menu) there, is the live case
-        if self._follow or self.plots[PLOTS[0].id].getPlotItem().vb.autoRangeEnabled()[0]:
+    def _live(self) -> bool:
+        """Whether the plots show their data whole (see _envelope): following, or
+        pyqtgraph's own auto-range (its menu) on the first plot, which all plots' x
+        follows (setXLink)."""
+        return self._follow or self.plots[PLOTS[0].id].getPlotItem().vb.autoRangeEnabled()[0]
+
+    def _envelope(self, s: _Series, geometry: dict) -> tuple | None:
+        """What the series shows while the plots follow their data (the live case)
+        and it has two values per pixel or more: its envelope (`envelope_parts`) in
+        view coordinates (log10 on a log-y plot), one segment per pixel column
+        (columns half a pen width apart), as _Segments.set_columns takes it: what the
+        raw series looks like, built from the min/max levels without touching the
+        million values. A solid 2-pixel pen draws it as two 1-pixel lines (see
+        set_columns): the same picture (see tests/widgets/test_dashboard.py), and
+        Qt's raster engine draws 1-pixel lines about five times as fast as it strokes
+        wider ones. None otherwise (zoomed in by the user, or a short series): the
+        raw series, which the PlotDataItem clips to the view and peak-downsamples
+        only where there are more than five points per pixel: every point shows.
+        `geometry`: each plot's pixels, filled here once per flush."""
+        plot_id = s.spec.plot
+        g = geometry.get(plot_id)
+        if g is None:
+            pw = self.plots[plot_id]
+            vb = pw.getPlotItem().vb
             dpr = pw.devicePixelRatioF()
-            width = s.pen.widthF()
-            env = envelope(xb, yb, int(max(vb.width(), 200.0) * dpr * 2 / max(width, 1.0)))
-            if env is not None:
-                x, y = env
-                if self._log_y and s.spec.plot in LOG_PLOTS:
-                    positive = y > 0  # values without a logarithm: down to the smallest that has one
-                    if not positive.all():
-                        x, y = (x, np.where(positive, y, y[positive].min())) if positive.any() else (x[:0], y[:0])
-                    y = np.log10(y)
-                if s.thin_pen is not None:
-                    (x0, x1), (y0, y1) = vb.viewRange()
-                    x, y = as_thin_lines(x, y, round(width), (x1 - x0) / max(vb.width() * dpr, 1.0),
-                                         (y1 - y0) / max(vb.height() * dpr, 1.0))
-                return x, y, True
-        return xb.view(), yb.view(), False
+            (x0, x1), (y0, y1) = vb.viewRange()
+            g = geometry[plot_id] = (max(vb.width(), 200.0) * dpr, (x1 - x0) / max(vb.width() * dpr, 1.0),
+                                     (y1 - y0) / max(vb.height() * dpr, 1.0), self._log_y and plot_id in LOG_PLOTS)
+        columns, px, py, log = g
+        width = s.pen.widthF()
+        parts = envelope_parts(*self._buffers(s), int(columns * 2 / max(width, 1.0)))
+        if parts is None:
+            return None
+        x0, y0, x1, y1 = parts
+        if log:
+            up0, up1 = y0 > 0, y1 > 0  # values without a logarithm: down to the smallest that has one
+            if not (up0.all() and up1.all()):
+                if up0.any() or up1.any():
+                    least = min(y0.min(initial=math.inf, where=up0), y1.min(initial=math.inf, where=up1))
+                    y0, y1 = np.where(up0, y0, least), np.where(up1, y1, least)
+                else:
+                    x0 = y0 = x1 = y1 = x0[:0]
+            y0, y1 = np.log10(y0), np.log10(y1)
+        return x0, y0, x1, y1, round(width) if s.thin_pen is not None else 1, px, py
 
     def drawn(self, key: str, series: str) -> tuple[np.ndarray, np.ndarray, bool]:
         """What is on screen for a series: (x, y, envelope), the envelope's segments in
@@ -1241,7 +1301,7 @@ class Dashboard(QtWidgets.QWidget):
         curve = pg.PlotDataItem(pen=pen, name=name, skipFiniteCheck=True, **kw)
         curve.legend_pen = s.pen = pen  # the legend shows it whichever item draws (_LegendSample)
         s.thin_pen = None
-        if pen.widthF() == 2 and style == Qt.SolidLine:  # see _display_data
+        if pen.widthF() == 2 and style == Qt.SolidLine:  # see _envelope
             s.thin_pen = pg.mkPen(run.color, width=1)
         # shown or hidden (the run list, a click on the legend): its envelope too
         curve.visibleChanged.connect(lambda: s.segments is not None and s.segments.setVisible(curve.isVisible()))
@@ -1275,9 +1335,10 @@ class Dashboard(QtWidgets.QWidget):
         of five series appearing together would hold one update for 90 ms; one a tick
         keeps the updates that make them near the others (all 15 shown within 1.5 s).
         Called with `new_curves` (the timer), the y ranges move a few a call (see _fit)."""
-        # the ranges first: a widened envelope depends on the y range (see _display_data)
+        # the ranges first: a widened envelope depends on the y range (see _envelope)
         self._fit({s.spec.plot for run in self._runs.values() for s in run.series.values() if s.dirty},
                   None if new_curves is None else self.RANGE_MOVES_PER_TICK)
+        live, geometry = self._live(), {}
         for run in self._runs.values():
             for s in run.series.values():
                 if not s.dirty:
@@ -1288,20 +1349,20 @@ class Dashboard(QtWidgets.QWidget):
                             continue  # stays dirty: the next tick
                         new_curves -= 1
                     s.curve = self._make_curve(run, s)
-                x, y, reduced = self._display_data(s)
-                if reduced:
+                env = self._envelope(s, geometry) if live else None
+                if env is not None:
                     if s.segments is None:
                         s.segments = _Segments(s.thin_pen or s.pen)
                         s.segments.setVisible(s.curve.isVisible())
                         self.plots[s.spec.plot].getPlotItem().vb.addItem(s.segments)
-                    s.segments.set_segments(x, y)
+                    s.segments.set_columns(*env)
                     if s.raw:  # the curve stays for its legend entry and visibility, empty
                         s.curve.setData([], [])
                         s.raw = False
                 else:
-                    if s.segments is not None and len(s.segments.x):
+                    if s.segments is not None and s.segments.count():
                         s.segments.set_segments(np.empty(0), np.empty(0))
-                    s.curve.setData(x, y)
+                    s.curve.setData(*(b.view() for b in self._buffers(s)))
                     s.raw = True
                 s.dirty = False
 

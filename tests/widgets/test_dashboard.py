@@ -14,8 +14,8 @@ from PySide6.QtGui import QColor, QImage, QPainter
 import pyqtgraph as pg
 
 from engine.tail import MetricsTail, read_metrics
-from widgets.dashboard import (BLOCK, ConfusionMatrixWidget, Dashboard, _Buffer, _GridAxis, as_thin_lines, ema,
-                               envelope)
+from widgets.dashboard import (BLOCK, ConfusionMatrixWidget, Dashboard, _Buffer, _GridAxis, _Segments, ema,
+                               envelope, envelope_parts)
 
 pytestmark = pytest.mark.gui
 
@@ -238,6 +238,19 @@ def test_a_long_series_stays_exact_and_is_drawn_as_its_envelope(dash):
     assert is_envelope and len(x) < 4 * columns + 160 and len(c.getOriginalDataset()[0] or []) == 0
 
 
+def as_thin_lines(x, y, width, px, py):
+    """Segments (in pairs of points, as `envelope` gives them) that a 1-pixel pen
+    draws as a `width`-pixel pen draws (x, y): each made longer by (width - 1) / 2
+    pixels at both ends, and drawn `width` times, one pixel to the right each time
+    (px, py: a pixel's size in the units of x and y). What _Segments.set_columns
+    writes into its lines, computed here on its own."""
+    a, b = y[0::2], y[1::2]
+    grow = np.where(b >= a, (width - 1) / 2 * py, -(width - 1) / 2 * py)
+    y = np.empty_like(y)
+    y[0::2], y[1::2] = a - grow, b + grow
+    return np.concatenate([x + i * px for i in range(width)]), np.tile(y, width)
+
+
 def check_envelope(cx, cy, values):
     """Segments (x = index) of a series of `values`: each covers the values of its
     index range and the last value of the previous one, min to max exactly; together
@@ -305,6 +318,30 @@ def test_envelope_segments_cover_the_series(n):
         return
     check_envelope(*env, values)
     assert len(env[0]) // 2 <= 400 + 40
+
+
+@pytest.mark.parametrize("width", [1, 2, 3])
+def test_segments_hold_the_thin_lines_of_an_envelope(qtbot, width):
+    """_Segments.set_columns writes an envelope (with blocks of finer levels and a raw
+    tail after its columns: 12,345 values) as `as_thin_lines` draws it, and its
+    bounds are those of all the lines."""
+    n = 12_345
+    values = np.cumsum(np.random.default_rng(5).standard_normal(n))
+    xb, yb = _Buffer(), _Buffer(envelope=True)
+    xb.extend(np.arange(n, dtype=np.float64))
+    yb.extend(values)
+    parts = envelope_parts(xb, yb, 300)
+    x, y = envelope(xb, yb, 300)
+    assert len(x) == 2 * len(parts[0]) and n - 1 - x[-1] == 0 and x[-2] == n - 2  # ends with the raw tail
+    segments = _Segments(pg.mkPen("b"))
+    segments.set_columns(*parts, width, 0.5, 0.01)
+    tx, ty = as_thin_lines(x, y, width, 0.5, 0.01)
+    assert np.array_equal(segments.x, tx) and np.array_equal(segments.y, ty) and segments.count() == len(tx) // 2
+    r = segments.boundingRect()
+    assert (r.left(), r.right(), r.top(), r.bottom()) == pytest.approx((tx.min(), tx.max(), ty.min(), ty.max()),
+                                                                       rel=1e-12)
+    segments.set_segments(np.empty(0), np.empty(0))
+    assert segments.count() == 0 and segments.boundingRect().isNull()
 
 
 def test_the_envelope_draws_what_the_raw_series_draws(qtbot):
