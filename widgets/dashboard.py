@@ -463,6 +463,11 @@ class _Series:
 class _Parts(list):
     """Pieces of one series' new values (arrays), joined once per poll."""
 
+    def joined(self) -> np.ndarray:
+        if len(self) == 1:  # one batch a poll, the usual case: no copy
+            return self[0]
+        return np.concatenate([np.asarray(v, dtype=np.float64) for v in self])
+
 
 class _Run:
     def __init__(self, key: str, label: str, color: str):
@@ -1044,8 +1049,8 @@ class Dashboard(QtWidgets.QWidget):
             if s is None:
                 s = run.series[skey] = _Series(spec)
             prev = s.smoothed.a[s.smoothed.n - 1] if s.smoothed.n else None
-            steps, times, ys = (np.concatenate([np.asarray(v, dtype=np.float64) for v in parts]) if
-                                isinstance(parts, _Parts) else parts for parts in (steps, times, ys))
+            steps, times, ys = (parts.joined() if isinstance(parts, _Parts) else parts
+                                for parts in (steps, times, ys))
             if not len(ys):
                 continue
             s.step.extend(steps)
