@@ -305,33 +305,42 @@ def _pairs(x0: np.ndarray, y0: np.ndarray, x1: np.ndarray, y1: np.ndarray) -> tu
     return x, y
 
 
-def envelope_parts(xb: _Buffer, yb: _Buffer, bins: int) -> tuple[np.ndarray, ...] | None:
+def envelope_parts(xb: _Buffer, yb: _Buffer, bins: int, shapes: dict | None = None) -> tuple[np.ndarray, ...] | None:
     """`envelope`'s segments as four arrays, (x0, y0, x1, y1): what _Segments draws,
-    built without the pairs in between (the dashboard builds one per series and tick)."""
+    built without the pairs in between (the dashboard builds one per series and tick).
+    Where they come from in yb (the level, the columns' first and last values, the
+    finer blocks left) depends on yb's length and `bins` only: `shapes`, a dict kept
+    by the caller while the buffers do not grow, holds it for the next series of
+    that length (the five series of a run, which grow together)."""
     n, levels = yb.n, yb.levels
     if n < 2 * bins:
         return None
-    k = next((k for k in range(len(levels) - 1, -1, -1) if levels[k].n >= 2 * bins), -1)
+    shape = shapes.get((n, bins)) if shapes is not None else None
+    if shape is None:
+        k = next((k for k in range(len(levels) - 1, -1, -1) if levels[k].n >= 2 * bins), -1)
+        size, nb = (BLOCK << k, levels[k].n) if k >= 0 else (1, n)
+        edges = np.arange(0, bins * nb, nb) // bins  # = arange(bins) * nb // bins
+        first = edges * size
+        last = np.empty_like(first)
+        last[:-1] = first[1:] - 1
+        last[-1] = nb * size - 1
+        start = nb * size
+        more = []  # at most one block of each finer level is left: (level, block)
+        for j in range(k - 1, -1, -1):
+            size = BLOCK << j
+            if levels[j].n * size > start:
+                more.append((j, start // size))
+                first, last = np.append(first, start), np.append(last, start + size - 1)
+                start += size
+        shape = (k, nb, edges, first, last, more, start)
+        if shapes is not None:
+            shapes[n, bins] = shape
+    k, nb, edges, first, last, more, start = shape
     lo, hi = (levels[k].lo, levels[k].hi) if k >= 0 else (yb.a, yb.a)
-    size, nb = (BLOCK << k, levels[k].n) if k >= 0 else (1, n)
-    edges = np.arange(0, bins * nb, nb) // bins  # = arange(bins) * nb // bins
-    first = edges * size
-    last = np.empty_like(first)
-    last[:-1] = first[1:] - 1
-    last[-1] = nb * size - 1
     mn, mx = np.minimum.reduceat(lo[:nb], edges), np.maximum.reduceat(hi[:nb], edges)
-    start = nb * size
-    more = []  # at most one block of each finer level is left
-    for j in range(k - 1, -1, -1):
-        size = BLOCK << j
-        if levels[j].n * size > start:
-            i = start // size
-            more.append((start, start + size - 1, levels[j].lo[i], levels[j].hi[i]))
-            start += size
     if more:
-        f, l_, a, b = zip(*more)
-        first, last = np.concatenate((first, f)), np.concatenate((last, l_))
-        mn, mx = np.concatenate((mn, a)), np.concatenate((mx, b))
+        mn = np.concatenate((mn, [levels[j].lo[i] for j, i in more]))
+        mx = np.concatenate((mx, [levels[j].hi[i] for j, i in more]))
     before = yb.a[last[:-1]]
     np.minimum(mn[1:], before, out=mn[1:])
     np.maximum(mx[1:], before, out=mx[1:])
@@ -1241,7 +1250,7 @@ class Dashboard(QtWidgets.QWidget):
         follows (setXLink)."""
         return self._follow or self.plots[PLOTS[0].id].getPlotItem().vb.autoRangeEnabled()[0]
 
-    def _envelope(self, s: _Series, geometry: dict) -> tuple | None:
+    def _envelope(self, s: _Series, geometry: dict, shapes: dict) -> tuple | None:
         """What the series shows while the plots follow their data (the live case)
         and it has two values per pixel or more: its envelope (`envelope_parts`) in
         view coordinates (log10 on a log-y plot), one segment per pixel column
@@ -1253,7 +1262,8 @@ class Dashboard(QtWidgets.QWidget):
         wider ones. None otherwise (zoomed in by the user, or a short series): the
         raw series, which the PlotDataItem clips to the view and peak-downsamples
         only where there are more than five points per pixel: every point shows.
-        `geometry`: each plot's pixels, filled here once per flush."""
+        `geometry`: each plot's pixels, filled here once per flush; `shapes`: see
+        envelope_parts, for one flush."""
         plot_id = s.spec.plot
         g = geometry.get(plot_id)
         if g is None:
@@ -1265,7 +1275,7 @@ class Dashboard(QtWidgets.QWidget):
                                      (y1 - y0) / max(vb.height() * dpr, 1.0), self._log_y and plot_id in LOG_PLOTS)
         columns, px, py, log = g
         width = s.pen.widthF()
-        parts = envelope_parts(*self._buffers(s), int(columns * 2 / max(width, 1.0)))
+        parts = envelope_parts(*self._buffers(s), int(columns * 2 / max(width, 1.0)), shapes)
         if parts is None:
             return None
         x0, y0, x1, y1 = parts
@@ -1343,7 +1353,7 @@ class Dashboard(QtWidgets.QWidget):
         # the ranges first: a widened envelope depends on the y range (see _envelope)
         self._fit({s.spec.plot for run in self._runs.values() for s in run.series.values() if s.dirty},
                   None if new_curves is None else self.RANGE_MOVES_PER_TICK)
-        live, geometry = self._live(), {}
+        live, geometry, shapes = self._live(), {}, {}
         for run in self._runs.values():
             for s in run.series.values():
                 if not s.dirty:
@@ -1354,7 +1364,7 @@ class Dashboard(QtWidgets.QWidget):
                             continue  # stays dirty: the next tick
                         new_curves -= 1
                     s.curve = self._make_curve(run, s)
-                env = self._envelope(s, geometry) if live else None
+                env = self._envelope(s, geometry, shapes) if live else None
                 if env is not None:
                     if s.segments is None:
                         s.segments = _Segments(s.thin_pen or s.pen)

@@ -251,6 +251,28 @@ def as_thin_lines(x, y, width, px, py):
     return np.concatenate([x + i * px for i in range(width)]), np.tile(y, width)
 
 
+def test_the_series_of_a_run_share_the_envelopes_shape_and_keep_their_values(dash):
+    """The series of a run, as long as each other, are drawn from one envelope
+    shape (where its columns start and end, built once a flush): each still shows
+    its own values, the same as its envelope built on its own."""
+    n = 120_000
+    rng = np.random.default_rng(7)
+    values = {k: np.cumsum(rng.standard_normal(n)) + 50 for k in ("loss", "acc", "lr")}
+    for i in range(0, n, 30_000):
+        dash.append("r", [{"step": s, **{k: float(v[s]) for k, v in values.items()}} for s in range(i, i + 30_000)])
+        dash.flush()
+    dpr = dash.devicePixelRatioF()
+    for key, v in values.items():
+        s = dash._runs["r"].series[key]
+        vb = dash.plots[s.spec.plot].getPlotItem().vb
+        cx, cy, is_envelope = dash.drawn("r", key)
+        ex, ey = envelope(s.step, s.y, int(max(vb.width(), 200) * dpr))
+        check_envelope(ex, ey, v)
+        (x0, x1), (y0, y1) = vb.viewRange()
+        tx, ty = as_thin_lines(ex, ey, 2, (x1 - x0) / (vb.width() * dpr), (y1 - y0) / (vb.height() * dpr))
+        assert is_envelope and np.array_equal(cx, tx) and np.array_equal(cy, ty), key
+
+
 def check_envelope(cx, cy, values):
     """Segments (x = index) of a series of `values`: each covers the values of its
     index range and the last value of the previous one, min to max exactly; together
