@@ -356,7 +356,7 @@ class _Segments(pg.GraphicsObject):
     curve shows while it is an envelope. A PlotDataItem costs pyqtgraph about 0.5 ms
     per curve and update for the same picture (its setData, its bounds computed twice
     more over the data, its path bookkeeping); this holds the segments and their
-    bounds and nothing else. `x`, `y`: the segments drawn, in pairs of points."""
+    bounds and nothing else."""
 
     def __init__(self, pen: QtGui.QPen):
         super().__init__()
@@ -365,19 +365,14 @@ class _Segments(pg.GraphicsObject):
         self._rect = QtCore.QRectF()
         self._n = 0
 
-    @property
-    def x(self) -> np.ndarray:
+    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The lines drawn, as x, y in pairs of points."""
         m = self._lines.ndarray()[:self._n]
-        return _pairs(m[:, 0], m[:, 1], m[:, 2], m[:, 3])[0]
+        return _pairs(m[:, 0], m[:, 1], m[:, 2], m[:, 3])
 
-    @property
-    def y(self) -> np.ndarray:
-        m = self._lines.ndarray()[:self._n]
-        return _pairs(m[:, 0], m[:, 1], m[:, 2], m[:, 3])[1]
-
-    def set_segments(self, x: np.ndarray, y: np.ndarray, width: int = 1, px: float = 0.0, py: float = 0.0) -> None:
-        """Segments given in pairs of points; width etc. as in set_columns."""
-        self.set_columns(x[0::2], y[0::2], x[1::2], y[1::2], width, px, py)
+    def clear(self) -> None:
+        empty = np.empty(0)
+        self.set_columns(empty, empty, empty, empty)
 
     def set_columns(self, x0: np.ndarray, y0: np.ndarray, x1: np.ndarray, y1: np.ndarray,
                     width: int = 1, px: float = 0.0, py: float = 0.0) -> None:
@@ -1295,7 +1290,7 @@ class Dashboard(QtWidgets.QWidget):
         view coordinates, or the raw data the curve was given."""
         s = self._runs[key].series[series]
         if s.segments is not None and not s.raw:
-            return s.segments.x, s.segments.y, True
+            return (*s.segments.pairs(), True)
         x, y = s.curve.getOriginalDataset()
         return np.asarray(x), np.asarray(y), False
 
@@ -1376,7 +1371,7 @@ class Dashboard(QtWidgets.QWidget):
                         s.raw = False
                 else:
                     if s.segments is not None and s.segments.count():
-                        s.segments.set_segments(np.empty(0), np.empty(0))
+                        s.segments.clear()
                     s.curve.setData(*(b.view() for b in self._buffers(s)))
                     s.raw = True
                 s.dirty = False

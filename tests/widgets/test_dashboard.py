@@ -225,7 +225,7 @@ def test_a_long_series_stays_exact_and_is_drawn_as_its_envelope(dash):
     vb.sigRangeChangedManually.emit(vb.state["mouseEnabled"])  # what a mouse zoom emits
     dash.flush()
     x, y, is_envelope = dash.drawn("big", "loss")
-    assert not is_envelope and len(x) == n and len(segments.x) == 0
+    assert not is_envelope and len(x) == n and len(segments.pairs()[0]) == 0
     assert c.opts["clipToView"] and c.opts["autoDownsample"] and c.opts["downsampleMethod"] == "peak"
     shown_x, shown_y = c.getData()  # after pyqtgraph's clipping to the view: no downsampling of 100 points
     assert set(range(1000, 1100)) <= set(shown_x.astype(int)) and len(shown_x) <= 104
@@ -358,11 +358,12 @@ def test_segments_hold_the_thin_lines_of_an_envelope(qtbot, width):
     segments = _Segments(pg.mkPen("b"))
     segments.set_columns(*parts, width, 0.5, 0.01)
     tx, ty = as_thin_lines(x, y, width, 0.5, 0.01)
-    assert np.array_equal(segments.x, tx) and np.array_equal(segments.y, ty) and segments.count() == len(tx) // 2
+    sx, sy = segments.pairs()
+    assert np.array_equal(sx, tx) and np.array_equal(sy, ty) and segments.count() == len(tx) // 2
     r = segments.boundingRect()
     assert (r.left(), r.right(), r.top(), r.bottom()) == pytest.approx((tx.min(), tx.max(), ty.min(), ty.max()),
                                                                        rel=1e-12)
-    segments.set_segments(np.empty(0), np.empty(0))
+    segments.clear()
     assert segments.count() == 0 and segments.boundingRect().isNull()
 
 
