@@ -586,6 +586,36 @@ def test_the_timer_moves_a_few_y_ranges_a_tick_until_all_hold_their_data(dash):
         assert dash.plots[p].getPlotItem().vb.viewRange()[1][1] >= 50.0
 
 
+def test_a_tick_that_moves_x_leaves_the_new_points_to_the_next_one(dash):
+    """The timer's tick that moves the x range does only that (the axes laid out
+    again, every envelope rebuilt at the next); the tick after draws the new points
+    and moves the y ranges, even if x moves again then; a plain flush does it all."""
+    vb = dash.plots["loss"].getPlotItem().vb
+
+    def last_drawn():
+        return dash.drawn("r", "loss")[0].max()
+
+    dash.append("r", [{"step": s, "loss": 1.0 + s % 3} for s in range(1, 101)])
+    dash._tick()  # the first range is not a move: drawn at once
+    assert last_drawn() == pytest.approx(100, abs=10)
+    x_before, y_before = dash._x_lim, dash._y_lim["loss"]
+
+    dash.append("r", [{"step": s, "loss": 50.0} for s in range(101, 201)])  # out of both ranges
+    dash._tick()
+    assert dash._x_lim != x_before and vb.viewRange()[0] == pytest.approx(list(dash._x_lim))
+    assert last_drawn() == pytest.approx(100, abs=10) and dash._y_lim["loss"] == y_before
+
+    dash.append("r", [{"step": s, "loss": 50.0} for s in range(201, 401)])  # x moves again
+    x_second = dash._x_lim
+    dash._tick()
+    assert dash._x_lim != x_second
+    assert last_drawn() == pytest.approx(400, abs=10) and dash._y_lim["loss"][1] >= 50.0
+
+    dash.append("r", [{"step": s, "loss": 1.0} for s in range(401, 1001)])
+    dash.flush()
+    assert last_drawn() == pytest.approx(1000, abs=10) and dash._x_lim[1] >= 1000
+
+
 def test_a_long_series_on_a_log_plot_is_drawn_in_decades(dash):
     """On a log-y plot the envelope is drawn in view coordinates (log10 of the
     values); a value without a logarithm (0 here) reaches down to the smallest
