@@ -796,7 +796,7 @@ class Dashboard(QtWidgets.QWidget):
 
     UPDATE_MS = 100  # 10 updates a second
     NEW_CURVES_PER_TICK = 1
-    RANGE_MOVES_PER_TICK = 2  # y ranges (see _fit)
+    RANGE_MOVES_PER_TICK = 1  # y ranges (see _fit): each laid out again costs a repaint 1.7 ms
     COLUMNS = 4  # 6 plots and the confusion matrix in two rows
     run_visibility_changed = QtCore.Signal(str, bool)
 
