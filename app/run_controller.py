@@ -10,7 +10,8 @@ cancelled), then SIGKILLs, after a grace period, the group and every descendant 
 the LocalJob's ProcessTree (remote/procs.py), escalated from the poll so the GUI
 thread never waits. One job model and one stop path for the GUI, the CLI and the API.
 Nothing runs in the GUI thread but a 5 Hz poll: the preparation's future, the
-processes' exit and the new lines of metrics.jsonl (engine/tail.py, by byte offset).
+processes' exit and the new lines of metrics.jsonl (engine/tail.py, by byte offset),
+handed to the dashboard as read: it parses them in a process of its own.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from engine.errors import LayerflowError
 from engine.runs import failure_report
 from engine.runtime.records import FINAL_STATES, RunStatus
-from engine.tail import MetricsTail
+from engine.tail import MetricsTail, parse_jsonl
 from remote import procs
 from remote.launch_local import LocalJob, launch_local
 from remote.procs import group_pids  # noqa: F401  (used by tests)
@@ -39,6 +40,14 @@ def _fmt_eta(seconds: float) -> str:
     if not math.isfinite(seconds) or seconds < 0:
         return "…"
     return fmt_duration(seconds)
+
+
+def _step_record(lines) -> dict | None:
+    """The first of `lines` that is a training step's record (an int step, a time, no event)."""
+    for r in parse_jsonl(list(lines)):
+        if isinstance(r.get("step"), int) and isinstance(r.get("time"), (int, float)) and "event" not in r:
+            return r
+    return None
 
 
 @dataclass
@@ -83,7 +92,7 @@ class RunController(QObject):
     """One training run at a time, launched and watched for the GUI."""
 
     started = Signal(str)  # run_dir
-    records = Signal(str, list, list)  # run_dir, new metrics records, the lines of metrics.jsonl they came from
+    lines = Signal(str, bytes)  # run_dir, new complete lines of metrics.jsonl joined by newlines (parsed by the dashboard)
     reset = Signal(str)  # run_dir: forget its records, they come again from the start
     progress = Signal(str, int, int, float)  # run_dir, step, total_steps (0: unknown), eta seconds (nan)
     finished = Signal(str, str)  # run_dir, state: succeeded | failed | cancelled
@@ -253,24 +262,26 @@ class RunController(QObject):
             a.tail_ready = True
             a.tail = MetricsTail(a.run_dir / "metrics.jsonl")
             self.reset.emit(str(a.run_dir))
-        recs, lines = a.tail.poll_with_lines()
+        data = a.tail.poll_data()
         if a.total_steps is None and (a.run_dir / "run.json").is_file():
             try:
                 a.total_steps = int(json.loads((a.run_dir / "run.json").read_text())["total_steps"])
             except (OSError, ValueError, KeyError, TypeError):
                 pass
-        if not recs:
+        if not data:
             return
-        for r in recs:
-            if isinstance(r.get("step"), int) and isinstance(r.get("time"), (int, float)) and "event" not in r:
-                a.step = r["step"]
-                if a.rate_ref is None:
-                    a.rate_ref = (float(r["time"]), a.step)
-                else:
-                    dt, ds = float(r["time"]) - a.rate_ref[0], a.step - a.rate_ref[1]
-                    if dt > 0 and ds > 0 and a.total_steps:
-                        a.eta = (a.total_steps - a.step) * dt / ds
-        self.records.emit(str(a.run_dir), recs, lines)
+        # progress from the run's first step record and this poll's last: a few lines
+        # parsed here, the rest by the dashboard's parse process
+        if a.rate_ref is None and (first := _step_record(data.split(b"\n", 64)[:64])) is not None:
+            a.rate_ref = (float(first["time"]), first["step"])
+        last = _step_record(reversed(data.rsplit(b"\n", 8)[-8:]))
+        if last is not None:
+            a.step = last["step"]
+            a.rate_ref = a.rate_ref or (float(last["time"]), a.step)
+            dt, ds = float(last["time"]) - a.rate_ref[0], a.step - a.rate_ref[1]
+            if dt > 0 and ds > 0 and a.total_steps:
+                a.eta = (a.total_steps - a.step) * dt / ds
+        self.lines.emit(str(a.run_dir), data)
         self.progress.emit(str(a.run_dir), a.step, a.total_steps or 0, a.eta)
 
     def _finish(self, a: ActiveRun, code: int | None, *, discard: bool = True) -> None:

@@ -18,7 +18,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QProgressBar, QSystemTr
 from app.run_controller import RunController, _fmt_eta
 from engine.runs import confusion_matrix, delete_run, list_runs, peak_memory_per_rank, runs_dir, summarize_run
 from engine.runtime.records import RESUMABLE_STATES, RunStatus
-from engine.tail import MetricsTail, RankMetricsTail, read_metrics
+from engine.tail import MetricsTail, RankMetricsTail, parse_jsonl
 from widgets.dashboard import Dashboard
 from widgets.run_toolbar import RunToolbar
 from widgets.runs_panel import RunsPanel
@@ -71,7 +71,7 @@ class RunUI(QObject):
 
         c = self.controller
         c.started.connect(self._on_started)
-        c.records.connect(self._on_records)
+        c.lines.connect(self._on_lines)
         c.reset.connect(lambda run_dir: self.dashboard.set_records(run_dir, [], label=Path(run_dir).name))
         c.progress.connect(self._on_progress)
         c.finished.connect(self._on_finished)
@@ -199,9 +199,9 @@ class RunUI(QObject):
         self.show_dashboard()
         self._message(f"Training {self.window.project.name}: {Path(run_dir).name}")
 
-    def _on_records(self, run_dir: str, records: list, lines: list | None = None) -> None:
+    def _on_lines(self, run_dir: str, data: bytes) -> None:
         first = not self.dashboard.has_records(run_dir)
-        self.dashboard.append(run_dir, records, lines)
+        self.dashboard.append_data(run_dir, data)
         self.dashboard.append(run_dir, self._rank_records(run_dir))
         if first:
             self.refresh()  # the folder became a run: list it
@@ -317,12 +317,12 @@ class RunUI(QObject):
             if p == live:
                 continue
             tail = MetricsTail(Path(p) / "metrics.jsonl")
-            records, lines = tail.poll_with_lines()
+            data = tail.poll_data(max_bytes=None)  # all of it, parsed in the dashboard's parse process
             self._rank_tails[p] = RankMetricsTail(p)
-            self.dashboard.set_records(p, records, label=Path(p).name, lines=lines)
+            self.dashboard.set_data(p, data, label=Path(p).name)
             self.dashboard.append(p, self._rank_records(p))
             self._show_rank_peaks(p)
-            if not self._has_ended(p, records):
+            if not self._has_ended(p, data):
                 self._followed[p] = tail
         if self._followed:
             self._follow_timer.start()
@@ -333,8 +333,9 @@ class RunUI(QObject):
         self.show_dashboard()
 
     @staticmethod
-    def _has_ended(run_dir: str, records: list) -> bool:
-        if any(r.get("event") == "end" for r in records):
+    def _has_ended(run_dir: str, data: bytes) -> bool:
+        """The run's end event among the last lines of `data`, or its status final."""
+        if any(r.get("event") == "end" for r in parse_jsonl(data.rsplit(b"\n", 4)[-4:])):
             return True
         st = RunStatus.read(run_dir)  # the state the run (or a remote job's tracker) wrote; its pid may be on another host
         return st is None or st.done or st.state == "lost"
@@ -344,11 +345,11 @@ class RunUI(QObject):
             if key not in self.dashboard.run_keys():
                 del self._followed[key]
                 continue
-            records, lines = tail.poll_with_lines()
-            if records:
-                self.dashboard.append(key, records, lines)
+            data = tail.poll_data()
+            if data:
+                self.dashboard.append_data(key, data)
                 self.dashboard.append(key, self._rank_records(key))
-            elif self._has_ended(key, records):  # nothing new and the run is over
+            elif self._has_ended(key, b""):  # nothing new and the run is over
                 del self._followed[key]
         if not self._followed:
             self._follow_timer.stop()
@@ -386,6 +387,7 @@ class RunUI(QObject):
         self.open_run(run_dir)
         self.runs_dock.raise_()
         self.wait_confusion(10.0)
+        self.dashboard.wait_parsed()
         self.dashboard.flush()
 
     def compare(self, a, b) -> None:

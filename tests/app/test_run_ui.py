@@ -167,6 +167,9 @@ def test_history_restart_overlay_csv_delete_and_screenshot(qtbot, open_window, p
     assert ui.runs_panel.compare_button.isEnabled()
     ui.runs_panel.compare_button.click()
     assert sorted(ui.dashboard.run_keys()) == sorted([str(a), str(b)])
+    # parsed in the dashboard's parse process, plotted by its timer
+    logged = {rd: sum("loss" in r for r in read_metrics(rd / "metrics.jsonl")) for rd in (a, b)}
+    qtbot.waitUntil(lambda: all(loss_points(ui, rd) == n for rd, n in logged.items()), timeout=10_000)
     ca, cb = ui.dashboard.curve(str(a), "loss"), ui.dashboard.curve(str(b), "loss")
     for run_dir, c in ((a, ca), (b, cb)):  # every recorded loss, ending at the last step
         xs = c.getOriginalDataset()[0]

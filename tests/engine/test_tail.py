@@ -77,3 +77,18 @@ def test_metrics_tail_follows_by_offset(tmp_path):
     assert t.poll_records() == []
     path.write_bytes(GOOD[0] + b"\n")  # replaced by a shorter file (a restarted run): from the start
     assert t.poll_records() == _reference(GOOD[:1])
+
+
+def test_a_run_longer_than_one_poll_is_read_whole(tmp_path):
+    """A live poll reads at most 16 MiB (the rest at the next); reading a run whole
+    (its summary, the dashboard opening it from the history) gets every line."""
+    path = tmp_path / "metrics.jsonl"
+    line = json.dumps({"step": 0, "time": 0.0, "loss": 1.0, "pad": "x" * 200})
+    n = (17 << 20) // len(line) + 1
+    path.write_text((line + "\n") * n)
+    assert len(tail.read_metrics(path)) == n
+    t = MetricsTail(path)
+    assert len(t.poll_data(max_bytes=None).split(b"\n")) == n and t.offset == path.stat().st_size
+    live = MetricsTail(path)
+    first = live.poll_lines()
+    assert 0 < len(first) < n and len(first) + len(live.poll_lines()) == n  # the rest at the next poll

@@ -506,32 +506,45 @@ def test_a_large_poll_read_as_columns_equals_reading_it_record_by_record(qtbot):
 
     polls = [train(1, 300), [{"step": 300, "val_loss": 0.5, "val_acc": 0.75, "time": 103.5}], train(301, 200),
              [{"event": "end", "state": "succeeded", "step": 500}]]
-    fast, slow = Dashboard(), Dashboard()
-    for d in (fast, slow):
+    fast, slow, worker = Dashboard(), Dashboard(), Dashboard()
+    for d in (fast, slow, worker):
         qtbot.addWidget(d)
     for poll in polls:
         fast.append("r", poll)
         for i in range(0, len(poll), 10):  # (batches under 64 records are read one by one)
             slow.append("r", poll[i:i + 10])
+        worker.append_data("r", "\n".join(map(json.dumps, poll)).encode())  # as the app does: parsed in a process
+    assert "loss" not in worker._runs["r"].series  # nothing plotted before the answers are taken
+    worker.wait_parsed()
+    assert worker._parser.alive  # (parsed there, not here after a failure)
     for mode in ("step", "time"):
-        fast.set_x_mode(mode)
-        slow.set_x_mode(mode)
+        for d in (fast, slow, worker):
+            d.set_x_mode(mode)
         for name in ("loss", "lr", "samples_per_s", "val_loss", "val_acc"):
-            (xf, yf), (xs, ys) = fast.series_data("r", name), slow.series_data("r", name)
-            np.testing.assert_array_equal(xf, xs)
-            np.testing.assert_array_equal(yf, ys)
+            (xs, ys) = slow.series_data("r", name)
+            for d in (fast, worker):
+                x, y = d.series_data("r", name)
+                np.testing.assert_array_equal(x, xs)
+                np.testing.assert_array_equal(y, ys)
     x, y = fast.series_data("r", "loss")
     assert len(x) == 500 - len(range(1, 301, 17)) - len(range(301, 501, 17)) and np.isfinite(y).all()
     fast.set_x_mode("step")
     assert fast.series_data("r", "loss")[0][0] == 2  # step 1's loss was NaN
     assert fast.records("r") == [r for p in polls for r in p]
+    assert [json.dumps(r) for r in worker.records("r")] == [json.dumps(r) for p in polls for r in p]  # (NaN != NaN)
     s_fast, s_slow = fast._runs["r"].series["loss"], slow._runs["r"].series["loss"]
     assert (s_fast.y.lo, s_fast.y.hi) == (s_slow.y.lo, s_slow.y.hi)
+    from engine.tail import columns, parse_chunk
     from widgets.dashboard import _Run
 
-    cols = {}  # the big polls did go in as columns
-    assert Dashboard._ingest_columns(_Run("k", "k", "#000"), polls[0], cols) == [] and {"loss", "lr"} <= set(cols)
-    assert Dashboard._ingest_columns(_Run("k", "k", "#000"), polls[0][:10], {}) == polls[0][:10]
+    table, rest = columns(polls[0])  # the big polls did go in as columns
+    assert rest == [] and table["step"].tolist() == list(range(1, 301))
+    cols = {}
+    Dashboard._ingest_columns(_Run("k", "k", "#000"), table, cols)
+    assert {"loss", "lr"} <= set(cols)
+    assert columns(polls[0][:10]) == (None, polls[0][:10])
+    assert parse_chunk(b"\n".join(json.dumps(r).encode() for r in polls[2]))[0]["step"].tolist() == \
+        list(range(301, 501))
 
 
 def test_while_following_the_ranges_hold_the_data_and_move_in_steps(dash):
