@@ -19,6 +19,7 @@ its stdin closes: `close()`, or the app gone, however it ended. No Qt here.
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import pickle
 import queue
@@ -32,6 +33,7 @@ from pathlib import Path
 from engine.tail import parse_chunk
 
 CODE_ROOT = str(Path(__file__).resolve().parents[1])
+log = logging.getLogger(__name__)
 
 
 class ParseWorker:
@@ -128,6 +130,7 @@ class ParseWorker:
     def _give_up(self, why: str) -> None:
         """Parse here from now on: first what the process had not answered, in order."""
         self.error, self._failed = why, True
+        log.warning("%s; metrics are parsed in this process from now on", why)
         while self._sent:
             tag, data = self._sent.popleft()
             self._done.append((tag, parse_chunk(data)))
