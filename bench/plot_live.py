@@ -290,19 +290,21 @@ def main() -> None:
             continue
         kw = dict(kw)
         n = kw.pop("updates", u)
-        old = bench_dashboard(p, n, dashboard=before, **kw)[0] if before else None
+        old = bench_dashboard(p, n, dashboard=before, **kw)[:2] if before else None
         rows.append((name, old, *bench_dashboard(p, n, **kw)))
     print(f"each series grows to {p:,} points in {u:,} updates ({p // u:,} new records per run each, "
           f"the stress row {p // 100:,}); ms per update after the first (the curves made, the first paint: "
           f"'first', plot and ingest), {args.clock} clock")
     sub = f"{'mean':>7} {'worst':>7}  {'<30 ms':>6}  "
-    groups = [f"plot update, before ({args.before})", "plot update, now"] if before else ["plot update"]
-    print(f"{'':<44} " + "".join(f"{g:^25}" for g in groups) + f"{'ingest':^15}  {'both':^17}  {'first':>6}"
-          f"  {'parse':>7}")
-    print(f"{'':<44} " + sub * len(groups) + f"{'mean':>7} {'worst':>7}  {'<30 ms':>6} {'>=30 ms':>10}"
-          f"  {'':>6}  {'process':>7}")
+    if before:  # the code at REV: its plot update and ingest, and how many updates took 30 ms or more
+        print(f"{'':<44} {'before (' + args.before + '): plot, ingest':^43}  ", end="")
+    else:
+        print(f"{'':<44} ", end="")
+    print(f"{'plot update':^25}{'ingest':^15}  {'both':^17}  {'first':>6}  {'parse':>7}")
+    print(f"{'':<44} " + (f"{'mean':>7} {'worst':>7}  {'mean':>7} {'worst':>7} {'>=30 ms':>10}  " if before else "")
+          + sub + f"{'mean':>7} {'worst':>7}  {'<30 ms':>6} {'>=30 ms':>10}  {'':>6}  {'process':>7}")
     for name, old, plot, ingest, beside in rows:
-        was = f"{cells(old)}  {ok(old):>6}  " if old else (" " * 25 if before else "")
+        was = f"{cells(old[0])}  {cells(old[1])} {over(*old):>10}  " if old else (" " * 46 if before else "")
         both = ok(plot, ingest) if ingest else ok(plot)
         first = (plot[0] + (ingest[0] if ingest else 0.0)) * 1e3
         print(f"{name:<44} {was}{cells(plot)}  {ok(plot):>6}  {cells(ingest)}  {both:>6} {over(plot, ingest):>10}"
