@@ -506,6 +506,11 @@ def test_a_large_poll_read_as_columns_equals_reading_it_record_by_record(qtbot):
 
     polls = [train(1, 300), [{"step": 300, "val_loss": 0.5, "val_acc": 0.75, "time": 103.5}], train(301, 200),
              [{"event": "end", "state": "succeeded", "step": 500}]]
+    odd = train(501, 100)  # like records whose first has no number where the others have: one by one
+    for i, r in enumerate(odd):
+        r["acc"] = None if i == 0 else 0.5 + i / 1000
+        r["peak_mem_mb"] = [100.0 + i, 200.0 + i]  # one a rank
+    polls.insert(3, odd)
     fast, slow, worker = Dashboard(), Dashboard(), Dashboard()
     for d in (fast, slow, worker):
         qtbot.addWidget(d)
@@ -520,14 +525,16 @@ def test_a_large_poll_read_as_columns_equals_reading_it_record_by_record(qtbot):
     for mode in ("step", "time"):
         for d in (fast, slow, worker):
             d.set_x_mode(mode)
-        for name in ("loss", "lr", "samples_per_s", "val_loss", "val_acc"):
+        for name in ("loss", "lr", "samples_per_s", "val_loss", "val_acc", "acc", "peak_mem_mb[1]"):
             (xs, ys) = slow.series_data("r", name)
             for d in (fast, worker):
                 x, y = d.series_data("r", name)
                 np.testing.assert_array_equal(x, xs)
                 np.testing.assert_array_equal(y, ys)
     x, y = fast.series_data("r", "loss")
-    assert len(x) == 500 - len(range(1, 301, 17)) - len(range(301, 501, 17)) and np.isfinite(y).all()
+    assert len(x) == 600 - len(range(1, 301, 17)) - len(range(301, 501, 17)) - len(range(501, 601, 17)) \
+        and np.isfinite(y).all()
+    assert len(slow.series_data("r", "acc")[0]) == 99 and len(slow.series_data("r", "peak_mem_mb[1]")[0]) == 100
     fast.set_x_mode("step")
     assert fast.series_data("r", "loss")[0][0] == 2  # step 1's loss was NaN
     assert fast.records("r") == [r for p in polls for r in p]
@@ -543,6 +550,7 @@ def test_a_large_poll_read_as_columns_equals_reading_it_record_by_record(qtbot):
     Dashboard._ingest_columns(_Run("k", "k", "#000"), table, cols)
     assert {"loss", "lr"} <= set(cols)
     assert columns(polls[0][:10]) == (None, polls[0][:10])
+    assert columns(odd) == (None, odd)
     assert parse_chunk(b"\n".join(json.dumps(r).encode() for r in polls[2]))[0]["step"].tolist() == \
         list(range(301, 501))
 
