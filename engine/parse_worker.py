@@ -36,16 +36,32 @@ CODE_ROOT = str(Path(__file__).resolve().parents[1])
 log = logging.getLogger(__name__)
 
 
+def _parse(data: bytes) -> tuple:
+    """parse_chunk, never raising: a chunk it cannot read gives nothing (a line nested
+    beyond Python's recursion limit, say) rather than stopping every later one."""
+    try:
+        return parse_chunk(data)
+    except Exception:  # one bad chunk must not end the plotting of a run
+        log.exception("a chunk of metrics lines could not be read")
+        return None, []
+
+
 class ParseWorker:
     """Chunks of metrics.jsonl parsed in a child process; results in submission order."""
+
+    STUCK_S = 10.0  # an answer later than this (plus a second per 5 MB) means the process is stuck
 
     def __init__(self, start: bool = True):
         self._proc: subprocess.Popen | None = None
         self._send: Connection | None = None
         self._recv: Connection | None = None
-        self._sent: collections.deque = collections.deque()  # (tag, data) not yet answered, oldest first
+        self._writer: threading.Thread | None = None
+        # (tag, data, result, deadline) not taken yet, oldest first: result is None for
+        # data sent to the process, or what was given already parsed (submit_parsed)
+        self._sent: collections.deque = collections.deque()
         self._done: collections.deque = collections.deque()  # (tag, result) parsed here (no process)
         self._failed = not start  # parse here from now on
+        self._due = 0.0  # when the answer to the latest chunk sent is due at the latest
         self.error: str | None = None  # why the process is not used, if it is not
 
     @property
@@ -55,9 +71,10 @@ class ParseWorker:
     def _start(self) -> None:
         env = {**os.environ, "PYTHONPATH": CODE_ROOT + (os.pathsep + os.environ["PYTHONPATH"]
                                                        if os.environ.get("PYTHONPATH") else "")}
-        try:
+        try:  # a session of its own: Ctrl-C in the app's terminal is the app's to handle
             self._proc = subprocess.Popen([sys.executable, "-m", "engine.parse_worker"], cwd=CODE_ROOT, env=env,
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                          start_new_session=True)
         except OSError as exc:
             self._give_up(f"could not start the parse process: {exc}")
             return
@@ -89,10 +106,20 @@ class ParseWorker:
         if not self._failed and self._proc is None:
             self._start()
         if self._failed:
-            self._done.append((tag, parse_chunk(data)))
+            self._done.append((tag, _parse(data)))
             return
-        self._sent.append((tag, data))
+        # the answer is due once those before it are in, STUCK_S and a second per 5 MB later
+        self._due = max(time.monotonic(), self._due) + self.STUCK_S + len(data) / 5e6
+        self._sent.append((tag, data, None, self._due))
         self._outbox.put(data)
+
+    def submit_parsed(self, tag, result: tuple) -> None:
+        """A result made elsewhere, to come out of `ready` in its turn, after everything
+        submitted before it (records that must not overtake lines still being parsed)."""
+        if self._failed:
+            self._done.append((tag, result))
+        else:  # (while the process is used, every result passes through _sent, in order)
+            self._sent.append((tag, None, result, 0.0))
 
     def pending(self) -> int:
         """Chunks submitted whose results have not been taken."""
@@ -100,18 +127,23 @@ class ParseWorker:
 
     def ready(self, timeout: float = 0.0) -> list[tuple[object, tuple]]:
         """Results ready now (waiting up to `timeout` seconds for the first), oldest first:
-        (tag, (table or None, records))."""
+        (tag, (table or None, records)). A process that has not answered the oldest
+        chunk in STUCK_S seconds is given up (see _give_up)."""
         out = []
         deadline = time.monotonic() + timeout
         while self._sent and not self._failed:
-            try:
-                if not self._recv.poll(max(0.0, deadline - time.monotonic()) if not out else 0.0):
+            tag, _, result, stuck_at = self._sent[0]
+            if result is None:
+                try:
+                    if not self._recv.poll(max(0.0, deadline - time.monotonic()) if not out else 0.0):
+                        if time.monotonic() > stuck_at:
+                            self._give_up(f"the parse process did not answer in {self.STUCK_S:g} s")
+                        break
+                    result = pickle.loads(self._recv.recv_bytes())
+                except (OSError, EOFError, pickle.UnpicklingError) as exc:
+                    self._give_up(f"the parse process ended: {exc!r}")
                     break
-                result = pickle.loads(self._recv.recv_bytes())
-            except (OSError, EOFError, pickle.UnpicklingError) as exc:
-                self._give_up(f"the parse process ended: {exc!r}")
-                break
-            tag, _ = self._sent.popleft()
+            self._sent.popleft()
             out.append((tag, result))
         while self._done:
             out.append(self._done.popleft())
@@ -132,26 +164,25 @@ class ParseWorker:
         self.error, self._failed = why, True
         log.warning("%s; metrics are parsed in this process from now on", why)
         while self._sent:
-            tag, data = self._sent.popleft()
-            self._done.append((tag, parse_chunk(data)))
+            tag, data, result, _ = self._sent.popleft()
+            self._done.append((tag, result if result is not None else _parse(data)))
         self.close()
 
     def close(self) -> None:
-        """End the process (its stdin closes, it exits)."""
+        """End the process at once: nothing it is doing is needed any more (what was not
+        answered is lost, unless _give_up parsed it here first)."""
+        self._failed = True
         if self._send is not None:
-            self._outbox.put(None)  # the writer closes the pipe once it has sent what it has
-            self._writer.join(timeout=2)
+            self._outbox.put(None)  # the writer closes the pipe once it is out of a write
         if self._recv is not None:
             self._recv.close()
-        self._send = self._recv = None
-        proc, self._proc = self._proc, None
+        proc, self._proc, self._send, self._recv = self._proc, None, None, None
         if proc is not None:
-            try:
-                proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self._failed = True
+            proc.kill()
+            proc.wait()
+        if self._writer is not None:
+            self._writer.join(timeout=2)  # a write to the killed process fails at once
+            self._writer = None
 
     def __del__(self):
         if self._proc is not None:
@@ -173,7 +204,7 @@ def serve(inp: Connection, out: Connection) -> None:
     threading.Thread(target=read, daemon=True).start()
     while (msg := requests.get()) is not None:  # the bytes of one chunk
         try:
-            out.send_bytes(pickle.dumps(parse_chunk(msg), protocol=pickle.HIGHEST_PROTOCOL))
+            out.send_bytes(pickle.dumps(_parse(msg), protocol=pickle.HIGHEST_PROTOCOL))
         except OSError:  # the app is gone
             return
 

@@ -12,9 +12,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_without_sshd_the_remote_tests_say_what_to_install_in_one_line(tmp_path):
     env = dict(os.environ, LAYERFLOW_TEST_SSHD=str(tmp_path / "no-sshd-here"))
+    # --basetemp of its own: without it, the inner pytest takes group and other access off
+    # /tmp/pytest-of-USER, which the job board test opens to its users while it runs (their
+    # logins then failed when the two ran at once)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:xdist",
-                        "tests/remote/test_remote_ssh.py"], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=300)
+                        "--basetemp", str(tmp_path / "inner"), "tests/remote/test_remote_ssh.py"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "openssh-server is not installed" in out and "apt-get install openssh-server" in out

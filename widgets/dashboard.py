@@ -479,6 +479,7 @@ class _Run:
         self.key, self.label, self.color = key, label, color
         self.visible = True
         self.kept: list[list[dict] | bytes] = []  # its records: polls' dicts, or their lines as read
+        self.in_flight = 0  # its chunks at the parse process (and records queued behind them)
         self.t0: float | None = None
         self.t_last = 0.0
         self.series: dict[str, _Series] = {}
@@ -1029,7 +1030,11 @@ class Dashboard(QtWidgets.QWidget):
         run = self._run(key)
         if records:
             run.kept.append(b"\n".join(lines) if lines is not None else list(records))
-        self._ingest(run, *columns(records))
+        if run.in_flight:  # after the run's lines still being parsed, in their order
+            run.in_flight += 1
+            self._parser.submit_parsed(run, columns(records))
+        else:
+            self._ingest(run, *columns(records))
 
     def append_data(self, key: str, data: bytes) -> None:
         """New lines of a run's metrics.jsonl as read (complete lines joined by newlines:
@@ -1042,26 +1047,30 @@ class Dashboard(QtWidgets.QWidget):
             return
         run.kept.append(data)
         if self._parser is None:
-            self._parser = ParseWorker()
+            self._parser = parser = ParseWorker()
+            self.destroyed.connect(lambda *_: parser.close())  # its process goes with the widget
+        run.in_flight += 1
         self._parser.submit(run, data)
 
     def _take_parsed(self, timeout: float = 0.0) -> None:
         """Plot what the parse process has answered (the timer calls this, shown or not:
-        the answers wait in a pipe); `timeout`: wait for the first that long. The
-        answers of a run removed (or cleared) meanwhile are dropped."""
-        if self._parser is None or not self._parser.pending():
-            return
-        for run, (table, rest) in self._parser.ready(timeout):
-            if self._runs.get(run.key) is run:
-                self._ingest(run, table, rest)
+        the answers wait in a pipe); `timeout`: wait for the first that long."""
+        if self._parser is not None and self._parser.pending():
+            self._apply(self._parser.ready(timeout))
 
     def wait_parsed(self, timeout: float = 30.0) -> None:
         """Plot everything given to append_data so far (for tests and exports: the
         parse is asynchronous)."""
         if self._parser is not None:
-            for run, (table, rest) in self._parser.wait(timeout):
-                if self._runs.get(run.key) is run:
-                    self._ingest(run, table, rest)
+            self._apply(self._parser.wait(timeout))
+
+    def _apply(self, results) -> None:
+        """Parsed chunks into their runs' series; those of a run removed (or cleared)
+        since are dropped."""
+        for run, (table, rest) in results:
+            run.in_flight -= 1
+            if self._runs.get(run.key) is run:
+                self._ingest(run, table, rest)
 
     def _run(self, key: str) -> "_Run":
         run = self._runs.get(key)
@@ -1074,8 +1083,15 @@ class Dashboard(QtWidgets.QWidget):
         """Append a poll's values to the run's series: `table`, the bulk as columns (see
         engine/tail.py's `columns`), and `records`, what is left, one by one."""
         cols: dict[str, tuple[SeriesSpec, list, list, list]] = {}
+        t_table = None
         if table is not None:
+            if records and run.t0 is None and "time" in table:  # the run's origin: its first timed step
+                run.t0 = min((t for r in records if type(r.get("step")) in (int, float)
+                              and type(t := r.get("time")) in (int, float) and math.isfinite(t)),
+                             default=math.inf)
+                run.t0 = min(run.t0, float(table["time"][0]))
             self._ingest_columns(run, table, cols)
+            t_table = run.t_last
         for r in records:
             step = r.get("step")
             if type(step) is not int and type(step) is not float:
@@ -1093,6 +1109,8 @@ class Dashboard(QtWidgets.QWidget):
                 c[1].append(step)
                 c[2].append(rel)
                 c[3].append(v)
+        if t_table is not None:  # (the table's lines were read first; the latest time is the latest)
+            run.t_last = max(run.t_last, t_table)
         for skey, (spec, steps, times, ys) in cols.items():
             s = run.series.get(skey)
             if s is None:

@@ -37,6 +37,7 @@ def test_a_two_rank_run_shows_each_ranks_step_time_loss_and_log(qtbot, tmp_path)
     w.show()
     w.run_ui.open_run(run_dir)
     dash = w.run_ui.dashboard
+    dash.wait_parsed()  # its metrics.jsonl parsed in the parse process; the ranks' records queued behind it
     dash.flush()
     key = str(run_dir)
     for r in (0, 1):

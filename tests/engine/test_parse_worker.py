@@ -40,11 +40,10 @@ def same(a: tuple, b: tuple) -> bool:
 
 def alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:  # a zombie is gone too
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:  # (reaped meanwhile)
         return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone too
-        return f.read().split(") ")[1][0] != "Z"
 
 
 def test_chunks_come_back_in_order_as_parsed_here():
@@ -86,6 +85,62 @@ def test_a_worker_that_dies_loses_nothing():
     assert [t for t, _ in got] == [1, 2, 3, 4, 5]
     for (i, result) in got:
         assert same(result, parse_chunk(chunks[i]))
+
+
+def test_results_given_already_parsed_keep_their_turn():
+    """Records the caller has as dicts (a run's per-rank lines) must not overtake its
+    lines still at the process, nor fall behind those sent after them; the same once
+    the process is gone."""
+    w = ParseWorker()
+    try:
+        w.submit(0, chunk(1, 300))
+        w.submit_parsed(1, (None, [{"step": 300, "loss_rank1": 0.5}]))
+        w.submit(2, chunk(301, 300))
+        assert [t for t, _ in w.wait(timeout=60)] == [0, 1, 2] and w.alive
+        w.submit(3, chunk(601, 300))
+        os.kill(w._proc.pid, signal.SIGKILL)
+        w.submit_parsed(4, (None, []))
+        w.submit(5, chunk(901, 10))
+        got = w.wait(timeout=30)
+        assert [t for t, _ in got] == [3, 4, 5] and not w.alive
+        assert same(got[0][1], parse_chunk(chunk(601, 300)))
+    finally:
+        w.close()
+
+
+def test_a_process_that_stops_answering_is_given_up():
+    w = ParseWorker()
+    w.STUCK_S = 0.5
+    try:
+        w.submit(0, chunk(1, 50))
+        w.wait(timeout=60)
+        os.kill(w._proc.pid, signal.SIGSTOP)  # alive, but answers nothing
+        w.submit(1, chunk(51, 50))
+        deadline = time.monotonic() + 10
+        got = []
+        while not got and time.monotonic() < deadline:
+            got = w.ready(0.1)
+        assert [t for t, _ in got] == [1] and same(got[0][1], parse_chunk(chunk(51, 50)))
+        assert "did not answer" in w.error
+    finally:
+        w.close()
+
+
+def test_a_line_no_parser_can_read_costs_only_itself():
+    """A line nested beyond Python's recursion limit (json raises RecursionError, not
+    ValueError) is skipped like any unreadable line; the process goes on."""
+    bad = b"[" * 100_000
+    data = chunk(1, 3) + b"\n" + bad + b"\n" + chunk(4, 3)
+    assert [r["step"] for r in parse_chunk(data)[1]] == [1, 2, 3, 4, 5, 6]
+    w = ParseWorker()
+    try:
+        w.submit(0, data)
+        w.submit(1, chunk(7, 100))
+        got = w.wait(timeout=60)
+        assert w.alive and [r["step"] for r in got[0][1][1]] == [1, 2, 3, 4, 5, 6]
+        assert got[1][1][0]["step"].tolist() == list(range(7, 107))
+    finally:
+        w.close()
 
 
 def test_close_ends_the_process():

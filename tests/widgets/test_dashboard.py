@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import mmap
+import os
 
 import numpy as np
 import pytest
@@ -492,6 +493,32 @@ def test_grid_is_opaque_behind_the_curves_and_x_ticks_are_shared_exactly(dash, t
         painter.end()
 
 
+def test_records_given_as_dicts_wait_for_the_lines_still_being_parsed(qtbot):
+    """The app gives a run's new metrics lines to the parse process, then its ranks'
+    records as dicts: these must not overtake the lines (the run's time origin is its
+    first metrics record, not a rank's later one), and the parse process goes with
+    the dashboard."""
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    d = Dashboard()
+    d.set_x_mode("time")
+    lines = [json.dumps({"step": s, "time": 100.0 + s / 10, "loss": 1.0 / s}) for s in range(1, 201)]
+    d.append_data("r", "\n".join(lines).encode())
+    d.append("r", [{"step": 5, "time": 100.5, "step_ms_rank1": 3.0}])  # queued behind the lines
+    assert "loss" not in d._runs["r"].series and "step_ms_rank1" not in d._runs["r"].series
+    d.wait_parsed()
+    x, _ = d.series_data("r", "loss")
+    assert x[0] == 0.0 and x[-1] == pytest.approx(19.9)  # from step 1's time, 100.1
+    assert d.series_data("r", "step_ms_rank1")[0].tolist() == pytest.approx([0.4])
+    d.append("r", [{"step": 6, "time": 100.6, "step_ms_rank1": 3.0}])  # nothing in flight: at once
+    assert len(d.series_data("r", "step_ms_rank1")[0]) == 2
+    pid = d._parser._proc.pid
+    assert os.path.exists(f"/proc/{pid}")
+    d.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.DeferredDelete)
+    assert not os.path.exists(f"/proc/{pid}")  # killed and reaped
+
+
 def test_a_large_poll_read_as_columns_equals_reading_it_record_by_record(qtbot):
     """A batch of like records goes in as one array (fast); the result is the same as
     reading them one by one (a small or mixed batch): NaN losses dropped, times
@@ -506,11 +533,35 @@ def test_a_large_poll_read_as_columns_equals_reading_it_record_by_record(qtbot):
 
     polls = [train(1, 300), [{"step": 300, "val_loss": 0.5, "val_acc": 0.75, "time": 103.5}], train(301, 200),
              [{"event": "end", "state": "succeeded", "step": 500}]]
+    whole = [{"step": 600, "epoch": 0, "time": 99.0, "val_loss": 0.9, "val_acc": 0.4}]  # a finished run read whole:
+    for i in range(4):  # step lines with eval lines between (a table of the step lines, the rest one by one)
+        whole += train(601 + 100 * i, 100) + [{"step": 700 + 100 * i, "epoch": 0, "time": 200.0 + i, "val_loss": 0.5,
+                                                "val_acc": 0.7}]
+    whole.append({"event": "end", "state": "succeeded", "step": 1000})
     odd = train(501, 100)  # like records whose first has no number where the others have: one by one
     for i, r in enumerate(odd):
         r["acc"] = None if i == 0 else 0.5 + i / 1000
         r["peak_mem_mb"] = [100.0 + i, 200.0 + i]  # one a rank
     polls.insert(3, odd)
+    fresh = (Dashboard(), Dashboard(), Dashboard())  # the whole run in a dashboard of its own, first (its time origin)
+    for d in fresh:
+        qtbot.addWidget(d)
+    fresh[0].append("w", whole)
+    for i in range(0, len(whole), 10):
+        fresh[1].append("w", whole[i:i + 10])
+    fresh[2].append_data("w", "\n".join(map(json.dumps, whole)).encode())
+    fresh[2].wait_parsed()
+    for mode in ("step", "time"):
+        for d in fresh:
+            d.set_x_mode(mode)
+        for name in ("loss", "lr", "val_loss", "val_acc"):
+            xs, ys = fresh[1].series_data("w", name)
+            assert len(xs) and xs.min() >= 0
+            for d in (fresh[0], fresh[2]):
+                x, y = d.series_data("w", name)
+                np.testing.assert_array_equal(x, xs)
+                np.testing.assert_array_equal(y, ys)
+    polls.append(whole)
     fast, slow, worker = Dashboard(), Dashboard(), Dashboard()
     for d in (fast, slow, worker):
         qtbot.addWidget(d)
@@ -532,7 +583,7 @@ def test_a_large_poll_read_as_columns_equals_reading_it_record_by_record(qtbot):
                 np.testing.assert_array_equal(x, xs)
                 np.testing.assert_array_equal(y, ys)
     x, y = fast.series_data("r", "loss")
-    assert len(x) == 600 - len(range(1, 301, 17)) - len(range(301, 501, 17)) - len(range(501, 601, 17)) \
+    assert len(x) == sum(math.isfinite(r.get("loss", math.nan)) for p in polls for r in p) == 940 \
         and np.isfinite(y).all()
     assert len(slow.series_data("r", "acc")[0]) == 99 and len(slow.series_data("r", "peak_mem_mb[1]")[0]) == 100
     fast.set_x_mode("step")
@@ -551,6 +602,8 @@ def test_a_large_poll_read_as_columns_equals_reading_it_record_by_record(qtbot):
     assert {"loss", "lr"} <= set(cols)
     assert columns(polls[0][:10]) == (None, polls[0][:10])
     assert columns(odd) == (None, odd)
+    table, rest = columns(whole)  # the step lines as a table, the eval lines and the end event one by one
+    assert len(table["step"]) == 400 and [r.get("val_loss") for r in rest] == [0.9] + [0.5] * 4 + [None]
     assert parse_chunk(b"\n".join(json.dumps(r).encode() for r in polls[2]))[0]["step"].tolist() == \
         list(range(301, 501))
 
