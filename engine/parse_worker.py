@@ -10,11 +10,12 @@ were sent, what engine/tail.py's `parse_chunk` makes of them: a table of float64
 columns (or, for small, mixed or odd batches, the records as dicts). The GUI's side
 costs a pipe write and the unpickling of a few arrays.
 
-Requests carry a tag the caller chooses (the dashboard: the run and its generation,
-so results of a run cleared meanwhile are dropped). Nothing is lost when the process
-cannot start or dies: what it had not answered is parsed here, in order, and so is
-everything after (the same result, on the caller's thread). The process ends when
-its stdin closes: `close()`, or the app gone, however it ended. No Qt here.
+Requests carry a tag the caller chooses (the dashboard: the run's own object, so the
+results of a run removed or cleared meanwhile are dropped). Nothing is lost when the
+process cannot start, dies or stops answering: what it had not answered is parsed
+here, in order, and so is everything after (the same result, on the caller's
+thread). The process ends when its stdin closes (the app gone, however it ended) or
+is killed by `close()`. No Qt here.
 """
 from __future__ import annotations
 
@@ -210,4 +211,6 @@ def serve(inp: Connection, out: Connection) -> None:
 
 
 if __name__ == "__main__":
-    serve(Connection(sys.stdin.fileno(), writable=False), Connection(sys.stdout.fileno(), readable=False))
+    answers = os.dup(sys.stdout.fileno())
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not land among the answers
+    serve(Connection(sys.stdin.fileno(), writable=False), Connection(answers, readable=False))

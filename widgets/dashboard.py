@@ -1040,8 +1040,9 @@ class Dashboard(QtWidgets.QWidget):
         """New lines of a run's metrics.jsonl as read (complete lines joined by newlines:
         engine/tail.py's poll_data), kept at once and parsed in a process of its own
         (engine/parse_worker.py): the GUI thread pays a pipe write now and, at the
-        next timer tick, the unpickling of their columns. Plotted at the tick after
-        they are parsed (at once for a hidden dashboard: see _take_parsed)."""
+        next timer tick, the unpickling of their columns. Plotted at the first tick
+        after they are parsed (a hidden dashboard takes them too, and draws them
+        when shown)."""
         run = self._run(key)
         if not data:
             return
