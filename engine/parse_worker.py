@@ -52,7 +52,7 @@ class ParseWorker:
 
     STUCK_S = 10.0  # an answer later than this (plus a second per 5 MB) means the process is stuck
 
-    def __init__(self, start: bool = True):
+    def __init__(self):
         self._proc: subprocess.Popen | None = None
         self._send: Connection | None = None
         self._recv: Connection | None = None
@@ -61,7 +61,7 @@ class ParseWorker:
         # data sent to the process, or what was given already parsed (submit_parsed)
         self._sent: collections.deque = collections.deque()
         self._done: collections.deque = collections.deque()  # (tag, result) parsed here (no process)
-        self._failed = not start  # parse here from now on
+        self._failed = False  # parse here from now on
         self._due = 0.0  # when the answer to the latest chunk sent is due at the latest
         self.error: str | None = None  # why the process is not used, if it is not
 

@@ -30,12 +30,17 @@ except ImportError:  # still correct without it, only slower
     orjson = None
 
 
+def complete(data: bytes) -> tuple[bytes, int]:
+    """The complete lines in `data` as one piece (without the last newline) and how
+    many bytes they span."""
+    end = data.rfind(b"\n")
+    return (data[:end], end + 1) if end >= 0 else (b"", 0)
+
+
 def split_complete(data: bytes) -> tuple[list[bytes], int]:
     """Complete lines in `data` (without their newline) and how many bytes they span."""
-    end = data.rfind(b"\n")
-    if end < 0:
-        return [], 0
-    return data[:end].split(b"\n"), end + 1
+    whole, used = complete(data)
+    return (whole.split(b"\n") if used else []), used
 
 
 def read_from(f: IO[bytes], offset: int, max_bytes: int = 16 << 20) -> tuple[list[bytes], int]:
@@ -76,12 +81,9 @@ class FileTail:
             return b""
         with open(self.path, "rb") as f:
             f.seek(self.offset)
-            data = f.read(-1 if max_bytes is None else max_bytes)
-        end = data.rfind(b"\n")
-        if end < 0:
-            return b""
-        self.offset += end + 1
-        return data[:end]
+            data, used = complete(f.read(-1 if max_bytes is None else max_bytes))
+        self.offset += used
+        return data
 
 
 def _loads_line(ln: str | bytes):
@@ -190,11 +192,6 @@ class MetricsTail(FileTail):
 
     def poll_records(self, max_bytes: int | None = 16 << 20) -> list[dict]:
         return parse_jsonl(self.poll_lines(max_bytes))
-
-    def poll_with_lines(self) -> tuple[list[dict], list[bytes]]:
-        """The new records and the lines they were read from (what the dashboard keeps)."""
-        lines = self.poll_lines()
-        return parse_jsonl(lines), lines
 
 
 RANK_KEYS = ("step_ms", "samples_per_s", "loss")

@@ -1087,10 +1087,9 @@ class Dashboard(QtWidgets.QWidget):
         t_table = None
         if table is not None:
             if records and run.t0 is None and "time" in table:  # the run's origin: its first timed step
-                run.t0 = min((t for r in records if type(r.get("step")) in (int, float)
-                              and type(t := r.get("time")) in (int, float) and math.isfinite(t)),
-                             default=math.inf)
-                run.t0 = min(run.t0, float(table["time"][0]))
+                run.t0 = min([float(table["time"][0]), *(t for r in records if type(r.get("step")) in (int, float)
+                                                         and type(t := r.get("time")) in (int, float)
+                                                         and math.isfinite(t))])
             self._ingest_columns(run, table, cols)
             t_table = run.t_last
         for r in records:
@@ -1156,9 +1155,7 @@ class Dashboard(QtWidgets.QWidget):
     def set_records(self, key: str, records: list[dict], label: str | None = None,
                     lines: list[bytes] | None = None) -> None:
         """Replace a run's data (an old run opened from the history); `lines` as in append."""
-        color = self._runs[key].color if key in self._runs else None
-        self.remove_run(key)
-        self.add_run(key, label, color)
+        self._replace_run(key, label)
         self.append(key, records, lines)
         self.flush()
 
@@ -1166,10 +1163,14 @@ class Dashboard(QtWidgets.QWidget):
         """Replace a run's data with the lines of its metrics.jsonl (an old run opened
         from the history: a million lines parse in the parse process, not here);
         plotted once parsed, as append_data."""
+        self._replace_run(key, label)
+        self.append_data(key, data)
+
+    def _replace_run(self, key: str, label: str | None) -> None:
+        """The run emptied (its lines in flight dropped), keeping its colour."""
         color = self._runs[key].color if key in self._runs else None
         self.remove_run(key)
         self.add_run(key, label, color)
-        self.append_data(key, data)
 
     def set_run_visible(self, key: str, visible: bool) -> None:
         run = self._runs[key]

@@ -61,7 +61,8 @@ def test_points_arrive_as_the_file_grows(dash, tmp_path):
         for chunk in (full[:7], full[7:20], full[20:]):
             f.writelines(chunk)
             f.flush()
-            dash.append("r", *tail.poll_with_lines())  # as the app does: the lines are kept
+            dash.append_data("r", tail.poll_data())  # as the app does: the lines kept, parsed in a process
+            dash.wait_parsed()
             dash.flush()  # what the 10 Hz timer does
             x, y = curve_xy(dash, "r", "loss")
             assert len(x) == len([r for r in read_metrics(path) if "loss" in r])
@@ -147,8 +148,7 @@ def test_csv_export_equals_metrics_jsonl(dash, tmp_path, kept):
     if kept == "dicts":
         dash.set_records("run1", read_metrics(path))
     else:
-        recs, lines = MetricsTail(path).poll_with_lines()
-        dash.set_records("run1", recs, lines=lines)
+        dash.set_data("run1", MetricsTail(path).poll_data())
     out = dash.export_csv(tmp_path / "out.csv")
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
