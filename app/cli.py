@@ -2,31 +2,32 @@
 
 Each area registers its subcommands from its own module (app/cli_*.py, a
 `register(subparsers)` function), listed in COMMAND_MODULES. A command returns an
-exit code; user errors raise CliError (or the engine's own error types) and are
-printed as one clear message, never as a traceback.
+exit code; user errors raise CliError (app/cli_errors.py, which the command modules
+import at their top) or the engine's own error types, and are printed as one clear
+message, never as a traceback. The command modules are imported here statically, so
+import-linter sees the real graph; what is heavy (Qt, torch) they import inside the
+functions that need it.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 
+from app import cli_core, cli_diff, cli_dist, cli_gui, cli_interop, cli_remote
+from app.cli_errors import CliError
 from engine.errors import LayerflowError
 
 COMMAND_MODULES = [
-    "app.cli_core",  # validate, summary, train
-    "app.cli_interop",  # export (--onnx/--script), import (.onnx, module:pkg.mod:Class)
-    "app.cli_remote",  # cluster, deploy, jobs, status, logs, cancel, fetch
-    "app.cli_dist",  # plan (distributed placement, --auto)
-    "app.cli_diff",  # diff, merge, resolve, git-setup
-    "app.cli_gui",  # (bare) editor, open, screenshot
+    cli_core,  # validate, summary, train
+    cli_interop,  # export (--onnx/--script), import (.onnx, module:pkg.mod:Class)
+    cli_remote,  # cluster, deploy, jobs, status, logs, cancel, fetch
+    cli_dist,  # plan (distributed placement, --auto)
+    cli_diff,  # diff, merge, resolve, git-setup
+    cli_gui,  # (bare) editor, open, screenshot
 ]
 
-
-class CliError(LayerflowError):
-    """A user error of the command line itself (a bad flag); printed, like every
-    LayerflowError, as `error: <message>`, exit code 2."""
+__all__ = ["COMMAND_MODULES", "CliError", "build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,8 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Layerflow: draw a network, place it on devices, train it here or on a cluster.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    for module in COMMAND_MODULES:
+        module.register(sub)
     p = sub.add_parser("trust", help="allow a project's own code (Custom layers' imports) to run; remembered "
                                      "in your config folder for this exact set of imports")
     p.add_argument("project")
@@ -90,13 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     consent = "--trust" in argv  # any command: run the project's own code (Custom layers), and remember it
     once = "--trust-once" in argv  # the same for this command only, remembered nowhere (the app's runs)
     argv = [a for a in argv if a not in ("--trust", "--trust-once")]
-    if argv and argv[0].endswith(".lflow") and "app.cli_gui" in COMMAND_MODULES:
+    if argv and argv[0].endswith(".lflow") and cli_gui in COMMAND_MODULES:
         argv.insert(0, "open")  # `layerflow FILE.lflow` opens it, as a desktop file association does
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        if "app.cli_gui" in COMMAND_MODULES:
-            return importlib.import_module("app.cli_gui").default(args)
+        if cli_gui in COMMAND_MODULES:
+            return cli_gui.default(args)
         parser.print_help()
         return 0
     try:

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from app.cli_errors import CliError
 from app.cli_placement import add_placement_flags, check_counts, placement_flags
 from engine.project import load_project
 from layerflow import Project
@@ -69,7 +70,6 @@ def cmd_summary(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from app.cli import CliError
     from layerflow._prepare import prepare_resume, prepare_training
 
     check_counts(args, "nproc", "steps", "accumulate")
@@ -116,8 +116,6 @@ def _train_single(run_dir, resume: bool) -> int:
     try:
         status = run(run_dir, resume=resume, progress=progress)
     except (ValueError, OSError, FloatingPointError) as exc:  # OSError: a missing file, a full disk
-        from app.cli import CliError
-
         raise CliError(f"training failed: {exc} (log: {run_dir / 'logs' / 'rank0.log'})") from None
     finally:
         if bar is not None:
@@ -127,8 +125,6 @@ def _train_single(run_dir, resume: bool) -> int:
 
 
 def _train_multi(run_dir, nproc: int, resume: bool) -> int:
-    from app.cli import CliError
-
     try:
         from remote.launch_local import launch_local  # the distributed runtime's local launcher
     except ImportError:

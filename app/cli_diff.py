@@ -15,6 +15,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from app.cli_errors import CliError
 from engine.diff import at_revision, conflict_lines, diff_projects, merge_projects, resolve_conflict, show_value
 from engine.project import ProjectError, load_project, loads_project, save_project
 
@@ -63,8 +64,6 @@ def _git(args: list[str], cwd: Path) -> str:
 
 
 def cmd_diff(args) -> int:
-    from app.cli import CliError
-
     if args.other and args.rev:
         raise CliError("give another project or --rev, not both")
     if args.other:  # `diff A B`: from A to B, as diff(1) reads
@@ -106,8 +105,6 @@ def cmd_merge(args) -> int:
 
 
 def cmd_resolve(args) -> int:
-    from app.cli import CliError
-
     project = load_project(args.project)
     if not project.conflicts:
         print(f"{args.project}: no merge conflicts")

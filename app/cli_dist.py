@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from app.cli_errors import CliError
 from engine.project import load_project
 
 
@@ -34,7 +35,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_plan(args) -> int:
-    from app.cli import CliError
     from app.cli_placement import check_counts, placement_flags
     from layerflow import Project
 
@@ -68,7 +68,6 @@ def cmd_plan(args) -> int:
 
 def cmd_place(args) -> int:
     """The Devices panel's Assign and Set TP style, headless: a block gives what it holds."""
-    from app.cli import CliError
     from engine.autoplace import PAIRS, block_tp
     from engine.compile import compile_graph
     from engine.graph import TP_STYLES, GraphError

@@ -12,6 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from app.cli_errors import CliError
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("open", help="open a project in the editor")
@@ -54,8 +56,6 @@ def _start_path(path: str | None) -> str | None:
 
     if path:
         if not Path(path).exists():
-            from app.cli import CliError
-
             raise CliError(f"{path}: no such file")
         return path
     return next((c for c in (Settings().last_project(), str(EXAMPLE)) if c and Path(c).exists()), None)
@@ -109,7 +109,6 @@ def _frame(view, zoom: float | None) -> None:
 
 
 def cmd_screenshot(args) -> int:
-    from app.cli import CliError
     from engine.project import load_project
 
     try:
@@ -136,7 +135,6 @@ def cmd_screenshot(args) -> int:
 
 
 def _shoot(app, project, args, w_px: int, h_px: int, settings) -> int:
-    from app.cli import CliError
     from app.window import MainWindow
 
     w = MainWindow(project, settings=settings, recover=False)

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from app.cli import CliError
+from app.cli_errors import CliError
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -2,6 +2,8 @@
 same on both), checked and named as flags; the work is layerflow's (layerflow/_prepare.py)."""
 from __future__ import annotations
 
+from app.cli_errors import CliError
+
 PLACEMENT_FLAGS = ("dp", "tp", "pp", "schedule", "microbatches")
 
 
@@ -17,8 +19,6 @@ def add_placement_flags(p) -> None:
 
 def check_counts(args, *names: str) -> None:
     """Whole-number flags must be at least 1: the error names the flag."""
-    from app.cli import CliError
-
     for k in names:
         v = getattr(args, k, None)
         if v is not None and v < 1:
@@ -28,7 +28,6 @@ def check_counts(args, *names: str) -> None:
 def placement_flags(project, args) -> dict:
     """The command line's placement overrides, checked against the project's placement as
     the file's fields are; the error names the flag."""
-    from app.cli import CliError
     from engine.run import RunError
     from layerflow._prepare import checked_placement
 

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from app.cli import CliError
+from app.cli_errors import CliError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
