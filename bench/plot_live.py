@@ -1,6 +1,6 @@
 """How long one live dashboard update takes while its series grow to 1,000,000 points.
 
-The dashboard (widgets/dashboard.py) appends each poll's records and, 10 times a
+The dashboard (widgets/dashboard/) appends each poll's records and, 10 times a
 second, pushes the changed series to their curves and repaints. Here every series
 grows in 1,000 updates of 1,000 records each (a run writing 10,000 steps a second:
 far above what a real run writes, about 4 lines a second at the default log
@@ -24,7 +24,7 @@ two live cases: series opened at 1M points, then 100 polls of --poll records per
 (50: a run logging 500 steps a second), one run and the 3-run overlay.
 The first update of a case (the curves created, the first paint) is shown on its
 own and left out of mean and worst.
---before REV also measures widgets/dashboard.py as it was at git revision REV, case
+--before REV also measures the dashboard as it was at git revision REV, case
 by case in turns with the current one, and prints both.
 
     QT_QPA_PLATFORM=offscreen python bench/plot_live.py [--points 1000000] [--updates 1000] [--before REV]
@@ -78,13 +78,28 @@ def records(start: int, n: int, rng, keys: str = "loss", offset: float = 0.0) ->
 
 
 def dashboard_at(rev: str):
-    """The Dashboard class of widgets/dashboard.py at git revision `rev`."""
+    """The Dashboard class at git revision `rev`: of widgets/dashboard.py, one module
+    until the package, or of the package widgets/dashboard/ (its modules import each
+    other relatively, so it loads under a name of its own beside the current one)."""
     root = Path(__file__).resolve().parents[1]
-    text = subprocess.run(["git", "show", f"{rev}:widgets/dashboard.py"], cwd=root, check=True,
-                          capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp()) / "dashboard_before.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location("dashboard_before", path)
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout
+
+    folder = Path(tempfile.mkdtemp())
+    files = git("ls-tree", "--name-only", rev, "widgets/dashboard/").split()
+    if files:  # the package: its modules into a folder, loaded as the package dashboard_before
+        path = folder / "dashboard_before"
+        path.mkdir()
+        for name in files:
+            if name.endswith(".py"):
+                (path / Path(name).name).write_text(git("show", f"{rev}:{name}"))
+        spec = importlib.util.spec_from_file_location("dashboard_before", path / "__init__.py",
+                                                      submodule_search_locations=[str(path)])
+    else:
+        path = folder / "dashboard_before.py"
+        path.write_text(git("show", f"{rev}:widgets/dashboard.py"))
+        spec = importlib.util.spec_from_file_location("dashboard_before", path)
     module = sys.modules["dashboard_before"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
     spec.loader.exec_module(module)
     return module.Dashboard
@@ -261,7 +276,7 @@ def main() -> None:
     ap.add_argument("--cases", default="all",
                     help="comma-separated subset of: single,ema,three,overlay,overlay_ema,stress,bare,live,live_overlay")
     ap.add_argument("--poll", type=int, default=50, help="records per run per update in the live cases")
-    ap.add_argument("--before", metavar="REV", help="also measure widgets/dashboard.py at this git revision")
+    ap.add_argument("--before", metavar="REV", help="also measure the dashboard (widgets/dashboard) at this git revision")
     args = ap.parse_args()
     global now
     now = time.thread_time if args.clock == "cpu" else time.perf_counter

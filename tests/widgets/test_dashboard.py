@@ -1,11 +1,12 @@
 """The dashboard on metrics.jsonl files written here in the runtime's format:
 curves hold the data, x by step or wall time, EMA smoothing, log y, crosshair,
 several runs overlaid with show/hide, CSV export equal to metrics.jsonl, PNG export,
-peak memory per rank, the confusion matrix."""
+peak memory per rank, the confusion matrix; envelopes drawn as the raw series
+draws, the axes' own tick layout equal to pyqtgraph's. The buffers and envelopes
+on their own, without Qt: test_dashboard_buffers.py."""
 import csv
 import json
 import math
-import mmap
 import os
 
 import numpy as np
@@ -15,8 +16,11 @@ from PySide6.QtGui import QColor, QImage, QPainter
 import pyqtgraph as pg
 
 from engine.tail import MetricsTail, read_metrics
-from widgets.dashboard import (BLOCK, ConfusionMatrixWidget, Dashboard, _Buffer, _GridAxis, _Segments, ema,
-                               envelope, envelope_parts)
+from widgets.dashboard import (ConfusionMatrixWidget, Dashboard, GridAxis, MinMaxBuffer, Segments, ema, envelope,
+                               envelope_parts)
+from widgets.dashboard.runs import Run, ingest_columns
+
+from test_dashboard_buffers import check_envelope  # beside this file (pytest puts its folder on sys.path)
 
 pytestmark = pytest.mark.gui
 
@@ -110,12 +114,6 @@ def test_x_by_wall_time_smoothing_and_log_y(dash, tmp_path):
     dash.log_check.setChecked(True)
     assert dash.plots["loss"].getPlotItem().ctrl.logYCheck.isChecked()
     assert not dash.plots["acc"].getPlotItem().ctrl.logYCheck.isChecked()
-
-
-def test_ema_ignores_non_finite_values():
-    out = ema(np.array([1.0, np.nan, 3.0]), 0.5)
-    assert out.tolist() == [1.0, 1.0, 2.0]
-    assert ema(np.array([1.0, 2.0]), 0.0).tolist() == [1.0, 2.0]
 
 
 def test_overlay_two_runs_show_hide_and_crosshair(dash, tmp_path):
@@ -243,7 +241,7 @@ def as_thin_lines(x, y, width, px, py):
     """Segments (in pairs of points, as `envelope` gives them) that a 1-pixel pen
     draws as a `width`-pixel pen draws (x, y): each made longer by (width - 1) / 2
     pixels at both ends, and drawn `width` times, one pixel to the right each time
-    (px, py: a pixel's size in the units of x and y). What _Segments.set_columns
+    (px, py: a pixel's size in the units of x and y). What Segments.set_columns
     writes into its lines, computed here on its own."""
     a, b = y[0::2], y[1::2]
     grow = np.where(b >= a, (width - 1) / 2 * py, -(width - 1) / 2 * py)
@@ -274,89 +272,20 @@ def test_the_series_of_a_run_share_the_envelopes_shape_and_keep_their_values(das
         assert is_envelope and np.array_equal(cx, tx) and np.array_equal(cy, ty), key
 
 
-def check_envelope(cx, cy, values):
-    """Segments (x = index) of a series of `values`: each covers the values of its
-    index range and the last value of the previous one, min to max exactly; together
-    they cover the series in order; the raw tail is drawn point to point."""
-    x0, x1, y0, y1 = cx[0::2].astype(int), cx[1::2].astype(int), cy[0::2], cy[1::2]
-    assert x0[0] == 0 and x1[-1] == len(values) - 1
-    column = np.r_[True, x0[1:] == x1[:-1] + 1]  # a column starts after the previous one
-    tail = np.r_[False, x0[1:] == x1[:-1]]  # a raw segment starts where the previous one ends
-    assert np.all(column ^ tail) and np.all(np.diff(tail.astype(int)) >= 0)  # columns, then the raw tail
-    for i in np.flatnonzero(column):
-        span = values[x0[i] - 1 if i else 0: x1[i] + 1]
-        assert (y0[i], y1[i]) == (span.min(), span.max())
-    assert np.array_equal(y0[tail], values[x0[tail]]) and np.array_equal(y1[tail], values[x1[tail]])
-    assert np.all(x1[tail] == x0[tail] + 1)
-    assert cy.min() == values.min() and cy.max() == values.max()
-
-
-@pytest.mark.parametrize("chunks", [[5000] * 40, [1] * 50 + [7, 13, 999, 64 * 16 + 3] + [30_000] * 6,
-                                    [3, 700_001] + [99_999] * 9 + [1] * 40])
-def test_min_max_levels_built_as_values_arrive_equal_a_full_pass(chunks):
-    values = np.random.default_rng(2).standard_normal(sum(chunks))
-    b = _Buffer(envelope=True)
-    at = 0
-    for k in chunks:
-        b.extend(values[at: at + k])
-        at += k
-    assert np.array_equal(b.view(), values)
-    assert len(b.levels) >= 2
-    for k, level in enumerate(b.levels):
-        size = BLOCK << k
-        blocks = values[: len(values) // size * size].reshape(-1, size)
-        assert np.array_equal(level.lo[:level.n], blocks.min(axis=1))
-        assert np.array_equal(level.hi[:level.n], blocks.max(axis=1))
-        if level.n > 1 << 12:  # a large level fills a reservation in place (no doubling)
-            assert isinstance(getattr(level.lo.base, "obj", None), mmap.mmap) and len(level.lo) >= 1 << 20
-
-
-def test_a_buffer_grows_without_copying_everything_at_once():
-    """Each extend moves at most two old values per new one into the next, larger array
-    (never all of them in one update, as a doubling does), and large arrays are plain
-    pages (no transparent huge pages, whose first touch stalled updates)."""
-    b, at, worst = _Buffer(capacity=16), 0, 0
-    values = np.arange(2_000_000, dtype=np.float64)
-    for k in [1_000] * 50 + [10_000] * 195:
-        before = b._moved if b._next is not None else 0
-        had_next = b._next is not None
-        b.extend(values[at: at + k])
-        at += k
-        assert np.array_equal(b.view(), values[:at])
-        if had_next and b._next is not None:
-            worst = max(worst, (b._moved - before) / k)
-    assert 0 < worst <= 2
-    assert len(b.a) >= at and isinstance(b.a.base.obj, mmap.mmap)  # frombuffer: a memoryview of the map
-
-
-@pytest.mark.parametrize("n", [50, 2 * 400, 12_345, 300_001])
-def test_envelope_segments_cover_the_series(n):
-    values = np.cumsum(np.random.default_rng(3).standard_normal(n))
-    xb, yb = _Buffer(), _Buffer(envelope=True)
-    xb.extend(np.arange(n, dtype=np.float64))
-    yb.extend(values)
-    env = envelope(xb, yb, 400)
-    if n < 800:
-        assert env is None  # under two values per column: drawn as they are
-        return
-    check_envelope(*env, values)
-    assert len(env[0]) // 2 <= 400 + 40
-
-
 @pytest.mark.parametrize("width", [1, 2, 3])
 def test_segments_hold_the_thin_lines_of_an_envelope(qtbot, width):
-    """_Segments.set_columns writes an envelope (with blocks of finer levels and a raw
+    """Segments.set_columns writes an envelope (with blocks of finer levels and a raw
     tail after its columns: 12,345 values) as `as_thin_lines` draws it, and its
     bounds are those of all the lines."""
     n = 12_345
     values = np.cumsum(np.random.default_rng(5).standard_normal(n))
-    xb, yb = _Buffer(), _Buffer(envelope=True)
+    xb, yb = MinMaxBuffer(), MinMaxBuffer(envelope=True)
     xb.extend(np.arange(n, dtype=np.float64))
     yb.extend(values)
     parts = envelope_parts(xb, yb, 300)
     x, y = envelope(xb, yb, 300)
     assert len(x) == 2 * len(parts[0]) and n - 1 - x[-1] == 0 and x[-2] == n - 2  # ends with the raw tail
-    segments = _Segments(pg.mkPen("b"))
+    segments = Segments(pg.mkPen("b"))
     segments.set_columns(*parts, width, 0.5, 0.01)
     tx, ty = as_thin_lines(x, y, width, 0.5, 0.01)
     sx, sy = segments.pairs()
@@ -377,7 +306,7 @@ def test_the_envelope_draws_what_the_raw_series_draws(qtbot):
     y = 2.0 * np.exp(-x / 1e5) + 0.05 * np.random.default_rng(0).standard_normal(n)
     y[150_000] += 1.0
     y[200_000:250_000] = 1.2
-    xb, yb = _Buffer(), _Buffer(envelope=True)
+    xb, yb = MinMaxBuffer(), MinMaxBuffer(envelope=True)
     xb.extend(x)
     yb.extend(y)
     pw = pg.PlotWidget(background="w")
@@ -593,12 +522,11 @@ def test_a_large_poll_read_as_columns_equals_reading_it_record_by_record(qtbot):
     s_fast, s_slow = fast._runs["r"].series["loss"], slow._runs["r"].series["loss"]
     assert (s_fast.y.lo, s_fast.y.hi) == (s_slow.y.lo, s_slow.y.hi)
     from engine.tail import columns, parse_chunk
-    from widgets.dashboard import _Run
 
     table, rest = columns(polls[0])  # the big polls did go in as columns
     assert rest == [] and table["step"].tolist() == list(range(1, 301))
     cols = {}
-    Dashboard._ingest_columns(_Run("k", "k", "#000"), table, cols)
+    ingest_columns(Run("k", "k", "#000"), table, cols)
     assert {"loss", "lr"} <= set(cols)
     assert columns(polls[0][:10]) == (None, polls[0][:10])
     assert columns(odd) == (None, odd)
@@ -713,8 +641,8 @@ def test_a_long_series_on_a_log_plot_is_drawn_in_decades(dash):
 
 
 def test_tick_values_equal_pyqtgraphs():
-    """_GridAxis.tickValues is pyqtgraph's (without numpy), tick for tick."""
-    axis = _GridAxis("bottom", QColor("white"), {})
+    """GridAxis.tickValues is pyqtgraph's (without numpy), tick for tick."""
+    axis = GridAxis("bottom", QColor("white"), {})
     rng = np.random.default_rng(1)
     for level in (1, 2):
         axis.setStyle(maxTickLevel=level)
@@ -733,3 +661,19 @@ def test_large_tick_labels_are_short(dash):
     assert axis.tickStrings([0, 2e5, 4e5, 1e6, 1.2e6], 1, 2e5) == ["0", "200k", "400k", "1M", "1.2M"]
     assert axis.tickStrings([2.5e5, 1.25e6], 1, 2.5e5) == ["250k", "1.25M"]
     assert axis.tickStrings([0, 500, 1000], 1, 500) == ["0", "500", "1000"]  # small ones as pyqtgraph writes them
+
+
+def test_the_package_gives_its_public_names():
+    """widgets.dashboard hands out the names of its modules (looked up on first use,
+    so that its Qt-free modules load without Qt): each is the module's own object."""
+    import importlib
+
+    import widgets.dashboard as package
+
+    modules = [importlib.import_module(f"widgets.dashboard.{m}")
+               for m in ("series", "buffers", "runs", "segments", "axis", "confusion", "widget")]
+    for name in package.__all__:
+        assert any(getattr(package, name) is getattr(m, name, None) for m in modules), name
+    assert package.Dashboard is Dashboard and "Dashboard" in dir(package)
+    with pytest.raises(AttributeError):
+        package.NoSuchName  # noqa: B018
