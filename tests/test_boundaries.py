@@ -97,10 +97,11 @@ def imports_of_the_cli_inside_functions(paths) -> list[tuple[str, int]]:
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 continue
             for node in ast.walk(fn):
-                if isinstance(node, ast.ImportFrom) and node.level == 0 and (
-                        node.module == "app.cli" or (node.module == "app" and any(a.name == "cli" for a in node.names))):
-                    bad.append((path.name, node.lineno))
-                elif isinstance(node, ast.Import) and any(a.name == "app.cli" for a in node.names):
+                named = [] if not isinstance(node, (ast.Import, ast.ImportFrom)) else [a.name for a in node.names]
+                if isinstance(node, ast.ImportFrom) and node.level == 0:
+                    named = [node.module] if node.module == "app.cli" else [
+                        f"app.{n}" for n in named if node.module == "app"]
+                if "app.cli" in named:
                     bad.append((path.name, node.lineno))
     return sorted(set(bad))
 
