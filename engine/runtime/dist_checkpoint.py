@@ -12,21 +12,39 @@ with pp=2, with tp=2, or in one process without any process group.
 Both trainers write this one format (the single-process one without a process group);
 runs written before that hold checkpoints/step_N/state.pt (plain torch.save), which
 `load` reads too, so such a run can still be resumed, on one process or several.
+
+A run folder travels (fetched from a cluster, shared by a colleague), so nothing in a
+checkpoint may run code when it is read: `load` is the one reader, and it unpickles
+nothing but tensors and plain values. extra.pt and state.pt load with
+`weights_only=True` (numpy's RNG state is written as a tensor; older files' ndarray is
+let through by exactly the numpy globals that rebuild one); DCP's .metadata goes
+through an unpickler that knows only DCP's metadata classes, torch sizes, dtypes and
+layouts, and the values DCP keeps as bytes load with `weights_only=True` too (torch's
+own reader and planner unpickle both without a check). Anything else is refused with
+UnsafeCheckpoint, one line naming the file.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
+import pickle
+import re
 import shutil
 import warnings
+import zipfile
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -35,6 +53,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 EXTRA = "extra.pt"
+
+
+class UnsafeCheckpoint(ValueError):
+    """A checkpoint file that names Python objects beyond tensors and plain values (which
+    could run code when unpickled) or that cannot be read as a checkpoint; never loaded."""
 
 
 def is_dcp(path: Path) -> bool:
@@ -56,7 +79,7 @@ def save(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extra: 
     if write_extra:
         from .loop import save_tensors
 
-        save_tensors(extra, path / EXTRA)  # (a full disk: OSError ENOSPC, not torch's "unexpected pos")
+        save_tensors(_encoded(extra), path / EXTRA)  # (a full disk: OSError ENOSPC, not torch's "unexpected pos")
     if dist.is_initialized():
         dist.barrier()  # `latest` may name this folder only once every rank has written
 
@@ -98,21 +121,208 @@ def _disk_full(exc: CheckpointException, path: Path) -> OSError | None:
 
 def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """Fill model and optimizer from a DCP or a single-process checkpoint; returns
-    the extra state (step, scheduler, rng...)."""
+    the extra state (step, scheduler, rng...). Reads tensors and plain values only:
+    UnsafeCheckpoint for a file that holds anything else."""
     path = Path(path)
     if is_dcp(path):
+        read_metadata(path / ".metadata")  # checked here, before DCP reads it on its own
         msd, osd = get_state_dict(model, optimizer)
         state = {"model": msd, "optim": osd}
-        with _alone():
-            dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+        try:
+            with _alone():
+                dcp.load(state, storage_reader=_SafeReader(path), planner=_SafePlanner(path),
+                         no_dist=not dist.is_initialized())
+        except CheckpointException as exc:
+            refused = _refusal(exc)
+            if refused is not None:
+                raise refused from None
+            raise
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        return torch.load(path / EXTRA, map_location="cpu", weights_only=False)
+        return _decoded(_load_tensors(path / EXTRA))
     single = path / "state.pt"
     if not single.exists():
         raise FileNotFoundError(f"{path} holds no checkpoint (neither .metadata nor state.pt)")
-    state = torch.load(single, map_location="cpu", weights_only=False)
+    state = _decoded(_load_tensors(single))
     _load_full(model, optimizer, state["model"], state["optimizer"])
     return state
+
+
+# ----- reading without running anything ---------------------------------------------
+def _numpy_globals() -> list:
+    """What rebuilds an ndarray (the RNG state older checkpoints hold), and nothing else."""
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct
+    return [(_reconstruct, "numpy._core.multiarray._reconstruct"),
+            (_reconstruct, "numpy.core.multiarray._reconstruct"),
+            (np.ndarray, "numpy.ndarray"), (np.dtype, "numpy.dtype"),
+            type(np.dtype(np.uint32))]  # the keys' dtype (numpy.dtypes.UInt32DType), whose state is set
+
+
+def _load_tensors(file: Path):
+    """torch.load with weights_only=True (plus numpy's ndarray for older RNG states)."""
+    try:
+        with torch.serialization.safe_globals(_numpy_globals()):
+            return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise _unsafe(file, _globals_named(file, exc)) from None
+    except (RuntimeError, EOFError, ValueError, zipfile.BadZipFile, KeyError) as exc:  # truncated, not torch at all
+        raise UnsafeCheckpoint(f"{file}: cannot read it as a checkpoint: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+
+
+def _unsafe(file: Path, names: list[str]) -> UnsafeCheckpoint:
+    what = f" ({', '.join(names[:5])})" if names else ""
+    return UnsafeCheckpoint(
+        f"{file}: not loaded: it holds Python objects{what} that a checkpoint never needs and that would run "
+        "code when read; this run folder is not trusted (copied from elsewhere, or altered): resume from "
+        "a checkpoint Layerflow wrote, or start the run again")
+
+
+def _globals_named(file: Path, exc: Exception) -> list[str]:
+    """The globals a refused file names (read from its opcodes, nothing run)."""
+    try:
+        allowed = {g[1] for g in _numpy_globals() if isinstance(g, tuple)}
+        return [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(file) if g not in allowed]
+    except Exception:  # noqa: BLE001 - not a zip checkpoint: the unpickler's own words
+        return re.findall(r"GLOBAL ([\w.]+)", str(exc))[:1]
+
+
+def _encoded(extra: dict) -> dict:
+    """extra.pt as tensors and plain values: numpy's RNG state (a tuple with an ndarray)
+    becomes a dict with a tensor (Python's is a tuple of ints already)."""
+    rng = extra.get("rng")
+    if not isinstance(rng, dict) or not isinstance(rng.get("numpy"), tuple):
+        return extra
+    name, keys, pos, has_gauss, cached = rng["numpy"]
+    numpy_state = {"algorithm": str(name), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+                   "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    return {**extra, "rng": {**rng, "numpy": numpy_state}}
+
+
+def _decoded(state: dict) -> dict:
+    """_encoded undone: numpy's RNG state as np.random.set_state takes it."""
+    rng = state.get("rng") if isinstance(state, dict) else None
+    if isinstance(rng, dict) and isinstance(rng.get("numpy"), dict):
+        n = rng["numpy"]
+        keys = np.asarray(n["keys"].numpy(), dtype=np.uint32)
+        rng = {**rng, "numpy": (n["algorithm"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"])}
+        state = {**state, "rng": rng}
+    return state
+
+
+def _metadata_globals() -> dict[tuple[str, str], object]:
+    """The globals a DCP .metadata may name: DCP's own metadata records (dataclasses and
+    enums), torch.Size, dtypes, layouts and memory formats, and the checkpoint's path."""
+    import dataclasses
+    import enum
+    import importlib
+    import pathlib
+
+    out: dict[tuple[str, str], object] = {}
+    for mod_name in ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
+                     "torch.distributed.checkpoint.planner"):
+        mod = importlib.import_module(mod_name)
+        for name, obj in vars(mod).items():
+            if isinstance(obj, type) and obj.__module__ == mod_name and (
+                    dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum)):
+                out[(mod_name, name)] = obj
+    for name, obj in vars(torch).items():
+        if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
+            out[("torch", name)] = obj
+    out[("torch", "Size")] = torch.Size
+    out[("torch.serialization", "_get_layout")] = torch.serialization._get_layout  # a layout by its name
+    for cls in (pathlib.PosixPath, pathlib.PurePosixPath, pathlib.WindowsPath, pathlib.PureWindowsPath):
+        out[("pathlib", cls.__name__)] = cls
+    out[("collections", "OrderedDict")] = __import__("collections").OrderedDict
+    return out
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def __init__(self, file, allowed: dict):
+        super().__init__(file)
+        self.allowed = allowed
+        self.refused: list[str] = []
+
+    def find_class(self, module: str, name: str):
+        obj = self.allowed.get((module, name))
+        if obj is None:
+            self.refused.append(f"{module}.{name}")
+            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a checkpoint's metadata")
+        return obj
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("persistent ids are not allowed in a checkpoint's metadata")
+
+
+def read_metadata(file: Path):
+    """A DCP .metadata, unpickled knowing only DCP's metadata types (UnsafeCheckpoint for
+    anything else); the data files it names must be plain names inside its folder."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    file = Path(file)
+    data = file.read_bytes()
+    u = _MetadataUnpickler(io.BytesIO(data), _metadata_globals())
+    try:
+        md = u.load()
+    except pickle.UnpicklingError:
+        raise _unsafe(file, u.refused) from None
+    except Exception as exc:  # noqa: BLE001 - truncated, or records of the wrong shape
+        raise UnsafeCheckpoint(f"{file}: cannot read it as a checkpoint's metadata: {type(exc).__name__}: {exc}") from None
+    if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict):
+        raise UnsafeCheckpoint(f"{file}: cannot read it as a checkpoint's metadata (it holds a {type(md).__name__})")
+    for info in (md.storage_data or {}).values():
+        rel = getattr(info, "relative_path", None)
+        if not isinstance(rel, str) or not rel or rel in (".", "..") or "/" in rel or "\\" in rel or "\0" in rel:
+            raise UnsafeCheckpoint(f"{file}: names a data file outside its folder ({rel!r}); not loaded")
+    return md
+
+
+class _SafeReader(FileSystemReader):
+    """DCP's file reader with its metadata read by read_metadata."""
+
+    def read_metadata(self, *args, **kwargs):
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        rank = kwargs.get("rank")
+        md = read_metadata(Path(self._get_metadata_path(rank)))
+        if getattr(md, "storage_meta", None) is None:
+            md.storage_meta = StorageMeta()
+        md.storage_meta.load_id = self.load_id
+        return md
+
+
+class _SafePlanner(DefaultLoadPlanner):
+    """DCP's planner, with the values it keeps as bytes (an optimizer's lr, betas, step
+    counts) loaded with weights_only=True."""
+
+    def __init__(self, where: Path):
+        super().__init__()
+        self.where = where
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        try:
+            obj = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            names = re.findall(r"GLOBAL ([\w.]+)", str(exc))[:1]
+            raise _unsafe(Path(f"{self.where} (its value {read_item.dest_index.fqn})"), names) from None
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def _refusal(exc: CheckpointException) -> UnsafeCheckpoint | None:
+    """The UnsafeCheckpoint behind a failed DCP load (DCP gathers every rank's failure)."""
+    failures = getattr(exc, "failures", {}) or {}
+    for err in (v[0] if isinstance(v, tuple) else v for v in failures.values()):
+        seen = set()
+        while err is not None and id(err) not in seen:
+            seen.add(id(err))
+            if isinstance(err, UnsafeCheckpoint):
+                return err
+            err = err.__cause__ or err.__context__
+    return None
 
 
 def _load_full(model: nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict, optim_sd: dict) -> None:
