@@ -38,9 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.register(sub)
-    p = sub.add_parser("trust", help="allow a project's own code (Custom layers' imports) to run; remembered "
-                                     "in your config folder for this exact set of imports")
-    p.add_argument("project")
+    p = sub.add_parser("trust", help="allow a project's (or a run folder's) own code (Custom layers' imports) "
+                                     "to run; remembered in your config folder for this exact set of imports")
+    p.add_argument("project", help="a .lflow file, or a run folder (its run.json and project.lflow)")
     p.set_defaults(func=cmd_trust)
     return parser
 
@@ -69,6 +69,8 @@ def cmd_trust(args) -> int:
     from engine import trust
     from engine.project import load_project
 
+    if os.path.isdir(args.project) and os.path.isfile(os.path.join(args.project, "run.json")):
+        return _trust_run_folder(args.project)
     paths = trust.needs_consent(load_project(args.project))
     if not paths:
         print(f"{args.project}: runs no code of its own (only torch layers and ATen operators) and reads no file "
@@ -86,6 +88,19 @@ def cmd_trust(args) -> int:
     return 0
 
 
+def _trust_run_folder(run_dir: str) -> int:
+    from engine import trust
+
+    paths = trust.trust_run_folder(run_dir)
+    if not paths:
+        print(f"{run_dir}: its model runs no code of its own (only torch layers and ATen operators); nothing to trust")
+        return 0
+    print(f"{run_dir}: trusted")
+    print("  these imports may now run when it is resumed:")
+    print("\n".join(f"    {p}" for p in paths))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     consent = "--trust" in argv  # any command: run the project's own code (Custom layers), and remember it
@@ -100,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             return cli_gui.default(args)
         parser.print_help()
         return 0
+    # what the user said, for a command that opens more than its project (train --resume RUN_DIR)
+    args.consent_given, args.consent_once = consent, once
     try:
         with _consent(getattr(args, "project", None), consent, once):
             return int(args.func(args) or 0)

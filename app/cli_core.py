@@ -8,6 +8,7 @@ from pathlib import Path
 
 from app.cli_errors import CliError
 from app.cli_placement import add_placement_flags, check_counts, placement_flags
+from engine import trust
 from engine.project import load_project
 from layerflow import Project
 
@@ -81,9 +82,13 @@ def cmd_train(args) -> int:
         snapshot = Path(args.resume) / "project.lflow"
         if not snapshot.exists() and not args.project:
             raise CliError(f"--resume {args.resume}: no project.lflow in it; give the project too")
+        # a run folder comes from a cluster or a colleague: its code runs only with consent, as a project's
+        consented = trust.check_run_folder(args.resume, given=getattr(args, "consent_given", False),
+                                           once=getattr(args, "consent_once", False))
         project = load_project(snapshot if snapshot.exists() else args.project)
-        prep = prepare_resume(args.resume, nproc=args.nproc, steps=args.steps,
-                              placement=placement_flags(project, args))
+        with trust.allowing(consented):
+            prep = prepare_resume(args.resume, nproc=args.nproc, steps=args.steps,
+                                  placement=placement_flags(project, args))
     else:
         project = load_project(args.project)
         prep = prepare_training(project, nproc=args.nproc, steps=args.steps, seed=args.seed, out=args.out,

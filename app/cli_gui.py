@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from app.cli_errors import CliError
+from engine import trust
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -116,6 +117,12 @@ def cmd_screenshot(args) -> int:
     except ValueError:
         raise CliError(f"--size must look like 1600x1000, not '{args.size}'") from None
     project = load_project(args.project)
+    # The window is the editor, which runs what it shows (the user's own diagram): a project
+    # file's code and outside files must have the user's consent first, as on every command.
+    trust.require_consent(project, "a screenshot")
+    if args.run:
+        trust.check_run_folder(args.run, given=getattr(args, "consent_given", False),
+                               once=getattr(args, "consent_once", False))
     # offscreen unless QT_QPA_PLATFORM says otherwise (xcb under Xvfb needs libxcb-cursor0)
     app = _app(offscreen=True)
     from app.settings import Settings

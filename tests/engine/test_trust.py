@@ -185,3 +185,78 @@ def test_the_apps_runs_carry_its_consent_and_no_more(tmp_path):
         prepare_training(load_project(mine), steps=1, out=tmp_path / "r2")
     assert main(["validate", str(mine), "--trust-once"]) == 0
     assert not (tmp_path / "config" / "trust.json").exists()  # once: not remembered
+
+
+def _run_folder(folder, *paths, snapshot_paths=()):
+    """A run folder as far as the gate reads it: run.json's model and a project.lflow."""
+    folder.mkdir(parents=True, exist_ok=True)
+    nodes = [{"id": "x", "type": "Input", "params": {"shape": [4]}}]
+    nodes += [{"id": f"c{i}", "type": "Custom", "params": {"path": p}, "args": ["x"]} for i, p in enumerate(paths)]
+    (folder / "run.json").write_text(json.dumps({"model": {"nodes": nodes}}))
+    if snapshot_paths:
+        _project(folder, {f"s{i}": {"path": p} for i, p in enumerate(snapshot_paths)}, name="project.lflow")
+    return folder
+
+
+def test_a_run_folders_code_runs_only_with_consent(tmp_path):
+    """check_run_folder: the gate before a resume builds what run.json (the ranks' model)
+    and project.lflow (what a new placement compiles) name; torch layers need nothing."""
+    from engine import trust
+
+    rd = _run_folder(tmp_path / "run", "evil.mod:Boom", "torch.nn:ReLU", snapshot_paths=["other.mod:Thing"])
+    assert trust.run_folder_paths(rd) == ["evil.mod:Boom", "other.mod:Thing"]
+    with pytest.raises(trust.NotTrusted, match=r"run folder .*run imports code of its own \(evil.mod:Boom, "
+                                               r"other.mod:Thing\).*`python main.py trust .*run`, or --trust"):
+        trust.check_run_folder(rd)
+    assert trust.check_run_folder(rd, once=True) == ["evil.mod:Boom", "other.mod:Thing"]  # remembered nowhere
+    with pytest.raises(trust.NotTrusted):
+        trust.check_run_folder(rd)
+    with trust.allowing(["evil.mod:Boom", "other.mod:Thing"]):  # the project's own consent, for this command
+        trust.check_run_folder(rd)
+    trust.check_run_folder(rd, given=True)  # --trust: remembered for this folder
+    assert trust.check_run_folder(rd) == ["evil.mod:Boom", "other.mod:Thing"]
+    # the folder changes to name more code: asked again
+    _run_folder(rd, "evil.mod:Boom", "evil.mod:More")
+    with pytest.raises(trust.NotTrusted, match="evil.mod:More"):
+        trust.check_run_folder(rd)
+    # a run of torch layers only asks nothing
+    assert trust.check_run_folder(_run_folder(tmp_path / "plain", "torch.nn:GELU")) == []
+
+
+def test_the_editors_consent_covers_a_run_folder_but_not_what_it_refused(tmp_path):
+    from engine import trust
+
+    rd = _run_folder(tmp_path / "run", "mine.mod:Layer")
+    trust.interactive()  # the GUI: what the user drew is theirs
+    assert trust.check_run_folder(rd) == ["mine.mod:Layer"]
+    trust.refuse(["mine.mod:Layer"])  # ... unless they refused it when the project opened
+    with pytest.raises(trust.NotTrusted):
+        trust.check_run_folder(rd)
+
+
+def test_a_hostile_run_json_is_one_line(tmp_path):
+    from engine import trust
+    from engine.files import ProjectError
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "run.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ProjectError, match="run.json: cannot read"):
+        trust.check_run_folder(rd)
+    (rd / "run.json").write_text(json.dumps({"model": {"nodes": "x"}, "deep": [[[{"type": "Custom", "params": {"path": "a:B"}}]]]}))
+    assert trust.run_folder_paths(rd) == ["a:B"]  # found wherever it sits
+
+
+def test_a_screenshot_asks_as_every_command_does(tmp_path):
+    """require_consent counts the consent given for the command only: not the editor's
+    interactive mode, which the screenshot's window would turn on."""
+    from engine import trust
+    from engine.project import load_project
+
+    p = load_project(_project(tmp_path, {"act": {"path": "tests.engine.interop_models:Swish"}}))
+    trust.interactive()
+    with pytest.raises(trust.NotTrusted, match=r"imports code of its own \(tests.engine.interop_models:Swish\); "
+                                               r"a screenshot runs it only once you trust the project"):
+        trust.require_consent(p, "a screenshot")
+    with trust.allowing(trust.needs_consent(p)):
+        trust.require_consent(p, "a screenshot")
