@@ -85,6 +85,7 @@ def cmd_train(args) -> int:
         # a run folder comes from a cluster or a colleague: its code runs only with consent, as a project's
         consented = trust.check_run_folder(args.resume, given=getattr(args, "consent_given", False),
                                            once=getattr(args, "consent_once", False))
+        _check_checkpoint(args.resume)
         project = load_project(snapshot if snapshot.exists() else args.project)
         with trust.allowing(consented):
             prep = prepare_resume(args.resume, nproc=args.nproc, steps=args.steps,
@@ -99,6 +100,17 @@ def cmd_train(args) -> int:
     if prep.nproc > 1:
         return _train_multi(prep.run_dir, prep.nproc, resume=prep.resume)
     return _train_single(prep.run_dir, resume=prep.resume)
+
+
+def _check_checkpoint(run_dir) -> None:
+    """A checkpoint that holds more than tensors and plain values is refused in one line
+    before any process starts (the runtime refuses it too, rank by rank)."""
+    from engine.runtime.dist_checkpoint import UnsafeCheckpoint, check_latest
+
+    try:
+        check_latest(Path(run_dir))
+    except UnsafeCheckpoint as exc:
+        raise CliError(str(exc)) from None
 
 
 def _train_single(run_dir, resume: bool) -> int:

@@ -148,6 +148,23 @@ def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict
 
 
 # ----- reading without running anything ---------------------------------------------
+def check_latest(run_dir: Path) -> None:
+    """The run folder's latest checkpoint read as `load` reads it, without a model (its
+    .metadata, extra.pt or state.pt): what the command line asks before it starts a
+    resume on any number of processes, so a refusal is one line, before anything runs."""
+    marker = Path(run_dir) / "checkpoints" / "latest"
+    name = marker.read_text().strip() if marker.is_file() else ""
+    path = Path(run_dir) / "checkpoints" / name
+    if not name or not path.is_dir():
+        return  # nothing to resume from: the loop says so
+    if is_dcp(path):
+        read_metadata(path / ".metadata")
+        if (path / EXTRA).is_file():
+            _load_tensors(path / EXTRA)
+    elif (path / "state.pt").is_file():
+        _load_tensors(path / "state.pt")
+
+
 def _numpy_globals() -> list:
     """What rebuilds an ndarray (the RNG state older checkpoints hold), and nothing else."""
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import pickle
+import re
 import shutil
 from pathlib import Path
 
@@ -76,18 +77,9 @@ def _trainer_reads_state_pt_itself() -> bool:
     return "weights_only=False" in inspect.getsource(Trainer.load_checkpoint)
 
 
-@pytest.mark.parametrize("where", [
-    "extra.pt",
-    ".metadata",
-    ".metadata inside real metadata",
-    pytest.param("state.pt", marks=pytest.mark.xfail(
-        _trainer_reads_state_pt_itself(), strict=True,
-        reason="Trainer.load_checkpoint (train.py) reads state.pt itself; it is to delegate to dist_checkpoint.load")),
-])
-def test_a_canary_in_a_checkpoint_never_runs_on_resume(stopped, tmp_path, capsys, where):
-    rd, ckpt = _copy(stopped, tmp_path)
-    marker = tmp_path / "ran"
-    if where == "extra.pt":
+def _plant(ckpt: Path, where: str, marker: Path) -> Path:
+    """The canary in the checkpoint's file `where`; returns that file."""
+    if where.startswith("extra.pt"):
         torch.save({"step": 25, "rng": Canary(marker)}, ckpt / "extra.pt")
         file = ckpt / "extra.pt"
     elif where == ".metadata":
@@ -103,10 +95,39 @@ def test_a_canary_in_a_checkpoint_never_runs_on_resume(stopped, tmp_path, capsys
             f.unlink()
         torch.save({"model": {}, "optimizer": Canary(marker)}, ckpt / "state.pt")
         file = ckpt / "state.pt"
-    assert main(["train", "--resume", str(rd)]) == 2
+    return file
+
+
+@pytest.mark.parametrize("where", ["extra.pt", "extra.pt --nproc 2", ".metadata", ".metadata inside real metadata",
+                                   "state.pt"])
+def test_a_canary_in_a_checkpoint_never_runs_on_resume(stopped, tmp_path, capsys, where):
+    """`train --resume`: refused in one line before any process starts, on 1 process or 2."""
+    rd, ckpt = _copy(stopped, tmp_path)
+    marker = tmp_path / "ran"
+    file = _plant(ckpt, where, marker)
+    flags = where.split()[1:] if " --" in where else []
+    assert main(["train", "--resume", str(rd), *flags]) == 2
     assert not marker.exists()
     line = _one_line_refusal(capsys, file)
     assert "io.open" in line or "builtins.open" in line  # what it would have run, named
+
+
+@pytest.mark.parametrize("where", [
+    "extra.pt",
+    ".metadata",
+    pytest.param("state.pt", marks=pytest.mark.xfail(
+        _trainer_reads_state_pt_itself(), strict=True,
+        reason="Trainer.load_checkpoint (train.py) reads state.pt itself; it is to delegate to dist_checkpoint.load")),
+])
+def test_the_runtime_refuses_a_canary_too(stopped, tmp_path, where):
+    """The runtime's own resume (`python -m engine.runtime.train RUN --resume`, a torchrun
+    restart) reads through dist_checkpoint.load as well."""
+    rd, ckpt = _copy(stopped, tmp_path)
+    marker = tmp_path / "ran"
+    file = _plant(ckpt, where, marker)
+    with pytest.raises(dist_checkpoint.UnsafeCheckpoint, match=re.escape(str(file))):
+        run(rd, resume=True)
+    assert not marker.exists()
 
 
 def test_a_canary_among_dcps_byte_values_never_runs(tmp_path):
