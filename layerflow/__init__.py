@@ -27,8 +27,11 @@ from engine.graph import GraphError
 from engine.interop.common import InteropError
 from engine.planner import Plan
 from engine.run import RunError
+from engine.runtime.records import RunStatus
 from layerflow.project import Project, Summary, load
-from layerflow.runs import Job, Run, RunFailed, Status, cluster_jobs
+from layerflow.runs import Job, Run, RunFailed, cluster_jobs
+
+Status = RunStatus  # what `Run.status()` and `Job.status()` return: .state, .step, .total_steps, .error, .done, .ok
 
 __all__ = [
            "CheckFailed",
@@ -43,6 +46,7 @@ __all__ = [
            "Run",
            "RunError",
            "RunFailed",
+           "RunStatus",
            "Status",
            "Summary",
            "cluster_jobs",

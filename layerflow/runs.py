@@ -1,17 +1,17 @@
 """A run on this machine (`Run`) and a job on a cluster (`Job`): what `Project.train` and
 `Project.deploy` return. Both read the run-folder contract (engine/run.py): status.json
-for the state, metrics.jsonl for the records, followed by byte offset (engine/tail.py),
-so nothing is missed or repeated while a run goes on."""
+for the state (engine/runtime/records.py `RunStatus`, what both `status()` return),
+metrics.jsonl for the records, followed by byte offset (engine/tail.py), so nothing is
+missed or repeated while a run goes on."""
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.errors import LayerflowError
 from engine.runs import is_run_dir
-from engine.runtime.records import ENDED_STATES, RunStatus
+from engine.runtime.records import RunStatus
 from engine.tail import MetricsTail, read_metrics
 
 
@@ -19,36 +19,13 @@ class RunFailed(LayerflowError, RuntimeError):
     """A run that ended in failure; the message says which rank failed first, at which
     step, and what it died of. `status` is the run's last status."""
 
-    def __init__(self, message: str, status: Status):
+    def __init__(self, message: str, status: RunStatus):
         super().__init__(message)
         self.status = status
 
 
-@dataclass(frozen=True)
-class Status:
-    """Where a run or job stands: state (pending, running, succeeded, failed, cancelled,
-    interrupted, lost), the step reached of total_steps, and the error when it failed."""
-
-    state: str
-    step: int = 0
-    total_steps: int | None = None
-    error: str | None = None
-    raw: dict = field(default_factory=dict, repr=False, compare=False)
-
-    @property
-    def done(self) -> bool:
-        return self.state in ENDED_STATES or self.state == "lost"  # (lost: nothing left to wait for)
-
-    @property
-    def ok(self) -> bool:
-        return self.state in ("succeeded", "cancelled")
-
-
-def _read_status(run_dir: Path) -> Status:
-    st = RunStatus.read(run_dir)
-    if st is None:
-        return Status("pending")
-    return Status(st.state, st.step, st.total_steps, st.error, st.to_json())
+def _read_status(run_dir: Path) -> RunStatus:
+    return RunStatus.read(run_dir) or RunStatus("pending")
 
 
 class Run:
@@ -83,9 +60,9 @@ class Run:
             return False
         from engine.runs import pid_alive
 
-        return bool(pid_alive(st.raw.get("pid")))  # (raw: the record as JSON, RunStatus.to_json)
+        return bool(pid_alive(st.pid))
 
-    def status(self) -> Status:
+    def status(self) -> RunStatus:
         return _read_status(self.dir)
 
     def metrics(self, follow: bool = False, poll_s: float = 0.5, timeout: float | None = None) -> Iterator[dict]:
@@ -112,8 +89,8 @@ class Run:
         """(step, training loss) of every logged step so far."""
         return [(r["step"], r["loss"]) for r in read_metrics(self.dir / "metrics.jsonl") if "loss" in r]
 
-    def wait(self, timeout: float | None = None) -> Status:
-        """Block until the run ends; its Status, or RunFailed naming why it failed."""
+    def wait(self, timeout: float | None = None) -> RunStatus:
+        """Block until the run ends; its status, or RunFailed naming why it failed."""
         if self._job is not None:
             self._job.wait(timeout)
         else:
@@ -128,7 +105,7 @@ class Run:
             raise RunFailed(f"run {self.name} failed: {detail}", st)
         return st
 
-    def cancel(self, grace: float = 30.0) -> Status:
+    def cancel(self, grace: float = 30.0) -> RunStatus:
         """Stop after the current step (the run checkpoints and is marked cancelled);
         whatever is still alive after `grace` seconds is killed."""
         if self._job is None:
@@ -196,12 +173,12 @@ class Job:
         """This machine's copy of the job's run folder (metrics.jsonl, logs/)."""
         return self._db.mirror_dir(self.id)
 
-    def status(self) -> Status:
+    def status(self) -> RunStatus:
         """Ask the nodes (and mirror what is new); a finished job is not asked again."""
         job = self.record
         if not job.done:
             job = self._tr().poll()
-        return Status(job.state, int(job.step or 0), job.total_steps, job.error or None)
+        return _job_status(job)
 
     def metrics(self, follow: bool = False, poll_s: float = 1.0, timeout: float | None = None) -> Iterator[dict]:
         """Records of the job's metrics.jsonl, as mirrored; with follow=True, new ones as
@@ -217,7 +194,7 @@ class Job:
                 raise TimeoutError(f"job {self.id} still going after {timeout} s")
             time.sleep(poll_s)
 
-    def wait(self, timeout: float | None = None, poll_s: float = 1.0) -> Status:
+    def wait(self, timeout: float | None = None, poll_s: float = 1.0) -> RunStatus:
         for _ in self.metrics(follow=True, poll_s=poll_s, timeout=timeout):
             pass
         st = self.status()
@@ -231,16 +208,20 @@ class Job:
         path = self.mirror / "logs" / Path(name).name
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def cancel(self, grace: float = 15.0) -> Status:
+    def cancel(self, grace: float = 15.0) -> RunStatus:
         """Stop the job on every node and check that none of its processes is left."""
-        job = self._tr().cancel(grace)
-        return Status(job.state, int(job.step or 0), job.total_steps, job.error or None)
+        return _job_status(self._tr().cancel(grace))
 
     def fetch(self, out: str | Path | None = None) -> Path:
         """Download checkpoints, the final model, metrics and logs into `out` (./<job id>)."""
         out = Path(out or self.id)
         self._tr().fetch(out)
         return out
+
+
+def _job_status(job) -> RunStatus:
+    """A job database record (remote.jobs.Job) as a run's status."""
+    return RunStatus(job.state, int(job.step or 0), job.total_steps, error=job.error or None)
 
 
 def cluster_jobs(cluster: str) -> list[dict]:

@@ -1,7 +1,7 @@
 """A run folder's small records, typed: status.json (`RunStatus`) and
 logs/rank{R}.error (`RankError`).
 
-The runtime writes them (engine/runtime/loop.py, parallel.py); this machine's launcher
+The runtime writes them (engine/runtime/folder.py, parallel.py); this machine's launcher
 adds which rank failed first (remote/launch_local.py); the GUI, the CLI, the Python API
 and the run list read them. Reading is lenient, since run folders outlive versions: a
 field that is missing or of the wrong type reads as its default, times written as
@@ -11,8 +11,10 @@ ISO-8601 text read as epoch seconds, and fields this version does not know are k
 from __future__ import annotations
 
 import ast
+import errno
 import json
 import math
+import os
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
@@ -26,6 +28,11 @@ FINAL_STATES = ("succeeded", "failed", "cancelled")  # what a run writes when it
 STATES = ("pending", "running", *FINAL_STATES, "interrupted", "timeout", "lost")
 ENDED_STATES = (*FINAL_STATES, "interrupted", "timeout")  # nothing more will happen to it
 RESUMABLE_STATES = ("cancelled", "failed", "interrupted")  # a checkpoint to go on from
+OK_STATES = ("succeeded", "cancelled")  # ended as asked: finished, or stopped by the user (a checkpoint kept)
+
+STATUS_FILE = "status.json"
+STATUS_BYTES = 2048  # status.json is padded to this: on a full disk it is rewritten in place, in blocks it owns
+DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 
 
 def _int(v) -> int | None:
@@ -50,10 +57,21 @@ def _text(v) -> str | None:
     return v if isinstance(v, str) else None
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Written whole or not at all: a temp file beside it, then a rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 @dataclass
 class RunStatus:
-    """Where a run stands (status.json). state: pending (nothing written yet), running,
-    succeeded, failed or cancelled."""
+    """Where a run (or a remote job) stands: status.json, what `Run.status()` and
+    `Job.status()` return. state: one of STATES (a run writes pending..cancelled itself)."""
     state: str = "pending"
     step: int = 0
     total_steps: int | None = None
@@ -68,7 +86,13 @@ class RunStatus:
 
     @property
     def done(self) -> bool:
-        return self.state in FINAL_STATES
+        """Nothing left to wait for: it ended (ENDED_STATES), or a remote job's nodes no longer show it (lost)."""
+        return self.state in ENDED_STATES or self.state == "lost"
+
+    @property
+    def ok(self) -> bool:
+        """It ended as asked: finished, or stopped by the user (a checkpoint to go on from)."""
+        return self.state in OK_STATES
 
     def to_json(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
@@ -94,10 +118,29 @@ class RunStatus:
         """The run folder's status.json; None when there is none (or it is being written
         for the first time and cannot be parsed yet)."""
         try:
-            d = json.loads((Path(run_dir) / "status.json").read_text())
+            d = json.loads((Path(run_dir) / STATUS_FILE).read_text())
         except (OSError, ValueError):
             return None
         return cls.from_json(d)
+
+    def write(self, run_dir: str | Path) -> None:
+        """RUN_DIR/status.json, whole every time (a temp file, renamed). On a full disk, where
+        no temp file fits, the padded file is overwritten within its own blocks, so a run
+        still ends as 'failed' with its reason rather than staying 'running'."""
+        path = Path(run_dir) / STATUS_FILE
+        text = json.dumps(self.to_json(), indent=1, sort_keys=True)
+        try:
+            write_text_atomic(path, text.ljust(STATUS_BYTES))
+        except OSError as exc:
+            if exc.errno not in DISK_FULL:
+                raise
+            data = text.encode()
+            if len(data) > STATUS_BYTES and self.error:
+                short = {**self.to_json(), "error": self.error[:STATUS_BYTES // 2] + "..."}
+                data = json.dumps(short, indent=1, sort_keys=True).encode()
+            with open(path, "r+b") as f:
+                f.write(data.ljust(max(STATUS_BYTES, len(data))))
+                f.truncate()
 
 
 @dataclass
@@ -134,4 +177,14 @@ class RankError:
             return None
 
 
-__all__ = ["RunStatus", "RankError", "epoch_seconds", "FINAL_STATES", "STATES", "ENDED_STATES", "RESUMABLE_STATES"]
+__all__ = [
+    "ENDED_STATES",
+    "FINAL_STATES",
+    "OK_STATES",
+    "RESUMABLE_STATES",
+    "STATES",
+    "RankError",
+    "RunStatus",
+    "epoch_seconds",
+    "write_text_atomic",
+]
