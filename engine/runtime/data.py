@@ -1,9 +1,9 @@
 """Batches for the training loop, a pure function of (seed, step).
 
-The data of a run is RUN_DIR/data.npz (written by engine/run.py). The batch of
-global step s comes from epoch s // steps_per_epoch, whose order is a permutation
-seeded by (seed, epoch): resuming at step s needs no saved data position, and every
-data-parallel layout sees the same global batch (each replica takes its slice).
+The data of a run is RUN_DIR/data.npz (written by engine/run.py; the run spec's data.path
+names it). The batch of global step s comes from epoch s // steps_per_epoch, whose order
+is a permutation seeded by (seed, epoch): resuming at step s needs no saved data position,
+and every data-parallel layout sees the same global batch (each replica takes its slice).
 """
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ class Batches:
         return self.x[idx], self.y[idx]
 
 
-def load_npz(run_dir: Path) -> dict[str, np.ndarray]:
-    with np.load(run_dir / "data.npz", allow_pickle=False) as z:
+def load_npz(run_dir: Path, name: str = "data.npz") -> dict[str, np.ndarray]:
+    with np.load(Path(run_dir) / name, allow_pickle=False) as z:
         return {k: z[k] for k in ("x_train", "y_train", "x_val", "y_val")}
 
 

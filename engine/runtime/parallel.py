@@ -13,12 +13,13 @@ micro-batch.
 
 Everything here is PyTorch's own engine (DeviceMesh, DTensor, tensor.parallel,
 fully_shard, DDP, distributed.pipelining); this file only decides what goes where,
-reading the plan that engine/planner.py wrote into run.json. ParallelTrainer offers
-the single-process Trainer's methods (train.py), so the same `fit` loop (loop.py) drives both.
+reading the plan that engine/planner.py wrote into run.json (spec.RunSpec.plan).
+ParallelTrainer is a BaseTrainer (trainer.py), as the single-process Trainer (train.py)
+is, so the same `fit` loop (loop.py) drives both.
 """
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import json
 import os
 import time
@@ -33,10 +34,15 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Replicate, Shard
 
 from . import dist_checkpoint
-from .data import Batches, eval_batches, load_npz
-from .model import build_graph_module, load_weights
+from .data import eval_batches
+from .folder import save_tensors, write_failure
+from .loop import fit
 from .plan import Layout, RunPlan, TPEntry
+from .records import RankError, RunStatus
+from .spec import RunSpec
 from .stages import apply_checkpointing, build_stage_module, even_stages
+from .steps import compute_loss, correct_count, peak_mem_mb, seed_all
+from .trainer import BaseTrainer
 
 
 # ----- the mesh ---------------------------------------------------------------
@@ -232,43 +238,34 @@ def by_node_id(modules: list[nn.Module]) -> nn.Module:
     return root
 
 
-def default_plan(spec: dict, gm: nn.Module, world: int) -> RunPlan:
-    """run.json without a plan: the placement's degrees, an even cut, no TP styles."""
-    pl = spec.get("placement") or {}
-    pp = int(pl.get("pp", 1))
-    plan = RunPlan.from_json(
-        {"pp": pp, "dp": int(pl.get("dp", 1)), "tp": int(pl.get("tp", 1)),
-         "data_parallel": pl.get("data_parallel", "ddp"), "schedule": pl.get("schedule", "1f1b"),
-         "microbatches": int(pl.get("microbatches") or pp),
-         "reshard_after_forward": pl.get("reshard_after_forward", True),
-         "mixed_precision": pl.get("mixed_precision", "none"),
-         "stages": even_stages(gm, pp) if pp > 1 else []}, "run.json placement")
+def complete_plan(plan: RunPlan, gm: nn.Module, world: int) -> RunPlan:
+    """The plan as the ranks run it: a pipeline without stages (run.json written without a
+    planner's plan) cut evenly; a plan of one process started on `world` processes (plain
+    `--nproc N`, nothing else said) data parallel over them."""
+    plan = dataclasses.replace(plan)
+    if plan.pp > 1 and not plan.stages:
+        plan.stages = even_stages(gm, plan.pp)
     if plan.world == 1 and world > 1:
-        plan.dp = world  # plain `--nproc N` with nothing else said: data parallel
+        plan.dp = world
+        if plan.data_parallel == "none":
+            plan.data_parallel = "ddp"
     return plan
 
 
 # ----- the trainer ----------------------------------------------------------------
-class ParallelTrainer:
-    """Same methods as train.Trainer; every rank builds one."""
+class ParallelTrainer(BaseTrainer):
+    """One rank of a distributed run; every rank builds one."""
 
-    def __init__(self, run_dir: Path, spec: dict, device: torch.device):
-        from .loop import compute_loss, lr_lambda, make_optimizer
+    distributed = True
 
-        self.run_dir, self.spec, self.device = run_dir, spec, device
-        tr = spec["training"]
-        self.total_steps = int(spec["total_steps"])
-        self.batch_size = int(tr["batch_size"])  # the global batch: what samples_per_s counts
-        if int(tr.get("grad_accumulation", 1)) > 1:
-            raise ValueError(f"training.grad_accumulation {tr['grad_accumulation']} runs in one process only; set "
-                             f"it to 1 (a pipeline cuts the batch into placement.microbatches itself)")
-        self.loss_kind = spec["loss"]
-        self.compute_loss = compute_loss
-        full = build_graph_module(spec["model"], device="cpu", seed=int(tr["seed"]))
-        if spec.get("weights"):
-            load_weights(full, str(run_dir / spec["weights"]))
+    def __init__(self, run_dir: Path, spec: RunSpec, device: torch.device):
+        super().__init__(run_dir, spec, device)
+        if spec.training.grad_accumulation > 1:
+            raise ValueError(f"training.grad_accumulation {spec.training.grad_accumulation} runs in one process "
+                             f"only; set it to 1 (a pipeline cuts the batch into placement.microbatches itself)")
+        full = self.build_model()
         self.rank, world = dist.get_rank(), dist.get_world_size()
-        self.plan = plan = RunPlan.from_json(spec["plan"]) if spec.get("plan") else default_plan(spec, full, world)
+        self.plan = plan = complete_plan(spec.plan, full, world)
         dims = ParallelDims(plan.pp, plan.dp, plan.tp, world)
         self.dims = dims
         self.mesh = build_mesh(dims, device.type)
@@ -284,12 +281,7 @@ class ParallelTrainer:
         self.parts = [parallelize(full, plan, self.mesh, device, i) for i in self.stage_ids]
         self.model = self.parts[0] if len(self.parts) == 1 else by_node_id(self.parts)
         self.state_model = by_node_id(self.parts) if dims.pp > 1 or plan.checkpoint else self.model
-        self.opt = make_optimizer(self.model.parameters(), tr["optimizer"])
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(tr["schedule"], self.total_steps))
-        arrays = load_npz(run_dir)
-        self.batches = Batches(arrays["x_train"], arrays["y_train"], self.batch_size, int(tr["seed"]))
-        self.val = (arrays["x_val"], arrays["y_val"])
-        self.grad_clip = tr.get("grad_clip")
+        self.init_optimizer()
         self.schedule = None
         self.is_first = self.pp_rank == 0  # holds stage 0
         self.is_last = self.pp_rank == dims.pp - 1  # holds the last stage (also when interleaved)
@@ -312,8 +304,8 @@ class ParallelTrainer:
         self.microbatches = m
         self._shapes_known = False  # see infer_stage_shapes
         # bf16: FSDP2 casts through its MixedPrecisionPolicy; everything else autocasts the forward
-        bf16 = plan.mixed_precision == "bf16" and not (dims.dp > 1 and plan.data_parallel == "fsdp")
-        self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+        self.autocast = self.autocast_for(plan.mixed_precision == "bf16"
+                                          and not (dims.dp > 1 and plan.data_parallel == "fsdp"))
 
     # ---- one step ----
     def _local(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -329,7 +321,7 @@ class ParallelTrainer:
         local = None
         if self.schedule is None:
             with self.autocast():
-                loss = self.compute_loss(self.loss_kind, self.model(x), y)
+                loss = compute_loss(self.loss_kind, self.model(x), y)
             loss.backward()
             local = loss.detach()
         else:
@@ -414,10 +406,8 @@ class ParallelTrainer:
             y = y[:k]
             if out is not None and (self.schedule is None or self.is_last):
                 out = out[:k]
-                total += self.compute_loss(self.loss_kind, out, y).item() * k
+                total += compute_loss(self.loss_kind, out, y).item() * k
                 if cls:
-                    from .loop import correct_count
-
                     correct += correct_count(out, y)
             n += k
         self.model.train()
@@ -431,35 +421,15 @@ class ParallelTrainer:
             rec["val_acc"] = float(sums[1]) / max(n, 1)
         return rec
 
-    def lr(self) -> float:
-        return self.opt.param_groups[0]["lr"]
-
     def peak_mem_per_rank(self) -> list[float]:
-        from .loop import peak_mem_mb
-
         t = torch.zeros(dist.get_world_size(), dtype=torch.float64, device=self.device)
         t[self.rank] = peak_mem_mb(self.device)
         dist.all_reduce(t)
         return [round(float(v), 1) for v in t]
 
-    # ---- checkpoints (torch.distributed.checkpoint: any layout resumes any other) ----
-    def save_checkpoint(self, path: Path, extra: dict) -> None:
-        from .loop import rng_state
-
-        dist_checkpoint.save(path, self.state_model, self.opt,
-                             {"scheduler": self.sched.state_dict(), "rng": rng_state(), **extra},
-                             write_extra=self.rank == 0)
-
-    def load_checkpoint(self, path: Path) -> dict:
-        state = dist_checkpoint.load(path, self.state_model, self.opt)
-        self.sched.load_state_dict(state["scheduler"])
-        return state
-
     def save_final(self, path: Path) -> None:
         full = dist_checkpoint.full_model_state(self.state_model)
         if self.rank == 0:
-            from .loop import save_tensors
-
             save_tensors(full, path)
 
 
@@ -479,20 +449,16 @@ def init_distributed() -> torch.device:
 
 def _ended(run_dir: Path) -> bool:
     """status.json already says how the run ended (fit's own record, with its step)."""
-    from .records import RunStatus
-
     st = RunStatus.read(run_dir)
     return st is not None and st.done
 
 
 def run_distributed(run_dir: str | Path, *, resume: bool = False) -> dict:
-    """Every rank runs this; rank 0 writes metrics and status (train.fit)."""
-    from .loop import Status, fit, load_spec, seed_all
-
+    """Every rank runs this; rank 0 writes metrics and status (loop.fit)."""
     run_dir = Path(run_dir)
     rank = int(os.environ.get("RANK", 0))
     (run_dir / "logs").mkdir(exist_ok=True)
-    spec = load_spec(run_dir)
+    spec = RunSpec.load(run_dir)
     with open(run_dir / "logs" / f"rank{rank}.log", "a") as logf:
         def log(msg: str) -> None:
             logf.write(msg.rstrip() + "\n")
@@ -500,11 +466,11 @@ def run_distributed(run_dir: str | Path, *, resume: bool = False) -> dict:
 
         try:
             device = init_distributed()
-            seed_all(int(spec["training"]["seed"]))
+            seed_all(spec.training.seed)
             trainer = ParallelTrainer(run_dir, spec, device)
             log(f"rank {rank}: pp {trainer.pp_rank}/{trainer.dims.pp} dp {trainer.dp_rank}/{trainer.dims.dp} "
                 f"tp {trainer.tp_rank}/{trainer.dims.tp} on {device}")
-            status = fit(trainer, run_dir, spec, resume=resume, writes_metrics=rank == 0, log=log)
+            status = fit(trainer, run_dir, resume=resume, writes_metrics=rank == 0, log=log)
             peaks = trainer.peak_mem_per_rank()
             if rank == 0:
                 log("peak memory per rank (MB): " + ", ".join(map(str, peaks)))
@@ -514,13 +480,10 @@ def run_distributed(run_dir: str | Path, *, resume: bool = False) -> dict:
         except BaseException as exc:
             log(traceback.format_exc())
             # the launcher reports the first rank that failed: the time says which
-            from .records import RankError
-
             err = RankError(rank, time.time(), f"{type(exc).__name__}: {exc}")
             (run_dir / "logs" / f"rank{rank}.error").write_text(json.dumps(err.to_json()))
             if rank == 0 and not _ended(run_dir):  # fit() already wrote the step it reached
-                Status(run_dir, int(spec.get("total_steps", 0))).update(
-                    state="failed", ended=time.time(), error=err.error)
+                write_failure(run_dir, spec.total_steps, err.error)
             raise
         finally:
             if dist.is_initialized():

@@ -1,58 +1,48 @@
 """The single-process trainer and the entry point of every run:
 `python -m engine.runtime.train RUN_DIR [--resume]` trains in this process, or, under
-torchrun (WORLD_SIZE > 1), as one rank of the distributed trainer (parallel.py). The
-loop both use, and the files it writes, are loop.py's.
+torchrun (WORLD_SIZE > 1), as one rank of the distributed trainer (parallel.py). What
+both trainers share is trainer.py's BaseTrainer; the loop both run is loop.py's `fit`,
+and the files it writes are folder.py's.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
-import time
 import traceback
 from pathlib import Path
 
 import torch
 
-from .data import Batches, eval_batches, load_npz
-from .loop import (  # noqa: F401  (names first found here: callers keep importing them from train)
-    WARMUP_LOGS, ProgressFn, RunBusy, RunLock, Status, compute_loss, correct_count, fit, latest_checkpoint,
-    load_spec, log_interval_for, lr_lambda, make_optimizer, next_log_step, rng_state, save_tensors, seed_all,
-    set_rng_state,
-)
-from .model import build_graph_module, load_weights
+from .data import eval_batches
+from .folder import RunBusy, RunLock, latest_checkpoint, save_tensors, write_failure  # noqa: F401  (importers')
+from .loop import ProgressFn, fit
+from .records import OK_STATES
+from .spec import RunSpec
+from .steps import compute_loss, correct_count, lr_lambda, seed_all  # noqa: F401  (lr_lambda: importers')
+from .trainer import BaseTrainer
+
+
+def load_spec(run_dir: str | Path) -> RunSpec:
+    """RUN_DIR/run.json, typed and checked (spec.RunSpec.load)."""
+    return RunSpec.load(run_dir)
 
 
 # ----- the single-process trainer ---------------------------------------------
-class Trainer:
-    """One process holds the whole model. The distributed trainer (parallel.py)
-    offers the same methods."""
+class Trainer(BaseTrainer):
+    """One process holds the whole model."""
 
-    def __init__(self, run_dir: Path, spec: dict, device: torch.device):
-        self.run_dir, self.spec, self.device = run_dir, spec, device
-        tr = spec["training"]
-        self.total_steps = int(spec["total_steps"])
-        self.batch_size = int(tr["batch_size"])
-        self.loss_kind = spec["loss"]
-        self.model = build_graph_module(spec["model"], device="cpu", seed=int(tr["seed"]))
-        if spec.get("weights"):
-            load_weights(self.model, str(run_dir / spec["weights"]))
-        self.model.to(device).train()
-        self.opt = make_optimizer(self.model.parameters(), tr["optimizer"])
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(tr["schedule"], self.total_steps))
-        arrays = load_npz(run_dir)
-        self.batches = Batches(arrays["x_train"], arrays["y_train"], self.batch_size, int(tr["seed"]))
-        self.val = (arrays["x_val"], arrays["y_val"])
-        self.grad_clip = tr.get("grad_clip")
-        self.accumulate = int(tr.get("grad_accumulation", 1))
+    def __init__(self, run_dir: Path, spec: RunSpec, device: torch.device):
+        super().__init__(run_dir, spec, device)
+        self.model = self.state_model = self.build_model().to(device).train()
+        self.init_optimizer()
+        self.accumulate = spec.training.grad_accumulation
         if self.batch_size % self.accumulate:
             raise ValueError(f"training.batch_size {self.batch_size} is not divisible by training.grad_accumulation "
                              f"{self.accumulate}; change one of them")
-        # placement.mixed_precision bf16: the forward and the loss autocast (weights, gradients
-        # and the optimizer stay float32), as the distributed trainer does without FSDP
-        bf16 = (spec.get("placement") or {}).get("mixed_precision") == "bf16"
-        self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+        # plan.mixed_precision bf16: the forward and the loss autocast (weights, gradients and
+        # the optimizer stay float32), as the distributed trainer does without FSDP
+        self.autocast = self.autocast_for(spec.plan.mixed_precision == "bf16")
 
     def train_step(self, step: int) -> torch.Tensor:
         """One optimizer step; its loss stays on the device (reading it would wait for the step)."""
@@ -100,38 +90,6 @@ class Trainer:
             rec["val_acc"] = correct / max(n, 1)
         return rec
 
-    def lr(self) -> float:
-        return self.opt.param_groups[0]["lr"]
-
-    def save_checkpoint(self, path: Path, extra: dict) -> None:
-        """The one checkpoint format, the distributed trainer's (DCP): any layout resumes it.
-        (A torch built without torch.distributed has no DCP: state.pt, which load reads too.)"""
-        state = {"scheduler": self.sched.state_dict(), "rng": rng_state(), **extra}
-        if not torch.distributed.is_available():
-            path.mkdir(parents=True, exist_ok=True)
-            save_tensors({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), **state},
-                         path / "state.pt")
-            return
-        from .dist_checkpoint import save
-
-        save(path, self.model, self.opt, state, write_extra=True)
-
-    def load_checkpoint(self, path: Path) -> dict:
-        if (path / ".metadata").exists():  # DCP: this trainer's, or the distributed one's (any layout)
-            from .dist_checkpoint import load
-
-            state = load(path, self.model, self.opt)
-            self.sched.load_state_dict(state["scheduler"])
-            set_rng_state(state["rng"])
-            return state
-        # a run written before checkpoints were DCP: state.pt (plain torch.save)
-        state = torch.load(path / "state.pt", map_location=self.device, weights_only=False)
-        self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
-        return state
-
     def save_final(self, path: Path) -> None:
         save_tensors(self.model.state_dict(), path)
 
@@ -147,21 +105,20 @@ def pick_device() -> torch.device:
 def run(run_dir: str | Path, *, resume: bool = False, progress: ProgressFn | None = None) -> dict:
     """Single-process run of a prepared run folder."""
     run_dir = Path(run_dir)
-    spec = load_spec(run_dir)
+    spec = RunSpec.load(run_dir)
     (run_dir / "logs").mkdir(exist_ok=True)
     with open(run_dir / "logs" / "rank0.log", "a") as logf:
         def log(msg: str) -> None:
             logf.write(msg.rstrip() + "\n")
             logf.flush()
         try:
-            seed_all(int(spec["training"]["seed"]))
+            seed_all(spec.training.seed)
             trainer = Trainer(run_dir, spec, pick_device())
         except BaseException as exc:
             log(traceback.format_exc())
-            Status(run_dir, int(spec.get("total_steps", 0))).update(
-                state="failed", ended=time.time(), error=f"{type(exc).__name__}: {exc}")
+            write_failure(run_dir, spec.total_steps, f"{type(exc).__name__}: {exc}")
             raise
-        return fit(trainer, run_dir, spec, resume=resume, progress=progress, log=log)
+        return fit(trainer, run_dir, resume=resume, progress=progress, log=log)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         status = run_distributed(args.run_dir, resume=resume)
     else:
         status = run(args.run_dir, resume=resume)
-    return 0 if status["state"] in ("succeeded", "cancelled") else 1
+    return 0 if status["state"] in OK_STATES else 1
 
 
 def _exit_now(code: int) -> None:

@@ -21,8 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from engine.runtime.loop import fit  # noqa: E402
 from engine.runtime.parallel import ParallelTrainer, by_node_id, init_distributed  # noqa: E402
-from engine.runtime.train import fit, load_spec, seed_all  # noqa: E402
+from engine.runtime.plan import RunPlan  # noqa: E402
+from engine.runtime.spec import RunSpec  # noqa: E402
+from engine.runtime.steps import seed_all  # noqa: E402
 
 
 def _local(t):
@@ -52,16 +55,16 @@ def main() -> None:
                 shutil.copytree(src, run_dir, ignore=shutil.ignore_patterns("model.pt", "measured.json"))
                 (run_dir / "checkpoints" / "latest").write_text(f"step_{job['copy_from']['step']}")
             if "plan" in job:
-                spec = load_spec(run_dir)
-                spec["plan"] = job["plan"]
-                (run_dir / "run.json").write_text(json.dumps(spec))
+                spec = RunSpec.load(run_dir)
+                spec.plan = RunPlan.from_json(job["plan"])
+                spec.save(run_dir)
         dist.barrier()
-        spec = load_spec(run_dir)
-        seed_all(int(spec["training"]["seed"]))
+        spec = RunSpec.load(run_dir)
+        seed_all(spec.training.seed)
         (run_dir / "logs").mkdir(exist_ok=True)
         with open(run_dir / "logs" / f"rank{rank}.log", "a") as logf:
             trainer = ParallelTrainer(run_dir, spec, device)
-            fit(trainer, run_dir, spec, resume=bool(job.get("resume")), writes_metrics=rank == 0,
+            fit(trainer, run_dir, resume=bool(job.get("resume")), writes_metrics=rank == 0,
                 log=lambda m: logf.write(m + "\n"))
         shapes = {}  # each layer's local output in that step: what TP / sequence parallelism really cut
 

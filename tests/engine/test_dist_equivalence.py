@@ -281,15 +281,17 @@ def test_checkpoint_resumes_under_another_layout(runs, name):
 
 
 def test_dp2_checkpoint_resumes_in_one_process(runs):
+    from engine.runtime.plan import RunPlan
+    from engine.runtime.spec import RunSpec
     from engine.runtime.train import run
 
     refs, out, tmp = runs
     d = tmp / "resume_single"
     shutil.copytree(out["ddp"][1], d, ignore=shutil.ignore_patterns("model.pt"))
     (d / "checkpoints" / "latest").write_text("step_10")
-    spec = json.loads((d / "run.json").read_text())
-    spec["plan"], spec["placement"]["dp"] = None, 1
-    (d / "run.json").write_text(json.dumps(spec))
+    spec = RunSpec.load(d)
+    spec.plan = RunPlan()  # one process
+    spec.save(d)
     run(d, resume=True)
     got = losses(d)
     for step in range(11, STEPS + 1):

@@ -15,6 +15,7 @@ import pytest
 from app.cli import main
 from engine.project import load_project, save_project
 from engine.run import prepare_run
+from engine.runtime.spec import RunSpec
 from remote.launch_local import launch_local
 from remote.procs import alive
 
@@ -40,8 +41,7 @@ def _pids_mentioning(text: str) -> list[int]:
 def test_train_nproc_2_runs_data_parallel(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", str(MLP), "--nproc", "2", "--steps", "4", "--out", str(out)]) == 0
-    spec = json.loads((out / "run.json").read_text())
-    assert spec["plan"]["dp"] == 2 and spec["placement"]["dp"] == 2
+    assert RunSpec.load(out).plan.dp == 2
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if "loss" in r] == [1, 2, 3, 4]
     assert json.loads((out / "status.json").read_text())["state"] == "succeeded"
@@ -135,8 +135,8 @@ def test_cli_resume_under_another_layout(tmp_path):
     assert main(["train", str(proj), "--nproc", "2", "--steps", "4", "--out", str(d)]) == 0
     assert main(["train", str(proj), "--resume", str(d), "--steps", "6", "--nproc", "2", "--pp", "2",
                  "--microbatches", "2"]) == 0
-    spec = json.loads((d / "run.json").read_text())
-    assert spec["plan"]["pp"] == 2 and spec["placement"]["dp"] == 1
+    plan = RunSpec.load(d).plan
+    assert plan.pp == 2 and plan.dp == 1
     got = {r["step"]: r["loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines()) if "loss" in r}
     assert sorted(got) == [1, 2, 3, 4, 5, 6]
     for step in got:

@@ -1,0 +1,98 @@
+"""What a training step is made of, as plain functions: the optimizer and the lr schedule
+of the run spec's settings, the loss, accuracy counts, peak memory, the random streams.
+
+Both trainers (trainer.py, train.py, parallel.py) use them, and the exported script
+(engine/interop/script_export.py) copies the source of several (seed_all, lr_lambda,
+make_optimizer, compute_loss, correct_count), so each stands alone: no helper of this
+module, no name beyond torch, numpy and the standard library (not even in an annotation:
+the script is linted), and the settings taken as spec.py's types or as their JSON (the
+script's OPTIMIZER and SCHEDULE dicts).
+"""
+from __future__ import annotations
+
+import math
+import random
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def lr_lambda(schedule, total_steps: int) -> Callable[[int], float]:
+    """Multiplier of the base lr at scheduler step s (0-based): linear warm-up, then
+    constant, cosine (down to min_lr_ratio at the last step) or step decay. `schedule`:
+    a spec.ScheduleSpec, or its JSON (missing fields take ScheduleSpec's defaults)."""
+    get = schedule.get if isinstance(schedule, dict) else lambda key, default: getattr(schedule, key)
+    name, warm = get("name", "constant"), int(get("warmup_steps", 0))
+    min_ratio = float(get("min_lr_ratio", 0.0))
+    step_size, gamma = int(get("step_size", 100)), float(get("gamma", 0.5))
+
+    def f(s: int) -> float:
+        if warm and s < warm:
+            return (s + 1) / warm
+        if name == "cosine":
+            progress = min(1.0, (s - warm) / max(1, total_steps - warm))
+            return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        if name == "step":
+            return gamma ** ((s - warm) // step_size)
+        return 1.0
+
+    return f
+
+
+def make_optimizer(params, optimizer) -> torch.optim.Optimizer:
+    """SGD, Adam or AdamW as `optimizer` (a spec.OptimizerSpec, or its JSON) says."""
+    get = optimizer.get if isinstance(optimizer, dict) else lambda key, default: getattr(optimizer, key)
+    name, lr, wd = get("name", "adam"), float(get("lr", 1e-3)), float(get("weight_decay", 0.0))
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=float(get("momentum", 0.0)), weight_decay=wd)
+    betas = tuple(get("betas", (0.9, 0.999)))
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=wd)
+    return torch.optim.Adam(params, lr=lr, betas=betas, weight_decay=wd)
+
+
+def compute_loss(kind: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if kind == "cross_entropy":
+        if out.dim() > 2:  # per-token logits (B, T, C) against targets (B, T)
+            return F.cross_entropy(out.flatten(0, -2), y.flatten())
+        return F.cross_entropy(out, y)
+    if kind == "mse":
+        return F.mse_loss(out, y.reshape(out.shape).to(out.dtype))
+    raise ValueError(f"the Output node's loss is '{kind}': choose cross_entropy or mse to train")
+
+
+def correct_count(out: torch.Tensor, y: torch.Tensor) -> int:
+    pred = out.argmax(dim=-1)
+    return int((pred.reshape(y.shape) == y).sum())
+
+
+def peak_mem_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    except (ImportError, OSError):
+        return 0.0
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(s: dict) -> None:
+    torch.set_rng_state(s["torch"])
+    np.random.set_state(s["numpy"])
+    random.setstate(s["python"])
+    if s.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

@@ -1,0 +1,101 @@
+"""What both trainers share: train.Trainer (one process holds the whole model) and
+parallel.ParallelTrainer (one rank of several) are BaseTrainers.
+
+    the run's settings    from the typed spec (spec.py RunSpec): steps, batch, loss, clipping
+    the data              Batches of (seed, step) and the validation arrays (data.py)
+    the model             the diagram's module with its seed's weights (model.py), then weights.pt
+    optimizer, schedule   of the spec's OptimizerSpec and ScheduleSpec (steps.py)
+    checkpoints           dist_checkpoint.py's one format, read by its one safe loader
+
+fit (loop.py) drives a trainer through these methods and attributes only:
+train_step, log_sync, evaluate, lr, save_checkpoint, load_checkpoint, save_final;
+total_steps, batch_size, local_batch, batches, device, spec, distributed, rank.
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import fx, nn
+
+from .data import Batches, load_npz
+from .model import build_graph_module, load_weights
+from .spec import RunSpec
+from .steps import lr_lambda, make_optimizer, rng_state, set_rng_state
+
+
+class BaseTrainer:
+    """A subclass builds `model` (what the optimizer steps) and `state_model` (what a
+    checkpoint holds: the layers under their node ids), then calls `init_optimizer`."""
+
+    distributed = False  # several ranks: they agree on stopping at log steps, rank 0 writes the files
+    rank = 0
+
+    model: nn.Module
+    state_model: nn.Module
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+
+    def __init__(self, run_dir: str | Path, spec: RunSpec, device: torch.device):
+        self.run_dir, self.spec, self.device = Path(run_dir), spec, device
+        tr = spec.training
+        self.total_steps = spec.total_steps
+        self.batch_size = tr.batch_size  # the global batch of one optimizer step: what samples_per_s counts
+        self.local_batch = tr.batch_size  # this rank's share of it
+        self.loss_kind = spec.loss
+        self.grad_clip = tr.grad_clip
+        self.plan = spec.plan
+        arrays = load_npz(self.run_dir, spec.data.path)
+        self.batches = Batches(arrays["x_train"], arrays["y_train"], self.batch_size, tr.seed)
+        self.val = (arrays["x_val"], arrays["y_val"])
+
+    def build_model(self) -> fx.GraphModule:
+        """The whole model on the CPU: initial weights a function of the seed alone, then
+        the run's weights file (an imported model's), if it has one."""
+        gm = build_graph_module(self.spec.model, device="cpu", seed=self.spec.training.seed)
+        if self.spec.weights:
+            load_weights(gm, str(self.run_dir / self.spec.weights))
+        return gm
+
+    def init_optimizer(self) -> None:
+        tr = self.spec.training
+        self.opt = make_optimizer(self.model.parameters(), tr.optimizer)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(tr.schedule, self.total_steps))
+
+    def autocast_for(self, bf16: bool) -> Callable[[], contextlib.AbstractContextManager]:
+        """The forward's context: bf16 autocast (weights, gradients and the optimizer stay
+        float32), or nothing."""
+        if not bf16:
+            return contextlib.nullcontext
+        return lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+    def lr(self) -> float:
+        return self.opt.param_groups[0]["lr"]
+
+    # ---- checkpoints: one format (DCP), so any layout resumes any other ----
+    def save_checkpoint(self, path: Path, extra: dict) -> None:
+        state = {"scheduler": self.sched.state_dict(), "rng": rng_state(), **extra}
+        if not torch.distributed.is_available():  # a torch without torch.distributed has no DCP
+            from .folder import save_tensors
+
+            path.mkdir(parents=True, exist_ok=True)
+            save_tensors({"model": self.state_model.state_dict(), "optimizer": self.opt.state_dict(), **state},
+                         path / "state.pt")
+            return
+        from . import dist_checkpoint
+
+        dist_checkpoint.save(path, self.state_model, self.opt, state, write_extra=self.rank == 0)
+
+    def load_checkpoint(self, path: Path) -> dict:
+        """Model and optimizer through dist_checkpoint.load (DCP of any layout, or an older
+        run's state.pt; tensors and plain values only), then the schedule and, in one
+        process, the random streams. Returns the checkpoint's extra state (step, elapsed...)."""
+        from . import dist_checkpoint
+
+        state = dist_checkpoint.load(path, self.state_model, self.opt)
+        self.sched.load_state_dict(state["scheduler"])
+        if not self.distributed:  # (rank 0's streams are not another rank's: each goes on with its own)
+            set_rng_state(state["rng"])
+        return state
