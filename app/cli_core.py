@@ -8,7 +8,6 @@ from pathlib import Path
 
 from app.cli_errors import CliError
 from app.cli_placement import add_placement_flags, check_counts, placement_flags
-from engine import trust
 from engine.project import load_project
 from layerflow import Project
 
@@ -82,14 +81,12 @@ def cmd_train(args) -> int:
         snapshot = Path(args.resume) / "project.lflow"
         if not snapshot.exists() and not args.project:
             raise CliError(f"--resume {args.resume}: no project.lflow in it; give the project too")
-        # a run folder comes from a cluster or a colleague: its code runs only with consent, as a project's
-        consented = trust.check_run_folder(args.resume, given=getattr(args, "consent_given", False),
-                                           once=getattr(args, "consent_once", False))
-        _check_checkpoint(args.resume)
         project = load_project(snapshot if snapshot.exists() else args.project)
-        with trust.allowing(consented):
-            prep = prepare_resume(args.resume, nproc=args.nproc, steps=args.steps,
-                                  placement=placement_flags(project, args))
+        # a run folder comes from a cluster or a colleague: its code runs only with consent, as a
+        # project's, and its checkpoint is read only if it holds tensors (prepare_resume's gate)
+        prep = prepare_resume(args.resume, nproc=args.nproc, steps=args.steps, placement=placement_flags(project, args),
+                              trust_given=getattr(args, "consent_given", False),
+                              trust_once=getattr(args, "consent_once", False))
     else:
         project = load_project(args.project)
         prep = prepare_training(project, nproc=args.nproc, steps=args.steps, seed=args.seed, out=args.out,
@@ -100,17 +97,6 @@ def cmd_train(args) -> int:
     if prep.nproc > 1:
         return _train_multi(prep.run_dir, prep.nproc, resume=prep.resume)
     return _train_single(prep.run_dir, resume=prep.resume)
-
-
-def _check_checkpoint(run_dir) -> None:
-    """A checkpoint that holds more than tensors and plain values is refused in one line
-    before any process starts (the runtime refuses it too, rank by rank)."""
-    from engine.runtime.dist_checkpoint import UnsafeCheckpoint, check_latest
-
-    try:
-        check_latest(Path(run_dir))
-    except UnsafeCheckpoint as exc:
-        raise CliError(str(exc)) from None
 
 
 def _train_single(run_dir, resume: bool) -> int:
@@ -143,7 +129,9 @@ def _train_single(run_dir, resume: bool) -> int:
 
 def _train_multi(run_dir, nproc: int, resume: bool) -> int:
     try:
-        from remote.launch_local import launch_local  # the distributed runtime's local launcher
+        from remote.launch_local import (
+            launch_local,  # the distributed runtime's local launcher
+        )
     except ImportError:
         raise CliError(f"training on {nproc} processes needs the distributed runtime, which this build lacks") from None
     job = launch_local(run_dir, nproc, resume=resume)

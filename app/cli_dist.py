@@ -43,8 +43,8 @@ def cmd_plan(args) -> int:
         raise CliError("--accept needs --auto")
     project = Project.load(args.project)
     overrides = placement_flags(project, args)
-    pl = project.placement.model_copy(update=overrides)
-    nproc = args.nproc or pl.pp * pl.dp * pl.tp
+    pl = project.placement.derive(**overrides)
+    nproc = args.nproc or pl.world
     if args.auto:
         if overrides:  # the fields auto-placement leaves alone (schedule, ...) as the flags say
             project.core.placement = pl

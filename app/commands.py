@@ -234,6 +234,7 @@ class SetProjectPlacement(QUndoCommand):
     MERGE_S = 1.5  # typing "12" into a spin box is one edit; a change a while later is another
 
     def __init__(self, project, key: str, value: Any):
+        project.placement.derive(**{key: value})  # PlacementError here, before the undo stack holds a bad value
         self.project, self.key, self.value = project, key, value
         self.old = getattr(project.placement, key)
         self.at = time.monotonic()
@@ -251,7 +252,7 @@ class SetProjectPlacement(QUndoCommand):
         return True
 
     def _set(self, value) -> None:
-        self.project.placement = self.project.placement.model_copy(update={self.key: value})
+        self.project.placement = self.project.placement.derive(**{self.key: value})
 
     def redo(self) -> None:
         self._set(self.value)

@@ -16,7 +16,6 @@ handed to the dashboard as read: it parses them in a process of its own.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import math
 import shutil
 import time
@@ -29,6 +28,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from engine.errors import LayerflowError
 from engine.runs import failure_report
 from engine.runtime.records import FINAL_STATES, RunStatus
+from engine.runtime.spec import RunSpec, SpecError
 from engine.tail import MetricsTail, parse_jsonl
 from remote import procs
 from remote.launch_local import LocalJob, launch_local
@@ -265,8 +265,8 @@ class RunController(QObject):
         data = a.tail.poll_data()
         if a.total_steps is None and (a.run_dir / "run.json").is_file():
             try:
-                a.total_steps = int(json.loads((a.run_dir / "run.json").read_text())["total_steps"])
-            except (OSError, ValueError, KeyError, TypeError):
+                a.total_steps = RunSpec.load(a.run_dir).total_steps
+            except SpecError:
                 pass
         if not data:
             return

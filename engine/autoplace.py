@@ -132,7 +132,7 @@ def apply_to_project(project: Project, auto: AutoPlacement) -> None:
     for s, ids in enumerate(auto.stages):
         for n in ids:
             g.set_placement(n, stage=s if auto.placement["pp"] > 1 else None, tp=auto.styles.get(n))
-    project.placement = project.placement.model_copy(update=auto.placement)
+    project.placement = project.placement.derive(**auto.placement)
 
 
 __all__ = ["auto_place", "balanced_stages", "auto_tp_styles", "block_tp", "megatron_pairs", "PAIRS", "sequence_norms", "apply_to_project", "AutoPlacement"]

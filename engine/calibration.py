@@ -11,12 +11,14 @@ plan view, and kept in the plan document (`calibration`, `predicted.calibrated_s
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from pathlib import Path
 
-from engine.runtime.loop import WARMUP_LOGS as WARMUP_STEPS  # (its first steps are not the machine's pace)
+from engine.runtime.loop import (
+    WARMUP_LOGS as WARMUP_STEPS,  # (its first steps are not the machine's pace)
+)
+from engine.runtime.spec import RunSpec, SpecError
 
 FIRST_RECORDS = 20  # "the run's own first steps": this many records after the warm-up
 
@@ -99,11 +101,13 @@ def _runs_newest_first(d: Path) -> list[Path]:
 def _run_facts(path: Path) -> dict | None:
     if path not in _FACTS:
         try:
-            spec = json.loads((path / "run.json").read_text())
-            _FACTS[path] = {k: spec.get(k) for k in ("name", "plan", "predicted_step_s", "predicted_device", "nproc")} | \
-                {"training": {"batch_size": (spec.get("training") or {}).get("batch_size")}}
-        except (OSError, ValueError, AttributeError):
+            spec = RunSpec.load(path)
+        except SpecError:
             return None  # (not kept: a run folder being written)
+        pr = spec.predicted
+        _FACTS[path] = {"name": spec.name, "plan": spec.plan.to_json(), "predicted_step_s": pr.step_s,
+                        "predicted_device": pr.device, "nproc": pr.nproc,
+                        "training": {"batch_size": spec.training.batch_size}}
     return _FACTS[path]
 
 

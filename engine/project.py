@@ -155,7 +155,26 @@ class Training(_Strict):
 MAX_PROCESSES = 65_536  # pp x dp x tp: beyond any cluster, and small enough to list every rank
 
 
+class PlacementError(ProjectError):
+    """A placement value the model refuses, in one line that names the setting
+    (`field`: "placement.dp", or "placement" when the fields together are at fault)
+    and the limit it broke."""
+
+    def __init__(self, message: str, field: str = "placement"):
+        super().__init__(message)
+        self.field = field
+
+
 class Placement(_Strict):
+    """The project's distributed settings: the mesh (pp x dp x tp) and how it runs.
+
+    Always valid: every assignment is validated (and an assignment the model refuses
+    leaves the placement as it was), and the one way to a changed copy is `derive`,
+    which validates too; both raise PlacementError. (A node's own stage and TP style are
+    its NodeAssignment, engine/graph.py.)"""
+
+    model_config = ConfigDict(extra="forbid", strict=False, validate_assignment=True)
+
     pp: int = Field(1, ge=1, le=MAX_PROCESSES)
     dp: int = Field(1, ge=1, le=MAX_PROCESSES)
     tp: int = Field(1, ge=1, le=MAX_PROCESSES)
@@ -169,10 +188,71 @@ class Placement(_Strict):
 
     @model_validator(mode="after")
     def _world(self) -> "Placement":
-        if self.pp * self.dp * self.tp > MAX_PROCESSES:
-            raise ValueError(f"pp x dp x tp = {self.pp * self.dp * self.tp:,} processes; at most {MAX_PROCESSES:,}: "
-                             "lower placement.pp, dp or tp")
+        if self.world > MAX_PROCESSES:
+            raise ValueError(f"pp x dp x tp = {self.world:,} processes; at most {MAX_PROCESSES:,}: lower "
+                             f"placement.pp, dp or tp (now {self.pp} x {self.dp} x {self.tp})")
         return self
+
+    @property
+    def world(self) -> int:
+        """Processes the mesh takes: pp x dp x tp."""
+        return self.pp * self.dp * self.tp
+
+    def derive(self, **changes: Any) -> "Placement":
+        """A copy with these fields changed, validated as a project file's placement is;
+        PlacementError names the field and the limit (the placement itself is left alone)."""
+        try:
+            return Placement.model_validate({**self.model_dump(), **changes})
+        except ValidationError as exc:
+            raise placement_error(exc, changes) from None
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> "Placement":
+        """pydantic's copy; with `update`, `derive` (pydantic's own would skip validation)."""
+        copied = super().model_copy(deep=deep)
+        return copied.derive(**update) if update else copied
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in type(self).model_fields:
+            return super().__setattr__(name, value)
+        old = self.__dict__.get(name)
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as exc:
+            self.__dict__[name] = old  # the model validator runs with the new value in place: put the old one back
+            raise placement_error(exc, {name: value}) from None
+
+    @classmethod
+    def bounds(cls, name: str) -> tuple[int | None, int | None]:
+        """(least, most) a numeric field takes, from its Field(ge=, le=) (what a spin box offers)."""
+        lo = hi = None
+        for m in cls.model_fields[name].metadata:
+            lo = getattr(m, "ge", lo)
+            hi = getattr(m, "le", hi)
+        return lo, hi
+
+    @classmethod
+    def choices(cls, name: str) -> tuple[str, ...]:
+        """The values a Literal field takes (what a combo box offers)."""
+        from typing import get_args
+
+        return tuple(get_args(cls.model_fields[name].annotation))
+
+
+def placement_error(exc: ValidationError, changes: dict[str, Any]) -> PlacementError:
+    """The first of pydantic's errors as one line that names placement.<field>."""
+    err = exc.errors(include_url=False)[0]
+    loc = err.get("loc") or ()
+    msg = err["msg"].removeprefix("Value error, ")
+    msg = (msg[0].lower() + msg[1:]).replace("input should be", "must be") if msg else msg
+    if loc:  # one field at fault: its name, its limit (pydantic's message), the value refused
+        field = f"placement.{loc[0]}"
+        got = f", not {err['input']!r}" if err["type"] != "extra_forbidden" else ""
+        return PlacementError(f"{field}: {msg}{got}", field)
+    mesh = [k for k in ("pp", "dp", "tp") if k in changes]
+    field = f"placement.{mesh[0]}" if len(mesh) == 1 else "placement"
+    said = ", ".join(f"{k}={changes[k]!r}" for k in mesh)
+    return PlacementError(f"{field}: {msg}" if len(mesh) == 1 else f"placement{' ' + said if said else ''}: {msg}",
+                          field)
 
 
 class _NodeModel(_Strict):

@@ -2,7 +2,8 @@
 
 RUN_DIR/
   project.lflow   snapshot of the project as it was run
-  run.json        compiled model spec, training settings, placement, plan, total steps
+  run.json        the run spec (engine/runtime/spec.py RunSpec): compiled model, training
+                  settings, the plan (layout, stages, TP), data reference, predictions
   data.npz        x_train, y_train, x_val, y_val (engine/data.py)
   weights.pt      initial weights, when the project has a weights file (imported models)
 The runtime (engine/runtime/train.py) reads only these, so the same folder runs on
@@ -10,16 +11,20 @@ this machine or, uploaded with the runtime package, on a cluster node.
 """
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from pydantic import ValidationError
 
 from engine.compile import compile_graph
 from engine.data import load_arrays
-from engine.errors import LayerflowError
-from engine.project import Project, atomic_write
+from engine.errors import CheckFailed, LayerflowError
+from engine.project import Placement, Project, Training, atomic_write, load_project
+from engine.runtime.plan import RunPlan
+from engine.runtime.spec import DataRef, Predicted, RunSpec, TrainingSpec
 
 
 class RunError(LayerflowError, ValueError):
@@ -112,81 +117,191 @@ def total_steps(project: Project, n_train: int) -> int:
     return max(1, (n_train // tr.batch_size)) * (tr.epochs or 1)
 
 
-def _predicted_alone(project: Project, result) -> dict | None:
-    """The planner's step time for one process on this machine (a run without a plan)."""
-    pl = project.placement
-    if pl.pp * pl.dp * pl.tp != 1:
-        return None
+@dataclass
+class BuiltRun:
+    """A run folder ready to start: its typed spec (world = the processes it needs) and
+    the planner's warnings."""
+    run_dir: Path
+    spec: RunSpec
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def nproc(self) -> int:
+        return self.spec.world
+
+
+def derived_placement(placement: Placement, overrides: dict | None) -> Placement:
+    """`placement` with `overrides`' fields changed, validated as the project file's are;
+    RunError names placement.<field>."""
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    for k in ("dp", "tp", "pp", "microbatches"):
+        v = overrides.get(k)
+        if v is not None and (type(v) is not int or v < 1):
+            raise RunError(f"placement.{k} must be a whole number of at least 1, not {v!r}")
+    if not overrides:
+        return placement
     try:
-        from engine.planner import make_plan
+        return Placement.model_validate({**placement.model_dump(), **overrides})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = "placement." + str(err["loc"][0]) if err.get("loc") else "the placement"
+        raise RunError(f"{where}: {err['msg'].removeprefix('Value error, ')}") from None
 
-        plan = make_plan(project, 1, compiled=result)
-        return {"step_s": plan.predicted.step_s, "device": plan.device.name, "world": 1}
-    except Exception:  # noqa: BLE001 - a run never fails for want of a prediction
-        return None
+
+def _world(pl: Placement) -> int:
+    return pl.pp * pl.dp * pl.tp
 
 
-def prepare_run(project: Project, out_dir: str | Path | None = None, *, steps: int | None = None,
-                seed: int | None = None, placement: dict | None = None, plan: dict | None = None) -> Path:
-    """Compile, check, and write RUN_DIR. Raises RunError listing every problem."""
+def plan_run(project: Project, nproc: int | None = None, *, compiled=None, device=None):
+    """The planner's plan of `project` as its placement says (one process: a plan of one,
+    whose memory figure is checked against this machine). Returns (planner Plan, warnings);
+    raises CheckFailed (several processes) or RunError (one) naming what cannot run."""
+    from engine.planner import grouped, make_plan
+
+    world = _world(project.placement)
+    plan = make_plan(project, nproc or world, device=device, compiled=compiled)
+    if world > 1:
+        if plan.errors:
+            raise CheckFailed("the placement cannot run", plan.errors)
+        return plan, [w for w, _ in grouped(plan.warnings)]
+    too_big = [e for e in plan.errors if " needs " in e and " device has " in e]
+    if too_big:  # one process: out_features 3e7 or a batch of 1e6 refused with the numbers, before anything is allocated
+        raise RunError(too_big[0].replace("raise pp or tp, use data_parallel fsdp, or raise microbatches",
+                                          "lower training.batch_size or the model's sizes, or train on several "
+                                          "processes or a cluster (placement pp/tp, data_parallel fsdp)"))
+    return (plan if plan.run is not None else None), []
+
+
+def _predicted(plan) -> Predicted:
+    if isinstance(plan, dict):  # a plan as run.json carries it (planner.Plan.runtime_plan())
+        pr = plan.get("predicted") or {}
+        return Predicted(pr.get("step_s"), pr.get("device"), int(pr.get("world", 1)), plan.get("predicted_peak_bytes"))
+    if plan is None or plan.predicted is None:
+        return Predicted()
+    peak = plan.predicted.peak_bytes_max
+    return Predicted(plan.predicted.step_s, plan.device.name, plan.world, int(peak) if peak else None)
+
+
+def _run_plan(plan, pl: Placement) -> RunPlan:
+    if isinstance(plan, dict):
+        return RunPlan.from_json(plan, "plan")
+    if plan is not None and plan.run is not None:
+        return plan.run
+    # one process whose diagram the planner could not price: the layout is all the runtime reads
+    return RunPlan(data_parallel="none", schedule="none", mixed_precision=pl.mixed_precision,
+                   sync_batchnorm=pl.sync_batchnorm)
+
+
+def _settled(project: Project) -> None:
     if project.conflicts:
         raise RunError(f"the project has {len(project.conflicts)} merge conflict(s) left (first: "
                        f"{project.conflicts[0]['what']}); settle them (editor, or `layerflow resolve`) before running it")
+
+
+def build_run(project: Project, out_dir: str | Path | None = None, *, nproc: int | None = None,
+              steps: int | None = None, seed: int | None = None, placement: dict | None = None,
+              accumulate: int | None = None, device=None, plan=None) -> BuiltRun:
+    """THE way a project becomes a run folder (the CLI, the Python API, the editor and the
+    SSH and Slurm launchers all come here): overrides applied and checked, the diagram
+    compiled once and planned once, the data checked against it, RUN_DIR written with a
+    typed run spec (runtime/spec.py). `nproc` alone (a one-process placement) means data
+    parallel over nproc. `plan`: a planner Plan made already (auto-placement, tests of a
+    given cut; or its runtime_plan() JSON). Raises RunError (or CheckFailed) listing every problem; writes nothing then."""
+    _settled(project)
+    for k, v in (("nproc", nproc), ("steps", steps), ("accumulate", accumulate)):
+        if v is not None and (type(v) is not int or v < 1):
+            raise RunError(f"{k} must be a whole number of at least 1, not {v!r}")
     project = project.copy()
     if steps is not None:
         project.training.steps, project.training.epochs = steps, None
     if seed is not None:
         project.training.seed = seed
-    if placement:
-        project.placement = project.placement.model_copy(update=placement)
+    if accumulate is not None:
+        try:
+            project.training = Training.model_validate({**project.training.model_dump(), "grad_accumulation": accumulate})
+        except ValidationError as exc:
+            msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
+            raise RunError(msg if "grad_accumulation" in msg else f"training.grad_accumulation {accumulate}: {msg}") from None
+    overrides = dict(placement or {})
+    pl = derived_placement(project.placement, overrides)
+    if nproc and nproc > 1 and _world(pl) == 1:
+        pl = derived_placement(pl, {"dp": nproc})  # nproc alone: data parallel over nproc processes
+    if nproc and nproc != _world(pl) and _world(pl) > 1:
+        raise RunError(f"nproc {nproc} but the placement needs pp*dp*tp = {pl.pp}*{pl.dp}*{pl.tp} = {_world(pl)} "
+                       f"processes; change nproc or the degrees")
+    project.placement = pl
+
     result = compile_graph(project.graph)
     if not result.ok:
         raise RunError("the diagram has errors:\n" + "\n".join(f"  {e}" for e in result.errors))
+    acc = project.training.grad_accumulation
+    if acc > 1 and _world(pl) > 1:
+        raise RunError(f"training.grad_accumulation {acc} runs in one process only, but the placement asks for "
+                       f"pp={pl.pp} x dp={pl.dp} x tp={pl.tp}; set training.grad_accumulation to 1 (a pipeline cuts "
+                       f"the batch into placement.microbatches itself) or train in one process")
+    warnings: list[str] = []
+    if plan is None:
+        plan, warnings = plan_run(project, compiled=result, device=device)
     arrays = load_arrays(project)  # ProjectError names the bad dataset field
     errs = check_data(result, arrays)
     if errs:
         raise RunError("the data set does not fit the diagram:\n" + "\n".join(f"  {e}" for e in errs))
-    pl, acc = project.placement, project.training.grad_accumulation
-    if acc > 1 and pl.pp * pl.dp * pl.tp > 1:
-        raise RunError(f"training.grad_accumulation {acc} runs in one process only, but the placement asks for "
-                       f"pp={pl.pp} x dp={pl.dp} x tp={pl.tp}; set training.grad_accumulation to 1 (a pipeline cuts "
-                       f"the batch into placement.microbatches itself) or train in one process")
     if len(arrays.x_train) < project.training.batch_size:
         raise RunError(f"training.batch_size {project.training.batch_size} is larger than the training set "
                        f"({len(arrays.x_train)} samples)")
+    weights_src = None
+    if project.weights:
+        weights_src = project.input_file(project.weights, "weights")
+        _check_weights(weights_src, result)
 
     run_dir = Path(out_dir) if out_dir else new_run_dir(project)
     run_dir.mkdir(parents=True, exist_ok=True)
     if (run_dir / "run.json").exists():
         raise RunError(f"{run_dir} already holds a run; pick another --out or use --resume")
     arrays.save(run_dir / "data.npz")
-    weights = None
-    if project.weights:
-        src = project.input_file(project.weights, "weights")
-        _check_weights(src, result)
-        shutil.copyfile(src, run_dir / "weights.pt")
-        weights = "weights.pt"
+    if weights_src is not None:
+        shutil.copyfile(weights_src, run_dir / "weights.pt")
     n_steps = total_steps(project, len(arrays.x_train))
-    plan = dict(plan) if plan else None
-    predicted = (plan or {}).pop("predicted", None) or _predicted_alone(project, result)
-    spec = {
-        "name": project.name,
-        "created": time.time(),
-        "model": result.spec,
-        "training": project.training.model_dump(mode="json"),
-        "placement": project.placement.model_dump(mode="json"),
-        "plan": plan,
-        # what the plan predicted for a step, on what device, over how many processes (engine/calibration.py)
-        "predicted_step_s": (predicted or {}).get("step_s"),
-        "predicted_device": (predicted or {}).get("device"),
-        "nproc": (predicted or {}).get("world", 1),
-        "data": {"path": "data.npz", "task": arrays.task, "n_classes": arrays.n_classes,
-                 "n_train": int(len(arrays.x_train)), "n_val": int(len(arrays.x_val))},
-        "weights": weights,
-        "total_steps": n_steps,
-        "loss": result.loss(),
-        "epochs": math.ceil(n_steps / max(1, len(arrays.x_train) // project.training.batch_size)),
-    }
+    tr = project.training.model_dump(mode="json")
+    spec = RunSpec(
+        model=result.spec, training=TrainingSpec.from_json(tr, "training"), plan=_run_plan(plan, pl),
+        data=DataRef("data.npz", arrays.task, arrays.n_classes, len(arrays.x_train), len(arrays.x_val)),
+        total_steps=n_steps, loss=result.loss(), name=project.name, created=time.time(),
+        weights="weights.pt" if weights_src is not None else None,
+        epochs=math.ceil(n_steps / max(1, len(arrays.x_train) // project.training.batch_size)),
+        predicted=_predicted(plan))
     atomic_write(run_dir / "project.lflow", project.dumps().encode())
-    atomic_write(run_dir / "run.json", (json.dumps(spec, indent=1, sort_keys=True) + "\n").encode())
-    return run_dir
+    spec.save(run_dir)
+    return BuiltRun(run_dir, spec, warnings)
+
+
+def prepare_run(project: Project, out_dir: str | Path | None = None, **kw) -> Path:
+    """build_run's folder (benchmarks and tests that need only the path)."""
+    return build_run(project, out_dir, **kw).run_dir
+
+
+def replan_run(run_dir: str | Path, nproc: int | None, overrides: dict) -> list[str]:
+    """Give a run folder a new layout and plan before resuming it (its DCP checkpoints load
+    under any layout). The folder's project snapshot is planned; degrees not given start
+    from 1, and dp takes what nproc leaves. Returns the planner's warnings."""
+    run_dir = Path(run_dir)
+    spec = RunSpec.load(run_dir)
+    project = load_project(run_dir / "project.lflow")
+    p = spec.plan
+    current = project.placement.model_dump()
+    current.update(pp=p.pp, dp=p.dp, tp=p.tp, mixed_precision=p.mixed_precision, sync_batchnorm=p.sync_batchnorm)
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if {"dp", "tp", "pp"} & set(overrides) or nproc:
+        degrees = {k: overrides.get(k, 1) for k in ("pp", "tp")}
+        rest = (nproc or 1) // (degrees["pp"] * degrees["tp"])
+        degrees["dp"] = overrides.get("dp", max(1, rest) if nproc else p.dp)
+        overrides.update(degrees)
+    pl = derived_placement(Placement.model_validate(current), overrides)
+    if nproc and nproc != _world(pl):
+        raise RunError(f"nproc {nproc} but the placement needs pp*dp*tp = {pl.pp}*{pl.dp}*{pl.tp} = {_world(pl)} "
+                       f"processes")
+    project.placement = pl
+    plan, warnings = plan_run(project)
+    spec.plan, spec.predicted = _run_plan(plan, pl), _predicted(plan)
+    spec.save(run_dir)
+    return warnings

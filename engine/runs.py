@@ -309,18 +309,21 @@ def confusion_matrix(path: str | os.PathLike, max_samples: int = 20_000) -> dict
         cached = _read_json(cache)
         if "matrix" in cached:
             return cached
-    info = _read_json(p / "run.json")
-    data = info.get("data") if isinstance(info.get("data"), dict) else {}
-    if info.get("loss") != "cross_entropy" or not model_file.is_file() or "model" not in info:
+    from engine import trust
+    from engine.runtime.spec import RunSpec
+
+    spec = RunSpec.load(p)  # SpecError names the field at fault
+    if spec.loss != "cross_entropy" or not model_file.is_file():
         return None
+    trust.check_run_folder(p)  # the folder's model builds its Custom nodes: only with consent (NotTrusted)
     import numpy as np
     import torch
 
     from engine.runtime.model import build_graph_module
 
-    with np.load(p / (data.get("path") or "data.npz")) as arrays:
+    with np.load(p / spec.data.path, allow_pickle=False) as arrays:
         x_val, y_val = arrays["x_val"][:max_samples], arrays["y_val"][:max_samples]
-    gm = build_graph_module(info["model"], device="cpu")
+    gm = build_graph_module(spec.model, device="cpu")
     gm.load_state_dict(torch.load(model_file, map_location="cpu", weights_only=True))
     gm.eval()
     preds = []
@@ -331,7 +334,7 @@ def confusion_matrix(path: str | os.PathLike, max_samples: int = 20_000) -> dict
             preds.append(out.argmax(dim=-1).reshape(-1).numpy())
     pred = np.concatenate(preds) if preds else np.zeros(0, dtype=np.int64)
     true = np.asarray(y_val).reshape(-1).astype(np.int64)
-    n = int(data.get("n_classes") or max(int(true.max(initial=0)), int(pred.max(initial=0))) + 1)
+    n = int(spec.data.n_classes or max(int(true.max(initial=0)), int(pred.max(initial=0))) + 1)
     m = np.zeros((n, n), dtype=np.int64)
     ok = (true >= 0) & (true < n) & (pred >= 0) & (pred < n)
     np.add.at(m, (true[ok], pred[ok]), 1)

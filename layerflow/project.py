@@ -425,13 +425,11 @@ class Project:
         fingerprint; pass it in accept_host_key once checked. progress(host, done, total)
         follows the upload, on_preflight(report) gets the nodes' check, on_prepared(run_dir)
         the local run folder."""
-        from layerflow._prepare import _positive
         from remote.cluster import ClusterStore
         from remote.launch import deploy
         from remote.launch_ssh import prepare
 
         profile = ClusterStore().get(cluster)
-        _positive(steps=steps)
         run_dir = prepare(self._runnable(), out, steps=steps)
         if on_prepared:
             on_prepared(run_dir)

@@ -22,7 +22,6 @@ the scripts shell-quoted, never into #SBATCH lines, which Slurm parses itself.
 """
 from __future__ import annotations
 
-import json
 import re
 import secrets
 import time
@@ -33,9 +32,11 @@ from typing import Callable, Iterable
 from remote.bundle import extract, make_bundle, upload
 from remote.cluster import Cluster, config_dir
 from remote.jobctl import TOKEN_VAR
-from remote.jobctl import kv_pairs as parse_kv  # `scontrol show ... -o` lines (one parser, node and host)
+from remote.jobctl import (
+    kv_pairs as parse_kv,  # `scontrol show ... -o` lines (one parser, node and host)
+)
 from remote.jobs import Job, JobDB, Node, new_job_id
-from remote.launch_ssh import DeployError, Progress, world_size
+from remote.launch_ssh import DeployError, Progress, run_spec
 from remote.preflight import PreflightReport, probe_host, sections
 from remote.ssh import Connection, SSHError, quote
 
@@ -284,9 +285,9 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
     """Preflight, upload and sbatch; returns the job (state pending, Slurm id in extra)."""
     run_dir = Path(run_dir)
     db = db or JobDB()
-    world = world_size(run_dir)
+    spec = run_spec(run_dir)
+    world = spec.world
     nnodes, nproc = layout(cluster, world)
-    spec = json.loads((run_dir / "run.json").read_text())
     with Connection.to(cluster, cluster.hosts[0], list(accept)) as c:
         report, chk = preflight_login(c, cluster, nnodes)
         if on_preflight:
@@ -301,7 +302,7 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
         bundle = make_bundle(run_dir, config_dir() / "bundles", exclude=["data.npz"] if remote_data else ())
         job = Job(id=new_job_id(name or run_dir.name), name=name or run_dir.name, backend="slurm",
                   cluster=cluster.model_dump(mode="json"), created=time.time(), token=secrets.token_hex(12),
-                  total_steps=spec.get("total_steps"))
+                  total_steps=spec.total_steps)
         job.extra = {"world_size": world, "nproc_per_node": nproc, "nnodes": nnodes, "bundle": bundle.sha256,
                      "partition": chk.partition, "remote_data": remote_data,
                      "gpus": nnodes * (cluster.gpus_per_node or 0)}

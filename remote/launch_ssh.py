@@ -14,7 +14,6 @@ name is data, never code.
 """
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from engine.errors import LayerflowError
+from engine.runtime.spec import RunSpec, SpecError
 from remote import board
 from remote.bundle import Bundle, extract, make_bundle, upload
 from remote.cluster import Cluster, config_dir
@@ -39,13 +39,16 @@ class DeployError(LayerflowError, RuntimeError):
         self.report = report
 
 
+def run_spec(run_dir: Path) -> RunSpec:
+    """The run folder's typed spec; DeployError names the field at fault."""
+    try:
+        return RunSpec.load(run_dir)
+    except SpecError as exc:
+        raise DeployError(str(exc)) from None
+
+
 def world_size(run_dir: Path) -> int:
-    spec = json.loads((run_dir / "run.json").read_text())
-    plan = spec.get("plan") or {}
-    if isinstance(plan, dict) and plan.get("world_size"):
-        return int(plan["world_size"])
-    p = spec.get("placement") or {}
-    return int(p.get("pp", 1)) * int(p.get("dp", 1)) * int(p.get("tp", 1))
+    return run_spec(Path(run_dir)).world
 
 
 def layout(cluster: Cluster, world: int) -> tuple[int, int]:
@@ -68,25 +71,16 @@ def layout(cluster: Cluster, world: int) -> tuple[int, int]:
 
 def prepare(project, out_dir: str | Path | None = None, *, steps: int | None = None,
             placement: dict | None = None, device=None) -> Path:
-    """A run folder for a remote deploy: engine.run.prepare_run, plus the distributed
-    plan (engine/planner.py) when the placement needs more than one process.
-    device: the cluster's real device (remote.preflight.device_spec of a preflight)."""
-    from engine.run import RunError, prepare_run
+    """A run folder for a remote deploy (engine.run.build_run), planned for the cluster's
+    device (remote.preflight.device_spec of a preflight) when one is given: its predicted
+    peak memory is checked against the GPUs' free memory at deploy."""
+    from engine.errors import CheckFailed
+    from engine.run import RunError, build_run
 
-    pl = {**project.placement.model_dump(), **(placement or {})}
-    plan = None
-    if int(pl["pp"]) * int(pl["dp"]) * int(pl["tp"]) > 1:
-        from engine.planner import make_plan
-
-        p = make_plan(project, None, device=device, placement=placement)
-        if p.errors:
-            raise DeployError("the placement cannot run:\n" + "\n".join(f"  {e}" for e in p.errors))
-        plan = p.runtime_plan()
-        peak = p.predicted.peak_bytes_max if p.predicted else None
-        if peak:
-            plan["predicted_peak_bytes"] = int(peak)  # checked against the GPUs' free memory at deploy
     try:
-        return prepare_run(project, out_dir, steps=steps, placement=placement, plan=plan)
+        return build_run(project, out_dir, steps=steps, placement=placement, device=device).run_dir
+    except CheckFailed as exc:
+        raise DeployError("the placement cannot run:\n" + "\n".join(f"  {e}" for e in exc.errors)) from None
     except RunError as exc:
         raise DeployError(str(exc)) from None
 
@@ -155,7 +149,8 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
     accept = list(accept)
     if cluster.backend != "ssh":
         raise DeployError(f"cluster {cluster.name!r} uses backend {cluster.backend!r}; use remote.launch.deploy")
-    world = world_size(run_dir)
+    spec = run_spec(run_dir)
+    world = spec.world
     nnodes, nproc = layout(cluster, world)
     cluster_used = cluster.model_copy(update={"hosts": cluster.hosts[:nnodes]})
     conns = [Connection.to(cluster, h, accept) for h in cluster_used.hosts]
@@ -166,8 +161,7 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
             on_preflight(report)
         if not report.ok:
             raise DeployError("preflight failed, nothing was launched:\n" + "\n".join(report.failures), report)
-        plan = json.loads((run_dir / "run.json").read_text()).get("plan") or {}
-        errs = check_devices(report, world, nproc, plan.get("predicted_peak_bytes"))
+        errs = check_devices(report, world, nproc, spec.predicted.peak_bytes)
         if errs:
             raise DeployError("the plan does not fit the cluster, nothing was launched:\n" + "\n".join(errs), report)
 
@@ -182,7 +176,7 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
         bundle = make_bundle(run_dir, config_dir() / "bundles", exclude=["data.npz"] if remote_data else ())
         job = Job(id=new_job_id(name or run_dir.name), name=name or run_dir.name,
                   cluster=cluster_used.model_dump(mode="json"), created=time.time(), token=secrets.token_hex(12),
-                  total_steps=json.loads((run_dir / "run.json").read_text()).get("total_steps"))
+                  total_steps=spec.total_steps)
         job.extra = {"world_size": world, "nproc_per_node": nproc, "bundle": bundle.sha256,
                      "remote_data": remote_data,
                      "gpus": sum(min(len(h.gpus), nproc) for h in report.hosts)}
@@ -215,7 +209,7 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
             raise DeployError(job.error) from None
         project = None
         if owner is not None:
-            project = json.loads((run_dir / "run.json").read_text()).get("name")
+            project = spec.name
             board.write_record(conns[0], job.extra["board"], board.record_of(job, owner, project))
         # All nodes staged: only now start anything.
         started = []

@@ -178,7 +178,7 @@ class Predicted:
     step_s: float | None = None
     device: str | None = None  # the device kind it predicted for
     nproc: int = 1  # over how many processes
-    peak_bytes: list | None = None  # per device, where the planner gave it (the deploy's memory check)
+    peak_bytes: int | None = None  # the largest of any device, where the planner gave it (the deploy's memory check)
 
 
 LOSSES = ("cross_entropy", "mse", "none")
@@ -241,16 +241,15 @@ class RunSpec:
         if version == 1:
             pr = Predicted(_num(d, "predicted_step_s", where, None, optional=True),
                            _str(d, "predicted_device", where, None, optional=True),
-                           _int(d, "nproc", where, 1, 1), (plan or {}).get("predicted_peak_bytes"))
+                           _int(d, "nproc", where, 1, 1),
+                           _int(plan or {}, "predicted_peak_bytes", f"{where}.plan", None, 0, optional=True))
         else:
             p = _obj(d.get("predicted", {}), f"{where}.predicted")
             _unknown(p, {f.name for f in fields(Predicted)}, f"{where}.predicted")
-            peaks = p.get("peak_bytes")
-            if peaks is not None and not isinstance(peaks, list):
-                raise SpecError(f"{where}.predicted.peak_bytes: expected a list of bytes per device")
             pr = Predicted(_num(p, "step_s", f"{where}.predicted", None, optional=True),
                            _str(p, "device", f"{where}.predicted", None, optional=True),
-                           _int(p, "nproc", f"{where}.predicted", 1, 1), peaks)
+                           _int(p, "nproc", f"{where}.predicted", 1, 1),
+                           _int(p, "peak_bytes", f"{where}.predicted", None, 0, optional=True))
         weights = _str(d, "weights", where, None, optional=True)
         if weights is not None and (os.path.isabs(weights) or ".." in Path(weights).parts):
             raise SpecError(f"{where}.weights: {weights!r} is not inside the run folder")

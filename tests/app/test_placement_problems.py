@@ -238,7 +238,7 @@ def test_settings_replaced_outside_an_undo_command_reach_the_views(win, qtbot):
     """The project's own events carry training and placement changes, whoever makes them
     (here a script or plug-in assigning them directly): the plan and the Devices dock follow."""
     w = win
-    w.project.placement = w.project.placement.model_copy(update={"pp": 2})
+    w.project.placement = w.project.placement.derive(pp=2)
     w.controller.flush()
     assert w.controller.plan.doc["microbatches"] == 2 and w.devices.spins["pp"].value() == 2
     w.project.training = w.project.training.model_copy(update={"batch_size": 32})

@@ -110,7 +110,7 @@ def test_warnings_that_repeat_over_many_nodes_are_one_message(resnet50, tmp_path
     from engine.planner import grouped, make_plan
 
     p = resnet50.project.copy()
-    p.placement = p.placement.model_copy(update={"dp": 4})
+    p.placement = p.placement.derive(dp=4)
     plan = make_plan(p, 4)
     bn = [w for w in plan.warnings if "BatchNorm2d" in w]
     assert len(bn) == 53

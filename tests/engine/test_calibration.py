@@ -13,6 +13,7 @@ from engine import calibration
 from engine.planner import format_plan, make_plan
 from engine.project import load_project, save_project
 from engine.run import prepare_run
+from engine.runtime.spec import RunSpec
 from engine.runtime.train import run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,9 +32,9 @@ def test_a_run_corrects_the_next_plan_of_its_layout(project, tmp_path):
     plan = make_plan(project, 1)
     assert calibration.apply(plan, project) is None and "calibrated" not in format_plan(plan)  # no run yet
     rd = prepare_run(project, tmp_path / "runs" / "first", steps=40)
-    spec = json.loads((rd / "run.json").read_text())
-    assert spec["predicted_step_s"] == pytest.approx(plan.doc["predicted"]["step_s"], rel=1e-6)
-    assert (spec["predicted_device"], spec["nproc"]) == ("cpu", 1)
+    predicted = RunSpec.load(rd).predicted
+    assert predicted.step_s == pytest.approx(plan.doc["predicted"]["step_s"], rel=1e-6)
+    assert (predicted.device, predicted.nproc) == ("cpu", 1)
     run(rd)
     recs = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines()]
     paces = sorted(project.training.batch_size / r["samples_per_s"] for r in recs if "loss" in r and r["step"] > 3)
@@ -41,7 +42,7 @@ def test_a_run_corrects_the_next_plan_of_its_layout(project, tmp_path):
     cal = calibration.apply(plan, project)
     assert cal["run"] == "first" and cal["measured_step_s"] == pytest.approx(paces[len(paces) // 2], rel=0.5)
     assert min(paces) <= cal["measured_step_s"] <= max(paces)
-    assert cal["ratio"] == pytest.approx(cal["measured_step_s"] / spec["predicted_step_s"])
+    assert cal["ratio"] == pytest.approx(cal["measured_step_s"] / predicted.step_s)
     assert plan.doc["predicted"]["calibrated_step_s"] == pytest.approx(plan.doc["predicted"]["step_s"] * cal["ratio"])
     assert "calibrated step:" in format_plan(plan) and "run first's first steps" in format_plan(plan)
     # another layout, batch or device: not this run's pace

@@ -153,7 +153,7 @@ def test_exported_script_synchronizes_batchnorm_on_cpu(runs):
 
     refs, _, tmp = runs
     project = _project()
-    project.placement = project.placement.model_copy(update=LAYOUTS["sync_ddp"][0])
+    project.placement = project.placement.derive(**LAYOUTS["sync_ddp"][0])
     script = export_script(project, tmp / "script" / "cnn.py")
     assert "class SyncBatchNormCPU(_BatchNorm):" in script.read_text()
     env_cmd = TORCHRUN + [str(script), "--steps", str(STEPS), "--out", str(tmp / "script_out")]

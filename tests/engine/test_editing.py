@@ -126,8 +126,8 @@ def test_replacing_training_or_placement_is_an_event():
     p, seen = Project(), []
     default_batch = p.training.batch_size
     p.subscribe(seen.append)
-    p.placement = p.placement.model_copy(update={"dp": 2})
-    p.placement = p.placement.model_copy(update={"dp": 2})  # the same value: no event
+    p.placement = p.placement.derive(dp=2)
+    p.placement = p.placement.derive(dp=2)  # the same value: no event
     p.training = p.training.model_copy(update={"batch_size": 16})
     assert [(e.what, e.old.dp if e.what == "placement" else e.old.batch_size) for e in seen] == [
         ("placement", 1), ("training", default_batch)]

@@ -271,8 +271,8 @@ def test_every_exported_script_lints_clean_and_holds_only_what_its_plan_uses(exa
     written = []
     for name, placement in LINT_LAYOUTS.items():
         project = load_project(EX / f"{example}.lflow")
-        project.placement = project.placement.model_copy(update=placement)
-        world = project.placement.pp * project.placement.dp * project.placement.tp
+        project.placement = project.placement.derive(**placement)
+        world = project.placement.world
         plan = make_plan(project, world)
         if not plan.ok:
             continue  # a layout this model cannot take (the planner says why elsewhere)

@@ -232,7 +232,7 @@ def test_output_into_a_closed_pipe_is_no_traceback(tmp_path):
 ])
 def test_validate_checks_the_placement_too(tmp_path, capsys, placement, message):
     p = load_project(MLP)
-    p.placement = p.placement.model_copy(update=placement)
+    p.placement = p.placement.derive(**placement)
     path = save_project(p, tmp_path / "p.lflow")
     assert main(["validate", str(path)]) == 1
     assert message in capsys.readouterr().err

@@ -136,7 +136,7 @@ def test_gpu_hosts_are_listed_per_gpu_and_small_gpus_fail_the_plan():
     assert len(lines) == 4 and "root@10.0.0.2  GPU 1: NVIDIA A100-SXM4-80GB  81920 MiB, 0 MiB free" in lines
     assert procs_per_node(cluster, report) == [2, 2]
     project = load_project(EXAMPLE)
-    project.placement = project.placement.model_copy(update={"dp": 4})
+    project.placement = project.placement.derive(dp=4)
     plan = make_plan(project, 4, device_spec(report, 2))  # the full GPU (0 MiB free) bounds every rank
     assert plan.doc["device"]["memory_bytes"] == 0
     assert any("NVIDIA A100-SXM4-80GB device has" in e for e in plan.errors), plan.errors
