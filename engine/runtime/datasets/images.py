@@ -1,0 +1,183 @@
+"""image_folder: root/<class>/*.jpg|png|webp, the layout everyone uses.
+
+Splits: root/train/<class> and root/val/<class> when both exist, otherwise one set of
+class folders split by val_fraction (a permutation seeded by the settings' seed, so the
+split is the same on every node). Classes are the sorted names of the training folders.
+
+Decoding and the transforms are also used by the tar shards (shards.py): validation
+resizes the shorter side then crops the centre; training takes a random resized crop
+(area scale range, aspect ratio 3/4 to 4/3, as torchvision's RandomResizedCrop) and a
+horizontal flip, drawn from a numpy Generator seeded by the sample's seed, so a sample's
+augmentation depends on (run seed, epoch, index) only. Output: float32 (C, S, S),
+normalised by mean and std. Pillow is imported inside functions: see base.need.
+"""
+from __future__ import annotations
+
+import io
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .base import CorruptSample, DataError, Source, check_split, need, resolve
+
+IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".webp")
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+class ImageTransform:
+    """Decode bytes or a file, then crop, flip and normalise to float32 (C, S, S)."""
+
+    def __init__(self, settings: dict, fmt: str):
+        self.fmt = fmt
+        self.size = int(settings.get("image_size", 224))
+        self.channels = int(settings.get("channels", 3))
+        if self.channels not in (1, 3):
+            raise DataError(f"{fmt}: channels must be 1 (grayscale) or 3 (RGB), not {self.channels}")
+        self.resize = int(settings.get("resize") or round(self.size / 0.875))  # 224 -> 256
+        self.random_crop = bool(settings.get("random_crop", True))
+        self.scale = tuple(float(s) for s in settings.get("crop_scale", (0.08, 1.0)))
+        self.flip = bool(settings.get("flip", True))
+        mean = settings.get("mean") or (IMAGENET_MEAN if self.channels == 3 else (0.5,))
+        std = settings.get("std") or (IMAGENET_STD if self.channels == 3 else (0.5,))
+        if len(mean) != self.channels or len(std) != self.channels:
+            raise DataError(f"{fmt}: mean and std need {self.channels} values each (one per channel)")
+        # (x / 255 - mean) / std as one multiply-add per pixel
+        self.mul = (1.0 / (255.0 * np.asarray(std, np.float32))).astype(np.float32)
+        self.add = (-np.asarray(mean, np.float32) / np.asarray(std, np.float32)).astype(np.float32)
+
+    def open(self, data: bytes | Path, where: str):
+        """A decoded PIL image in the mode of `channels`, or CorruptSample naming `where`."""
+        Image = need("PIL.Image", self.fmt, "Pillow")
+        try:
+            with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as im:
+                return im.convert("RGB" if self.channels == 3 else "L")  # decodes the whole file
+        except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
+            raise CorruptSample(f"{where}: not a readable image ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+
+    def __call__(self, data: bytes | Path, seed: int | None, where: str) -> torch.Tensor:
+        Image = need("PIL.Image", self.fmt, "Pillow")
+        im = self.open(data, where)
+        S, W, H = self.size, im.width, im.height
+        if seed is None or not self.random_crop:
+            # the shorter side to `resize`, then the centre S x S, in one resampling
+            k = self.resize / min(W, H)
+            cw, ch = min(W, S / k), min(H, S / k)
+            box = ((W - cw) / 2, (H - ch) / 2, (W + cw) / 2, (H + ch) / 2)
+            flip = False
+            if seed is not None and self.flip:
+                flip = np.random.default_rng(seed).random() < 0.5
+        else:
+            rng = np.random.default_rng(seed)
+            box = random_resized_box(W, H, self.scale, rng)
+            flip = self.flip and rng.random() < 0.5
+        im = im.resize((S, S), Image.BILINEAR, box=box)
+        a = np.asarray(im, dtype=np.uint8)  # (S, S, C) or (S, S)
+        if a.ndim == 2:
+            a = a[:, :, None]
+        if flip:
+            a = a[:, ::-1]
+        out = a.astype(np.float32) * self.mul + self.add  # (S, S, C)
+        return torch.from_numpy(np.ascontiguousarray(out.transpose(2, 0, 1)))  # (C, S, S)
+
+
+def random_resized_box(W: int, H: int, scale, rng: np.random.Generator) -> tuple[float, float, float, float]:
+    """torchvision's RandomResizedCrop.get_params, drawn from rng: a box of a random area
+    fraction in `scale` and aspect ratio in [3/4, 4/3] (log-uniform); ten tries, then the
+    centre crop of the clamped ratio."""
+    area = W * H
+    lo, hi = math.log(3 / 4), math.log(4 / 3)
+    for _ in range(10):
+        target = area * rng.uniform(scale[0], scale[1])
+        ratio = math.exp(rng.uniform(lo, hi))
+        w = int(round(math.sqrt(target * ratio)))
+        h = int(round(math.sqrt(target / ratio)))
+        if 0 < w <= W and 0 < h <= H:
+            top = int(rng.integers(0, H - h + 1))
+            left = int(rng.integers(0, W - w + 1))
+            return left, top, left + w, top + h
+    r = W / H
+    w, h = (W, int(round(W / (4 / 3)))) if r > 4 / 3 else (int(round(H * 3 / 4)), H) if r < 3 / 4 else (W, H)
+    left, top = (W - w) // 2, (H - h) // 2
+    return left, top, left + w, top + h
+
+
+def class_folders(root: Path) -> list[str]:
+    return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+
+
+def list_images(folder: Path) -> list[str]:
+    """Image files under a class folder (subfolders included), sorted, relative to it."""
+    out = []
+    for dirpath, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        rel = os.path.relpath(dirpath, folder)
+        out += [f if rel == "." else os.path.join(rel, f) for f in files
+                if f.lower().endswith(IMAGE_EXTS) and not f.startswith(".")]
+    return sorted(out)
+
+
+class ImageFolder(Source):
+    task = "classification"
+
+    def __init__(self, settings: dict, split: str, base_dir: Path | None):
+        check_split(split)
+        self.split = split
+        root = resolve(settings["path"], base_dir)
+        if not root.is_dir():
+            raise DataError(f"{root}: an image folder must be a directory (one subfolder per class)")
+        self.transform = ImageTransform(settings, "image_folder")
+        split_dirs = (root / "train").is_dir() and (root / "val").is_dir()
+        top = root / "train" if split_dirs else root
+        self.classes = class_folders(top)
+        if not self.classes:
+            raise DataError(f"{top}: no class folders (expected {top}/<class>/*.jpg)")
+        self.n_classes = len(self.classes)
+        if split_dirs:
+            self.path = root / split
+            extra = sorted(set(class_folders(self.path)) - set(self.classes))
+            if extra:
+                raise DataError(f"{self.path}: class folder {extra[0]!r} is not among the training classes")
+            files, labels = self._scan(self.path, require_all=(split == "train"))
+        else:
+            self.path = root
+            files, labels = self._scan(root, require_all=True)
+            # a seeded split: the same on every node that has the same files
+            perm = np.random.default_rng([int(settings.get("seed", 0)), 7919]).permutation(len(files))
+            n_val = max(1, int(round(len(files) * float(settings.get("val_fraction") or 0.1))))
+            if n_val >= len(files):
+                raise DataError(f"{root}: {len(files)} images leave nothing to train on with val_fraction "
+                                f"{settings.get('val_fraction')}")
+            keep = np.sort(perm[:n_val] if split == "val" else perm[n_val:])
+            files, labels = [files[i] for i in keep], labels[keep]
+        self.files, self.labels = files, labels
+
+    def _scan(self, top: Path, require_all: bool) -> tuple[list[str], np.ndarray]:
+        files, labels = [], []
+        for c, name in enumerate(self.classes):
+            folder = top / name
+            found = list_images(folder) if folder.is_dir() else []
+            if not found and require_all:
+                raise DataError(f"{folder}: empty class folder (no .jpg, .png or .webp images)")
+            files += [os.path.join(name, f) for f in found]
+            labels += [c] * len(found)
+        if not files:
+            raise DataError(f"{top}: no images in its class folders")
+        return files, np.asarray(labels, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def where(self, i: int) -> str:
+        return str(self.path / self.files[i])
+
+    def sample(self, i: int, seed: int | None):
+        x = self.transform(self.path / self.files[i], seed, self.where(i))
+        return x, torch.tensor(int(self.labels[i]))
+
+    def sample_spec(self) -> dict:
+        S = self.transform.size
+        return {"x": {"shape": [self.transform.channels, S, S], "dtype": "float32"},
+                "y": {"shape": [], "dtype": "int64"}}

@@ -1,0 +1,181 @@
+"""The step loader: the global batch of step s, as a pure function of (seed, step), read
+by a torch DataLoader so that reading overlaps compute.
+
+The rule is the one of engine/runtime/data.py (Batches): epoch, i = divmod(s,
+steps_per_epoch); the epoch's order is np.random.default_rng([seed, epoch]).permutation(n);
+the batch is order[i*B:(i+1)*B]; the last partial batch of an epoch is dropped. Resuming
+at step s needs no saved position, and each data-parallel rank reads only its share
+[lo:hi] of the global batch: concatenating the shares gives the whole batch bit for bit.
+
+Each DataLoader item is a whole step (a sampler yields (step, epoch, indices); batch_size
+is None), so workers build batches in parallel and the order of steps is kept. A
+sample's augmentation seed is sample_seed(seed, epoch, index): the same in every layout.
+
+A corrupt sample (undecodable image, truncated record) is replaced by the next readable
+sample in index order (with the seed of the one it replaces), so batches keep their size,
+and counted in `skipped`; strict=True raises instead. Errors cross the worker boundary
+as values, so the user sees one line, not a worker's traceback.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from .base import CorruptSample, DataError, Source, sample_seed
+
+MAX_SKIP_RUN = 64  # consecutive unreadable samples before giving up: the data is broken, not a sample
+
+
+def collate(samples: list) -> tuple:
+    xs, ys = zip(*samples)
+    if isinstance(xs[0], dict):
+        x = {k: torch.stack([s[k] for s in xs]) for k in xs[0]}
+    else:
+        x = torch.stack(xs)
+    return x, torch.stack(ys)
+
+
+def read_samples(source: Source, indices, seeds, strict: bool):
+    """(samples, skipped [(index, message)], error message or None)."""
+    n = len(source)
+    out, skipped = [], []
+    for i, seed in zip(indices, seeds):
+        j = int(i)
+        for _ in range(MAX_SKIP_RUN):
+            try:
+                out.append(source.sample(j, seed))
+                break
+            except CorruptSample as e:
+                if strict:
+                    return None, skipped, f"{e} (sample {j}; strict mode)"
+                skipped.append((j, str(e)))
+                j = (j + 1) % n
+            except DataError as e:
+                return None, skipped, str(e)
+        else:
+            return None, skipped, f"{source.path}: {MAX_SKIP_RUN} unreadable samples in a row from sample {int(i)}"
+    return out, skipped, None
+
+
+class _StepWork(torch.utils.data.Dataset):
+    """What a worker runs: the item is (step, epoch, indices) and the result a whole batch."""
+
+    def __init__(self, source: Source, seed: int, strict: bool):
+        self.source, self.seed, self.strict = source, seed, strict
+
+    def __getitem__(self, item):
+        step, epoch, indices = item
+        seeds = [sample_seed(self.seed, epoch, int(i)) for i in indices]
+        samples, skipped, error = read_samples(self.source, indices, seeds, self.strict)
+        if error is not None:
+            return step, None, skipped, error
+        return step, collate(samples), skipped, None
+
+    def __len__(self):  # not used: the sampler says how many steps
+        return 0
+
+
+class _Steps(torch.utils.data.Sampler):
+    """Yields the work of steps start, start + 1, ... end - 1 (in the main process)."""
+
+    def __init__(self, loader: "StepLoader"):
+        self.loader, self.start = loader, 0
+
+    def __iter__(self):
+        L = self.loader
+        step = self.start
+        while L.end_step is None or step < L.end_step:
+            yield step, L.epoch_of(step), L.indices(step)[L.lo:L.hi]
+            step += 1
+
+
+def _identity(x):
+    return x
+
+
+class StepLoader:
+    def __init__(self, source: Source, batch_size: int, seed: int, *, share: tuple[int, int | None] = (0, None),
+                 start_step: int = 0, end_step: int | None = None, workers: int = 0, prefetch: int = 2,
+                 pin_memory: bool = False, strict: bool = False):
+        n = len(source)
+        if n < batch_size:
+            raise DataError(f"batch_size {batch_size} is larger than the training set ({n} samples in "
+                            f"{source.path}); lower training.batch_size")
+        lo, hi = share
+        hi = batch_size if hi is None else hi
+        if not 0 <= lo < hi <= batch_size:
+            raise ValueError(f"share {share} is not a slice of a batch of {batch_size}")
+        self.source, self.batch_size, self.seed = source, batch_size, seed
+        self.lo, self.hi, self.end_step = lo, hi, end_step
+        self.steps_per_epoch = n // batch_size  # the last partial batch is dropped
+        self.skipped, self.skipped_files = 0, []
+        self._perm_epoch, self._perm = -1, None
+        self._sampler = _Steps(self)
+        self._sampler.start = start_step
+        self._loader = DataLoader(_StepWork(source, seed, strict), batch_size=None, sampler=self._sampler,
+                                  num_workers=workers, collate_fn=_identity, pin_memory=pin_memory,
+                                  prefetch_factor=prefetch if workers else None, persistent_workers=workers > 0)
+        self._it, self._next = None, start_step
+
+    def epoch_of(self, step: int) -> int:
+        return step // self.steps_per_epoch
+
+    def indices(self, step: int) -> np.ndarray:
+        """The sample indices of the global batch of step (all of it, not only this share)."""
+        epoch, i = divmod(step, self.steps_per_epoch)
+        if epoch != self._perm_epoch:
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.source))
+            self._perm_epoch = epoch
+        return self._perm[i * self.batch_size:(i + 1) * self.batch_size]
+
+    def batch(self, step: int) -> tuple:
+        """This rank's share of the global batch of step: (x, y), x a tensor or a dict of them.
+        Consecutive steps stream from the workers; another step restarts them there."""
+        if self.end_step is not None and step >= self.end_step:
+            raise IndexError(f"step {step} is past end_step {self.end_step}")
+        if self._it is None or step != self._next:
+            self._sampler.start = step
+            self._it = iter(self._loader)  # persistent workers are reset, not restarted
+        got, xy, skipped, error = next(self._it)
+        assert got == step, (got, step)
+        self._next = step + 1
+        self.skipped += len(skipped)
+        for _, msg in skipped:
+            if len(self.skipped_files) < 5:
+                self.skipped_files.append(msg)
+        if error is not None:
+            raise DataError(error)
+        return xy
+
+    def close(self) -> None:
+        """Stop the workers (also done when the loader is garbage collected)."""
+        it = getattr(self._loader, "_iterator", None)
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+        self._it = None
+        self._loader._iterator = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def eval_batches(source: Source, batch_size: int, share: tuple[int, int | None] = (0, None), *,
+                 strict: bool = False):
+    """The whole split in order, batch_size samples at a time (the last batch may be
+    shorter), no augmentation; share slices each batch as StepLoader does. A corrupt sample
+    is replaced as in StepLoader (strict raises)."""
+    n = len(source)
+    for start in range(0, n, batch_size):
+        idx = np.arange(start, min(start + batch_size, n))
+        lo, hi = share
+        idx = idx[lo:hi]
+        if not len(idx):
+            continue
+        samples, _, error = read_samples(source, idx, [None] * len(idx), strict)
+        if error is not None:
+            raise DataError(error)
+        yield collate(samples)
