@@ -37,6 +37,11 @@ class SpecError(PlanError):
 
 
 # ----- field readers: each names run.json's field at fault --------------------------
+def _at(where: str, key: str) -> str:
+    """`run.json training.batch_size`: the file, a space, then the field's dotted path."""
+    return f"{where} {key}" if where.endswith(".json") else f"{where}.{key}"
+
+
 def _obj(d, where: str) -> dict:
     if not isinstance(d, dict):
         raise SpecError(f"{where}: expected an object, not {type(d).__name__}")
@@ -49,7 +54,7 @@ def _int(d: dict, key: str, where: str, default=None, least: int | None = None, 
         return None
     if type(v) is not int or (least is not None and v < least):
         more = f" >= {least}" if least is not None else ""
-        raise SpecError(f"{where}.{key}: {v!r} is not an integer{more}")
+        raise SpecError(f"{_at(where, key)}: {v!r} is not an integer{more}")
     return v
 
 
@@ -58,7 +63,7 @@ def _num(d: dict, key: str, where: str, default=None, optional: bool = False):
     if v is None and optional:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise SpecError(f"{where}.{key}: {v!r} is not a finite number")
+        raise SpecError(f"{_at(where, key)}: {v!r} is not a finite number")
     return float(v)
 
 
@@ -68,7 +73,7 @@ def _str(d: dict, key: str, where: str, default=None, options: tuple | None = No
         return None
     if not isinstance(v, str) or (options is not None and v not in options):
         want = f"one of {', '.join(options)}" if options else "text"
-        raise SpecError(f"{where}.{key}: {v!r} is not {want}")
+        raise SpecError(f"{_at(where, key)}: {v!r} is not {want}")
     return v
 
 
@@ -224,37 +229,37 @@ class RunSpec:
         d = _obj(d, where)
         version = d.get("version", 1)
         if type(version) is not int or version < 1 or version > SPEC_VERSION:
-            raise SpecError(f"{where}.version: {version!r}; this runtime reads run specs up to version "
+            raise SpecError(f"{_at(where, 'version')}: {version!r}; this runtime reads run specs up to version "
                             f"{SPEC_VERSION}, update Layerflow on this machine")
         known = {"version", "name", "created", "model", "training", "plan", "data", "weights", "total_steps",
                  "loss", "epochs", "predicted"}
         v1 = {"placement", "predicted_step_s", "predicted_device", "nproc"}  # run.json before version 2
         _unknown(d, known | (v1 if version == 1 else set()), where)
-        model = _obj(d.get("model"), f"{where}.model")
+        model = _obj(d.get("model"), _at(where, "model"))
         if not isinstance(model.get("nodes"), list):
-            raise SpecError(f"{where}.model.nodes: expected the compiled diagram's list of nodes")
+            raise SpecError(f"{_at(where, 'model.nodes')}: expected the compiled diagram's list of nodes")
         plan = d.get("plan")
         if plan is None and version == 1:
-            plan_obj = _plan_of_placement(_obj(d.get("placement") or {}, f"{where}.placement"), f"{where}.placement")
+            plan_obj = _plan_of_placement(_obj(d.get("placement") or {}, _at(where, "placement")), _at(where, "placement"))
         else:
-            plan_obj = RunPlan.from_json(plan, f"{where}.plan")
+            plan_obj = RunPlan.from_json(plan, _at(where, "plan"))
         if version == 1:
             pr = Predicted(_num(d, "predicted_step_s", where, None, optional=True),
                            _str(d, "predicted_device", where, None, optional=True),
                            _int(d, "nproc", where, 1, 1),
-                           _int(plan or {}, "predicted_peak_bytes", f"{where}.plan", None, 0, optional=True))
+                           _int(plan or {}, "predicted_peak_bytes", _at(where, "plan"), None, 0, optional=True))
         else:
-            p = _obj(d.get("predicted", {}), f"{where}.predicted")
-            _unknown(p, {f.name for f in fields(Predicted)}, f"{where}.predicted")
-            pr = Predicted(_num(p, "step_s", f"{where}.predicted", None, optional=True),
-                           _str(p, "device", f"{where}.predicted", None, optional=True),
-                           _int(p, "nproc", f"{where}.predicted", 1, 1),
-                           _int(p, "peak_bytes", f"{where}.predicted", None, 0, optional=True))
+            p = _obj(d.get("predicted", {}), _at(where, "predicted"))
+            _unknown(p, {f.name for f in fields(Predicted)}, _at(where, "predicted"))
+            pr = Predicted(_num(p, "step_s", _at(where, "predicted"), None, optional=True),
+                           _str(p, "device", _at(where, "predicted"), None, optional=True),
+                           _int(p, "nproc", _at(where, "predicted"), 1, 1),
+                           _int(p, "peak_bytes", _at(where, "predicted"), None, 0, optional=True))
         weights = _str(d, "weights", where, None, optional=True)
         if weights is not None and (os.path.isabs(weights) or ".." in Path(weights).parts):
-            raise SpecError(f"{where}.weights: {weights!r} is not inside the run folder")
-        return cls(model=model, training=TrainingSpec.from_json(d.get("training", {}), f"{where}.training"),
-                   plan=plan_obj, data=DataRef.from_json(d.get("data", {}), f"{where}.data"),
+            raise SpecError(f"{_at(where, 'weights')}: {weights!r} is not inside the run folder")
+        return cls(model=model, training=TrainingSpec.from_json(d.get("training", {}), _at(where, "training")),
+                   plan=plan_obj, data=DataRef.from_json(d.get("data", {}), _at(where, "data")),
                    total_steps=_int(d, "total_steps", where, None, 1), loss=_str(d, "loss", where, "cross_entropy", LOSSES),
                    name=_str(d, "name", where, "run"), created=_num(d, "created", where, 0.0), weights=weights,
                    epochs=_int(d, "epochs", where, 1, 0), predicted=pr, version=SPEC_VERSION)
