@@ -1,6 +1,9 @@
 """The devices panel: the mesh (pp x dp x tp) and pipeline stages as coloured lanes.
 
-Edits are signals (the controller makes undo commands of them). A plan from
+Edits are signals (the controller makes undo commands of them), and only edits the
+model takes: the boxes offer what engine/project.py's Placement fields allow, and a
+change the Placement refuses (pp x dp x tp over MAX_PROCESSES, say) is not sent; the box
+goes back to the valid value and the panel says why. A plan from
 engine/planner.py, when one exists, is shown as text lines the controller hands in.
 The "Devices" source (this machine or a cluster profile) is a choice the panel only
 shows: app/devices_source.py probes the cluster and hands back lines to list.
@@ -13,6 +16,7 @@ from PySide6.QtWidgets import (QComboBox, QFormLayout, QFrame, QGridLayout, QHBo
                                QPushButton, QScrollArea, QSizePolicy, QSpinBox, QVBoxLayout, QWidget)
 
 from engine.graph import TP_STYLES
+from engine.project import Placement, PlacementError
 from widgets.style import LIGHT, stage_color
 
 
@@ -85,6 +89,8 @@ class DevicesPanel(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self._updating = False
+        self._placement: Placement | None = None  # the last placement shown: edits are checked against it
+        self._tips: dict[str, str] = {}  # each editor's own tooltip, shown again once its edit is taken
         lay = QVBoxLayout(self)
         lay.setContentsMargins(8, 6, 8, 6)
         src = QFormLayout()
@@ -112,30 +118,41 @@ class DevicesPanel(QWidget):
                                                  ("dp", "data", "data-parallel replicas"),
                                                  ("tp", "tensor", "tensor-parallel ways"))):
             s = QSpinBox()
-            s.setRange(1, 1024)
+            s.setRange(*Placement.bounds(key))  # the model's bounds; their product is checked on each edit
             s.setObjectName(key)
             s.setToolTip(tip)
+            self._tips[key] = tip
             s.valueChanged.connect(lambda v, key=key: self._mesh(key, v))
             self.spins[key] = s
             grid.addWidget(QLabel(f"{label} ({key})"), 0, col)
             grid.addWidget(s, 1, col)
         lay.addLayout(grid)
+        self.mesh_error = QLabel()  # why the last edit was refused
+        self.mesh_error.setObjectName("error")
+        self.mesh_error.setWordWrap(True)
+        self.mesh_error.hide()
+        lay.addWidget(self.mesh_error)
         form = QFormLayout()
         self.world = QLabel()
         form.addRow("devices", self.world)
         self.micro = QSpinBox()
-        self.micro.setRange(0, 4096)
+        self.micro.setRange(0, Placement.bounds("microbatches")[1])
         self.micro.setObjectName("microbatches")
         self.micro.setSpecialValueText("auto")  # 0: the planner picks (at least one per stage)
-        self.micro.setToolTip("micro-batches per step in a pipeline; auto: at least one per stage, dividing the batch")
+        self._tips["microbatches"] = "micro-batches per step in a pipeline; auto: at least one per stage, dividing the batch"
+        self.micro.setToolTip(self._tips["microbatches"])
         self.micro.valueChanged.connect(lambda v: self._mesh("microbatches", v or None))
         form.addRow("micro-batches", self.micro)
         self.schedule = QComboBox()
-        self.schedule.addItems(["gpipe", "1f1b", "interleaved1f1b"])
+        self.schedule.addItems(list(Placement.choices("schedule")))
+        self._tips["schedule"] = "the order in which pipeline stages run their micro-batches"
+        self.schedule.setToolTip(self._tips["schedule"])
         self.schedule.currentTextChanged.connect(lambda v: self._mesh("schedule", v))
         form.addRow("pipeline schedule", self.schedule)
         self.dpmode = QComboBox()
-        self.dpmode.addItems(["ddp", "fsdp"])
+        self.dpmode.addItems(list(Placement.choices("data_parallel")))
+        self._tips["data_parallel"] = "ddp: each replica holds the whole model; fsdp: replicas shard it (FSDP2)"
+        self.dpmode.setToolTip(self._tips["data_parallel"])
         self.dpmode.currentTextChanged.connect(lambda v: self._mesh("data_parallel", v))
         form.addRow("data parallel", self.dpmode)
         lay.addLayout(form)
@@ -183,19 +200,58 @@ class DevicesPanel(QWidget):
         self._stretch = QWidget()
         lay.addWidget(self._stretch, 0)
 
-    def _mesh(self, key: str, value) -> None:
-        if not self._updating:
-            self.mesh_edited.emit(key, value)
+    def editor(self, key: str) -> QWidget:
+        """The box that edits placement field `key`."""
+        return self.spins.get(key) or {"microbatches": self.micro, "schedule": self.schedule,
+                                       "data_parallel": self.dpmode}[key]
 
-    def set_state(self, placement, nodes: dict, selected: list[str], plan_lines: list[str] | None = None) -> None:
+    def _mesh(self, key: str, value) -> None:
+        if self._updating:
+            return
+        before = self._placement
+        if before is not None:
+            try:
+                after = before.derive(**{key: value})
+            except PlacementError as exc:  # not sent: the box shows the valid value again, and why
+                self._refuse(key, str(exc))
+                return
+            if after == before:  # the box settling on the value it shows (Return after a refusal): nothing new
+                return
+        self._say("")
+        self.mesh_edited.emit(key, value)
+        if self._placement is before and before is not None:  # nobody answered with set_state: follow the edit
+            self._placement = after
+
+    def _refuse(self, key: str, why: str) -> None:
         self._updating = True
         try:
-            for key, s in self.spins.items():
-                s.setValue(getattr(placement, key))
-            self.micro.setValue(placement.microbatches or 0)
-            self.schedule.setCurrentText(placement.schedule)
-            self.dpmode.setCurrentText(placement.data_parallel)
-            self.world.setText(f"{placement.pp * placement.dp * placement.tp}  (pp {placement.pp} × dp {placement.dp} × tp {placement.tp})")
+            self._show_value(key, getattr(self._placement, key))
+        finally:
+            self._updating = False
+        self._say(why, key)
+
+    def _show_value(self, key: str, value) -> None:
+        if key in self.spins:
+            self.spins[key].setValue(value)
+        elif key == "microbatches":
+            self.micro.setValue(value or 0)
+        else:
+            self.editor(key).setCurrentText(value)
+
+    def _say(self, why: str, key: str | None = None) -> None:
+        """A refused edit: the reason under the mesh and in the box's tooltip; "": none."""
+        self.mesh_error.setText(why)
+        self.mesh_error.setVisible(bool(why))
+        for k, tip in self._tips.items():
+            self.editor(k).setToolTip(f"{tip}\n\nNot taken: {why}" if why and k == key else tip)
+
+    def set_state(self, placement, nodes: dict, selected: list[str], plan_lines: list[str] | None = None) -> None:
+        self._placement = placement
+        self._updating = True
+        try:
+            for key in (*self.spins, "microbatches", "schedule", "data_parallel"):
+                self._show_value(key, getattr(placement, key))
+            self.world.setText(f"{placement.world}  (pp {placement.pp} × dp {placement.dp} × tp {placement.tp})")
             cur = self.stage_combo.currentData()
             self.stage_combo.clear()
             self.stage_combo.addItem("auto", None)
