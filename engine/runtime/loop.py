@@ -96,6 +96,7 @@ def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: Progres
             state = "failed"
             raise folder.failed(exc, step, log)
         finally:
+            trainer.data.close()  # (the loader's workers)
             folder.close(state, step, log)
     return folder.status.to_json()
 
@@ -155,6 +156,10 @@ class MetricLogger:
                "peak_mem_mb": round(peak_mem_mb(tr.device), 1)}
         if n > 1:
             rec["steps"] = n  # the loss is the mean over this many steps, ending at `step`
+        if tr.data.source_kind:  # a data set read in place: corrupt samples it skipped so far
+            skipped = tr.skipped_samples()
+            if skipped:
+                rec["skipped_samples"] = skipped
         self.folder.write(rec)
         self.folder.write_rank(step, rec["time"], own_s, tr.local_batch, own / n if own is not None else None)
         self.next = next_log_step(step, self.start, self.fixed, step_s)

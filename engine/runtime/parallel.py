@@ -34,7 +34,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Replicate, Shard
 
 from . import dist_checkpoint
-from .data import eval_batches
+from .data import to_device
 from .folder import save_tensors, write_failure
 from .loop import fit
 from .plan import Layout, RunPlan, TPEntry
@@ -277,6 +277,9 @@ class ParallelTrainer(BaseTrainer):
             raise ValueError(f"training.batch_size {self.batch_size} is not divisible by dp={dims.dp} x "
                              f"microbatches={m}; change batch_size or placement.microbatches")
         self.local_batch = self.batch_size // dims.dp
+        # this replica's share of every global batch, all it reads (tp peers read the same)
+        lo = self.dp_rank * self.local_batch
+        self.open_data((lo, lo + self.local_batch), local_world=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
         self.stage_ids = local_stages(plan, self.pp_rank)
         self.parts = [parallelize(full, plan, self.mesh, device, i) for i in self.stage_ids]
         self.model = self.parts[0] if len(self.parts) == 1 else by_node_id(self.parts)
@@ -308,15 +311,13 @@ class ParallelTrainer(BaseTrainer):
                                           and not (dims.dp > 1 and plan.data_parallel == "fsdp"))
 
     # ---- one step ----
-    def _local(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """This replica's slice of the global batch (tp peers take the same one)."""
-        lo = self.dp_rank * self.local_batch
-        return x[lo:lo + self.local_batch].to(self.device), y[lo:lo + self.local_batch].to(self.device)
-
     def train_step(self, step: int) -> torch.Tensor:
         """One optimizer step; this replica's loss (0 off the last stage) stays on the device:
         log_sync reads it, with one collective, only at log steps."""
-        x, y = self._local(*self.batches.batch(step))
+        x = y = None
+        if self.schedule is None or self.is_first or self.is_last:  # a middle stage reads nothing
+            x, y = self.batches.batch(step)
+            x, y = to_device(x, self.device), to_device(y, self.device)
         self.opt.zero_grad(set_to_none=True)
         local = None
         if self.schedule is None:
@@ -356,6 +357,13 @@ class ParallelTrainer(BaseTrainer):
         total, stop_any, mean_s = t.tolist()
         return total / self.dims.dp, own, stop_any > 0, mean_s / dist.get_world_size()
 
+    def skipped_samples(self) -> int:
+        """Every replica's count, once (tp peers and a pipeline's two reading ends read the same samples)."""
+        mine = self.batches.skipped if self.tp_rank == 0 and (self.schedule is None or self.is_first) else 0
+        t = torch.tensor(float(mine), dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return int(t.item())
+
     @torch.no_grad()
     def _clip(self, max_norm: float) -> None:
         """Clip by the norm over the whole model, as the single-process loop does, with
@@ -391,7 +399,7 @@ class ParallelTrainer(BaseTrainer):
         total, n, correct = 0.0, 0, 0
         cls = self.loss_kind == "cross_entropy"
         bs = self.local_batch if self.schedule is not None else max(self.batch_size, 256)
-        for x, y in eval_batches(*self.val, batch_size=bs):
+        for x, y in self.data.val_batches(bs):
             k = len(x)
             if self.schedule is not None and k < bs:  # the pipeline was shaped for bs rows: pad, then drop
                 pad = bs - k

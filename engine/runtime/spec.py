@@ -156,14 +156,23 @@ class TrainingSpec:
         return _plain(self)
 
 
+TASKS = ("classification", "regression", "language_model", "multi_label")
+
+
 @dataclass(frozen=True)
 class DataRef:
-    """Where a run's samples are (relative to the run folder) and what they are."""
+    """Where a run's samples are and what they are: a data set read in place (`source`,
+    training.dataset's settings with its path made absolute on the machine that runs it,
+    and the `fingerprint` of its files when the run was made), or a small generated set
+    written into the run folder (`path`, relative to it)."""
     path: str = "data.npz"
-    task: str = "classification"  # or regression
-    n_classes: int | None = None
+    task: str = "classification"  # or regression, language_model, multi_label
+    n_classes: int | None = None  # classes, labels, or a language model's vocabulary
     n_train: int = 0
     n_val: int = 0
+    source: dict | None = None  # {"kind": "image_folder", "path": "/data/imagenet", ...} (runtime/datasets/)
+    fingerprint: dict | None = None  # runtime/datasets/fingerprint.py: files, bytes, digest
+    loader: dict = field(default_factory=dict)  # workers, prefetch, pin_memory, strict
 
     @classmethod
     def from_json(cls, d, where: str) -> DataRef:
@@ -171,10 +180,18 @@ class DataRef:
         _unknown(d, {f.name for f in fields(cls)}, where)
         path = _str(d, "path", where, "data.npz")
         if os.path.isabs(path) or ".." in Path(path).parts:
-            raise SpecError(f"{where}.path: {path!r} is not inside the run folder")
-        return cls(path, _str(d, "task", where, "classification", ("classification", "regression")),
+            raise SpecError(f"{_at(where, 'path')}: {path!r} is not inside the run folder")
+        source = d.get("source")
+        if source is not None:
+            source = _obj(source, _at(where, "source"))
+            _str(source, "kind", _at(where, "source"))
+            _str(source, "path", _at(where, "source"))
+        fp = d.get("fingerprint")
+        return cls(path, _str(d, "task", where, "classification", TASKS),
                    _int(d, "n_classes", where, None, 1, optional=True), _int(d, "n_train", where, 0, 0),
-                   _int(d, "n_val", where, 0, 0))
+                   _int(d, "n_val", where, 0, 0), source,
+                   _obj(fp, _at(where, "fingerprint")) if fp is not None else None,
+                   _obj(d.get("loader", {}), _at(where, "loader")))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .data import eval_batches
+from .data import to_device
 from .folder import RunBusy, RunLock, latest_checkpoint, save_tensors, write_failure  # noqa: F401  (importers')
 from .loop import ProgressFn, fit
 from .records import OK_STATES
@@ -36,6 +36,7 @@ class Trainer(BaseTrainer):
         super().__init__(run_dir, spec, device)
         self.model = self.state_model = self.build_model().to(device).train()
         self.init_optimizer()
+        self.open_data()
         self.accumulate = spec.training.grad_accumulation
         if self.batch_size % self.accumulate:
             raise ValueError(f"training.batch_size {self.batch_size} is not divisible by training.grad_accumulation "
@@ -47,7 +48,7 @@ class Trainer(BaseTrainer):
     def train_step(self, step: int) -> torch.Tensor:
         """One optimizer step; its loss stays on the device (reading it would wait for the step)."""
         x, y = self.batches.batch(step)
-        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        x, y = to_device(x, self.device), to_device(y, self.device)
         self.opt.zero_grad(set_to_none=True)
         # training.grad_accumulation equal micro-batches, one optimizer step: the gradient and the
         # loss are those of the mean of their mean losses (1: the whole batch at once)
@@ -77,8 +78,8 @@ class Trainer(BaseTrainer):
     def evaluate(self) -> dict:
         self.model.eval()
         total, n, correct = 0.0, 0, 0
-        for x, y in eval_batches(*self.val, batch_size=max(self.batch_size, 256)):
-            x, y = x.to(self.device), y.to(self.device)
+        for x, y in self.data.val_batches(max(self.batch_size, 256)):
+            x, y = to_device(x, self.device), to_device(y, self.device)
             out = self.model(x)
             total += compute_loss(self.loss_kind, out, y).item() * len(x)
             n += len(x)

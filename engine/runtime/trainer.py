@@ -2,14 +2,15 @@
 parallel.ParallelTrainer (one rank of several) are BaseTrainers.
 
     the run's settings    from the typed spec (spec.py RunSpec): steps, batch, loss, clipping
-    the data              Batches of (seed, step) and the validation arrays (data.py)
+    the data              data.py RunData: this rank's share of the batch of (seed, step),
+                          read in place (datasets/) or from the run folder's data.npz
     the model             the diagram's module with its seed's weights (model.py), then weights.pt
     optimizer, schedule   of the spec's OptimizerSpec and ScheduleSpec (steps.py)
     checkpoints           dist_checkpoint.py's one format, read by its one safe loader
 
 fit (loop.py) drives a trainer through these methods and attributes only:
 train_step, log_sync, evaluate, lr, save_checkpoint, load_checkpoint, save_final;
-total_steps, batch_size, local_batch, batches, device, spec, distributed, rank.
+total_steps, batch_size, local_batch, batches, device, spec, distributed, rank, data.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Callable
 import torch
 from torch import fx, nn
 
-from .data import Batches, load_npz
+from .data import RunData
 from .model import build_graph_module, load_weights
 from .spec import RunSpec
 from .steps import lr_lambda, make_optimizer, rng_state, set_rng_state
@@ -47,9 +48,13 @@ class BaseTrainer:
         self.loss_kind = spec.loss
         self.grad_clip = tr.grad_clip
         self.plan = spec.plan
-        arrays = load_npz(self.run_dir, spec.data.path)
-        self.batches = Batches(arrays["x_train"], arrays["y_train"], self.batch_size, tr.seed)
-        self.val = (arrays["x_val"], arrays["y_val"])
+
+    def open_data(self, share: tuple[int, int | None] = (0, None), local_world: int = 1) -> None:
+        """This rank's data: `share` [lo:hi] of each global batch (a subclass knows it once
+        its mesh is built); `batches.batch(step)` then reads only that."""
+        self.data = RunData(self.run_dir, self.spec.data, self.batch_size, self.spec.training.seed, share=share,
+                            end_step=self.total_steps, local_world=local_world, pin_memory=self.device.type == "cuda")
+        self.batches = self.data.train
 
     def build_model(self) -> fx.GraphModule:
         """The whole model on the CPU: initial weights a function of the seed alone, then
@@ -58,6 +63,10 @@ class BaseTrainer:
         if self.spec.weights:
             load_weights(gm, str(self.run_dir / self.spec.weights))
         return gm
+
+    def skipped_samples(self) -> int:
+        """Corrupt samples replaced so far (all ranks' when distributed: a collective)."""
+        return self.batches.skipped
 
     def init_optimizer(self) -> None:
         tr = self.spec.training
