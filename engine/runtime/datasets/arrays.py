@@ -38,7 +38,7 @@ class Rows:
     def read(self, i: int, fd: int) -> np.ndarray:
         if self.memory is not None:
             return np.array(self.memory[i])
-        raw = pread(fd, self.row_bytes, self.offset + i * self.row_bytes, f"{self.file} {self.name} row {i}")
+        raw = pread(fd, self.row_bytes, self.offset + i * self.row_bytes, lambda: f"{self.file} {self.name} row {i}")
         return np.frombuffer(raw, dtype=self.dtype).reshape(self.shape[1:]).copy()
 
 

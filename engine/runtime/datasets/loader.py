@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 
 from .base import CorruptSample, DataError, Source, sample_seed
 
@@ -28,12 +28,10 @@ MAX_SKIP_RUN = 64  # consecutive unreadable samples before giving up: the data i
 
 
 def collate(samples: list) -> tuple:
-    xs, ys = zip(*samples)
-    if isinstance(xs[0], dict):
-        x = {k: torch.stack([s[k] for s in xs]) for k in xs[0]}
-    else:
-        x = torch.stack(xs)
-    return x, torch.stack(ys)
+    """[(x, y)] -> (X, Y), x a tensor or a dict of them. torch's default_collate, which in a
+    worker stacks straight into shared memory (one copy fewer on the way to the trainer)."""
+    x, y = default_collate(samples)
+    return x, y
 
 
 def read_samples(source: Source, indices, seeds, strict: bool):

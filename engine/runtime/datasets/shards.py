@@ -166,7 +166,7 @@ class Shards(Source):
     def sample(self, i: int, seed: int | None):
         r = self.rows.row(i)
         shard, xo, xs, xe = (int(v) for v in self.index[r, :4])
-        data = pread(self._fd(shard), xs, xo, self.where(i))
+        data = pread(self._fd(shard), xs, xo, lambda: self.where(i))
         if X_EXTS[xe] == "npy":
             try:
                 a = np.load(io.BytesIO(data), allow_pickle=False)
@@ -174,5 +174,5 @@ class Shards(Source):
                 raise CorruptSample(f"{self.where(i)}: not a readable .npy ({e})") from None
             x = torch.from_numpy(a.astype(np.float32) if a.dtype.kind in "fb" else a.astype(np.int64))
         else:
-            x = self.transform(data, seed, self.where(i))
+            x = self.transform(data, seed, lambda: self.where(i))
         return x, torch.tensor(int(self.labels[r]))

@@ -125,7 +125,7 @@ class TokenFile(Source):
             raise IndexError(f"window {i} of {self.n}")
         T, item = self.seq_len, self.dtype.itemsize
         first = self.start + i * T
-        raw = pread(self._fd(), (T + 1) * item, self.offset + first * item, self.where(i))
+        raw = pread(self._fd(), (T + 1) * item, self.offset + first * item, lambda: self.where(i))
         w = np.frombuffer(raw, dtype=self.dtype.newbyteorder("<"))
         top = int(w.max())
         if top >= self.vocab_size:
