@@ -101,7 +101,7 @@ def cmd_place(args) -> int:
                            f"(0..{project.placement.pp - 1}); set placement.pp first")
         for n in ids:
             if g.nodes[n].stage != stage:
-                g.set_placement(n, stage=stage)
+                g.assign(n, stage=stage)
                 changed += 1
         print(f"stage {'auto' if stage is None else stage}: {len(ids)} node(s)")
     if args.tp is not None:
@@ -115,7 +115,7 @@ def cmd_place(args) -> int:
         try:
             for n, v in styles.items():
                 if g.nodes[n].tp != v:
-                    g.set_placement(n, tp=v)
+                    g.assign(n, tp=v)
                     changed += 1
         except GraphError as exc:
             raise CliError(str(exc)) from None

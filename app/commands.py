@@ -151,7 +151,9 @@ class MoveNodes(QUndoCommand):
             self.graph.move(nid, old)
 
 
-class SetPlacement(QUndoCommand):
+class SetAssignment(QUndoCommand):
+    """One field of some nodes' assignment (stage, tp or checkpoint: engine.graph.NodeAssignment)."""
+
     def __init__(self, graph: Graph, node_ids: list[str], key: str, value: Any):
         self.graph, self.key, self.value = graph, key, value
         self.old = {n: getattr(graph.nodes[n], key) for n in node_ids}
@@ -159,11 +161,14 @@ class SetPlacement(QUndoCommand):
 
     def redo(self) -> None:
         for n in self.old:
-            self.graph.set_placement(n, **{self.key: self.value})
+            self.graph.assign(n, **{self.key: self.value})
 
     def undo(self) -> None:
         for n, v in self.old.items():
-            self.graph.set_placement(n, **{self.key: v})
+            self.graph.assign(n, **{self.key: v})
+
+
+SetPlacement = SetAssignment  # the older name (app/controller.py)
 
 
 class SetGroup(QUndoCommand):

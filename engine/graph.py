@@ -39,6 +39,25 @@ class GraphError(LayerflowError, ValueError):
     """A refused edit: the message says which node/port and why."""
 
 
+ASSIGNMENT_FIELDS = ("stage", "tp", "checkpoint")
+# The kind of event an assignment edit emits. It keeps its older name: the editor's views
+# (widgets/node_scene, app/main_window.py) dispatch on it.
+ASSIGNMENT_CHANGED = "placement_changed"
+
+
+@dataclass(frozen=True)
+class NodeAssignment:
+    """Where one node runs, as the user set it: its pipeline stage, its tensor-parallel
+    style, whether its activations are recomputed in backward; None: the planner decides
+    (engine/partition.py, engine/tp_layout.py). Not to be confused with the project's
+    Placement (engine/project.py: pp x dp x tp and how that mesh runs). In a project file
+    these stay the node's own keys, "stage", "tp" and "checkpoint", as they always were."""
+
+    stage: int | None = None
+    tp: str | None = None
+    checkpoint: bool = False
+
+
 class CycleError(GraphError):
     def __init__(self, cycle: list[str]):
         self.cycle = cycle
@@ -51,8 +70,8 @@ class Node:
     type: str
     params: dict[str, Any] = field(default_factory=dict)
     pos: tuple[float, float] = (0.0, 0.0)
-    # Placement (engine/planner.py): pipeline stage, tensor-parallel style,
-    # activation checkpointing. None means "let the planner decide".
+    # The node's assignment (NodeAssignment; engine/planner.py reads it): pipeline stage,
+    # tensor-parallel style, activation checkpointing. None means "let the planner decide".
     stage: int | None = None
     tp: str | None = None
     checkpoint: bool = False
@@ -62,6 +81,11 @@ class Node:
     # Where an imported node came from: the module tree from the outside in, as
     # [path, type] pairs, e.g. [["layer1", "Sequential"], ["layer1.0", "Bottleneck"]].
     scope: list[list[str]] | None = None
+
+    @property
+    def assignment(self) -> NodeAssignment:
+        """Its stage, TP style and checkpointing, as one value (Graph.assign changes them)."""
+        return NodeAssignment(self.stage, self.tp, self.checkpoint)
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {
@@ -115,8 +139,9 @@ class Edge:
 @dataclass(frozen=True)
 class GraphEvent:
     """kind is one of: node_added, node_removed, node_renamed, edge_added,
-    edge_removed, param_changed, moved, placement_changed, group_changed,
-    collapsed_changed (old/new: the collapsed blocks before and after), reset."""
+    edge_removed, param_changed, moved, placement_changed (ASSIGNMENT_CHANGED: a node's
+    stage, tp or checkpoint; key/old/new), group_changed, collapsed_changed (old/new: the
+    collapsed blocks before and after), reset."""
 
     kind: str
     node: str | None = None
@@ -330,11 +355,12 @@ class Graph:
         params: dict | None = None,
         pos: tuple[float, float] = (0.0, 0.0),
         id: str | None = None,
-        **placement: Any,
+        **assignment: Any,
     ) -> Node:
+        """A new node; `assignment`: its stage=, tp=, checkpoint= (NodeAssignment's fields)."""
         node_id = id or self.unique_id(type)
         self._check_id(node_id)
-        node = Node(id=node_id, type=type, params=dict(params or {}), pos=(float(pos[0]), float(pos[1])), **placement)
+        node = Node(id=node_id, type=type, params=dict(params or {}), pos=(float(pos[0]), float(pos[1])), **assignment)
         self.nodes[node_id] = node
         self._emit(GraphEvent("node_added", node=node_id))
         return node
@@ -438,17 +464,20 @@ class Graph:
         node.pos = (float(pos[0]), float(pos[1]))
         self._emit(GraphEvent("moved", node=node_id, old=old, new=node.pos))
 
-    def set_placement(self, node_id: str, **kw: Any) -> None:
-        """stage=int|None, tp=str|None, checkpoint=bool"""
+    def assign(self, node_id: str, **kw: Any) -> None:
+        """Change a node's assignment: stage=int|None, tp=str|None, checkpoint=bool; one
+        ASSIGNMENT_CHANGED event per field."""
         node = self.node(node_id)
         for key, value in kw.items():
-            if key not in ("stage", "tp", "checkpoint"):
-                raise GraphError(f"unknown placement field '{key}'")
+            if key not in ASSIGNMENT_FIELDS:
+                raise GraphError(f"unknown node assignment field '{key}' (one of {', '.join(ASSIGNMENT_FIELDS)})")
             if key == "tp" and value is not None and value not in TP_STYLES:
                 raise GraphError(f"node '{node_id}': tp must be one of {', '.join(TP_STYLES)}, not '{value}'")
             old = getattr(node, key)
             setattr(node, key, value)
-            self._emit(GraphEvent("placement_changed", node=node_id, key=key, old=old, new=value))
+            self._emit(GraphEvent(ASSIGNMENT_CHANGED, node=node_id, key=key, old=old, new=value))
+
+    set_placement = assign  # the older name (app/controller.py, older scripts and tests call it)
 
     def set_group(self, node_id: str, group: str | None) -> None:
         """Put a node into a named block (editor grouping; no effect on the model)."""

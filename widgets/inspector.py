@@ -72,7 +72,7 @@ def parse(spec: ParamSpec, text: str) -> Any:
 
 class Inspector(QWidget):
     param_edited = Signal(str, str, object)  # node, key, value (None: back to default/auto)
-    placement_edited = Signal(str, str, object)  # node, stage|tp|checkpoint, value
+    assignment_edited = Signal(str, str, object)  # node, stage|tp|checkpoint (its NodeAssignment), value
     rename_requested = Signal(str, str)  # old, new
 
     def __init__(self, parent=None):
@@ -130,11 +130,13 @@ class Inspector(QWidget):
         name.setObjectName("name")
         name.editingFinished.connect(lambda: self._rename(name))
         self.editors["__name__"] = name
-        self._row(form, "name", name, "the node's name: a Python identifier, used in error messages and placement")
+        self._row(form, "name", name, "the node's name: a Python identifier, used in error messages and plans")
         for ps in (spec.params if spec else ()):
             self._row(form, ps.name, self._editor(ps, node.params.get(ps.name, ps.default)), ps.doc)
-        # placement
-        sep = QLabel("<b>Placement</b>")
+        # the node's assignment (engine.graph.NodeAssignment); the project's placement is the Devices panel's
+        sep = QLabel("<b>Assignment</b>")
+        sep.setToolTip("where this node runs: its pipeline stage and tensor-parallel style\n"
+                       "(the mesh itself, pp × dp × tp, is set in the Devices panel)")
         lay.addWidget(sep)
         pform = QFormLayout()
         lay.addLayout(pform)
@@ -142,7 +144,7 @@ class Inspector(QWidget):
         stage.setRange(-1, 63)
         stage.setSpecialValueText(AUTO)
         stage.setValue(-1 if node.stage is None else node.stage)
-        stage.valueChanged.connect(lambda v: self._emit_placement("stage", None if v < 0 else v))
+        stage.valueChanged.connect(lambda v: self._emit_assignment("stage", None if v < 0 else v))
         self.editors["__stage__"] = stage
         self._row(pform, "stage", stage, "pipeline stage (auto: the planner decides)")
         tp = QComboBox()
@@ -153,12 +155,12 @@ class Inspector(QWidget):
                 tp.addItem(s, s)
         tp.setCurrentIndex(max(0, tp.findData(node.tp)))
         tp.setEnabled(bool(styles))
-        tp.currentIndexChanged.connect(lambda i: self._emit_placement("tp", tp.itemData(i)))
+        tp.currentIndexChanged.connect(lambda i: self._emit_assignment("tp", tp.itemData(i)))
         self.editors["__tp__"] = tp
         self._row(pform, "tensor parallel", tp, "how this layer is split across the tp devices")
         ck = QCheckBox("recompute in backward")
         ck.setChecked(node.checkpoint)
-        ck.toggled.connect(lambda v: self._emit_placement("checkpoint", bool(v)))
+        ck.toggled.connect(lambda v: self._emit_assignment("checkpoint", bool(v)))
         self.editors["__checkpoint__"] = ck
         self._row(pform, "checkpoint", ck, "activation checkpointing: less memory, more compute")
         lay.addStretch(1)
@@ -222,9 +224,14 @@ class Inspector(QWidget):
         if not self._updating and self.node_id:
             self.param_edited.emit(self.node_id, key, value)
 
-    def _emit_placement(self, key: str, value: Any) -> None:
+    def _emit_assignment(self, key: str, value: Any) -> None:
         if not self._updating and self.node_id:
-            self.placement_edited.emit(self.node_id, key, value)
+            self.assignment_edited.emit(self.node_id, key, value)
+
+    @property
+    def placement_edited(self):
+        """assignment_edited under its older name (app/main_window.py connects it)."""
+        return self.assignment_edited
 
     def _text_edited(self, ps: ParamSpec, w: QLineEdit) -> None:
         if self._updating or not self.node_id:
