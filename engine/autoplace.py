@@ -17,13 +17,13 @@ from engine.partition import (  # noqa: F401  (PAIRS, block_tp, megatron_pairs, 
     replica_bytes, sequence_norms,
 )
 from engine.planner import Plan, make_plan
-from engine.project import Project
+from engine.project import MAX_PROCESSES, Placement, PlacementError, Project
 from engine.units import gib
 
 
 @dataclass
 class AutoPlacement:
-    placement: dict  # pp, dp, tp, data_parallel, microbatches, schedule
+    placement: dict  # the fields chosen: pp, dp, tp, data_parallel, microbatches, schedule, reshard_after_forward
     stages: list[list[str]]
     styles: dict[str, str]
     plan: Plan
@@ -44,6 +44,9 @@ def auto_place(project: Project, nproc: int, device: DeviceSpec | None = None,
     compiled = compiled or compile_graph(project.graph)
     if not compiled.ok:
         raise ValueError("the diagram has errors: " + "; ".join(map(str, compiled.errors)))
+    if nproc > MAX_PROCESSES:
+        raise PlacementError(f"{nproc:,} devices: a placement takes at most {MAX_PROCESSES:,} processes "
+                             f"(pp x dp x tp); lower --nproc")
     device = device or local_cpu(nproc)
     B = project.training.batch_size
     opt = project.training.optimizer
@@ -70,12 +73,13 @@ def auto_place(project: Project, nproc: int, device: DeviceSpec | None = None,
                 continue
             # FSDP2 when a replica would fill half the device, and always beside TP (DDP cannot hold DTensors)
             kind = "fsdp" if tp > 1 or replica_bytes(compiled, slots, tp) > device.memory_bytes // 2 else "ddp"
-            pl = {"pp": pp, "dp": dp, "tp": tp, "microbatches": m, "schedule": "1f1b", "data_parallel": kind,
-                  "reshard_after_forward": pp == 1}
+            fields = {"pp": pp, "dp": dp, "tp": tp, "microbatches": m, "schedule": "1f1b", "data_parallel": kind,
+                      "reshard_after_forward": pp == 1}
             try:
+                pl = project.placement.derive(**fields)  # the rest (precision, sync_batchnorm) as the project has it
                 stages = balanced_stages(compiled, pp, device, dp=dp, tp=tp, microbatches=m, batch_size=B,
                                          optimizer_slots=slots)[0] if pp > 1 else None
-            except ValueError as exc:
+            except ValueError as exc:  # PlacementError too
                 cands.append({**c, "feasible": False, "why": str(exc)})
                 continue
             plan, chosen = None, styles
@@ -96,42 +100,49 @@ def auto_place(project: Project, nproc: int, device: DeviceSpec | None = None,
             # simpler layouts win ties: fewer stages, then less tensor parallelism
             key = (c["step_s"] * 1.02 ** (pp - 1 + tp - 1),)
             if plan.ok and (best is None or key < best[0]):
-                best = (key, pl, plan.run.stages, chosen, plan, c)
+                best = (key, fields, pl, plan.run.stages, chosen, plan, c)
     if best is None:
         raise ValueError(f"no layout of {nproc} devices fits: " + "; ".join(c.get("why", "") for c in cands if not c["feasible"]))
-    _, pl, stages, styles, plan, c = best
-    reasons = [f"chose pp={pl['pp']} x dp={pl['dp']} x tp={pl['tp']} ({pl['data_parallel']}, {pl['microbatches']} "
+    _, fields, pl, stages, styles, plan, c = best
+    return AutoPlacement(fields, stages, styles, plan, _reasons(compiled, pl, styles, plan, c, cands, device, slots), cands)
+
+
+def _reasons(compiled: CompileResult, pl: Placement, styles: dict[str, str], plan: Plan, c: dict, cands: list[dict],
+             device: DeviceSpec, slots: int) -> list[str]:
+    """Why this layout: its predicted step and memory, its bubble, what was ruled out."""
+    B = plan.batch.global_
+    reasons = [f"chose pp={pl.pp} x dp={pl.dp} x tp={pl.tp} ({pl.data_parallel}, {pl.microbatches} "
                f"micro-batches): predicted {c['step_s'] * 1e3:.2f} ms/step, at most "
                f"{gib(c['peak_bytes'])} of {gib(device.memory_bytes)} per device"]
-    if pl["pp"] == 1:
+    if pl.pp == 1:
         reasons.append("no pipeline: each rank holds its whole replica within memory, and a pipeline would idle "
                        "(p-1)/(m+p-1) of every step in its bubble")
     else:
-        reasons.append(f"pipeline bubble {plan.bubble_fraction:.1%} with {pl['microbatches']} micro-batches")
+        reasons.append(f"pipeline bubble {plan.bubble_fraction:.1%} with {pl.microbatches} micro-batches")
     seq = sorted(n for n, st in styles.items() if st == "sequence")
     if seq:
-        reasons.append(f"sequence parallelism on {', '.join(seq)}: each rank keeps 1/{pl['tp']} of their tokens' "
+        reasons.append(f"sequence parallelism on {', '.join(seq)}: each rank keeps 1/{pl.tp} of their tokens' "
                        f"activations; a reduce-scatter and an all-gather replace each all-reduce")
-    if pl["data_parallel"] == "fsdp":
+    if pl.data_parallel == "fsdp":
         reasons.append("FSDP2: a full replica's parameters, gradients and optimizer state take more than half the device")
     for other in sorted((x for x in cands if x is not c), key=lambda x: (not x["feasible"], x.get("step_s") or 0))[:5]:
         if other["feasible"]:
             reasons.append(f"pp={other['pp']} x dp={other['dp']} x tp={other['tp']}: {other['step_s'] * 1e3:.2f} ms/step")
         else:
             reasons.append(f"ruled out: {other.get('why')}")
-    if pl["pp"] > 1:
-        reasons += balanced_stages(compiled, pl["pp"], device, dp=pl["dp"], tp=pl["tp"],
-                                   microbatches=pl["microbatches"], batch_size=B, optimizer_slots=slots)[1]
-    return AutoPlacement(pl, stages, styles, plan, reasons, cands)
+    if pl.pp > 1:
+        reasons += balanced_stages(compiled, pl.pp, device, dp=pl.dp, tp=pl.tp,
+                                   microbatches=pl.microbatches, batch_size=B, optimizer_slots=slots)[1]
+    return reasons
 
 
 def apply_to_project(project: Project, auto: AutoPlacement) -> None:
-    """Accept a placement into the diagram (each node's stage and tp style) and the
-    project's placement; the user edits from there."""
+    """Accept a layout into the diagram (each node's assignment: stage and tp style) and
+    the project's placement; the user edits from there."""
     g = project.graph
     for s, ids in enumerate(auto.stages):
         for n in ids:
-            g.set_placement(n, stage=s if auto.placement["pp"] > 1 else None, tp=auto.styles.get(n))
+            g.assign(n, stage=s if auto.placement["pp"] > 1 else None, tp=auto.styles.get(n))
     project.placement = project.placement.derive(**auto.placement)
 
 

@@ -12,6 +12,7 @@ from functools import lru_cache
 
 from engine.compile import CompileResult
 from engine.cost import FLOAT_BYTES, DeviceSpec
+from engine.project import Placement
 
 
 ELEMENTWISE = {"ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Dropout", "Identity"}  # run on any shard as they are
@@ -180,32 +181,32 @@ class Cut:
     notes: list[str] = field(default_factory=list)  # what the planner chose where the placement left it open
 
 
-def microbatches_for(placement: dict, batch_size: int) -> int:
+def microbatches_for(placement: Placement, batch_size: int) -> int:
     """The placement's micro-batch count, or when it is not set one per stage at least
     (1F1B's need; two per rank under interleaved 1F1B), dividing each replica's batch."""
-    pp, dp = int(placement["pp"]), int(placement["dp"])
+    pp, dp = placement.pp, placement.dp
     if pp == 1:
         return 1
-    if placement.get("microbatches"):
-        return int(placement["microbatches"])
-    return auto_microbatches(batch_size, dp, pp, 2 * pp if placement["schedule"] == "interleaved1f1b" else pp)
+    if placement.microbatches:
+        return placement.microbatches
+    return auto_microbatches(batch_size, dp, pp, 2 * pp if placement.schedule == "interleaved1f1b" else pp)
 
 
-def cut_stages(compiled: CompileResult, placement: dict, microbatches: int, batch_size: int, device: DeviceSpec,
+def cut_stages(compiled: CompileResult, placement: Placement, microbatches: int, batch_size: int, device: DeviceSpec,
                slots: int, stages: list[list[str]] | None = None) -> Cut:
     """The stages: given (auto-placement's candidate), numbered on the nodes (a node
     without a stage follows the one before it), or, when no node has one, a balanced cut
     (balanced_stages). Then checked: the data flows forward, no stage is empty, tied
     weights share a stage. Interleaved 1F1B runs several stages per rank."""
     graph = compiled.graph
-    pp, dp, tp = int(placement["pp"]), int(placement["dp"]), int(placement["tp"])
+    pp, dp, tp = placement.pp, placement.dp, placement.tp
     m = microbatches
     errors: list[str] = []
     notes: list[str] = []
     compute = [n for n in compiled.order if graph.nodes[n].type not in ("Input", "Output")]
     given = {n: graph.nodes[n].stage for n in compute if graph.nodes[n].stage is not None}
     n_stages = pp
-    if pp > 1 and placement["schedule"] == "interleaved1f1b":
+    if pp > 1 and placement.schedule == "interleaved1f1b":
         n_stages = len(stages) if stages is not None else (max(given.values()) + 1 if given else 2 * pp)
         if n_stages % pp or n_stages < 2 * pp:
             errors.append(f"placement.schedule interleaved1f1b runs several stages per rank: the number of stages "

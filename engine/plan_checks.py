@@ -10,21 +10,22 @@ from __future__ import annotations
 from engine.compile import CompileResult
 from engine.cost import DeviceSpec, RankLoad
 from engine.layers import get_layer
+from engine.project import Placement
 from engine.units import gib
 
 
-def check_placement(placement: dict, *, microbatches: int, batch_size: int, nproc: int) -> list[str]:
+def check_placement(placement: Placement, *, microbatches: int, batch_size: int, nproc: int) -> list[str]:
     """pp*dp*tp against the processes, the schedule's micro-batches, DDP beside TP, the batch's split."""
-    pp, dp, tp = int(placement["pp"]), int(placement["dp"]), int(placement["tp"])
-    world, m, B = pp * dp * tp, microbatches, batch_size
+    pp, dp, tp = placement.pp, placement.dp, placement.tp
+    world, m, B = placement.world, microbatches, batch_size
     errors = []
     if world != nproc:
         errors.append(f"placement pp={pp} x dp={dp} x tp={tp} = {world} processes, but {nproc} are available; "
                       f"set placement pp/dp/tp so that pp*dp*tp = {nproc}, or run with --nproc {world}")
-    if pp > 1 and placement["schedule"] == "1f1b" and m < pp:
+    if pp > 1 and placement.schedule == "1f1b" and m < pp:
         errors.append(f"placement.schedule 1f1b needs placement.microbatches >= stages, but microbatches is {m} and "
                       f"pp is {pp}; raise placement.microbatches to {pp} (or leave it unset: the planner picks it), or choose gpipe")
-    if dp > 1 and tp > 1 and placement["data_parallel"] == "ddp":
+    if dp > 1 and tp > 1 and placement.data_parallel == "ddp":
         errors.append(f"data_parallel ddp with tp={tp}: torch's DDP swaps tensor-parallel DTensor parameters for "
                       f"local ones, which breaks optimizer state and distributed checkpoints; set "
                       f"placement.data_parallel to fsdp (FSDP2 shards on the dp axis over TP's DTensors)")
@@ -35,11 +36,10 @@ def check_placement(placement: dict, *, microbatches: int, batch_size: int, npro
     return errors
 
 
-def check_accumulation(placement: dict, grad_accumulation: int) -> list[str]:
-    world = int(placement["pp"]) * int(placement["dp"]) * int(placement["tp"])
-    if grad_accumulation > 1 and world > 1:
+def check_accumulation(placement: Placement, grad_accumulation: int) -> list[str]:
+    if grad_accumulation > 1 and placement.world > 1:
         return [f"training.grad_accumulation {grad_accumulation} runs in one process only, but the plan uses "
-                f"{world} processes; set it to 1 (a pipeline cuts the batch into placement.microbatches itself)"]
+                f"{placement.world} processes; set it to 1 (a pipeline cuts the batch into placement.microbatches itself)"]
     return []
 
 
@@ -53,11 +53,11 @@ def generic_op_warnings(compiled: CompileResult, tp: int) -> list[str]:
     return []
 
 
-def batch_warnings(compiled: CompileResult, placement: dict, *, microbatches: int, batch_size: int) -> list[str]:
+def batch_warnings(compiled: CompileResult, placement: Placement, *, microbatches: int, batch_size: int) -> list[str]:
     """Layers whose result depends on the batch they see (BatchNorm's statistics,
     Dropout's masks): under dp, tp or micro-batches their losses are not one process's."""
     graph = compiled.graph
-    dp, tp, m, B = int(placement["dp"]), int(placement["tp"]), microbatches, batch_size
+    dp, tp, m, B = placement.dp, placement.tp, microbatches, batch_size
     local_b, mb = B // max(1, dp), B // max(1, dp * m)
     warnings = []
     for n in compiled.order:
@@ -66,7 +66,7 @@ def batch_warnings(compiled: CompileResult, placement: dict, *, microbatches: in
         if ntype in ("Input", "Output") or not (spec and spec.batch_dependent):
             continue
         if ntype.startswith("BatchNorm"):
-            if dp > 1 and not placement.get("sync_batchnorm"):
+            if dp > 1 and not placement.sync_batchnorm:
                 warnings.append(f"node '{n}' ({ntype}): statistics come from each replica's {local_b} samples, not "
                                 f"the global batch of {B}, under dp={dp}, so losses differ from one process; fix: set "
                                 f"placement.sync_batchnorm (statistics over the data axis: torch's SyncBatchNorm "
@@ -94,9 +94,9 @@ def check_memory(loads: list[RankLoad], device: DeviceSpec) -> list[str]:
     return []
 
 
-def schedule_warnings(placement: dict, microbatches: int) -> list[str]:
-    pp, dp = int(placement["pp"]), int(placement["dp"])
-    if pp > 1 and dp > 1 and placement["data_parallel"] == "fsdp" and placement["reshard_after_forward"]:
+def schedule_warnings(placement: Placement, microbatches: int) -> list[str]:
+    pp, dp = placement.pp, placement.dp
+    if pp > 1 and dp > 1 and placement.data_parallel == "fsdp" and placement.reshard_after_forward:
         return [f"FSDP with reshard_after_forward under pp={pp}: parameters are gathered again for every one "
                 f"of the {microbatches} micro-batches; set placement.reshard_after_forward to false to gather once "
                 f"per step"]

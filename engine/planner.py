@@ -37,7 +37,7 @@ from engine.cost import (DeviceSpec, Prediction, RankLoad, chunk_len, comm_time,
 from engine.partition import cut_stages, mesh_ranks, microbatches_for
 from engine.plan_checks import (batch_warnings, check_accumulation, check_memory, check_placement, generic_op_warnings,
                                 schedule_warnings)
-from engine.project import Project
+from engine.project import Placement, Project
 from engine.runtime.plan import PLAN_VERSION, Layout, RunPlan
 from engine.tp_layout import lay_out_tp, tp_layouts  # noqa: F401  (tp_layouts: this module's API too)
 from engine.units import gib as _gib
@@ -135,17 +135,20 @@ class Plan:
 
 # ----- the planner ---------------------------------------------------------------
 def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | None = None,
-              compiled: CompileResult | None = None, placement: dict | None = None,
+              compiled: CompileResult | None = None, placement: Placement | dict | None = None,
               stages: list[list[str]] | None = None, styles: dict[str, str] | None = None) -> Plan:
-    """The plan for running `project` on nproc processes (default: dp*tp*pp).
-    placement/stages/styles override the project's (auto-placement tries candidates).
+    """The plan for running `project` on nproc processes (default: the placement's world,
+    pp*dp*tp). placement (default: the project's), stages and styles override the
+    project's (auto-placement tries candidates). A dict of placement fields over the
+    project's is still taken, deprecated (older tests and bench/dist_overhead.py pass one):
+    pass a Placement, `project.placement.derive(...)`.
     Each step is its concern's module: check the placement (plan_checks), cut the stages
     (partition), lay out tensor parallelism (tp_layout), price memory and time (cost),
     list the communication (comms)."""
     compiled = compiled or compile_graph(project.graph)
-    pl = {**project.placement.model_dump(), **(placement or {})}
-    pp, dp, tp = int(pl["pp"]), int(pl["dp"]), int(pl["tp"])
-    nproc = nproc or pp * dp * tp
+    pl = _placement(project, placement)
+    pp, dp, tp = pl.pp, pl.dp, pl.tp
+    nproc = nproc or pl.world
     device = device or local_cpu(nproc)
     if not compiled.ok:
         return Plan(None, ["the diagram has errors: " + "; ".join(map(str, compiled.errors))])
@@ -161,18 +164,17 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
     compute = [n for n in compiled.order if graph.nodes[n].type not in ("Input", "Output")]
     ckpt = [n for n in compute if graph.nodes[n].checkpoint]
     loads = rank_loads(compiled, cut.stages, tpl.styles, tpl.layout, pp=pp, dp=dp, tp=tp, microbatches=m,
-                       batch_size=B, schedule=pl["schedule"], fsdp=pl["data_parallel"] == "fsdp" and dp > 1,
+                       batch_size=B, schedule=pl.schedule, fsdp=pl.data_parallel == "fsdp" and dp > 1,
                        optimizer=opt.name, momentum=opt.momentum, checkpointed=set(ckpt))
     errors += check_memory(loads, device)
     comms = communication(compiled, cut.stages, cut.stage_of, tpl.plan, loads, pp=pp, dp=dp, tp=tp, microbatches=m,
-                          batch_size=B, data_parallel=pl["data_parallel"],
-                          reshard_after_forward=bool(pl["reshard_after_forward"]))
+                          batch_size=B, data_parallel=pl.data_parallel, reshard_after_forward=pl.reshard_after_forward)
     comm_s = sum(comm_time(c.op, c.bytes_per_step, c.group_size, device, c.messages) for c in comms) / max(1, pp)
     warnings += schedule_warnings(pl, m)
-    run = RunPlan(pp=pp, dp=dp, tp=tp, data_parallel=pl["data_parallel"] if dp > 1 else "none",
-                  reshard_after_forward=bool(pl["reshard_after_forward"]),
-                  schedule=pl["schedule"] if pp > 1 else "none", microbatches=m,
-                  mixed_precision=pl["mixed_precision"], sync_batchnorm=bool(pl.get("sync_batchnorm")),
+    run = RunPlan(pp=pp, dp=dp, tp=tp, data_parallel=pl.data_parallel if dp > 1 else "none",
+                  reshard_after_forward=pl.reshard_after_forward,
+                  schedule=pl.schedule if pp > 1 else "none", microbatches=m,
+                  mixed_precision=pl.mixed_precision, sync_batchnorm=pl.sync_batchnorm,
                   stages=cut.stages, tp_plan=tpl.plan, checkpoint=ckpt,
                   mesh={"dims": ["pp", "dp", "tp"], "shape": [pp, dp, tp], **{k: v for k, v in mesh_ranks(pp, dp, tp).items()
                                                                              if k != "coords"}})
@@ -181,6 +183,16 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
                 tp_auto=tpl.auto, notes=cut.notes, layouts=edge_layouts(compiled, cut.stage_of, tpl.layout, dp, tp),
                 communication=comms, devices=loads, bubble_fraction=bubble_fraction(pp, m, cut.per_rank),
                 device=device, predicted=predict(loads, comm_s, m, device, pp, cut.per_rank))
+
+
+def _placement(project: Project, placement: Placement | dict | None) -> Placement:
+    """The placement to plan: the project's, the one given, or (deprecated) the project's
+    with a dict's fields changed, validated as derive does (PlacementError names the field)."""
+    if placement is None:
+        return project.placement
+    if isinstance(placement, Placement):
+        return placement
+    return project.placement.derive(**placement)
 
 
 _NODE_RE = re.compile(r"\bnode '([^']+)'")

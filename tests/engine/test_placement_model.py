@@ -59,3 +59,20 @@ def test_bounds_and_choices_come_from_the_fields():
     assert Placement.bounds("pp") == (1, MAX_PROCESSES) and Placement.bounds("microbatches") == (1, MAX_PROCESSES)
     assert Placement.choices("schedule") == ("gpipe", "1f1b", "interleaved1f1b")
     assert Placement.choices("data_parallel") == ("ddp", "fsdp")
+
+
+def test_the_planner_takes_the_typed_placement():
+    from pathlib import Path
+
+    from engine.planner import make_plan
+    from engine.project import load_project
+
+    p = load_project(Path(__file__).resolve().parents[2] / "resources" / "examples" / "mlp_digits.lflow")
+    typed = make_plan(p, 2, placement=p.placement.derive(pp=2, microbatches=2))
+    assert typed.ok and (typed.run.pp, typed.run.microbatches, typed.world) == (2, 2, 2)
+    assert typed.doc == make_plan(p, 2, placement={"pp": 2, "microbatches": 2}).doc  # the older dict form: the same
+    assert p.placement.pp == 1  # the project's own is left alone
+    p.placement = p.placement.derive(dp=2)
+    assert make_plan(p).nproc == 2  # default: the project's placement, on its world
+    with pytest.raises(PlacementError, match=r"^placement\.schedule: "):
+        make_plan(p, 2, placement={"schedule": "nonsense"})  # a dict is validated as derive does
