@@ -154,8 +154,8 @@ def compare(name: str, plain: Dataset, settings: dict, batch: int, workers: int,
 READER = r"""
 import sys, time, psutil, numpy as np
 sys.path.insert(0, {root!r})
-t0 = time.perf_counter()
 from engine.runtime.datasets import StepLoader, open_source
+t0 = time.perf_counter()  # after importing torch: what the data costs
 src = open_source({{"kind": "token_file", "path": {path!r}, "seq_len": 1024, "vocab_size": 50257}}, "train", None)
 loader = StepLoader(src, 16, 0, workers=0)
 loader.batch(0)
@@ -168,7 +168,7 @@ print(first, psutil.Process().memory_info().rss)
 
 def memory(sizes_gb: list[float], steps: int) -> None:
     root = str(Path(__file__).resolve().parents[1])
-    print("\n| token file | RSS after reading | first batch (s) |\n|---|---|---|")
+    print("\n| token file | RSS after reading | open + first batch (s) |\n|---|---|---|")
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
         rss = {}
         for gb in sizes_gb:
@@ -195,7 +195,7 @@ def main() -> None:
     args = ap.parse_args()
     q = args.quick
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs\n")
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start\n")
     print("| data                       | workers | Layerflow /s | DataLoader/s | ratio |")
     print("|----------------------------|---------|--------------|--------------|-------|")
     with tempfile.TemporaryDirectory() as tmp:

@@ -196,6 +196,19 @@ def test_parquet_columns_groups_and_split(tmp_path):
     assert b[0]["input_ids"].shape == (4, 4) and b[1].shape == (4,)
 
 
+def test_parquet_through_workers_after_the_parent_read(tmp_path):
+    make_parquet(tmp_path / "t.parquet")
+    src = open_source({"kind": "parquet", "path": "t.parquet", "inputs": ["input_ids", "attention_mask"],
+                       "target": "label", "seq_len": 6}, "train", tmp_path)
+    src.sample(0, None)  # the parent has the file open and a group cached when the workers fork
+    plain = StepLoader(src, 8, 2)
+    want = [plain.batch(s) for s in range(12)]  # past one epoch (11 steps)
+    with StepLoader(src, 8, 2, workers=2) as par:
+        got = [par.batch(s) for s in range(12)]
+    assert all(same(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(want, got))
+    assert got[0][0]["input_ids"].shape == (8, 6)
+
+
 def test_arrow_files_as_datasets_writes_them(tmp_path):
     pa = pytest.importorskip("pyarrow")
     for split, n in (("train", 40), ("validation", 12)):

@@ -7,15 +7,19 @@ split is the same on every node). Classes are the sorted names of the training f
 Decoding and the transforms are also used by the tar shards (shards.py): validation
 resizes the shorter side then crops the centre; training takes a random resized crop
 (area scale range, aspect ratio 3/4 to 4/3, as torchvision's RandomResizedCrop) and a
-horizontal flip, drawn from a numpy Generator seeded by the sample's seed, so a sample's
-augmentation depends on (run seed, epoch, index) only. Output: float32 (C, S, S),
-normalised by mean and std. Pillow is imported inside functions: see base.need.
+horizontal flip, drawn from a generator seeded by the sample's seed, so a sample's
+augmentation depends on (run seed, epoch, index) only. The generator is Python's
+random.Random (its random() sequence for an integer seed is guaranteed across Python
+versions): a numpy Generator costs 30-50 us to create in a decoding loop, a tenth of a
+small JPEG's whole budget. Output: float32 (C, S, S), normalised by mean and std.
+Pillow is imported inside functions: see base.need.
 """
 from __future__ import annotations
 
 import io
 import math
 import os
+import random
 from pathlib import Path
 
 import numpy as np
@@ -68,11 +72,11 @@ class ImageTransform:
             k = self.resize / min(W, H)
             cw, ch = min(W, S / k), min(H, S / k)
             box = ((W - cw) / 2, (H - ch) / 2, (W + cw) / 2, (H + ch) / 2)
-            flip = seed is not None and self.flip and np.random.default_rng(seed).random(41)[40] < 0.5
+            flip = seed is not None and self.flip and random.Random(seed).random() < 0.5
         else:
-            u = np.random.default_rng(seed).random(41).tolist()  # 40 for the crop, 1 for the flip
+            u = random.Random(seed).random
             box = random_resized_box(W, H, self.scale, u)
-            flip = self.flip and u[40] < 0.5
+            flip = self.flip and u() < 0.5
         im = im.resize((S, S), Image.BILINEAR, box=box)
         a = np.asarray(im, dtype=np.uint8)  # (S, S, C) or (S, S)
         if a.ndim == 2:
@@ -87,21 +91,19 @@ class ImageTransform:
         return torch.from_numpy(out)
 
 
-def random_resized_box(W: int, H: int, scale, u: list[float]) -> tuple[float, float, float, float]:
-    """torchvision's RandomResizedCrop.get_params from 40 uniforms u: a box of a random area
-    fraction in `scale` and aspect ratio in [3/4, 4/3] (log-uniform), ten tries of four
-    numbers each, then the centre crop of the clamped ratio. (One draw of all the numbers
-    is much cheaper than forty calls into the generator.)"""
+def random_resized_box(W: int, H: int, scale, u) -> tuple[int, int, int, int]:
+    """torchvision's RandomResizedCrop.get_params, drawing from u() (uniform in [0, 1)): a
+    box of a random area fraction in `scale` and aspect ratio in [3/4, 4/3] (log-uniform),
+    ten tries, then the centre crop of the clamped ratio."""
     area = W * H
     lo, hi = math.log(3 / 4), math.log(4 / 3)
-    for t in range(10):
-        a, r, ut, ul = u[4 * t:4 * t + 4]
-        target = area * (scale[0] + (scale[1] - scale[0]) * a)
-        ratio = math.exp(lo + (hi - lo) * r)
+    for _ in range(10):
+        target = area * (scale[0] + (scale[1] - scale[0]) * u())
+        ratio = math.exp(lo + (hi - lo) * u())
         w = int(round(math.sqrt(target * ratio)))
         h = int(round(math.sqrt(target / ratio)))
         if 0 < w <= W and 0 < h <= H:
-            top, left = int(ut * (H - h + 1)), int(ul * (W - w + 1))
+            top, left = int(u() * (H - h + 1)), int(u() * (W - w + 1))
             return left, top, left + w, top + h
     ratio = W / H
     w, h = (W, int(round(W / (4 / 3)))) if ratio > 4 / 3 else (int(round(H * 3 / 4)), H) if ratio < 3 / 4 else (W, H)

@@ -123,7 +123,9 @@ class StepLoader:
         """The sample indices of the global batch of step (all of it, not only this share)."""
         epoch, i = divmod(step, self.steps_per_epoch)
         if epoch != self._perm_epoch:
-            self._perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.source))
+            perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.source))
+            # the one thing held per sample: int32 halves it (5 M token windows: 20 MB, not 40)
+            self._perm = perm.astype(np.int32) if len(perm) < 2 ** 31 else perm
             self._perm_epoch = epoch
         return self._perm[i * self.batch_size:(i + 1) * self.batch_size]
 

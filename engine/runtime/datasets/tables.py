@@ -17,6 +17,7 @@ pyarrow is imported inside functions: see base.need.
 """
 from __future__ import annotations
 
+import os
 import re
 from collections import OrderedDict
 from pathlib import Path
@@ -94,14 +95,19 @@ class Part:
             return list(pa.ipc.open_stream(source))
 
     def read(self, g: int, columns: list[str]):
-        """The record batch of group g (only `columns`)."""
+        """The record batch of group g (only `columns`). Handles opened by another process
+        (a DataLoader worker forked after the parent read) are not reused."""
+        if getattr(self, "_hpid", None) != os.getpid():
+            self._hbatches = self._hpq = None
+            self._hpid = os.getpid()
         if self.arrow:
             if getattr(self, "_hbatches", None) is None:
                 self._hbatches = self._batches()  # zero-copy views of the memory map
             return self._hbatches[g].select(columns)
         if getattr(self, "_hpq", None) is None:
             self._hpq = need("pyarrow.parquet", "parquet", "pyarrow").ParquetFile(self.file, memory_map=True)
-        return self._hpq.read_row_group(g, columns=columns)
+        # no Arrow thread pool: one row group is small, and pools do not survive a fork
+        return self._hpq.read_row_group(g, columns=columns, use_threads=False)
 
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_h") and k != "schema"}
@@ -204,8 +210,9 @@ class Parquet(Source):
 
     def _group(self, k: int) -> dict:
         cache = getattr(self, "_hcache", None)
-        if cache is None:
+        if cache is None or getattr(self, "_hpid", None) != os.getpid():
             cache = self._hcache = OrderedDict()
+            self._hpid = os.getpid()
         if k in cache:
             cache.move_to_end(k)
             return cache[k]
