@@ -1,8 +1,10 @@
 """Layerflow's data loader against a hand-written PyTorch DataLoader, and its memory at
 two data sizes.
 
-1. Samples/s of engine/runtime/datasets' StepLoader and of a plain torch DataLoader
-   doing the same work on the same files with the same number of workers: an image
+1. Samples/s (per wall second, and per CPU second of the process and its workers, which
+   a shared machine's load disturbs less) of engine/runtime/datasets' StepLoader and of
+   a plain torch DataLoader doing the same work on the same files with the same number
+   of workers: an image
    folder of generated JPEGs at 64 px and at 224 px (decode, random resized crop, flip,
    normalise), and token windows from a token file (nanoGPT's np.memmap get_batch, as a
    Dataset). Goal: ratio >= 0.95.
@@ -29,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
+import psutil  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 from torch.utils.data import DataLoader, Dataset, RandomSampler  # noqa: E402
@@ -114,29 +117,46 @@ class PlainTokens(Dataset):
 
 
 # ---- timing --------------------------------------------------------------------------
-def rate_plain(ds: Dataset, batch: int, workers: int, steps: int) -> float:
+def cpu_seconds() -> float:
+    """CPU time of this process and its live children (the DataLoader workers)."""
+    procs = [psutil.Process()]
+    procs += procs[0].children(recursive=True)
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def timed(next_batch, steps: int, batch: int) -> tuple[float, float]:
+    """(samples per wall second, samples per CPU second) over `steps` batches. The second
+    is what the work costs, which a busy machine changes much less than the first."""
+    c, t = cpu_seconds(), time.perf_counter()
+    for _ in range(steps):
+        next_batch()
+    dt, dc = time.perf_counter() - t, cpu_seconds() - c
+    return steps * batch / dt, steps * batch / max(dc, 1e-9)
+
+
+def rate_plain(ds: Dataset, batch: int, workers: int, steps: int) -> tuple[float, float]:
     dl = DataLoader(ds, batch_size=batch, sampler=RandomSampler(ds, num_samples=(steps + 2) * batch),
                     num_workers=workers, drop_last=True,
                     prefetch_factor=2 if workers else None, persistent_workers=workers > 0)
     it = iter(dl)
     next(it), next(it)  # workers started, queues full
-    t = time.perf_counter()
-    for _ in range(steps):
-        next(it)
-    dt = time.perf_counter() - t
-    del it, dl
-    return steps * batch / dt
+    return timed(lambda: next(it), steps, batch)  # the workers stop when `it` goes
 
 
-def rate_layerflow(settings: dict, batch: int, workers: int, steps: int) -> float:
+def rate_layerflow(settings: dict, batch: int, workers: int, steps: int) -> tuple[float, float]:
     loader = StepLoader(open_source(settings, "train", None), batch, 0, workers=workers, prefetch=2)
     loader.batch(0), loader.batch(1)
-    t = time.perf_counter()
-    for s in range(2, steps + 2):
-        loader.batch(s)
-    dt = time.perf_counter() - t
+    step = iter(range(2, steps + 2))
+    out = timed(lambda: loader.batch(next(step)), steps, batch)
     loader.close()
-    return steps * batch / dt
+    return out
 
 
 def compare(name: str, plain: Dataset, settings: dict, batch: int, workers: int, steps: int, repeats: int):
@@ -146,8 +166,10 @@ def compare(name: str, plain: Dataset, settings: dict, batch: int, workers: int,
                 lambda: a.append(rate_layerflow(settings, batch, workers, steps))]
         for run in runs if r % 2 == 0 else runs[::-1]:
             run()
-    lf, pt = statistics.median(a), statistics.median(b)
-    print(f"| {name:<26} | {workers:>7} | {lf:>12,.0f} | {pt:>12,.0f} | {lf / pt:>5.2f} |", flush=True)
+    lf, pt = statistics.median(x[0] for x in a), statistics.median(x[0] for x in b)
+    lfc, ptc = statistics.median(x[1] for x in a), statistics.median(x[1] for x in b)
+    print(f"| {name:<26} | {workers:>7} | {lf:>12,.0f} | {pt:>12,.0f} | {lf / pt:>5.2f} "
+          f"| {lfc:>9,.0f} | {ptc:>9,.0f} | {lfc / ptc:>5.2f} |", flush=True)
 
 
 # ---- memory --------------------------------------------------------------------------
@@ -196,8 +218,10 @@ def main() -> None:
     q = args.quick
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start\n")
-    print("| data                       | workers | Layerflow /s | DataLoader/s | ratio |")
-    print("|----------------------------|---------|--------------|--------------|-------|")
+    print("| data                       | workers | Layerflow /s | DataLoader/s | ratio "
+          "| LF /CPU s | DL /CPU s | ratio |")
+    print("|----------------------------|---------|--------------|--------------|-------"
+          "|-----------|-----------|-------|")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         for size, n in ((64, 400 if q else 2000), (224, 150 if q else 600)):

@@ -12,8 +12,9 @@ is None), so workers build batches in parallel and the order of steps is kept. A
 sample's augmentation seed is sample_seed(seed, epoch, index): the same in every layout.
 
 A corrupt sample (undecodable image, truncated record) is replaced by the next readable
-sample in index order (with the seed of the one it replaces), so batches keep their size,
-and counted in `skipped`; strict=True raises instead. Errors cross the worker boundary
+sample in index order (with the seed of the one it replaces), so batches keep the size
+that pipelines and micro-batches need, and counted in `skipped` (the first few messages
+in `skipped_files`); strict=True raises instead. Errors cross the worker boundary
 as values, so the user sees one line, not a worker's traceback.
 """
 from __future__ import annotations
