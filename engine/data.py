@@ -1,9 +1,15 @@
-"""Data sets -> numpy arrays (x_train, y_train, x_val, y_val).
+"""What a run's data is, when it is prepared (engine/run.py build_run).
 
-Everything here runs on the user's machine when a run is prepared; the arrays are
-written into the run folder as data.npz, which is all the runtime reads (so cluster
-nodes need neither scikit-learn nor the user's CSV files). Synthetic sets are a
-function of their seed alone.
+Two kinds of data set:
+  - read in place (image folders, token files, Parquet/Arrow, .npz/.npy, tar shards;
+    engine/data_sources.py): the run records a reference (the settings with an absolute
+    path, and a fingerprint of the files), never a copy; every rank reads its share
+    (engine/runtime/datasets/). `describe` opens it here only to check it against the
+    diagram (shapes, classes), reading one sample.
+  - made whole here (synthetic sets, scikit-learn's digits, a CSV): small by
+    construction, written into the run folder as data.npz (so cluster nodes need
+    neither scikit-learn nor the user's CSV). Synthetic sets are a function of their
+    seed alone.
 """
 from __future__ import annotations
 
@@ -13,8 +19,18 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.project import (CsvFile, Digits, NpzFile, Project, ProjectError, SyntheticClassification,
-                            SyntheticImages, SyntheticRegression, SyntheticSequence)
+from engine.data_sources import IN_PLACE_KINDS
+from engine.project import (
+    CsvFile,
+    Digits,
+    NpzFile,
+    Project,
+    ProjectError,
+    SyntheticClassification,
+    SyntheticImages,
+    SyntheticRegression,
+    SyntheticSequence,
+)
 
 
 @dataclass
@@ -231,3 +247,79 @@ def load_arrays(project: Project) -> Arrays:
     if isinstance(d, CsvFile):
         return _checked(_csv(d, project.input_file(d.path, "training.dataset.path")), d.path)
     raise ProjectError(f"training.dataset: unknown kind {getattr(d, 'kind', d)!r}")
+
+
+# ----- what the diagram is checked against -------------------------------------------
+@dataclass
+class DataInfo:
+    """A data set as the builder checks it against the diagram: one sample's shape and
+    dtype, the task, classes (or vocabulary), split sizes; `source` and `fingerprint` for
+    a set read in place (None: `arrays`, made whole here)."""
+    sample_shape: tuple[int, ...]
+    x_dtype: str  # numpy/torch dtype name of an input sample: float32, int64, ...
+    task: str
+    n_classes: int | None
+    n_train: int
+    n_val: int
+    max_token: int | None = None  # largest id of an integer input, where known without a scan
+    source: dict | None = None
+    fingerprint: dict | None = None
+    arrays: Arrays | None = None
+
+
+def source_settings(project: Project) -> dict | None:
+    """training.dataset's settings as the runtime reads them (runtime/datasets open_source),
+    its path absolute, when the set is read in place; None for sets made whole here. A
+    path outside the project's folder needs the user's consent (engine/trust.py): a
+    project file must not make Layerflow read, and upload, what the user did not choose."""
+    from engine import trust
+
+    d = project.training.dataset
+    if d.kind not in IN_PLACE_KINDS:  # (an "npz" is made whole, as before; kind "array" reads one in place)
+        return None
+    settings = d.model_dump(mode="json")
+    path = project.resolve_path(settings["path"])
+    trust.check_file(project, path, "training.dataset.path")
+    if not path.exists():
+        raise ProjectError(f"training.dataset.path: {path} does not exist")
+    if not path.is_dir() and not path.is_file():  # a FIFO would block the reader, a device never end
+        raise ProjectError(f"training.dataset.path: {path} is not a regular file or a folder")
+    settings["path"] = str(path.resolve())
+    return settings
+
+
+def describe_source(settings: dict, *, with_fingerprint: bool = True) -> DataInfo:
+    """Open both splits of a set read in place and read one sample (nothing else is read;
+    the fingerprint reads each file's first and last 64 KiB)."""
+    from engine.runtime.datasets import DataError, fingerprint, open_source
+
+    try:
+        train, val = open_source(settings, "train"), open_source(settings, "val")
+        spec = train.sample_spec()
+        fp = fingerprint(settings) if with_fingerprint else None
+    except DataError as exc:
+        raise ProjectError(f"training.dataset: {exc}") from None
+    except OSError as exc:
+        raise ProjectError(f"training.dataset.path: {settings['path']}: {exc.strerror or exc}") from None
+    x = spec["x"]
+    if "shape" not in x:
+        raise ProjectError(f"training.dataset: {settings['path']} gives several inputs ({', '.join(x)}); a diagram "
+                           f"with one Input trains on one: list one column in training.dataset.inputs")
+    return DataInfo(tuple(x["shape"]), x["dtype"], train.task, train.n_classes, len(train), len(val),
+                    None, settings, fp)
+
+
+def describe(project: Project) -> DataInfo:
+    """The project's data set, checked and described (ProjectError names the field)."""
+    settings = source_settings(project)
+    if settings is not None:
+        return describe_source(settings)
+    return info_of(load_arrays(project))
+
+
+def info_of(a: Arrays) -> DataInfo:
+    top = None
+    if a.x_train.dtype.kind in "iu":  # token ids: the largest must fit every Embedding
+        top = max(int(a.x_train.max()) if a.x_train.size else 0, int(a.x_val.max()) if a.x_val.size else 0)
+    return DataInfo(a.sample_shape, str(a.x_train.dtype), a.task, a.n_classes, len(a.x_train), len(a.x_val),
+                    top, arrays=a)

@@ -110,7 +110,7 @@ class LoaderSettings(_Strict):
     """How the runtime reads: DataLoader workers per rank, batches read ahead, pinned host
     memory for faster copies to a GPU, and whether a corrupt sample stops the run."""
 
-    workers: int = Field(2, ge=0, le=64)
+    workers: Optional[int] = Field(None, ge=0, le=64)  # None: by format and cores (runtime/data.py default_workers)
     prefetch: int = Field(2, ge=1, le=64)  # batches per worker read ahead
     pin_memory: bool = True  # only used on GPUs
     strict: bool = False  # False: a corrupt sample is skipped and counted

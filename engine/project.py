@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from engine.data_sources import ArrayFile, ImageFolder, LoaderSettings, Parquet, Shards, TokenFile
 from engine.files import ProjectError, atomic_write  # noqa: F401  (both are part of this module's API)
 from engine.graph import TP_STYLES, Graph, GraphError
 
@@ -100,9 +101,12 @@ class CsvFile(_Strict):
     seed: int = Field(0, ge=0, le=2 ** 31 - 1)  # numpy and torch take it; so does a spin box
 
 
-Dataset = Union[SyntheticClassification, SyntheticRegression, SyntheticSequence, SyntheticImages, Digits, NpzFile, CsvFile]
+# generated sets and a CSV (small: made whole when a run is prepared), then the data sets read
+# in place (engine/data_sources.py; engine/runtime/datasets/ reads them on every rank)
+Dataset = Union[SyntheticClassification, SyntheticRegression, SyntheticSequence, SyntheticImages, Digits, NpzFile, CsvFile,
+                ImageFolder, TokenFile, Parquet, ArrayFile, Shards]
 _DATASET_KINDS = ("synthetic_classification", "synthetic_regression", "synthetic_sequence",
-                  "synthetic_images", "digits", "npz", "csv")
+                  "synthetic_images", "digits", "npz", "csv", "image_folder", "token_file", "parquet", "array", "shards")
 
 
 # ----- training ---------------------------------------------------------------
@@ -140,6 +144,7 @@ class Training(_Strict):
     # micro-batches per optimizer step in one process: the batch is cut into this many equal
     # parts, their gradients add up, one step (what a pipeline's micro-batches do)
     grad_accumulation: int = Field(1, ge=1)
+    loader: LoaderSettings = Field(default_factory=LoaderSettings)  # how ranks read a data set read in place
 
     @model_validator(mode="after")
     def _length(self) -> "Training":
@@ -409,6 +414,8 @@ class Project:
         out: dict = {}
         if self.training.grad_accumulation == 1:
             out["grad_accumulation"] = True
+        if self.training.loader == LoaderSettings():
+            out["loader"] = True
         if getattr(self.training.dataset, "task", None) == "classify":
             out["dataset"] = {"task"}
         return out

@@ -4,7 +4,8 @@ RUN_DIR/
   project.lflow   snapshot of the project as it was run
   run.json        the run spec (engine/runtime/spec.py RunSpec): compiled model, training
                   settings, the plan (layout, stages, TP), data reference, predictions
-  data.npz        x_train, y_train, x_val, y_val (engine/data.py)
+  data.npz        x_train, y_train, x_val, y_val of a generated set (engine/data.py); a data
+                  set read in place is referenced by run.json's data.source, never copied
   weights.pt      initial weights, when the project has a weights file (imported models)
 The runtime (engine/runtime/train.py) reads only these, so the same folder runs on
 this machine or, uploaded with the runtime package, on a cluster node.
@@ -20,7 +21,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from engine.compile import compile_graph
-from engine.data import load_arrays
+from engine.data import Arrays, DataInfo, describe, info_of
 from engine.errors import CheckFailed, LayerflowError
 from engine.project import Placement, Project, Training, atomic_write, load_project
 from engine.runtime.plan import RunPlan
@@ -49,8 +50,11 @@ def new_run_dir(project: Project, runs_dir: Path | None = None) -> Path:
     return d
 
 
-def check_data(result, arrays) -> list[str]:
-    """The data set must fit the diagram's Input and Output."""
+def check_data(result, data: DataInfo | Arrays) -> list[str]:
+    """The data set must fit the diagram's Input and Output: each message names the node
+    and the setting to change."""
+    if isinstance(data, Arrays):
+        data = info_of(data)
     errs = []
     spec = result.spec
     inp = result.nodes[spec["inputs"][0]]
@@ -59,34 +63,40 @@ def check_data(result, arrays) -> list[str]:
     if len(spec["outputs"]) != 1:
         errs.append(f"training needs exactly one Output node; the diagram has {len(spec['outputs'])}")
     want = tuple(inp.params["shape"])
-    if arrays.sample_shape != want:
+    if data.sample_shape != want:
         errs.append(f"node '{inp.id}' (Input): shape is {list(want)} but the data set's samples are "
-                    f"{list(arrays.sample_shape)}; set the Input's shape to {list(arrays.sample_shape)}")
-    kind = "int" if arrays.x_train.dtype.kind in "iu" else "float"
+                    f"{list(data.sample_shape)}; set the Input's shape to {list(data.sample_shape)}")
+    integer = data.x_dtype.startswith(("int", "uint"))
+    kind = "int" if integer else "float"
     if not inp.params["dtype"].startswith(kind):
         errs.append(f"node '{inp.id}' (Input): dtype is {inp.params['dtype']} but the data set holds "
-                    f"{arrays.x_train.dtype}; set dtype to {'int64' if kind == 'int' else 'float32'}")
-    if kind == "int":  # token ids must fit every Embedding's vocabulary
-        top = max(int(arrays.x_train.max()) if arrays.x_train.size else 0,
-                  int(arrays.x_val.max()) if arrays.x_val.size else 0)
+                    f"{data.x_dtype}; set dtype to {'int64' if integer else 'float32'}")
+    # token ids must fit every Embedding's vocabulary: the largest id where it is known, else the vocabulary
+    top = data.max_token if data.max_token is not None else (
+        data.n_classes - 1 if integer and data.task == "language_model" and data.n_classes else None)
+    if integer and top is not None:
         for nid, info in result.nodes.items():
             if info.type == "Embedding" and top >= info.params.get("num_embeddings", top + 1):
-                errs.append(f"node '{nid}' (Embedding): the data set's token ids go up to {top} but num_embeddings "
+                what = "token ids go up to" if data.max_token is not None else "vocabulary's largest id is"
+                errs.append(f"node '{nid}' (Embedding): the data set's {what} {top} but num_embeddings "
                             f"is {info.params['num_embeddings']}; set num_embeddings to at least {top + 1}")
     out_id = result.output_node()
     loss = result.loss()
-    if out_id and loss == "cross_entropy" and arrays.task != "classification":
-        errs.append(f"node '{out_id}' (Output): loss is cross_entropy but the data set is a regression task; use mse")
-    if out_id and loss == "mse" and arrays.task == "classification":
+    classes = data.task in ("classification", "language_model")
+    if out_id and loss == "cross_entropy" and not classes:
+        errs.append(f"node '{out_id}' (Output): loss is cross_entropy but the data set is a {data.task} task; use mse")
+    if out_id and loss == "mse" and classes:
         errs.append(f"node '{out_id}' (Output): loss is mse but the data set has class labels; use cross_entropy")
     if out_id and loss == "none":
         errs.append(f"node '{out_id}' (Output): loss is none; choose cross_entropy or mse to train")
     src = result.graph.incoming(out_id).get("in") if out_id else None
-    if src and loss == "cross_entropy" and arrays.n_classes:
+    if src and loss == "cross_entropy" and data.n_classes:
         pred = result.nodes[src.src].out
-        if pred and pred.shape and pred.shape[-1] != arrays.n_classes:
+        if pred and pred.shape and pred.shape[-1] != data.n_classes:
+            what = "a vocabulary of" if data.task == "language_model" else ""
             errs.append(f"node '{src.src}' ({result.nodes[src.src].type}): outputs {pred.shape[-1]} values per sample "
-                        f"but the data set has {arrays.n_classes} classes")
+                        f"but the data set has {what or ''}{' ' if what else ''}{data.n_classes} "
+                        f"{'tokens' if what else 'classes'}")
     return errs
 
 
@@ -242,13 +252,13 @@ def build_run(project: Project, out_dir: str | Path | None = None, *, nproc: int
     warnings: list[str] = []
     if plan is None:
         plan, warnings = plan_run(project, compiled=result, device=device)
-    arrays = load_arrays(project)  # ProjectError names the bad dataset field
-    errs = check_data(result, arrays)
+    data = describe(project)  # ProjectError names the bad dataset field
+    errs = check_data(result, data)
     if errs:
         raise RunError("the data set does not fit the diagram:\n" + "\n".join(f"  {e}" for e in errs))
-    if len(arrays.x_train) < project.training.batch_size:
+    if data.n_train < project.training.batch_size:
         raise RunError(f"training.batch_size {project.training.batch_size} is larger than the training set "
-                       f"({len(arrays.x_train)} samples)")
+                       f"({data.n_train} samples)")
     weights_src = None
     if project.weights:
         weights_src = project.input_file(project.weights, "weights")
@@ -258,17 +268,20 @@ def build_run(project: Project, out_dir: str | Path | None = None, *, nproc: int
     run_dir.mkdir(parents=True, exist_ok=True)
     if (run_dir / "run.json").exists():
         raise RunError(f"{run_dir} already holds a run; pick another --out or use --resume")
-    arrays.save(run_dir / "data.npz")
+    if data.arrays is not None:  # a generated set: small, it travels with the run
+        data.arrays.save(run_dir / "data.npz")
     if weights_src is not None:
         shutil.copyfile(weights_src, run_dir / "weights.pt")
-    n_steps = total_steps(project, len(arrays.x_train))
-    tr = project.training.model_dump(mode="json")
+    n_steps = total_steps(project, data.n_train)
+    tr = project.training.model_dump(mode="json", exclude={"loader"})
+    loader = project.training.loader.model_dump(mode="json", exclude_none=True)
     spec = RunSpec(
         model=result.spec, training=TrainingSpec.from_json(tr, "training"), plan=_run_plan(plan, pl),
-        data=DataRef("data.npz", arrays.task, arrays.n_classes, len(arrays.x_train), len(arrays.x_val)),
+        data=DataRef("data.npz", data.task, data.n_classes, data.n_train, data.n_val, data.source, data.fingerprint,
+                     loader if data.source else {}),
         total_steps=n_steps, loss=result.loss(), name=project.name, created=time.time(),
         weights="weights.pt" if weights_src is not None else None,
-        epochs=math.ceil(n_steps / max(1, len(arrays.x_train) // project.training.batch_size)),
+        epochs=math.ceil(n_steps / max(1, data.n_train // project.training.batch_size)),
         predicted=_predicted(plan))
     atomic_write(run_dir / "project.lflow", project.dumps().encode())
     spec.save(run_dir)
