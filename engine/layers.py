@@ -428,7 +428,12 @@ _add(LayerSpec("Input", "Input/Output", "A model input; shape is per sample (no 
     P("dtype", "choice", "float32", "float32 for features, int64 for token ids", choices=("float32", "int64")),
 ), inputs=(), resolve=_input, kind="input"))
 _add(LayerSpec("Output", "Input/Output", "A model output and the loss computed on it against the data's targets.", (
-    P("loss", "choice", "cross_entropy", "loss against the targets", choices=("cross_entropy", "mse", "none")),
+    P("loss", "choice", "cross_entropy", "cross_entropy: classes (per sample, or per token for a language model); "
+      "bce: several labels per sample (multi-label, logits in); mse: regression; none: no training",
+      choices=("cross_entropy", "bce", "mse", "none")),
+    P("label_smoothing", "float", 0.0, "cross_entropy: the share of each target spread over all classes", min=0.0,
+      max=0.99),
+    P("ignore_index", "int", -100, "cross_entropy: a target of this value adds no loss and no accuracy (padding)"),
 ), outputs=(), kind="output"))
 
 _add(LayerSpec("Linear", "Dense", "y = x W^T + b over the last dimension.", (

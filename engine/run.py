@@ -50,6 +50,19 @@ def new_run_dir(project: Project, runs_dir: Path | None = None) -> Path:
     return d
 
 
+def _loss_options(result) -> dict:
+    """The Output node's cross-entropy settings that differ from PyTorch's defaults."""
+    out = result.output_node()
+    params = result.nodes[out].params if out else {}
+    opts = {}
+    if result.loss() == "cross_entropy":
+        if params.get("label_smoothing", 0.0):
+            opts["label_smoothing"] = float(params["label_smoothing"])
+        if params.get("ignore_index", -100) != -100:
+            opts["ignore_index"] = int(params["ignore_index"])
+    return opts
+
+
 def check_data(result, data: DataInfo | Arrays) -> list[str]:
     """The data set must fit the diagram's Input and Output: each message names the node
     and the setting to change."""
@@ -82,21 +95,22 @@ def check_data(result, data: DataInfo | Arrays) -> list[str]:
                             f"is {info.params['num_embeddings']}; set num_embeddings to at least {top + 1}")
     out_id = result.output_node()
     loss = result.loss()
-    classes = data.task in ("classification", "language_model")
-    if out_id and loss == "cross_entropy" and not classes:
-        errs.append(f"node '{out_id}' (Output): loss is cross_entropy but the data set is a {data.task} task; use mse")
-    if out_id and loss == "mse" and classes:
-        errs.append(f"node '{out_id}' (Output): loss is mse but the data set has class labels; use cross_entropy")
+    fits = {"classification": "cross_entropy", "language_model": "cross_entropy", "multi_label": "bce",
+            "regression": "mse"}
+    want_loss = fits.get(data.task)
     if out_id and loss == "none":
-        errs.append(f"node '{out_id}' (Output): loss is none; choose cross_entropy or mse to train")
+        errs.append(f"node '{out_id}' (Output): loss is none; choose {want_loss or 'cross_entropy or mse'} to train")
+    elif out_id and want_loss and loss != want_loss:
+        errs.append(f"node '{out_id}' (Output): loss is {loss} but the data set is a {data.task.replace('_', '-')} task; "
+                    f"use {want_loss}")
     src = result.graph.incoming(out_id).get("in") if out_id else None
-    if src and loss == "cross_entropy" and data.n_classes:
+    if src and loss in ("cross_entropy", "bce") and data.n_classes:
         pred = result.nodes[src.src].out
         if pred and pred.shape and pred.shape[-1] != data.n_classes:
             what = "a vocabulary of" if data.task == "language_model" else ""
             errs.append(f"node '{src.src}' ({result.nodes[src.src].type}): outputs {pred.shape[-1]} values per sample "
                         f"but the data set has {what or ''}{' ' if what else ''}{data.n_classes} "
-                        f"{'tokens' if what else 'classes'}")
+                        f"{'tokens' if what else 'labels' if loss == 'bce' else 'classes'}")
     return errs
 
 
@@ -279,7 +293,8 @@ def build_run(project: Project, out_dir: str | Path | None = None, *, nproc: int
         model=result.spec, training=TrainingSpec.from_json(tr, "training"), plan=_run_plan(plan, pl),
         data=DataRef("data.npz", data.task, data.n_classes, data.n_train, data.n_val, data.source, data.fingerprint,
                      loader if data.source else {}),
-        total_steps=n_steps, loss=result.loss(), name=project.name, created=time.time(),
+        total_steps=n_steps, loss=result.loss(), loss_options=_loss_options(result), name=project.name,
+        created=time.time(),
         weights="weights.pt" if weights_src is not None else None,
         epochs=math.ceil(n_steps / max(1, data.n_train // project.training.batch_size)),
         predicted=_predicted(plan))

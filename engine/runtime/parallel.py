@@ -41,7 +41,7 @@ from .plan import Layout, RunPlan, TPEntry
 from .records import RankError, RunStatus
 from .spec import RunSpec
 from .stages import apply_checkpointing, build_stage_module, even_stages
-from .steps import compute_loss, correct_count, peak_mem_mb, seed_all
+from .steps import compute_loss, eval_sums, peak_mem_mb, seed_all
 from .trainer import BaseTrainer
 
 
@@ -296,7 +296,7 @@ class ParallelTrainer(BaseTrainer):
             n_stages = len(plan.stages)
             group = self.mesh["pp"].get_group()
             stages = [PipelineStage(part, i, n_stages, device, group=group) for part, i in zip(self.parts, self.stage_ids)]
-            loss_fn = lambda out, y: compute_loss(self.loss_kind, out, y)  # noqa: E731
+            loss_fn = lambda out, y: compute_loss(self.loss_kind, out, y, self.loss_options)  # noqa: E731
             if name == "interleaved1f1b":
                 self.schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn)
             elif n_stages != dims.pp:
@@ -322,7 +322,7 @@ class ParallelTrainer(BaseTrainer):
         local = None
         if self.schedule is None:
             with self.autocast():
-                loss = compute_loss(self.loss_kind, self.model(x), y)
+                loss = compute_loss(self.loss_kind, self.model(x), y, self.loss_options)
             loss.backward()
             local = loss.detach()
         else:
@@ -396,8 +396,7 @@ class ParallelTrainer(BaseTrainer):
     @torch.no_grad()
     def evaluate(self) -> dict:
         self.model.eval()
-        total, n, correct = 0.0, 0, 0
-        cls = self.loss_kind == "cross_entropy"
+        sums = [0.0] * 5
         bs = self.local_batch if self.schedule is not None else max(self.batch_size, 256)
         for x, y in self.data.val_batches(bs):
             k = len(x)
@@ -413,21 +412,13 @@ class ParallelTrainer(BaseTrainer):
                 out = self.schedule.eval(*args, target=y if self.is_last else None)
             y = y[:k]
             if out is not None and (self.schedule is None or self.is_last):
-                out = out[:k]
-                total += compute_loss(self.loss_kind, out, y).item() * k
-                if cls:
-                    correct += correct_count(out, y)
-            n += k
+                sums = [a + b for a, b in zip(sums, eval_sums(self.loss_kind, out[:k], y, self.loss_options))]
         self.model.train()
         # every replica evaluated the whole set: take one replica's numbers
-        sums = torch.tensor([total if self.is_last and self.tp_rank == 0 and self.dp_rank == 0 else 0.0,
-                             correct if self.is_last and self.tp_rank == 0 and self.dp_rank == 0 else 0.0],
-                            dtype=torch.float64, device=self.device)
-        dist.all_reduce(sums)
-        rec = {"val_loss": float(sums[0]) / max(n, 1)}
-        if cls:
-            rec["val_acc"] = float(sums[1]) / max(n, 1)
-        return rec
+        mine = self.is_last and self.tp_rank == 0 and self.dp_rank == 0
+        t = torch.tensor(sums if mine else [0.0] * 5, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return self.eval_record(t.tolist())
 
     def peak_mem_per_rank(self) -> list[float]:
         t = torch.zeros(dist.get_world_size(), dtype=torch.float64, device=self.device)

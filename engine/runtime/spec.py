@@ -203,7 +203,23 @@ class Predicted:
     peak_bytes: int | None = None  # the largest of any device, where the planner gave it (the deploy's memory check)
 
 
-LOSSES = ("cross_entropy", "mse", "none")
+LOSSES = ("cross_entropy", "bce", "mse", "none")
+
+
+def _loss_options(d, where: str) -> dict:
+    """The Output node's loss settings beyond its kind: label_smoothing, ignore_index
+    (cross-entropy's; written only when not PyTorch's defaults)."""
+    d = _obj(d, where)
+    _unknown(d, {"label_smoothing", "ignore_index"}, where)
+    out = {}
+    if "label_smoothing" in d:
+        v = _num(d, "label_smoothing", where)
+        if not 0.0 <= v < 1.0:
+            raise SpecError(f"{_at(where, 'label_smoothing')}: {v!r} is not in [0, 1)")
+        out["label_smoothing"] = float(v)
+    if "ignore_index" in d:
+        out["ignore_index"] = _int(d, "ignore_index", where)
+    return out
 
 
 @dataclass
@@ -215,6 +231,7 @@ class RunSpec:
     data: DataRef
     total_steps: int
     loss: str = "cross_entropy"
+    loss_options: dict = field(default_factory=dict)  # label_smoothing, ignore_index (steps.compute_loss)
     name: str = "run"
     created: float = 0.0
     weights: str | None = None  # initial weights beside run.json (an imported model)
@@ -239,6 +256,7 @@ class RunSpec:
             "training": self.training.to_json(), "plan": self.plan.to_json(), "data": _plain(self.data),
             "weights": self.weights, "total_steps": self.total_steps, "loss": self.loss, "epochs": self.epochs,
             "predicted": {k: v for k, v in _plain(pr).items() if v is not None},
+            **({"loss_options": dict(self.loss_options)} if self.loss_options else {}),
         }
 
     @classmethod
@@ -249,7 +267,7 @@ class RunSpec:
             raise SpecError(f"{_at(where, 'version')}: {version!r}; this runtime reads run specs up to version "
                             f"{SPEC_VERSION}, update Layerflow on this machine")
         known = {"version", "name", "created", "model", "training", "plan", "data", "weights", "total_steps",
-                 "loss", "epochs", "predicted"}
+                 "loss", "loss_options", "epochs", "predicted"}
         v1 = {"placement", "predicted_step_s", "predicted_device", "nproc"}  # run.json before version 2
         _unknown(d, known | (v1 if version == 1 else set()), where)
         model = _obj(d.get("model"), _at(where, "model"))
@@ -278,6 +296,7 @@ class RunSpec:
         return cls(model=model, training=TrainingSpec.from_json(d.get("training", {}), _at(where, "training")),
                    plan=plan_obj, data=DataRef.from_json(d.get("data", {}), _at(where, "data")),
                    total_steps=_int(d, "total_steps", where, None, 1), loss=_str(d, "loss", where, "cross_entropy", LOSSES),
+                   loss_options=_loss_options(d.get("loss_options", {}), _at(where, "loss_options")),
                    name=_str(d, "name", where, "run"), created=_num(d, "created", where, 0.0), weights=weights,
                    epochs=_int(d, "epochs", where, 1, 0), predicted=pr, version=SPEC_VERSION)
 

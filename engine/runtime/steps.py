@@ -53,19 +53,65 @@ def make_optimizer(params, optimizer) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=lr, betas=betas, weight_decay=wd)
 
 
-def compute_loss(kind: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def compute_loss(kind: str, out: torch.Tensor, y: torch.Tensor, options=None) -> torch.Tensor:
+    """The Output node's loss: cross_entropy (per sample, or per token of (B, T, C) logits:
+    a language model's shifted targets), bce (multi-label: logits against 0/1 targets),
+    mse. `options` (the run spec's loss_options): label_smoothing, ignore_index."""
+    opts = options or {}
     if kind == "cross_entropy":
+        ls, ignore = float(opts.get("label_smoothing", 0.0)), int(opts.get("ignore_index", -100))
         if out.dim() > 2:  # per-token logits (B, T, C) against targets (B, T)
-            return F.cross_entropy(out.flatten(0, -2), y.flatten())
-        return F.cross_entropy(out, y)
+            return F.cross_entropy(out.flatten(0, -2), y.flatten(), ignore_index=ignore, label_smoothing=ls)
+        return F.cross_entropy(out, y, ignore_index=ignore, label_smoothing=ls)
+    if kind == "bce":
+        return F.binary_cross_entropy_with_logits(out, y.reshape(out.shape).to(out.dtype))
     if kind == "mse":
         return F.mse_loss(out, y.reshape(out.shape).to(out.dtype))
-    raise ValueError(f"the Output node's loss is '{kind}': choose cross_entropy or mse to train")
+    raise ValueError(f"the Output node's loss is '{kind}': choose cross_entropy, bce or mse to train")
 
 
 def correct_count(out: torch.Tensor, y: torch.Tensor) -> int:
     pred = out.argmax(dim=-1)
     return int((pred.reshape(y.shape) == y).sum())
+
+
+def eval_sums(kind: str, out: torch.Tensor, y: torch.Tensor, options=None) -> list[float]:
+    """One validation batch as sums that add over batches and ranks: [loss x its weight,
+    the weight (targets counted: tokens not ignored, or samples), right (top-1), right in
+    the top 5, scored (what right is out of: targets, or labels for bce)]."""
+    with torch.no_grad():
+        loss = float(compute_loss(kind, out, y, options))
+        if kind == "cross_entropy":
+            logits = out.reshape(-1, out.shape[-1])
+            target = y.reshape(-1)
+            keep = target != int((options or {}).get("ignore_index", -100))
+            logits, target = logits[keep], target[keep]
+            n = int(target.numel())
+            right = int((logits.argmax(-1) == target).sum())
+            top5 = right
+            if logits.shape[-1] > 5:
+                top5 = int((logits.topk(5, dim=-1).indices == target[:, None]).any(-1).sum())
+            return [loss * n if n else 0.0, n, right, top5, n]  # (all ignored: the loss is nan)
+        n = int(out.shape[0])
+        if kind == "bce":
+            labels = y.reshape(out.shape)
+            right = int(((out > 0) == (labels > 0.5)).sum())
+            return [loss * n, n, right, 0, int(labels.numel())]
+        return [loss * n, n, 0, 0, 0]
+
+
+def eval_record(kind: str, sums, n_classes=None, language_model: bool = False) -> dict:
+    """val_loss (per target); val_acc (top-1: per sample, per token, or per label for
+    bce); val_top5 when there are more than 5 classes; val_ppl for a language model."""
+    loss_sum, weight, right, top5, scored = (float(v) for v in sums)
+    rec = {"val_loss": loss_sum / max(weight, 1.0)}
+    if kind in ("cross_entropy", "bce"):
+        rec["val_acc"] = right / max(scored, 1.0)
+    if kind == "cross_entropy" and (n_classes or 0) > 5:
+        rec["val_top5"] = top5 / max(scored, 1.0)
+    if kind == "cross_entropy" and language_model:
+        rec["val_ppl"] = math.exp(min(rec["val_loss"], 700.0))
+    return rec
 
 
 def peak_mem_mb(device: torch.device) -> float:

@@ -19,7 +19,7 @@ from .folder import RunBusy, RunLock, latest_checkpoint, save_tensors, write_fai
 from .loop import ProgressFn, fit
 from .records import OK_STATES
 from .spec import RunSpec
-from .steps import compute_loss, correct_count, lr_lambda, seed_all  # noqa: F401  (lr_lambda: importers')
+from .steps import compute_loss, eval_sums, lr_lambda, seed_all  # noqa: F401  (lr_lambda: importers')
 from .trainer import BaseTrainer
 
 
@@ -56,7 +56,7 @@ class Trainer(BaseTrainer):
         parts = zip(x.chunk(self.accumulate), y.chunk(self.accumulate)) if self.accumulate > 1 else ((x, y),)
         for xm, ym in parts:
             with self.autocast():
-                loss = compute_loss(self.loss_kind, self.model(xm), ym)
+                loss = compute_loss(self.loss_kind, self.model(xm), ym, self.loss_options)
                 if self.accumulate > 1:  # (no division, and no node for it in the backward, otherwise)
                     loss = loss / self.accumulate
             loss.backward()
@@ -77,19 +77,12 @@ class Trainer(BaseTrainer):
     @torch.no_grad()
     def evaluate(self) -> dict:
         self.model.eval()
-        total, n, correct = 0.0, 0, 0
+        sums = [0.0] * 5
         for x, y in self.data.val_batches(max(self.batch_size, 256)):
             x, y = to_device(x, self.device), to_device(y, self.device)
-            out = self.model(x)
-            total += compute_loss(self.loss_kind, out, y).item() * len(x)
-            n += len(x)
-            if self.loss_kind == "cross_entropy":
-                correct += correct_count(out, y)
+            sums = [a + b for a, b in zip(sums, eval_sums(self.loss_kind, self.model(x), y, self.loss_options))]
         self.model.train()
-        rec = {"val_loss": total / max(n, 1)}
-        if self.loss_kind == "cross_entropy":
-            rec["val_acc"] = correct / max(n, 1)
-        return rec
+        return self.eval_record(sums)
 
     def save_final(self, path: Path) -> None:
         save_tensors(self.model.state_dict(), path)

@@ -24,7 +24,7 @@ from torch import fx, nn
 from .data import RunData
 from .model import build_graph_module, load_weights
 from .spec import RunSpec
-from .steps import lr_lambda, make_optimizer, rng_state, set_rng_state
+from .steps import eval_record, lr_lambda, make_optimizer, rng_state, set_rng_state
 
 
 class BaseTrainer:
@@ -46,8 +46,14 @@ class BaseTrainer:
         self.batch_size = tr.batch_size  # the global batch of one optimizer step: what samples_per_s counts
         self.local_batch = tr.batch_size  # this rank's share of it
         self.loss_kind = spec.loss
+        self.loss_options = spec.loss_options
         self.grad_clip = tr.grad_clip
         self.plan = spec.plan
+
+    def eval_record(self, sums) -> dict:
+        """The validation record of summed eval_sums (steps.py): val_loss, val_acc,
+        val_top5, val_ppl as the loss and the task have them."""
+        return eval_record(self.loss_kind, sums, self.spec.data.n_classes, self.spec.data.task == "language_model")
 
     def open_data(self, share: tuple[int, int | None] = (0, None), local_world: int = 1) -> None:
         """This rank's data: `share` [lo:hi] of each global batch (a subclass knows it once

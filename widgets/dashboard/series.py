@@ -52,6 +52,7 @@ _STATIC = {
     "acc": SeriesSpec("acc", "acc", "train", smooth=True),
     "train_acc": SeriesSpec("train_acc", "acc", "train", smooth=True),
     "val_acc": SeriesSpec("val_acc", "acc", "val", eval=True),
+    "val_top5": SeriesSpec("val_top5", "acc", "val top-5", eval=True),
     "lr": SeriesSpec("lr", "lr", "lr"),
     "samples_per_s": SeriesSpec("samples_per_s", "throughput", "samples/s", smooth=True),
 }
