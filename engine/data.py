@@ -262,6 +262,7 @@ class DataInfo:
     n_train: int
     n_val: int
     max_token: int | None = None  # largest id of an integer input, where known without a scan
+    inputs: dict | None = None  # several named inputs (tokens + attention mask): {name: (shape, dtype)}
     source: dict | None = None
     fingerprint: dict | None = None
     arrays: Arrays | None = None
@@ -302,11 +303,12 @@ def describe_source(settings: dict, *, with_fingerprint: bool = True) -> DataInf
     except OSError as exc:
         raise ProjectError(f"training.dataset.path: {settings['path']}: {exc.strerror or exc}") from None
     x = spec["x"]
-    if "shape" not in x:
-        raise ProjectError(f"training.dataset: {settings['path']} gives several inputs ({', '.join(x)}); a diagram "
-                           f"with one Input trains on one: list one column in training.dataset.inputs")
+    if "shape" not in x:  # several named inputs: each feeds the Input node of its name
+        first = next(iter(x.values()))
+        return DataInfo(tuple(first["shape"]), first["dtype"], train.task, train.n_classes, len(train), len(val),
+                        None, {k: (tuple(v["shape"]), v["dtype"]) for k, v in x.items()}, settings, fp)
     return DataInfo(tuple(x["shape"]), x["dtype"], train.task, train.n_classes, len(train), len(val),
-                    None, settings, fp)
+                    None, None, settings, fp)
 
 
 def describe(project: Project) -> DataInfo:

@@ -70,20 +70,31 @@ def check_data(result, data: DataInfo | Arrays) -> list[str]:
         data = info_of(data)
     errs = []
     spec = result.spec
-    inp = result.nodes[spec["inputs"][0]]
-    if len(spec["inputs"]) != 1:
-        errs.append(f"training needs exactly one Input node; the diagram has {len(spec['inputs'])}")
     if len(spec["outputs"]) != 1:
         errs.append(f"training needs exactly one Output node; the diagram has {len(spec['outputs'])}")
-    want = tuple(inp.params["shape"])
-    if data.sample_shape != want:
-        errs.append(f"node '{inp.id}' (Input): shape is {list(want)} but the data set's samples are "
-                    f"{list(data.sample_shape)}; set the Input's shape to {list(data.sample_shape)}")
-    integer = data.x_dtype.startswith(("int", "uint"))
-    kind = "int" if integer else "float"
-    if not inp.params["dtype"].startswith(kind):
-        errs.append(f"node '{inp.id}' (Input): dtype is {inp.params['dtype']} but the data set holds "
-                    f"{data.x_dtype}; set dtype to {'int64' if integer else 'float32'}")
+    if data.inputs:  # several named inputs (tokens + attention mask): each feeds the Input node of its name
+        have = ", ".join(data.inputs)
+        fed = {nid: data.inputs[nid] for nid in spec["inputs"] if nid in data.inputs}
+        errs += [f"node '{nid}' (Input): the data set has no input named '{nid}' (it has {have}); name each Input "
+                 f"node after the input it takes" for nid in spec["inputs"] if nid not in data.inputs]
+        errs += [f"the data set's input '{name}' feeds no Input node; add an Input node with id '{name}' or leave "
+                 f"it out of training.dataset.inputs" for name in data.inputs if name not in spec["inputs"]]
+    else:
+        if len(spec["inputs"]) != 1:
+            errs.append(f"training on this data set needs exactly one Input node; the diagram has {len(spec['inputs'])}")
+        fed = {nid: (data.sample_shape, data.x_dtype) for nid in spec["inputs"][:1]}
+    integer = False
+    for nid, (shape, dtype) in fed.items():
+        inp, shape = result.nodes[nid], tuple(shape)
+        want = tuple(inp.params["shape"])
+        if shape != want:
+            errs.append(f"node '{nid}' (Input): shape is {list(want)} but the data set's samples are "
+                        f"{list(shape)}; set the Input's shape to {list(shape)}")
+        is_int = dtype.startswith(("int", "uint"))
+        integer = integer or is_int
+        if not inp.params["dtype"].startswith("int" if is_int else "float"):
+            errs.append(f"node '{nid}' (Input): dtype is {inp.params['dtype']} but the data set holds "
+                        f"{dtype}; set dtype to {'int64' if is_int else 'float32'}")
     # token ids must fit every Embedding's vocabulary: the largest id where it is known, else the vocabulary
     top = data.max_token if data.max_token is not None else (
         data.n_classes - 1 if integer and data.task == "language_model" and data.n_classes else None)
@@ -270,6 +281,9 @@ def build_run(project: Project, out_dir: str | Path | None = None, *, nproc: int
     errs = check_data(result, data)
     if errs:
         raise RunError("the data set does not fit the diagram:\n" + "\n".join(f"  {e}" for e in errs))
+    if data.inputs and pl.pp > 1:
+        raise RunError(f"placement.pp {pl.pp}: a pipeline feeds one input to its first stage, and the data set gives "
+                       f"{len(data.inputs)} ({', '.join(data.inputs)}); use pp 1 (data and tensor parallel take several)")
     if data.n_train < project.training.batch_size:
         raise RunError(f"training.batch_size {project.training.batch_size} is larger than the training set "
                        f"({data.n_train} samples)")

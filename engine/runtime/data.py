@@ -113,6 +113,25 @@ class RunData:
         self.train.close()
 
 
+def rows(x) -> int:
+    """Samples in a batch's inputs (a tensor, or a dict of them)."""
+    return len(next(iter(x.values()))) if isinstance(x, dict) else len(x)
+
+
+def chunks(x, n: int) -> list:
+    """A batch's inputs cut into n micro-batches along the batch dimension."""
+    if isinstance(x, dict):
+        parts = {k: v.chunk(n) for k, v in x.items()}
+        return [{k: p[i] for k, p in parts.items()} for i in range(len(next(iter(parts.values()))))]
+    return list(x.chunk(n))
+
+
+def forward(model, x):
+    """The model on a batch's inputs: several named inputs go to the Input nodes of their
+    names (the GraphModule's placeholders), one goes to the one Input."""
+    return model(**x) if isinstance(x, dict) else model(x)
+
+
 def to_device(v, device: torch.device):
     """A batch's inputs (a tensor, or a dict of them for a model of several inputs) on device."""
     if isinstance(v, dict):

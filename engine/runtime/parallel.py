@@ -34,7 +34,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Replicate, Shard
 
 from . import dist_checkpoint
-from .data import to_device
+from .data import forward, rows, to_device
 from .folder import save_tensors, write_failure
 from .loop import fit
 from .plan import Layout, RunPlan, TPEntry
@@ -322,7 +322,7 @@ class ParallelTrainer(BaseTrainer):
         local = None
         if self.schedule is None:
             with self.autocast():
-                loss = compute_loss(self.loss_kind, self.model(x), y, self.loss_options)
+                loss = compute_loss(self.loss_kind, forward(self.model, x), y, self.loss_options)
             loss.backward()
             local = loss.detach()
         else:
@@ -399,14 +399,14 @@ class ParallelTrainer(BaseTrainer):
         sums = [0.0] * 5
         bs = self.local_batch if self.schedule is not None else max(self.batch_size, 256)
         for x, y in self.data.val_batches(bs):
-            k = len(x)
+            k = rows(x)
             if self.schedule is not None and k < bs:  # the pipeline was shaped for bs rows: pad, then drop
                 pad = bs - k
                 x = torch.cat([x, x[:1].expand(pad, *x.shape[1:])])
                 y = torch.cat([y, y[:1].expand(pad, *y.shape[1:])])
-            x, y = x.to(self.device), y.to(self.device)
+            x, y = to_device(x, self.device), y.to(self.device)
             if self.schedule is None:
-                out = self.model(x)
+                out = forward(self.model, x)
             else:  # the last stage computes the schedule's loss too, so it needs targets
                 args = (x,) if self.is_first else ()
                 out = self.schedule.eval(*args, target=y if self.is_last else None)

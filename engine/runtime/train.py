@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .data import to_device
+from .data import chunks, forward, to_device
 from .folder import RunBusy, RunLock, latest_checkpoint, save_tensors, write_failure  # noqa: F401  (importers')
 from .loop import ProgressFn, fit
 from .records import OK_STATES
@@ -53,10 +53,10 @@ class Trainer(BaseTrainer):
         # training.grad_accumulation equal micro-batches, one optimizer step: the gradient and the
         # loss are those of the mean of their mean losses (1: the whole batch at once)
         value = None
-        parts = zip(x.chunk(self.accumulate), y.chunk(self.accumulate)) if self.accumulate > 1 else ((x, y),)
+        parts = zip(chunks(x, self.accumulate), y.chunk(self.accumulate)) if self.accumulate > 1 else ((x, y),)
         for xm, ym in parts:
             with self.autocast():
-                loss = compute_loss(self.loss_kind, self.model(xm), ym, self.loss_options)
+                loss = compute_loss(self.loss_kind, forward(self.model, xm), ym, self.loss_options)
                 if self.accumulate > 1:  # (no division, and no node for it in the backward, otherwise)
                     loss = loss / self.accumulate
             loss.backward()
@@ -80,7 +80,7 @@ class Trainer(BaseTrainer):
         sums = [0.0] * 5
         for x, y in self.data.val_batches(max(self.batch_size, 256)):
             x, y = to_device(x, self.device), to_device(y, self.device)
-            sums = [a + b for a, b in zip(sums, eval_sums(self.loss_kind, self.model(x), y, self.loss_options))]
+            sums = [a + b for a, b in zip(sums, eval_sums(self.loss_kind, forward(self.model, x), y, self.loss_options))]
         self.model.train()
         return self.eval_record(sums)
 

@@ -247,3 +247,53 @@ def test_ten_classes_report_top5_and_ignore_index_drops_targets(tmp_path):
     assert torch.allclose(compute_loss("cross_entropy", out, y, {"ignore_index": -1}), want)
     sums = eval_sums("cross_entropy", out, y, {"ignore_index": -1})
     assert sums[1] == 20 and sums[4] == 20  # only the 20 real tokens are scored
+
+
+# ---- several inputs: tokens and an attention mask -------------------------------------------
+def test_tokens_and_an_attention_mask_feed_two_input_nodes(tmp_path):
+    """A Parquet file with input_ids and attention_mask columns: each feeds the Input node
+    of its name. The model pools the embeddings under the mask (mask @ embeddings), so
+    padded positions carry nothing; the class is the first token's parity."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rng = np.random.default_rng(4)
+    n, T = 480, 12
+    lengths = rng.integers(3, T + 1, n)
+    ids = rng.integers(1, 50, (n, T))
+    mask = (np.arange(T)[None] < lengths[:, None]).astype(np.float32)
+    ids[mask == 0] = 0
+    label = (ids[:, :3].sum(1) % 2).astype(np.int64)
+    ids[:, 0] = np.where(label == 1, 50 + rng.integers(0, 4, n), 54 + rng.integers(0, 4, n))  # a signal token
+    table = pa.table({"input_ids": list(ids.astype(np.int64)), "attention_mask": list(mask), "label": label})
+    pq.write_table(table, tmp_path / "seqs.parquet", row_group_size=64)
+    def masked_graph(mask_id="attention_mask"):
+        g = Graph()
+        g.add_node("Input", {"shape": [T], "dtype": "int64"}, id="input_ids")
+        g.add_node("Input", {"shape": [T]}, id=mask_id)
+        g.add_node("Embedding", {"num_embeddings": 58, "embedding_dim": 16}, id="embed")
+        g.add_node("Reshape", {"shape": [1, T]}, id="mask_row")
+        g.add_node("MatMul", {}, id="pool")  # (B, 1, T) @ (B, T, 16): the sum of the unmasked embeddings
+        g.add_node("Flatten", {}, id="flat")
+        g.add_node("Linear", {"out_features": 2}, id="head")
+        g.add_node("Output", {"loss": "cross_entropy"}, id="out")
+        for a, b, port in [("input_ids", "embed", "in"), (mask_id, "mask_row", "in"), ("mask_row", "pool", "a"),
+                           ("embed", "pool", "b"), ("pool", "flat", "in"), ("flat", "head", "in"), ("head", "out", "in")]:
+            g.connect(a, "out", b, port)
+        return g
+
+    ds = {"kind": "parquet", "path": str(tmp_path / "seqs.parquet"), "inputs": ["input_ids", "attention_mask"],
+          "target": "label", "n_classes": 2}
+    tr = Training.model_validate({"dataset": ds, "optimizer": {"name": "adam", "lr": 0.03}, "batch_size": 24,
+                                  "steps": 40, "eval_interval": 40, "grad_accumulation": 2})
+    rd = prepare_run(Project(masked_graph(), name="masked", training=tr), tmp_path / "run")
+    assert run(rd)["state"] == "succeeded"
+    ev = [r for r in read_metrics(rd / "metrics.jsonl") if "val_acc" in r][-1]
+    assert ev["val_acc"] > 0.9
+    # the Input nodes are matched by name: one named otherwise is named, with the names there are
+    with pytest.raises(RunError) as e:
+        build_run(Project(masked_graph("mask"), name="masked", training=tr), tmp_path / "renamed")
+    assert "node 'mask' (Input): the data set has no input named 'mask' (it has input_ids, attention_mask)" in str(e.value)
+    assert "the data set's input 'attention_mask' feeds no Input node" in str(e.value)
+    tr.grad_accumulation = 1
+    with pytest.raises(RunError, match="placement.pp 2: a pipeline feeds one input to its first stage"):
+        build_run(Project(masked_graph(), name="masked", training=tr), tmp_path / "pp", placement={"pp": 2})
