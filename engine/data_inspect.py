@@ -9,25 +9,29 @@ histogram reads at most HIST_ROWS labels (marked `sampled` when the set has more
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from engine.runtime.datasets import DataError, Source, StepLoader, open_source, sample_seed
+from engine.runtime.datasets import CorruptSample, DataError, Source, StepLoader, open_source, sample_seed
 from engine.runtime.datasets.arrays import ArrayFile
-from engine.runtime.datasets.images import ImageFolder
+from engine.runtime.datasets.images import IMAGE_EXTS, ImageFolder
 from engine.runtime.datasets.shards import Shards
+from engine.runtime.datasets.tables import Parquet
 from engine.runtime.datasets.tokens import TokenFile
 
 HIST_ROWS = 200_000
 
 
 def inspect_source(source: dict, base_dir: Path | None = None, *, examples: int = 4, seconds: float = 1.5,
-                   batch_size: int = 32, workers: int = 0) -> dict:
+                   batch_size: int = 32, workers: int = 0, strict: bool = False) -> dict:
     """A report of one data set (training.dataset's JSON); DataError in one line if it
-    cannot be read. Example tensors are numpy arrays; the rest is plain JSON."""
+    cannot be read. Example tensors are numpy arrays; the rest is plain JSON. A corrupt
+    sample met on the way is listed under "unreadable" (one line each, naming the file and
+    sample) and passed over, as training does; strict=True raises it instead."""
     train = open_source(source, "train", base_dir)
     try:
         val = open_source(source, "val", base_dir)
@@ -47,8 +51,11 @@ def inspect_source(source: dict, base_dir: Path | None = None, *, examples: int 
             info["classes"] = names
         if train.task in ("classification", "multi_label"):
             info["histogram"] = histogram(train)
-    info["examples"] = example_samples(train, examples)
-    info["throughput"] = throughput(train, batch_size, seconds, workers)
+    bad: list[str] = []
+    info["examples"] = example_samples(train, examples, strict=strict, unreadable=bad)
+    info["throughput"] = throughput(train, batch_size, seconds, workers, strict=strict)
+    bad += [m for m in info["throughput"].pop("skipped_files") if not any(b.startswith(m) for b in bad)]
+    info["unreadable"] = bad
     return info
 
 
@@ -110,10 +117,19 @@ def preview(x: torch.Tensor, src: Source) -> np.ndarray | None:
     return np.clip(a + 0.5, 0, 255).astype(np.uint8)
 
 
-def example_samples(src: Source, k: int) -> list[dict]:
+def example_samples(src: Source, k: int, *, strict: bool = True, unreadable: list | None = None) -> list[dict]:
+    """k samples spread over the split; a corrupt one (not strict) is noted in `unreadable`
+    and left out."""
     out = []
-    for i in np.linspace(0, len(src) - 1, num=min(k, len(src))).astype(int):
-        x, y = src.sample(int(i), None)
+    for i in np.unique(np.linspace(0, len(src) - 1, num=min(k, len(src))).astype(int)):
+        try:
+            x, y = src.sample(int(i), None)
+        except CorruptSample as e:
+            if strict:
+                raise CorruptSample(f"{e} (sample {int(i)}; strict mode)") from None
+            if unreadable is not None:
+                unreadable.append(f"{e} (sample {int(i)})")
+            continue
         ex = {"index": int(i), "where": src.where(int(i)), "y": y.numpy()}
         if isinstance(x, dict):
             ex["x"] = {c: v.numpy() for c, v in x.items()}
@@ -128,13 +144,20 @@ def example_samples(src: Source, k: int) -> list[dict]:
     return out
 
 
-def throughput(src: Source, batch_size: int, seconds: float, workers: int) -> dict:
+def throughput(src: Source, batch_size: int, seconds: float, workers: int, strict: bool = False) -> dict:
     """Samples/s of the step loader over about `seconds` (its first batch timed apart)."""
     bs = max(1, min(batch_size, len(src)))
-    loader = StepLoader(src, bs, 0, workers=workers)
+    loader = StepLoader(src, bs, 0, workers=workers, strict=strict)
     try:
         t0 = time.perf_counter()
-        loader.batch(0)
+        try:
+            loader.batch(0)
+        except RuntimeError as e:  # default_collate: samples of different shapes (lists of any length)
+            if "stack expects each tensor to be equal size" not in str(e):
+                raise
+            hint = "; set seq_len (list columns are padded or truncated to it)" if isinstance(src, Parquet) else ""
+            raise DataError(f"{src.path}: samples differ in shape and cannot be batched ({str(e).splitlines()[0]})"
+                            f"{hint}") from None
         first = time.perf_counter() - t0
         steps, t1 = 0, time.perf_counter()
         while time.perf_counter() - t1 < seconds:
@@ -144,7 +167,8 @@ def throughput(src: Source, batch_size: int, seconds: float, workers: int) -> di
     finally:
         loader.close()
     return {"samples_per_s": round(steps * bs / max(dt, 1e-9), 1), "first_batch_s": round(first, 4),
-            "batch_size": bs, "workers": workers, "skipped": loader.skipped}
+            "batch_size": bs, "workers": workers, "skipped": loader.skipped,
+            "skipped_files": list(loader.skipped_files)}
 
 
 def inspect_text(info: dict) -> str:
@@ -168,3 +192,90 @@ def inspect_text(info: dict) -> str:
                  f"first batch {tp['first_batch_s']} s")
     return "\n".join(lines)
 
+
+
+# ---- what a path holds, from its names (the data panel and `data inspect` without a kind) ----
+_BY_EXT = {".bin": "token_file", ".tar": "shards", ".parquet": "parquet", ".arrow": "parquet", ".npz": "array",
+           ".npy": "array"}
+
+
+def _suffixes(folder: Path, most: int = 500) -> set[str]:
+    """The file name endings among a folder's first `most` entries (a huge folder is not listed whole)."""
+    out = set()
+    with os.scandir(folder) as it:
+        for k, e in enumerate(it):
+            if k >= most:
+                break
+            if e.is_file() and not e.name.startswith("."):
+                out.add(os.path.splitext(e.name)[1].lower())
+    return out
+
+
+def _subfolders(folder: Path, most: int = 500) -> list[Path]:
+    with os.scandir(folder) as it:
+        return [Path(e.path) for k, e in zip(range(most), it) if e.is_dir() and not e.name.startswith(".")]
+
+
+def guess_kind(path: str | os.PathLike) -> str:
+    """The kind (training.dataset.kind) of the data set at `path`, from file names alone:
+    .bin token files, .tar shards (or a pattern like s-{000..009}.tar), .parquet/.arrow
+    files, .npz or a folder of .npy, a folder of class folders of images. DataError in one
+    line when it is none of them (text, .csv: pack them first)."""
+    p = Path(os.path.expanduser(str(path)))
+    if "{" in p.name and p.name.endswith(".tar"):
+        return "shards"
+    if not p.exists():
+        raise DataError(f"{p}: nothing found at this path")
+    if p.is_file():
+        kind = _BY_EXT.get(p.suffix.lower())
+        if kind:
+            return kind
+        hint = ("pack it first: `data pack` makes .npy files of a .csv" if p.suffix.lower() == ".csv" else
+                "pack it first: `data pack` makes token files of text" if p.suffix.lower() in (".txt", ".md", "")
+                else "say which with --kind")
+        raise DataError(f"{p}: not a data set read in place (.bin tokens, .tar shards, .parquet or .arrow, .npz); "
+                        f"{hint}")
+    if not p.is_dir():
+        raise DataError(f"{p}: not a regular file or a folder")
+    tops = [p] + [s for s in (p / "train", p / "val") if s.is_dir()]
+    for top in tops:
+        exts = _suffixes(top)
+        for ext in (".bin", ".tar", ".parquet", ".arrow", ".npy"):
+            if ext in exts:
+                return _BY_EXT[ext]
+    for top in tops:  # class folders of images; or a datasets save_to_disk layout (<split>/*.arrow)
+        for sub in _subfolders(top):
+            exts = _suffixes(sub)
+            if exts & {".parquet", ".arrow"}:
+                return "parquet"
+            if exts & set(IMAGE_EXTS) or any(_suffixes(s) & set(IMAGE_EXTS) for s in _subfolders(sub, 20)):
+                return "image_folder"
+    raise DataError(f"{p}: no data set found here (class folders of .jpg/.png/.webp images, .bin token files, "
+                    f".tar shards, .parquet/.arrow files or .npy arrays); say which with --kind, or pack it "
+                    f"first with `data pack`")
+
+
+def guess_columns(source: dict, base_dir: Path | None = None) -> dict:
+    """Input and target columns of a Parquet/Arrow set that names none, from its schema:
+    input_ids (and attention_mask) with label/labels as the target; else every numeric
+    column but label/labels/target (tabular). {} when nothing fits."""
+    from engine.runtime.datasets.base import resolve
+    from engine.runtime.datasets.tables import Part, table_files
+
+    root = resolve(source["path"], base_dir)
+    files, _ = table_files(root, "train")
+    if not files:
+        return {}
+    schema = Part(files[0], []).schema
+    names = list(schema.names) if schema is not None else []
+    target = next((n for n in ("label", "labels", "target", "y") if n in names), None)
+    if "input_ids" in names:
+        inputs = ["input_ids"] + (["attention_mask"] if "attention_mask" in names else [])
+        return {"inputs": inputs, "target": target} if target else {"inputs": inputs, "task": "language_model"}
+    if target is None:
+        return {}
+    import pyarrow as pa
+
+    numeric = [f.name for f in schema if f.name != target and (pa.types.is_integer(f.type)
+                                                              or pa.types.is_floating(f.type))]
+    return {"inputs": numeric, "target": target} if numeric else {}

@@ -17,6 +17,17 @@ existing models; `.validate()`, `.autoplace(devices=N)`, `.deploy(cluster)` (a `
 `status()`, `metrics(follow=True)`, `cancel()`, `fetch()`), `.export_onnx()`,
 `.export_script()`, `.save()` and `.diff(other)` do what the commands of the same names do.
 Every error is a `LayerflowError` whose message names the node, field or host at fault.
+
+Data sets read in place (folders of images, token files, Parquet, arrays, tar shards):
+
+    report = lf.inspect("photos/", image_size=64)   # samples, shapes, classes, samples/s
+    print(report); report.save_previews("previews/")  # the text `layerflow data inspect` prints
+    lf.pack(["corpus.txt"], "tokens/")               # text -> train.bin, val.bin (also images
+                                                     # -> tar shards, .npz/.csv -> .npy)
+    used = p.use_data("tokens/", fit=True)           # training.dataset; the Input follows the data
+    print(used.mismatches)                           # e.g. a classifier's outputs vs the classes
+
+A data set that cannot be read raises `lf.DataError`, naming the file and sample or row.
 """
 from __future__ import annotations
 
@@ -28,6 +39,7 @@ from engine.interop.common import InteropError
 from engine.planner import Plan
 from engine.run import RunError
 from engine.runtime.records import RunStatus
+from layerflow.data import DataError, DataReport, DataUse, Packed, inspect, pack
 from layerflow.project import Project, Summary, load
 from layerflow.runs import Job, Run, RunFailed, cluster_jobs
 
@@ -35,10 +47,14 @@ Status = RunStatus  # what `Run.status()` and `Job.status()` return: .state, .st
 
 __all__ = [
            "CheckFailed",
+           "DataError",
+           "DataReport",
+           "DataUse",
            "GraphError",
            "InteropError",
            "Job",
            "LayerflowError",
+           "Packed",
            "Plan",
            "Project",
            "ProjectDiff",
@@ -50,5 +66,7 @@ __all__ = [
            "Status",
            "Summary",
            "cluster_jobs",
+           "inspect",
            "load",
+           "pack",
 ]

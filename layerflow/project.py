@@ -287,6 +287,21 @@ class Project:
         self._laid_out = False  # the copies sit in a row; save() lays the diagram out
         return [i for p in rep.copies for i in p.ids]
 
+    # ----- data -------------------------------------------------------------------------
+    def use_data(self, path: str | os.PathLike, kind: str | None = None, *, fit: bool = False, **settings: Any):
+        """Train on the data set at `path` (kind guessed from its file names: image_folder,
+        token_file, parquet, array, shards): sets training.dataset, keeping the settings
+        of the same kind it had unless `settings` change them (image_size=, seq_len=,
+        inputs=, target=, ...). An image set's image_size and channels, and a token file's
+        seq_len, follow the Input node when not given. With fit=True the Input node takes
+        the data's shape and dtype. Returns a layerflow.data.DataUse: `.mismatches` lists,
+        one line each naming the node, where the data and the diagram still disagree
+        (the classifier's outputs against the classes, ...). lf.DataError when the data
+        cannot be read. Not saved: call save()."""
+        from layerflow.data import use_data
+
+        return use_data(self._p, path, kind, fit=fit, **settings)
+
     # ----- checking ---------------------------------------------------------------------
     def _settings(self) -> None:
         """Fields changed on p.training / p.placement are checked as the file's are."""
