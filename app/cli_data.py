@@ -92,6 +92,8 @@ def _settings(args) -> dict:
         key = key.strip().replace("-", "_")
         if not eq or not key:
             raise CliError(f"--set {item!r}: write KEY=VALUE, e.g. --set flip=false")
+        if key in ("kind", "path"):
+            raise CliError(f"--set {key}=...: give the {'kind with --kind' if key == 'kind' else 'path as PATH'}")
         try:
             out[key] = json.loads(text)
         except json.JSONDecodeError:

@@ -16,7 +16,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.runtime.datasets import CorruptSample, DataError, Source, StepLoader, open_source, sample_seed
+from engine.runtime.datasets import (
+    CorruptSample,
+    DataError,
+    Source,
+    StepLoader,
+    open_source,
+    sample_seed,
+)
 from engine.runtime.datasets.arrays import ArrayFile
 from engine.runtime.datasets.images import IMAGE_EXTS, ImageFolder
 from engine.runtime.datasets.shards import Shards
@@ -82,7 +89,7 @@ def histogram(src: Source) -> dict:
         counts = np.bincount(labels[labels >= 0], minlength=src.n_classes or 0)
     else:  # multi-hot rows: how often each class is on
         counts = labels.sum(0)
-    return {"counts": [int(c) for c in counts], "rows": int(len(labels)), "sampled": bool(len(labels) < n)}
+    return {"counts": [int(c) for c in counts], "rows": len(labels), "sampled": bool(len(labels) < n)}
 
 
 def _label(src: Source, i: int):

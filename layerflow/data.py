@@ -18,9 +18,10 @@ this module picks the kind, checks the settings as the project file's are, and r
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
@@ -309,7 +310,8 @@ class Packed:
             body = (f"train.bin ({tok['train']:,} tokens), val.bin ({tok['val']:,} tokens), meta.json: "
                     f"vocabulary {m['vocab_size']:,} ({m['dtype']}, {m['tokenizer']})")
         elif self.kind == "shards":
-            n = ", ".join(f"{v:,} {k}" for k, v in m["samples"].items())
+            n = ", ".join(f"{v:,} {k}" for k, v in m["samples"].items()) if "data" not in m["samples"] else \
+                f"{m['samples']['data']:,} samples, split by val_fraction when read"
             shards = sorted(p.name for p in self.path.glob("*.tar"))
             body = (f"{len(shards)} tar shard(s) of up to {m['shard_size']:,} samples ({n}), classes.json: "
                     f"{len(m['classes'])} classes")
@@ -412,8 +414,8 @@ class DataUse:
         classes = (f", vocabulary {i.n_classes:,}" if i.task == "language_model" and i.n_classes else
                    f", {i.n_classes:,} classes" if i.n_classes else "")
         lines = [f"training.dataset: {self.dataset['kind']} at {self.dataset['path']}",
-                 f"  {i.n_train + i.n_val:,} samples ({i.n_train:,} train, {i.n_val:,} val), x {x}, "
-                 f"task {i.task}{classes}"]
+                 (f"  {i.n_train + i.n_val:,} samples ({i.n_train:,} train, {i.n_val:,} val), x {x}, "
+                  f"task {i.task}{classes}")]
         lines += [f"  {n}" for n in self.notes]
         lines += [f"  fitted {c}" for c in self.changes]
         return "\n".join(lines)

@@ -12,12 +12,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import app.cli as cli
-import app.cli_data as cli_data
+from app import cli, cli_data
 from engine.project import load_project
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-from test_datasets import make_images, make_npz, make_parquet, make_tokens  # noqa: E402
+from test_datasets import make_images, make_npz, make_parquet, make_tokens
 
 EX = Path(__file__).resolve().parents[2] / "resources" / "examples"
 
@@ -113,12 +112,12 @@ def test_pack_reports_progress_on_stderr_when_it_takes_long(run, tmp_path, monke
     monkeypatch.setattr("engine.datapack.CHUNK", 500)  # ten chunks
     clock = iter(range(0, 10_000, 3))  # every look at the clock: 3 s later
     monkeypatch.setattr(cli_data.time, "monotonic", lambda: next(clock))
-    rc, out, err = run("data", "pack", tmp_path / "a.txt", tmp_path / "tok")
+    rc, _, err = run("data", "pack", tmp_path / "a.txt", tmp_path / "tok")
     assert rc == 0, err
     lines = err.splitlines()
     assert len(lines) >= 3 and all(ln.startswith(f"packing {tmp_path / 'a.txt'}: ") for ln in lines), err
     assert lines[-1].endswith("100% (4.9 KiB of 4.9 KiB)")
-    rc, out, err = run("data", "pack", tmp_path / "a.txt", tmp_path / "tok2", "--quiet")
+    rc, _, err = run("data", "pack", tmp_path / "a.txt", tmp_path / "tok2", "--quiet")
     assert rc == 0 and err == ""
 
 
