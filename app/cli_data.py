@@ -195,12 +195,12 @@ def cmd_use(args) -> int:
     for line in used.mismatches:
         print(f"warning: {line}", file=sys.stderr)
     data = Path(used.dataset["path"])
-    if data.is_absolute():  # outside the project's folder: reading it needs the user's consent
-        after = trust.needs_consent(project)
-        if trusted_before:  # everything else was consented to; the user named this path just now
-            trust.trust(project.path, after)
+    after = trust.needs_consent(project)
+    if after != before and after and trusted_before:  # the data moved in or out of the project's folder;
+        trust.trust(project.path, after)  # all else was consented to, and the user named this path just now
+        if data.is_absolute():
             print(f"  {data} is outside the project's folder: recorded your consent to read it for this project")
-        elif not trust.is_trusted(project.path, after):
-            print(f"note: {data} is outside the project's folder; `layerflow trust {args.project}` before training",
-                  file=sys.stderr)
+    elif data.is_absolute() and not trust.is_trusted(project.path, after):
+        print(f"note: {data} is outside the project's folder; `layerflow trust {args.project}` before training",
+              file=sys.stderr)
     return 0

@@ -268,3 +268,17 @@ def test_bad_inputs_give_one_line(run, tmp_path):
     assert proj.read_bytes() == saved  # nothing written
     rc, _, err = run("data", "use", tmp_path / "missing.lflow", tmp_path / "t.parquet")
     one_line_error(rc, err, "missing.lflow")
+
+
+def test_use_data_outside_asks_for_consent_when_the_project_has_other_untrusted_files(run, tmp_path):
+    from engine.project import save_project
+
+    make_images(tmp_path / "data" / "imgs", per_class=3)
+    (tmp_path / "proj").mkdir()
+    p = load_project(EX / "cnn_digits.lflow")
+    p.weights = str(tmp_path / "elsewhere" / "w.pt")  # a file outside the folder nobody consented to
+    save_project(p, tmp_path / "proj" / "p.lflow")
+    rc, out, err = run("data", "use", tmp_path / "proj" / "p.lflow", tmp_path / "data" / "imgs")
+    assert rc == 0, err
+    assert "recorded your consent" not in out
+    assert f"note: {(tmp_path / 'data' / 'imgs').resolve()} is outside the project's folder; `layerflow trust " in err
