@@ -282,3 +282,43 @@ def test_use_data_outside_asks_for_consent_when_the_project_has_other_untrusted_
     assert rc == 0, err
     assert "recorded your consent" not in out
     assert f"note: {(tmp_path / 'data' / 'imgs').resolve()} is outside the project's folder; `layerflow trust " in err
+
+
+class _WordTokenizer:
+    """The surface of tokenizers.Tokenizer that packing and inspecting use: one id per word
+    of the file's list (tokenizers itself is not needed to test the command)."""
+
+    def __init__(self, words):
+        self.words = words
+
+    @classmethod
+    def from_file(cls, path):
+        return cls(json.loads(Path(path).read_text())["words"])
+
+    def get_vocab_size(self):
+        return len(self.words)
+
+    def encode(self, text, add_special_tokens=True):
+        import types
+
+        return types.SimpleNamespace(ids=[self.words.index(w) for w in text.split()])
+
+    def decode(self, ids):
+        return " ".join(self.words[i] for i in ids)
+
+
+def test_pack_with_a_tokenizer_file_and_inspect_decodes_through_it(run, tmp_path, monkeypatch):
+    import types
+
+    monkeypatch.setitem(sys.modules, "tokenizers", types.SimpleNamespace(Tokenizer=_WordTokenizer))
+    words = ["the", "cat", "sat", "on", "mat", "a", "dog"]
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"words": words}))
+    (tmp_path / "t.txt").write_text("the cat sat on the mat\na dog sat on a cat\n" * 20)
+    rc, out, err = run("data", "pack", tmp_path / "t.txt", tmp_path / "tok", "--tokenizer", tmp_path / "tokenizer.json")
+    assert rc == 0, err
+    assert "vocabulary 7 (uint16, tokenizer.json)" in out and (tmp_path / "tok" / "tokenizer.json").is_file()
+    rc, out, err = run("data", "inspect", tmp_path / "tok", "--seq-len", "5", "--samples", "1", *QUICK)
+    assert rc == 0, err
+    assert "vocabulary: 7 (uint16)" in out and "'the cat sat on the mat'" in out
+    rc, _, err = run("data", "pack", tmp_path / "t.txt", tmp_path / "x", "--tokenizer", tmp_path / "nope.json")
+    assert rc == 2 and err.startswith("error: ") and err.count("\n") == 1 and "nope.json" in err, err
