@@ -322,3 +322,27 @@ def test_pack_with_a_tokenizer_file_and_inspect_decodes_through_it(run, tmp_path
     assert "vocabulary: 7 (uint16)" in out and "'the cat sat on the mat'" in out
     rc, _, err = run("data", "pack", tmp_path / "t.txt", tmp_path / "x", "--tokenizer", tmp_path / "nope.json")
     assert rc == 2 and err.startswith("error: ") and err.count("\n") == 1 and "nope.json" in err, err
+
+
+def test_a_real_process_prints_one_line_and_exits_2(tmp_path):
+    """The command in a process of its own, as `layerflow data ...` runs once app/cli.py lists
+    cli_data: exit codes and stderr as the user sees them."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    code = ("import sys, app.cli as c, app.cli_data as d\n"
+            "c.COMMAND_MODULES.append(d) if d not in c.COMMAND_MODULES else None\n"
+            "raise SystemExit(c.main(sys.argv[1:]))\n")
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=root, capture_output=True,
+                              text=True, timeout=300)
+
+    make_images(tmp_path / "imgs", per_class=3)
+    (tmp_path / "imgs" / "fox").mkdir()
+    r = cli("data", "inspect", tmp_path / "imgs", "--seconds", "0.1")
+    assert r.returncode == 2 and r.stderr == f"error: {tmp_path / 'imgs' / 'fox'}: empty class folder (no .jpg, " \
+                                             ".png or .webp images)\n", r.stderr
+    (tmp_path / "imgs" / "fox").rmdir()
+    r = cli("data", "inspect", tmp_path / "imgs", "--image-size", "8", "--seconds", "0.1")
+    assert r.returncode == 0 and "classes: 3" in r.stdout and r.stderr == "", r.stderr
