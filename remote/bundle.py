@@ -76,8 +76,12 @@ class _HashingWriter(io.RawIOBase):
         return self.f.write(b)
 
 
-def make_bundle(run_dir: str | os.PathLike, cache_dir: str | os.PathLike, exclude: Iterable[str] = ()) -> Bundle:
-    """Write the bundle of `run_dir` into `cache_dir` (named by its hash) and return it."""
+def make_bundle(run_dir: str | os.PathLike, cache_dir: str | os.PathLike, exclude: Iterable[str] = (),
+                replace: dict[str, bytes] | None = None) -> Bundle:
+    """Write the bundle of `run_dir` into `cache_dir` (named by its hash) and return it.
+    `replace`: run-folder files shipped with other content (run.json naming the data set's
+    path on the cluster; the local file stays as it is)."""
+    replace = {f"run/{k}": v for k, v in (replace or {}).items()}
     run_dir, cache_dir = Path(run_dir), Path(cache_dir)
     if not (run_dir / "run.json").is_file():
         raise ValueError(f"{run_dir} is not a run folder (no run.json); prepare it with engine.run.prepare_run")
@@ -89,9 +93,13 @@ def make_bundle(run_dir: str | os.PathLike, cache_dir: str | os.PathLike, exclud
             with tarfile.open(fileobj=w, mode="w|", format=tarfile.PAX_FORMAT) as tar:
                 for name, path in bundle_files(run_dir, exclude):
                     info = tarfile.TarInfo(name)
-                    info.size = path.stat().st_size
                     info.mode = 0o644
                     info.mtime = 0
+                    if name in replace:
+                        info.size = len(replace[name])
+                        tar.addfile(info, io.BytesIO(replace[name]))
+                        continue
+                    info.size = path.stat().st_size
                     with open(path, "rb") as f:
                         tar.addfile(info, f)
         b = Bundle(cache_dir / "x", w.h.hexdigest(), w.n)
@@ -119,31 +127,38 @@ def upload(conn: Connection, bundle: Bundle, remote_dir: str, progress: Progress
         return dest, False
     # a name of our own: nodes that share a file system (NFS homes) may upload at once
     part = f"{dest}.part-{secrets.token_hex(4)}"
-    if streams <= 1 or bundle.size < (32 << 20):
-        conn.put(bundle.path, part, progress)
-    else:
-        _parallel_put(conn, bundle, part, progress, streams)
+    put_file(conn, bundle.path, bundle.size, part, progress, streams)
     if conn.stat_size(part) != bundle.size:
         raise OSError(f"{conn.label}: upload of {bundle.name} is incomplete")
     conn.run(f"mv -f {quote(part)} {quote(dest)}")
     return dest, True
 
 
-def _parallel_put(conn: Connection, bundle: Bundle, part: str, progress: Progress | None, streams: int) -> None:
+def put_file(conn: Connection, local: Path, size: int, remote: str, progress: Progress | None = None,
+             streams: int = 2) -> None:
+    """Upload one file: pipelined SFTP, over `streams` connections when it is large."""
+    if streams <= 1 or size < (32 << 20):
+        conn.put(local, remote, progress)
+    else:
+        _parallel_put(conn, local, size, remote, progress, streams)
+
+
+def _parallel_put(conn: Connection, local: Path, size: int, part: str, progress: Progress | None,
+                  streams: int) -> None:
     conn.write_bytes(part, b"")
     conns = [conn] + [conn.clone() for _ in range(streams - 1)]
-    step = -(-bundle.size // streams)
+    step = -(-size // streams)
     done, lock = [0], threading.Lock()
 
     def tick(n: int) -> None:
         with lock:
             done[0] += n
             if progress:
-                progress(done[0], bundle.size)
+                progress(done[0], size)
 
     def one(i: int) -> None:
         off = i * step
-        conns[i].put_range(bundle.path, part, off, max(0, min(step, bundle.size - off)), tick)
+        conns[i].put_range(local, part, off, max(0, min(step, size - off)), tick)
 
     try:
         with ThreadPoolExecutor(streams) as ex:

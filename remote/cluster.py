@@ -85,6 +85,9 @@ class Cluster(_Strict):
     # a folder every user of the cluster can write (group permissions): each job registers
     # itself in <shared_dir>/jobs/ and keeps its record current, so `jobs --all` sees everyone's
     shared_dir: Optional[str] = None
+    # data sets already on the cluster: {a folder here: the same folder there}; a run whose
+    # data set lies under a folder here reads it there (remote/data.py), checked by fingerprint
+    data_paths: dict[str, str] = Field(default_factory=dict)
     connect_timeout: float = Field(10.0, gt=0)
     command_timeout: float = Field(60.0, gt=0)
     # Slurm only
@@ -97,6 +100,16 @@ class Cluster(_Strict):
     def _name(cls, v: str) -> str:
         if not NAME_RE.match(v):
             raise ValueError("use letters, digits, '_', '.', '-' (at most 64, not starting with a symbol)")
+        return v
+
+    @field_validator("data_paths")
+    @classmethod
+    def _data_paths(cls, v: dict[str, str]) -> dict[str, str]:
+        for here, there in v.items():
+            if not os.path.isabs(os.path.expanduser(here)):
+                raise ValueError(f"{here!r}: the folder here must be an absolute path")
+            if not there.startswith(("/", "~")):
+                raise ValueError(f"{there!r}: the folder on the cluster must be absolute or start with ~")
         return v
 
     @field_validator("env")

@@ -31,6 +31,7 @@ from typing import Callable, Iterable
 
 from remote.bundle import extract, make_bundle, upload
 from remote.cluster import Cluster, config_dir
+from remote.data import DataProblem, link_line, plan_data, stage_data
 from remote.jobctl import TOKEN_VAR
 from remote.jobctl import (
     kv_pairs as parse_kv,  # `scontrol show ... -o` lines (one parser, node and host)
@@ -248,14 +249,9 @@ me=$(scontrol show node "$SLURMD_NODENAME" -o 2>/dev/null | tr " " "\\n" | sed -
 me=${{me:-$SLURMD_NODENAME}}
 if [ "$SLURM_NODEID" = 0 ]; then is_host=1; else is_host=0; fi
 echo "layerflow job {job.id}: node $SLURM_NODEID of $SLURM_NNODES ($SLURMD_NODENAME, $me)"
-{_link_data(job)}{exports}
+{link_line(job)}{exports}
 {run}
 """
-
-
-def _link_data(job: Job) -> str:
-    path = job.extra.get("remote_data")
-    return f"ln -sfn {quote(path)} run/data.npz\n" if path else ""
 
 
 def layout(cluster: Cluster, world: int) -> tuple[int, int]:
@@ -282,7 +278,9 @@ def preflight_login(conn: Connection, cluster: Cluster, nnodes: int) -> tuple[Pr
 def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, accept: Iterable[str] = (),
            db: JobDB | None = None, progress: Progress | None = None,
            on_preflight: Callable[[PreflightReport], None] | None = None, remote_data: str | None = None) -> Job:
-    """Preflight, upload and sbatch; returns the job (state pending, Slurm id in extra)."""
+    """Preflight, upload and sbatch; returns the job (state pending, Slurm id in extra).
+    The data set (remote_data, the profile's data_paths, or the cluster's cache: remote/data.py)
+    is checked or uploaded on the login node, whose file system the compute nodes share."""
     run_dir = Path(run_dir)
     db = db or JobDB()
     spec = run_spec(run_dir)
@@ -297,23 +295,41 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
         if chk.errors:
             raise DeployError("the job does not fit the Slurm cluster, nothing was submitted:\n"
                               + "\n".join(chk.errors), report)
-        if remote_data and c.run(f"test -r {quote(remote_data)}", check=False).exit_status != 0:
-            raise DeployError(f"remote data {remote_data} is not readable on {c.label}; nothing was submitted")
-        bundle = make_bundle(run_dir, config_dir() / "bundles", exclude=["data.npz"] if remote_data else ())
+        try:
+            dplan = plan_data(spec, run_dir, cluster, remote_data)
+        except DataProblem as exc:
+            raise DeployError(f"{exc}; nothing was submitted") from None
+        bundle = make_bundle(run_dir, config_dir() / "bundles", exclude=["data.npz"], replace=dplan.replace(run_dir))
         job = Job(id=new_job_id(name or run_dir.name), name=name or run_dir.name, backend="slurm",
                   cluster=cluster.model_dump(mode="json"), created=time.time(), token=secrets.token_hex(12),
                   total_steps=spec.total_steps)
         job.extra = {"world_size": world, "nproc_per_node": nproc, "nnodes": nnodes, "bundle": bundle.sha256,
-                     "partition": chk.partition, "remote_data": remote_data,
+                     "partition": chk.partition, "remote_data": remote_data if dplan.mode == "link" else None,
                      "gpus": nnodes * (cluster.gpus_per_node or 0)}
+        if dplan.mode == "cache" and dplan.npz:
+            job.extra["data_link"] = dplan.path
         workdir = c.abspath(cluster.workdir)
         jobdir = f"{workdir}/jobs/{job.id}"
         job.nodes = [Node(0, c.label, jobdir)]
+        # The compute nodes read the job folder and the data where the login node put them
+        # (a shared file system): the data is checked or uploaded there, before sbatch.
+        try:
+            tar, up = upload(c, bundle, f"{workdir}/bundles",
+                             (lambda d, t: progress(c.label, d, t)) if progress else None)
+            extract(c, tar, jobdir)
+            sent = stage_data(c, dplan, cluster, jobdir,
+                              (lambda d, t: progress(f"{c.label} data", d, t)) if progress else None)
+        except (DataProblem, SSHError, OSError) as exc:
+            try:
+                c.run(f"rm -rf {quote(jobdir)}", check=False, timeout=60)
+            except SSHError:
+                pass
+            why = str(exc) if isinstance(exc, DataProblem) else f"upload failed: {exc}"
+            raise DeployError(f"{why}; nothing was submitted") from None
+        job.extra["sent"] = {"bundle": bundle.size if up else 0, "data": sent}
+        job.extra["data"] = dplan.record()
         db.add_with_mirror(job, run_dir)
         try:
-            tar, _ = upload(c, bundle, f"{workdir}/bundles",
-                            (lambda d, t: progress(c.label, d, t)) if progress else None)
-            extract(c, tar, jobdir)
             c.write_bytes(f"{jobdir}/token", job.token.encode(), 0o600)
             c.write_bytes(f"{jobdir}/job.sbatch", sbatch_script(job, cluster, nnodes, nproc).encode(), 0o700)
             c.write_bytes(f"{jobdir}/node.sh", node_script(job, cluster, nnodes, nproc).encode(), 0o700)

@@ -2,8 +2,11 @@
 
     deploy(cluster, run_dir) -> Job
       1. preflight every host (parallel, timeouts); any failure -> DeployError, nothing launched
-      2. bundle the run folder + runtime (content hash); upload where that hash is missing
-      3. per node: extract into WORKDIR/jobs/<job id>/node<N>/, write token + nodeN.sh
+      2. bundle the run folder + runtime (content hash, never the data); upload where that
+         hash is missing; per node: extract into WORKDIR/jobs/<job id>/node<N>/
+      3. per node: the data (remote/data.py): checked by fingerprint where it already is, or
+         uploaded once into WORKDIR/data/<digest>/; any problem -> DeployError, nothing launched
+         (node 0 first: nodes sharing a file system then find its copy); write token + nodeN.sh
       4. per node: `setsid nohup sh nodeN.sh </dev/null >nodeN.out 2>&1 &`
          the script records its pid (== its process group: setsid made it a leader),
          runs torchrun (c10d rendezvous on the first node, --max-restarts), and writes
@@ -15,6 +18,7 @@ name is data, never code.
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +29,7 @@ from engine.runtime.spec import RunSpec, SpecError
 from remote import board
 from remote.bundle import Bundle, extract, make_bundle, upload
 from remote.cluster import Cluster, config_dir
+from remote.data import DataPlan, DataProblem, link_line, plan_data, stage_data
 from remote.jobctl import TOKEN_VAR
 from remote.jobs import Job, JobDB, Node, new_job_id
 from remote.preflight import PreflightReport, check_devices, preflight, rdzv_address
@@ -100,12 +105,6 @@ def _torchrun(job: Job, cluster: Cluster, i: int, nnodes: int, nproc: int) -> st
         "-m", "engine.runtime.train", "run"])
 
 
-def _link_data(job: Job) -> str:
-    """A data set already on the cluster: the run folder's data.npz points at it."""
-    path = job.extra.get("remote_data")
-    return f"ln -sfn {quote(path)} run/data.npz\n" if path else ""
-
-
 def _board_keeper(job: Job, cluster: Cluster, i: int) -> str:
     """Node 0 keeps the job's record on the shared job board current (remote/board.py), from
     a session of its own without the job's token: a cancel neither kills it nor counts it."""
@@ -129,7 +128,7 @@ def node_script(job: Job, cluster: Cluster, i: int, nnodes: int, nproc: int) -> 
 # this shell leads its own session, so its pid is the job's process group on this node.
 echo $$ > node{i}.pid.tmp && mv node{i}.pid.tmp node{i}.pid
 printf 'layerflow job %s (%s) node {i} of {nnodes}\\n' {quote(job.id)} {quote(job.name)}
-{_board_keeper(job, cluster, i)}{_link_data(job)}{exports}
+{_board_keeper(job, cluster, i)}{link_line(job)}{exports}
 {torchrun}
 rc=$?
 echo $rc > node{i}.exit.tmp && mv node{i}.exit.tmp node{i}.exit
@@ -142,8 +141,11 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
            on_preflight: Callable[[PreflightReport], None] | None = None, remote_data: str | None = None) -> Job:
     """Launch the prepared run folder on the cluster; returns the job (state running).
 
-    remote_data: a data set (.npz with x_train, y_train, x_val, y_val) already on every
-    node at this path; the bundle then leaves data.npz out and the nodes link to it."""
+    remote_data: where the run's data set already is on every node (its path there): a
+    data set read in place (run.json data.source) is checked there by fingerprint before
+    anything starts; a generated set's data.npz is linked to it. Without it, the profile's
+    data_paths may say where; else the data is uploaded once into the cluster's cache
+    (remote/data.py). job.extra["sent"] says the bytes sent: {"bundle", "data"}."""
     run_dir = Path(run_dir)
     db = db or JobDB()
     accept = list(accept)
@@ -165,44 +167,35 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
         if errs:
             raise DeployError("the plan does not fit the cluster, nothing was launched:\n" + "\n".join(errs), report)
 
-        if remote_data:
-            missing = []
-            for c in conns:
-                if c.run(f"test -r {quote(remote_data)}", check=False).exit_status != 0:
-                    missing.append(c.label)
-            if missing:
-                raise DeployError(f"remote data {remote_data} is not readable on {', '.join(missing)}; "
-                                  "nothing was launched")
-        bundle = make_bundle(run_dir, config_dir() / "bundles", exclude=["data.npz"] if remote_data else ())
+        try:
+            dplan = plan_data(spec, run_dir, cluster, remote_data)
+        except DataProblem as exc:
+            raise DeployError(f"{exc}; nothing was launched") from None
+        bundle = make_bundle(run_dir, config_dir() / "bundles", exclude=["data.npz"], replace=dplan.replace(run_dir))
         job = Job(id=new_job_id(name or run_dir.name), name=name or run_dir.name,
                   cluster=cluster_used.model_dump(mode="json"), created=time.time(), token=secrets.token_hex(12),
                   total_steps=spec.total_steps)
         job.extra = {"world_size": world, "nproc_per_node": nproc, "bundle": bundle.sha256,
-                     "remote_data": remote_data,
+                     "remote_data": remote_data if dplan.mode == "link" else None,
                      "gpus": sum(min(len(h.gpus), nproc) for h in report.hosts)}
+        if dplan.mode == "cache" and dplan.npz:
+            job.extra["data_link"] = dplan.path
+        job.nodes, sent = stage_all(conns, cluster, job, bundle, dplan, progress)
+        job.extra["sent"] = sent
+        job.extra["data"] = dplan.record()
         owner = None
         if cluster.shared_dir:  # the shared job board: the record's place is in every node script
             owner = board.whoami(conns[0])
             job.extra["owner"] = owner
             job.extra["board"] = board.prepare_record(conns[0], cluster, job.id)
 
-        def stage(i: int) -> Node:
-            c = conns[i]
-            workdir = c.abspath(cluster.workdir)
-            # one folder per node: on a shared file system the nodes must not extract into,
-            # or write their pid/exit files into, the same place
-            jobdir = f"{workdir}/jobs/{job.id}/node{i}"
-            tar, _ = upload(c, bundle, f"{workdir}/bundles",
-                            (lambda d, t: progress(c.label, d, t)) if progress else None)
-            extract(c, tar, jobdir)
-            c.write_bytes(f"{jobdir}/token", job.token.encode(), 0o600)
-            c.write_bytes(f"{jobdir}/node{i}.sh", node_script(job, cluster_used, i, nnodes, nproc).encode(), 0o700)
-            return Node(i, c.label, jobdir)
-
         db.add_with_mirror(job, run_dir)
         try:
-            with ThreadPoolExecutor(len(conns)) as ex:
-                job.nodes = list(ex.map(stage, range(nnodes)))
+            for n in job.nodes:
+                c = conns[n.index]
+                c.write_bytes(f"{n.jobdir}/token", job.token.encode(), 0o600)
+                c.write_bytes(f"{n.jobdir}/node{n.index}.sh",
+                              node_script(job, cluster_used, n.index, nnodes, nproc).encode(), 0o700)
         except (SSHError, OSError) as exc:
             job.state, job.error = "failed", f"upload failed, nothing was launched: {exc}"
             db.save(job)
@@ -241,6 +234,58 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
     finally:
         for c in conns:
             c.close()
+
+
+def stage_all(conns: list[Connection], cluster: Cluster, job: Job, bundle: Bundle, dplan: DataPlan,
+              progress: Progress | None = None) -> tuple[list[Node], dict]:
+    """Per node: the bundle uploaded (where missing) and extracted into the job's folder, then
+    the data made ready (remote/data.py). Node 0 goes first, the others after it in parallel:
+    nodes that share a file system then find node 0's copies. Any failure removes the job's
+    folders and raises DeployError (one line per node at fault); nothing was launched.
+    Returns the nodes and the bytes sent, {"bundle": ..., "data": ...}."""
+    sent = {"bundle": 0, "data": 0}
+    staged: list[tuple[Connection, str]] = []
+    lock = threading.Lock()
+
+    def stage(i: int) -> Node:
+        c = conns[i]
+        workdir = c.abspath(cluster.workdir)
+        # one folder per node: on a shared file system the nodes must not extract into,
+        # or write their pid/exit files into, the same place
+        jobdir = f"{workdir}/jobs/{job.id}/node{i}"
+        tar, up = upload(c, bundle, f"{workdir}/bundles", (lambda d, t: progress(c.label, d, t)) if progress else None)
+        staged.append((c, jobdir))
+        extract(c, tar, jobdir)
+        n = stage_data(c, dplan, cluster, jobdir, (lambda d, t: progress(f"{c.label} data", d, t)) if progress else None)
+        with lock:
+            sent["bundle"] += bundle.size if up else 0
+            sent["data"] += n
+        return Node(i, c.label, jobdir)
+
+    def attempt(i: int):
+        try:
+            return stage(i)
+        except (DataProblem, SSHError, OSError) as exc:
+            return exc
+
+    results = [attempt(0)]
+    if not isinstance(results[0], Exception) and len(conns) > 1:
+        with ThreadPoolExecutor(len(conns) - 1) as ex:
+            results += list(ex.map(attempt, range(1, len(conns))))
+    errors = [r for r in results if isinstance(r, Exception)]
+    if not errors:
+        return results, sent
+    for c, jobdir in staged:  # nothing of a job that never started stays behind
+        try:
+            parent = jobdir.rsplit("/", 1)[0]
+            c.run(f"rm -rf {quote(jobdir)}; rmdir {quote(parent)} {quote(parent.rsplit('/', 1)[0])} 2>/dev/null",
+                  check=False, timeout=60)
+        except SSHError:
+            pass
+    lines = [str(e) if isinstance(e, DataProblem) else f"upload failed: {e}" for e in errors]
+    if len(lines) == 1:
+        raise DeployError(f"{lines[0]}; nothing was launched") from None
+    raise DeployError("nothing was launched:\n" + "\n".join(lines)) from None
 
 
 def upload_bundle(cluster: Cluster, bundle: Bundle, accept: Iterable[str] = (),

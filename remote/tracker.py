@@ -32,6 +32,7 @@ from filelock import FileLock
 from engine.errors import LayerflowError
 from engine.project import atomic_write
 from engine.tail import parse_jsonl, read_from, split_complete
+from remote.data import restore_run_json
 from remote.jobs import TERMINAL, Job, JobDB
 from remote.ssh import Connection, SSHError, quote
 
@@ -435,6 +436,8 @@ class Tracker:
             for name in wanted:
                 if c.stat_size(f"{run}/{name}") is not None:
                     got.append(self._get(c, f"{run}/{name}", out_dir / name, progress))
+                    if name == "run.json":  # the data set's path here, not the cluster's
+                        restore_run_json(out_dir / name, self.job)
             for sub in ("checkpoints", "logs"):
                 got += self._get_tree(c, f"{run}/{sub}", out_dir / sub, progress)
             # the node scripts' output (nodeN.out) and, under Slurm, the batch script's (slurm-ID.out)

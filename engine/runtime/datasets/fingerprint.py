@@ -77,3 +77,69 @@ def fingerprint(source: dict, base_dir: Path | None = None) -> dict:
         newest = max(newest, st.st_mtime)
     return {"kind": source.get("kind"), "files": len(files), "bytes": total, "digest": digest.hexdigest(),
             "mtime_digest": times.hexdigest(), "newest_mtime": newest}
+
+
+# What a format needs on a node beyond torch and numpy: (module to import, package to install).
+NEEDS = {"image_folder": (("PIL.Image", "Pillow"),), "parquet": (("pyarrow.parquet", "pyarrow"),)}
+
+
+def needs(source: dict, base_dir: Path | None = None) -> list[tuple[str, str]]:
+    """The imports reading `source` takes on top of torch and numpy; shards need Pillow
+    only when they hold images (their first shard's members say)."""
+    kind = source.get("kind")
+    if kind != "shards":
+        return list(NEEDS.get(kind, ()))
+    import tarfile
+
+    from .shards import X_EXTS
+
+    _, files = data_files(source, base_dir)
+    try:
+        with tarfile.open(files[0], mode="r:") as tf:
+            for m in tf:
+                ext = m.name.rpartition("/")[2].partition(".")[2].lower()
+                if ext in X_EXTS:
+                    return [("PIL.Image", "Pillow")] if ext != "npy" else []
+    except (tarfile.TarError, OSError, IndexError):
+        pass
+    return []
+
+
+def node_check(source: dict, with_fingerprint: bool = True) -> dict:
+    """What a deploy asks a cluster node about a data set (remote/data.py): its
+    fingerprint there (or the error that stops one) and the packages its format needs
+    that this node's Python cannot import."""
+    import importlib
+
+    out: dict = {"fingerprint": None, "error": None, "missing": []}
+    try:
+        if with_fingerprint:
+            out["fingerprint"] = fingerprint(source)
+        for module, package in needs(source):
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                out["missing"].append(package)
+    except (DataError, OSError) as e:
+        out["error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m engine.runtime.datasets.fingerprint SOURCE_JSON [--no-fingerprint]: one
+    JSON line, node_check's answer (run on a node from the deploy's bundle)."""
+    import json
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    with_fp = "--no-fingerprint" not in args
+    args = [a for a in args if a != "--no-fingerprint"]
+    if len(args) != 1:
+        print("usage: python -m engine.runtime.datasets.fingerprint SOURCE_JSON [--no-fingerprint]", file=sys.stderr)
+        return 2
+    print(json.dumps(node_check(json.loads(args[0]), with_fp)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
