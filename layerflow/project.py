@@ -438,8 +438,11 @@ class Project:
         """Run on a cluster profile (`layerflow cluster add`): preflight, upload, torchrun on
         every node; returns the Job at once. An unknown host key stops with its
         fingerprint; pass it in accept_host_key once checked. progress(host, done, total)
-        follows the upload, on_preflight(report) gets the nodes' check, on_prepared(run_dir)
-        the local run folder."""
+        follows the upload (the data's as "<host> data"), on_preflight(report) gets the nodes'
+        check, on_prepared(run_dir) the local run folder. The data set: remote_data is its path
+        on the cluster (checked on every node by fingerprint, nothing sent); else the
+        profile's data_paths may map its folder there; else it is uploaded once into the
+        cluster's cache and reused (remote/data.py)."""
         from remote.cluster import ClusterStore
         from remote.launch import deploy
         from remote.launch_ssh import prepare

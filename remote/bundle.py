@@ -5,6 +5,10 @@
     engine/runtime/*.py
     layerflow_jobctl.py     the node-side status/cancel helper (remote/jobctl.py)
 
+A deploy's bundle never holds data: it leaves data.npz out and ships a run.json that
+names where the data set is on the cluster (remote/data.py: there already, or uploaded
+once into the cluster's cache).
+
 The tar is deterministic (sorted names, zero mtimes and owners), so equal content
 gives an equal SHA-256 and a host that already holds `bundles/<hash>.tar` is not
 sent it again. Uploads go to `<hash>.tar.part-<random>` with pipelined SFTP writes and are
