@@ -282,3 +282,23 @@ def test_a_run_that_fails_under_slurm_shows_failed_with_its_reason(slurm_env, tm
     assert job.state == "failed", (job.state, job.error)
     assert job.error.startswith("Slurm: FAILED (NonZeroExitCode), exit code 1:0: ValueError"), job.error
     assert cli("status", job_id).stdout.startswith(f"{job_id}: failed")
+
+
+def test_a_token_file_goes_up_once_to_the_login_node_and_slurm_trains_on_it(slurm_env, tmp_path, config_dir):
+    """Data here, under Slurm: uploaded once into the cache on the login node (whose file
+    system the compute nodes share), the job trains on it; a second deploy sends no data."""
+    from remote.launch import deploy
+    from remote.launch_ssh import prepare
+    from test_remote_data import make_tokens, token_project
+
+    toks = make_tokens(tmp_path / "tokens", n=3000)
+    size = sum(f.stat().st_size for f in toks.iterdir())
+    cluster = add_profile(slurm_env, tmp_path, nproc_per_node=1)
+    project = token_project(toks, steps=20)
+    jobs = [deploy(cluster, prepare(project, tmp_path / f"run{i}", steps=20)) for i in range(2)]
+    assert [j.extra["sent"]["data"] for j in jobs] == [size, 0]
+    for job in jobs:
+        with Tracker(job.id) as tr:
+            job = tr.follow(interval=0.5)
+        assert job.state == "succeeded", job.error
+        assert len(losses(Path(job.nodes[0].jobdir) / "run" / "metrics.jsonl")) == 20
