@@ -105,6 +105,7 @@ def test_data_on_the_cluster_is_read_there_and_sends_no_data_bytes(sshd_pair, tm
     cluster = one_node(sshd_pair, tmp_path, data_paths={str(tmp_path / "here"): str(there)})
     assert mapped_path(cluster, str(here)) == str(there / "tokens")
     job = deploy(cluster, run_dir)
+    print(sent_line(job))
     assert job.extra["sent"]["data"] == 0 and job.extra["sent"]["bundle"] > 0
     assert job.extra["data"]["mode"] == "cluster" and "0 B of data" in sent_line(job)
     assert not [n for n in bundle_names(job) if n.endswith((".bin", "meta.json", ".npz"))]  # never data
@@ -122,6 +123,7 @@ def test_data_on_the_cluster_is_read_there_and_sends_no_data_bytes(sshd_pair, tm
 
 def test_local_data_is_uploaded_once_and_reused(sshd_pair, tmp_path, config_dir):
     toks = make_tokens(tmp_path / "tokens")
+    (toks / "spare.bin").write_bytes(os.urandom(3 << 19))  # a file big enough to go up by SFTP, not in a tar batch
     size = sum(f.stat().st_size for f in toks.iterdir())
     cluster = one_node(sshd_pair, tmp_path)
     project = token_project(toks, steps=30)
@@ -133,10 +135,13 @@ def test_local_data_is_uploaded_once_and_reused(sshd_pair, tmp_path, config_dir)
     (cache / f"{key}.part-dead" / "train.bin").write_bytes(b"\0" * 10)
     seen = []
     job = deploy(cluster, run_dir, progress=lambda h, d, t: seen.append((h, d, t)))
-    assert job.extra["sent"]["data"] == size and f"{size / 1000:.1f} kB of data" in sent_line(job)
+    print(sent_line(job))
+    assert job.extra["sent"]["data"] == size and f"{size / 1e6:.1f} MB of data" in sent_line(job)
     assert seen[-1][0].endswith(" data") and seen[-1][1] == seen[-1][2] == size
-    assert sorted(p.name for p in (cache / key).iterdir()) == sorted([MARKER, "meta.json", "train.bin", "val.bin"])
-    assert (cache / key / "train.bin").read_bytes() == (toks / "train.bin").read_bytes()
+    assert sorted(p.name for p in (cache / key).iterdir()) == sorted([MARKER, "meta.json", "spare.bin", "train.bin",
+                                                                          "val.bin"])
+    for name in ("train.bin", "spare.bin"):
+        assert (cache / key / name).read_bytes() == (toks / name).read_bytes()
     assert node_run_json(job)["data"]["source"]["path"] == str(cache / key)
     assert not [n for n in bundle_names(job) if n.endswith((".bin", "meta.json", ".npz"))]
     loss = losses(follow(job))
@@ -144,6 +149,7 @@ def test_local_data_is_uploaded_once_and_reused(sshd_pair, tmp_path, config_dir)
 
     job2 = deploy(cluster, prepare(project, tmp_path / "run2", steps=30))  # a later run: the cache is there
     assert job2.extra["sent"] == {"bundle": job2.extra["sent"]["bundle"], "data": 0}
+    print(sent_line(job2))
     assert "0 B of data (cached on the cluster" in sent_line(job2)
     assert not [p for p in cache.iterdir() if ".part-" in p.name and p.name != f"{key}.part-dead"]
     follow(job2)
