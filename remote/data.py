@@ -31,14 +31,14 @@ import json
 import os
 import secrets
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from engine.errors import LayerflowError
 from remote.bundle import put_file
 from remote.cluster import Cluster
-from remote.ssh import Connection, quote
+from remote.ssh import Connection, SSHError, quote
 
 MARKER = ".layerflow-data.json"  # written into a cache folder before it is renamed complete
 SMALL = 1 << 20  # files below this go up in tar batches: one round trip per batch, not per file
@@ -213,27 +213,25 @@ def _put_files(conn: Connection, files: list[tuple[str, Path, int]], part: str, 
     big = [f for f in files if f[2] >= SMALL]
     dirs = sorted({os.path.dirname(name) for name, _, _ in big} - {""})
     conn.run(" ".join(["mkdir", "-p", quote(part)] + [quote(f"{part}/{d}") for d in dirs]), timeout=timeout)
-    batch, size = io.BytesIO(), 0
-    tar = tarfile.open(fileobj=batch, mode="w", format=tarfile.PAX_FORMAT)
 
-    def flush():
-        nonlocal batch, tar, size
-        tar.close()
-        if size:
-            conn.run(f"tar -xf - -C {quote(part)}", stdin=batch.getvalue(), timeout=timeout)
-            tick(size)
-        batch, size = io.BytesIO(), 0
-        tar = tarfile.open(fileobj=batch, mode="w", format=tarfile.PAX_FORMAT)
+    def send(members: list[tuple[str, Path, int]]) -> None:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for name, local, _ in members:
+                tar.add(str(local), arcname=name, recursive=False)
+        conn.run(f"tar -xf - -C {quote(part)}", stdin=buf.getvalue(), timeout=timeout)
+        tick(sum(m[2] for m in members))
 
-    for name, local, n in files:
-        if n >= SMALL:
-            continue
-        tar.add(str(local), arcname=name, recursive=False)
-        size += n
-        if size >= BATCH:
-            flush()
-    flush()
-    tar.close()
+    batch, size = [], 0
+    for f in files:
+        if f[2] < SMALL:
+            batch.append(f)
+            size += f[2]
+            if size >= BATCH:
+                send(batch)
+                batch, size = [], 0
+    if batch:
+        send(batch)
     for name, local, n in big:
         base = done[0]
         put_file(conn, local, n, f"{part}/{name}",
@@ -283,8 +281,8 @@ def upload_to_cache(conn: Connection, plan: DataPlan, cluster: Cluster, jobdir: 
         except BaseException:
             try:
                 conn.run(f"rm -rf {quote(part)}", check=False, timeout=60)
-            except Exception:
-                pass
+            except SSHError:
+                pass  # the link is gone: the part stays, under a name no run takes for the data
             raise
         return sent
     if plan.source is not None and plan.source.get("kind") in FORMAT_PACKAGES:

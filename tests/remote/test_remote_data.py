@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sshd_helpers import free_port
 
 from engine.graph import Graph
 from engine.project import Project, Training
@@ -24,8 +25,6 @@ from remote.data import MARKER, mapped_path, plan_data, sent_line
 from remote.jobs import JobDB
 from remote.launch_ssh import DeployError, deploy, prepare, run_spec
 from remote.tracker import Tracker
-
-from sshd_helpers import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("remote-deploy")]
 
@@ -187,11 +186,11 @@ def test_a_node_without_the_package_its_format_needs_is_named(sshd_pair, tmp_pat
         (root / f"c{c}").mkdir(parents=True)
         for k in range(6):
             Image.fromarray(np.full((12, 12, 3), 40 + 150 * c, np.uint8)).save(root / f"c{c}" / f"{k}.png")
-    g = Graph()
+    g, prev = Graph(), None
     for kind, params, nid in [("Input", {"shape": [3, 8, 8]}, "x"), ("Flatten", {}, "flat"),
                               ("Linear", {"out_features": 2}, "head"), ("Output", {"loss": "cross_entropy"}, "out")]:
         g.add_node(kind, params, id=nid)
-        if nid != "x":
+        if prev:
             g.connect(prev, "out", nid, "in")
         prev = nid
     tr = Training.model_validate({"dataset": {"kind": "image_folder", "path": str(root), "image_size": 8,
