@@ -253,6 +253,10 @@ def upload_to_cache(conn: Connection, plan: DataPlan, cluster: Cluster, jobdir: 
     sent = 0
     if not (isinstance(mark, dict) and mark.get("digest") == expect):
         part = f"{dest}.part-{secrets.token_hex(4)}"
+        parent, name = dest.rsplit("/", 1)
+        # uploads cut a day ago or more are not coming back (a running one is younger)
+        conn.run(f"find {quote(parent)} -maxdepth 1 -name {quote(name + '.part-*')} -mmin +1440 "
+                 f"-exec rm -rf {{}} + 2>/dev/null", check=False)
         try:
             sent = _put_files(conn, plan.files, part, cluster, progress)
             rel = plan.path[len(plan.root):]

@@ -132,6 +132,9 @@ def test_local_data_is_uploaded_once_and_reused(sshd_pair, tmp_path, config_dir)
     cache.mkdir(parents=True)
     (cache / f"{key}.part-dead").mkdir()  # an upload that was cut: never taken for the data set
     (cache / f"{key}.part-dead" / "train.bin").write_bytes(b"\0" * 10)
+    (cache / f"{key}.part-young").mkdir()  # another upload, perhaps still going on: left alone
+    old = os.stat(cache).st_mtime - 2 * 86400
+    os.utime(cache / f"{key}.part-dead", (old, old))  # cut two days ago: cleared away
     seen = []
     job = deploy(cluster, run_dir, progress=lambda h, d, t: seen.append((h, d, t)))
     print(sent_line(job))
@@ -150,7 +153,7 @@ def test_local_data_is_uploaded_once_and_reused(sshd_pair, tmp_path, config_dir)
     assert job2.extra["sent"] == {"bundle": job2.extra["sent"]["bundle"], "data": 0}
     print(sent_line(job2))
     assert "0 B of data (cached on the cluster" in sent_line(job2)
-    assert not [p for p in cache.iterdir() if ".part-" in p.name and p.name != f"{key}.part-dead"]
+    assert [p.name for p in cache.iterdir() if ".part-" in p.name] == [f"{key}.part-young"]
     follow(job2)
 
 
@@ -226,3 +229,37 @@ def test_plan_without_a_cluster(tmp_path):
     assert json.loads(p.replace(run_dir)["run.json"])["data"]["source"]["path"] == f"~/lf/data/{key}"
     with pytest.raises(Exception, match="must be an absolute path"):
         parse_cluster({"name": "c", "hosts": [{"address": "h"}], "data_paths": {"rel": "/x"}})
+
+
+def test_an_upload_cut_midway_is_never_taken_for_the_data_set(sshd_pair, tmp_path, config_dir, relay_factory):
+    """The link goes through a relay, stopped while the data goes up: the deploy fails and
+    starts nothing, the cache has no complete folder; the next deploy sends the data whole
+    and the run trains on it."""
+    s = sshd_pair.servers[0]
+    relay = relay_factory((s.addr, s.port))
+    kh = tmp_path / "kh"
+    kh.write_text(sshd_pair.known_hosts.read_text() + s.public_key_line().replace(
+        f"[{s.addr}]:{s.port}", f"[127.0.0.1]:{relay.port}") + "\n")
+    data = sshd_pair.cluster("relayed", tmp_path / "work", n_hosts=1, rdzv_port=free_port("127.0.0.2"),
+                             known_hosts=str(kh), command_timeout=15)
+    data["hosts"][0].update(address="127.0.0.1", port=relay.port, rdzv_address="127.0.0.2")
+    cluster = parse_cluster(data)
+    toks = make_tokens(tmp_path / "tokens", n=3000)
+    (toks / "spare.bin").write_bytes(os.urandom(6 << 20))
+    size = sum(f.stat().st_size for f in toks.iterdir())
+    project = token_project(toks, steps=10)
+
+    def cut(host, done, total):
+        if host.endswith(" data") and 0 < done < total:
+            relay.stop()
+
+    with pytest.raises(DeployError, match="nothing was launched"):
+        deploy(cluster, prepare(project, tmp_path / "run1", steps=10), progress=cut)
+    cache = tmp_path / "work" / "data"
+    assert [p.name for p in cache.iterdir() if ".part-" not in p.name] == [] and JobDB().list() == []
+    relay.start()
+    job = deploy(cluster, prepare(project, tmp_path / "run2", steps=10))
+    assert job.extra["sent"]["data"] == size
+    key = job.extra["data"]["key"]
+    assert (cache / key / "spare.bin").read_bytes() == (toks / "spare.bin").read_bytes()
+    assert len(losses(follow(job))) == 10
