@@ -115,6 +115,10 @@ def plan_data(spec, run_dir: Path, cluster: Cluster, remote_data: str | None = N
 
     src = spec.data.source
     cache = f"{portable(cluster.workdir)}/data"
+    remote_data = str(remote_data) if remote_data else None
+    if remote_data is not None and not remote_data.startswith(("/", "~")):
+        raise DataProblem(f"remote data {remote_data!r}: give its path on the cluster from / (or from ~, the "
+                          f"home folder there)")
     if src is not None:
         local = str(src["path"])
         try:

@@ -21,7 +21,7 @@ from engine.graph import Graph
 from engine.project import Project, Training
 from engine.tail import read_metrics
 from remote.cluster import parse_cluster
-from remote.data import MARKER, mapped_path, plan_data, sent_line
+from remote.data import MARKER, DataProblem, mapped_path, plan_data, sent_line
 from remote.jobs import JobDB
 from remote.launch_ssh import DeployError, deploy, prepare, run_spec
 from remote.tracker import Tracker
@@ -227,6 +227,9 @@ def test_plan_without_a_cluster(tmp_path):
     key = spec.data.fingerprint["digest"][:32]
     assert (p.mode, p.path, p.size) == ("cache", f"~/lf/data/{key}", sum(f.stat().st_size for f in toks.iterdir()))
     assert json.loads(p.replace(run_dir)["run.json"])["data"]["source"]["path"] == f"~/lf/data/{key}"
+    with pytest.raises(DataProblem, match="remote data 'tokens': give its path on the cluster from /"):
+        plan_data(spec, run_dir, c, "tokens")
+    assert plan_data(spec, run_dir, c, Path("/x/t")).path == "/x/t"
     with pytest.raises(Exception, match="must be an absolute path"):
         parse_cluster({"name": "c", "hosts": [{"address": "h"}], "data_paths": {"rel": "/x"}})
 
