@@ -17,6 +17,7 @@ No file is written here (see common.save_imported).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ import onnx
 import torch
 
 from engine.graph import Graph, GraphError
+from engine.interop import onnx_limits as limits
 from engine.interop.common import Imported, InteropError, check_imported, synthetic_training
 from engine.project import Project
 
@@ -31,23 +33,26 @@ DIAGRAM_KEY = "layerflow.diagram"
 
 
 def _load(path: Path):
-    try:
-        model = onnx.load(str(path))
-    except FileNotFoundError:
-        raise InteropError(f"{path}: no such file") from None
-    except Exception as exc:  # protobuf decode errors have many types
-        raise InteropError(f"{path}: not an ONNX model ({type(exc).__name__}: {str(exc)[:200]})") from None
+    """The file's model, read and checked within the limits of engine/interop/onnx_limits.py
+    before anything is built from it."""
+    model = limits.read_model(path)
     if not model.graph.output or not model.graph.node:
         raise InteropError(f"{path}: holds no ONNX graph (no nodes or no outputs); is it an ONNX model?")
+    limits.check_graph(str(path), model)
+    limits.check_time("checking the graph")
     try:
         model = onnx.shape_inference.infer_shapes(model)
     except Exception:  # shapes are a help, not a must: keep what the file says
         pass
+    limits.check_values(str(path), model)
     return model
 
 
 def _inputs(path: Path, model, names: list[str]) -> tuple[list[list[int]], list[str]]:
     """Per-sample shape and dtype of each graph input (initializers are no inputs)."""
+    from engine.layers import MAX_SAMPLE_NUMEL
+
+    limits.input_types(str(path), model, names)
     vis = {vi.name: vi for vi in model.graph.input}
     shapes, dtypes = [], []
     for name in names:
@@ -56,23 +61,38 @@ def _inputs(path: Path, model, names: list[str]) -> tuple[list[list[int]], list[
         if len(dims) < 2 or any(d is None or d <= 0 for d in dims[1:]):
             raise InteropError(f"{path}: input '{name}' has shape {dims}: every dimension but the batch must be "
                                "a fixed size")
-        shapes.append(dims[1:])
+        n = math.prod(dims[1:])
+        if n > MAX_SAMPLE_NUMEL:
+            raise InteropError(f"{path}: input '{name}' has shape {dims}: {n:.3g} values per sample; at most "
+                               f"{MAX_SAMPLE_NUMEL:.3g}")
         np_dt = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
         dtypes.append("int64" if np.dtype(np_dt).kind in "iu" else "float32")
+        limits.check_bytes(n * limits.SAMPLE_BATCH * (8 if dtypes[-1] == "int64" else 4),
+                           f"{path}: input '{name}' of shape {dims} (batch {limits.SAMPLE_BATCH})")
+        shapes.append(dims[1:])
     return shapes, dtypes
 
 
 def import_onnx(path: str | Path, name: str | None = None) -> Imported:
     """Read an ONNX file into a diagram and its weights (opset 9 to current).
 
-    Raises InteropError naming every operator that cannot be read, with its node."""
+    Raises InteropError naming every operator that cannot be read, with its node, and
+    LimitError (one) for a file past a limit: its size, nodes, memory or time."""
+    path = Path(path)
+    with limits.deadline(str(path)):
+        return _import(path, name)
+
+
+def _import(path: Path, name: str | None) -> Imported:
     from engine.interop.module_import import from_module
     from engine.interop.onnx_to_torch import onnx_module
 
-    path = Path(path)
     model = _load(path)
+    inits = {i.name for i in model.graph.initializer}
+    shapes, dtypes = _inputs(path, model, [i.name for i in model.graph.input if i.name not in inits])
     module = onnx_module(path, model)
-    shapes, dtypes = _inputs(path, model, module.inputs)
+    limits.dry_run(module, shapes, dtypes)
+    limits.check_time("building the module")
     own = _own_diagram(path, model, module, shapes, dtypes, name)
     if own is not None:
         return own
@@ -94,8 +114,8 @@ def _own_diagram(path: Path, model, module, shapes, dtypes, name: str | None) ->
         return None
     try:
         graph = Graph.from_dict(json.loads(entry))
-    except (ValueError, TypeError, KeyError, AttributeError, GraphError):
-        return None
+    except (ValueError, TypeError, KeyError, AttributeError, GraphError, RecursionError):
+        return None  # (nested past the recursion limit: no diagram of ours)
     if trust.code_paths(graph):
         return None  # a file never brings code in; its torch reading is what it computes
     result = compile_graph(graph)

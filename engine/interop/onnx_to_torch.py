@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from onnx import numpy_helper
 from torch import nn
 
+from engine.interop import onnx_limits as limits
 from engine.interop.common import InteropError
 
 
@@ -84,7 +85,7 @@ def _scopes(node) -> list[tuple[str, str]]:
         try:
             names = ast.literal_eval(meta["pkg.torch.onnx.name_scopes"])
             types = ast.literal_eval(meta.get("pkg.torch.onnx.class_hierarchy", "[]"))
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, RecursionError, MemoryError):  # (nested past any real module tree)
             return []
         return [(n, str(types[i]).rpartition(".")[2] if i < len(types) else "Module")
                 for i, n in enumerate(names[1:-1], start=1) if isinstance(n, str) and n]
@@ -180,7 +181,10 @@ class OnnxModule(nn.Module):
         self._absorbed: dict[str, str] = {}  # Add output -> the Linear output it passes on
         self.steps: list[tuple] = []  # (node, op function, attribute names)
         problems = []
-        for node in g.node:
+        self._measure: limits.Measure | None = None  # set while dry_run checks what a run would hold
+        for k, node in enumerate(g.node):
+            if k % 256 == 0:
+                limits.check_time(f"building node {k:,} of {len(g.node):,}")
             fn = getattr(self, f"_op_{node.op_type}", None)
             label = node.name or (node.output[0] if node.output else node.op_type)
             if node.domain not in ("", "ai.onnx") or fn is None:
@@ -192,8 +196,12 @@ class OnnxModule(nn.Module):
             needed = node.input[:1] if node.op_type == "CastLike" and node.input[1] in self._elem else node.input
             if all(i == "" or i in self._const for i in needed) and node.op_type not in ("Dropout",) \
                     and not shared:  # (a weight several nodes read stays one tensor: it is not folded)
-                try:  # constants only: fold now
-                    outs = fn(node, [self._value(i) for i in needed], _attrs(node), build=True)
+                try:  # constants only: fold now (what it makes checked against the memory budget first)
+                    values = [self._value(i) for i in needed]
+                    limits.check_fold(source, node, values, _attrs(node))
+                    outs = fn(node, values, _attrs(node), build=True)
+                except limits.LimitError:
+                    raise
                 except InteropError as exc:
                     problems.append(str(exc))
                     continue
@@ -214,8 +222,9 @@ class OnnxModule(nn.Module):
             self.steps.append((node, fn))
             self._step_scope(node)  # its place in the module tree, made before anything is traced
         if problems:
-            raise InteropError(f"cannot import {source}: {len(problems)} operator(s) cannot be read:\n"
-                               + "\n".join(f"  - {p}" for p in problems))
+            shown = "; ".join(p.replace("\n", " ") for p in problems[:8])
+            more = f"; and {len(problems) - 8} more" if len(problems) > 8 else ""
+            raise InteropError(f"cannot import {source}: {len(problems)} operator(s) cannot be read: {shown}{more}")
 
     def _linear_biases(self, g, readers: dict[str, list]) -> dict[str, tuple[str, str]]:
         """MatMul by a weight, then Add of a bias vector read nowhere else: one Linear
@@ -308,6 +317,8 @@ class OnnxModule(nn.Module):
         for node, fn in self.steps:
             ins = [self._value(i, env) for i in node.input]
             outs = _run_scoped(self._step_scope(node), fn, (node, ins, _attrs(node), False))
+            if self._measure is not None:
+                self._measure.step(node, outs)
             for o, v in zip(node.output, outs if isinstance(outs, tuple) else (outs,)):
                 env[o] = v
         res = [self._value(o, env) for o in self.outputs]
