@@ -132,3 +132,42 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return 0
+    except (OSError, RecursionError, UnicodeError, ValueError) as exc:
+        line = _last_net(exc, args)
+        if line is None:  # a ValueError of ours (a bug): its traceback is what a report needs
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
+
+
+def _last_net(exc: BaseException, args) -> str | None:
+    """One line for what escaped a command without a message of its own: a file the
+    system would not read or write (a full disk, a name too long, a symlink loop, a NUL
+    byte in a path), text that is not Unicode, values nested past Python's recursion
+    limit. Named by the path at fault, else by the command's file."""
+    from engine.files import os_error_text
+
+    where = next((str(v) for v in (getattr(args, k, None) for k in ("project", "source", "output", "path"))
+                  if isinstance(v, str)), None) or args.command
+    if isinstance(exc, OSError):
+        files = [f for f in (exc.filename, exc.filename2) if f is not None]
+        shown = " -> ".join(_short(os.fsdecode(f) if isinstance(f, bytes) else str(f)) for f in files)
+        return f"{shown or _short(where)}: {os_error_text(exc)}"
+    if isinstance(exc, RecursionError):
+        return (f"{where}: values nested too deeply to read (past Python's recursion limit); "
+                "a project's params and metadata nest a few levels, not hundreds")
+    if isinstance(exc, UnicodeEncodeError):
+        bad, start = exc.object, exc.start
+        what = f" {bad[start]!r} in {bad[max(0, start - 20):start + 20]!r}" if start < len(bad) else ""
+        return (f"{where}: holds text that cannot be written as UTF-8{what} (a lone surrogate); "
+                "replace that character in the project (its name, a description)")
+    if isinstance(exc, UnicodeError):
+        return f"{where}: holds bytes that are not UTF-8 text ({exc}); save it as UTF-8"
+    if "null byte" in str(exc) or "null character" in str(exc):
+        return f"{where}: a path in it holds a NUL byte (\\0), which no file name may hold; fix that path"
+    return None
+
+
+def _short(path: str, most: int = 160) -> str:
+    """A path as a line can show it: a 4,000-byte one as its start and end."""
+    return path if len(path) <= most else f"{path[:most // 2]}...{path[-most // 2:]}"

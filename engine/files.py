@@ -3,42 +3,128 @@ project file or field. Below engine/project.py and engine/trust.py, which both u
 (no Qt, no pydantic: cheap to import anywhere)."""
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
+import stat
 import tempfile
 from pathlib import Path
 
 from engine.errors import LayerflowError
+
+NAME_MAX = 255  # bytes in one file name (ext4, xfs, btrfs, tmpfs, APFS all say 255)
 
 
 class ProjectError(LayerflowError, ValueError):
     """A project file that cannot be used; the message names the file and field."""
 
 
+class WriteError(LayerflowError, OSError):
+    """A file that cannot be written (a full disk, a name too long, a symlink loop, a
+    device where a file should be): one line naming the file, the reason and what to do.
+    An OSError too, with the errno of the failure, so `except OSError` still sees it."""
+
+    def __init__(self, path: str | os.PathLike, exc: OSError | None = None, why: str | None = None):
+        code = exc.errno if exc is not None else errno.EINVAL
+        super().__init__(code, (exc.strerror if exc is not None else None) or why or "", str(path))
+        self.message = f"{path}: cannot write: {why or os_error_text(exc)}"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# What to do about the errors a write or read meets, in the user's words.
+_HINTS = {
+    errno.ENOSPC: "the disk is full; free some space there, or write somewhere else",
+    errno.EDQUOT: "your disk quota is used up; free some space, or write somewhere else",
+    errno.EFBIG: "the file is larger than this process may write (see `ulimit -f`)",
+    errno.ENAMETOOLONG: f"a file name holds at most {NAME_MAX} bytes; choose a shorter name",
+    errno.ELOOP: "a symbolic link in the path leads back to itself; remove the link or use another path",
+    errno.EACCES: "you may not write there; choose a folder of yours",
+    errno.EPERM: "you may not write there; choose a folder of yours",
+    errno.EROFS: "the file system is read-only; write somewhere else",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.EEXIST: "a part of the path is a file, not a folder",
+    errno.EISDIR: "it is a folder; give a file name",
+}
+
+
+def os_error_text(exc: OSError | None) -> str:
+    """'No space left on device (the disk is full; free some space ...)' for an OSError."""
+    if exc is None:
+        return "unknown error"
+    text = exc.strerror or str(exc)
+    hint = _HINTS.get(exc.errno)
+    return f"{text} ({hint})" if hint else text
+
+
+def check_path_text(path: str | os.PathLike, what: str = "path") -> None:
+    """A path the operating system can take at all: no NUL byte, no name over NAME_MAX
+    bytes, text that encodes. Raises WriteError naming the path."""
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    shown = text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\0", "\\0")
+    if "\0" in text:
+        raise WriteError(shown, why=f"the {what} holds a NUL byte (\\0), which no file name may hold")
+    try:
+        parts = [os.fsencode(p) for p in Path(text).parts]
+    except UnicodeError:
+        raise WriteError(shown, why=f"the {what} is not valid text (a lone surrogate); rename it") from None
+    long = next((p for p in parts if len(p) > NAME_MAX), None)
+    if long is not None:
+        raise WriteError(shown[:80] + ("..." if len(shown) > 80 else ""),
+                         why=f"a file name of {len(long)} bytes; a name holds at most {NAME_MAX} bytes: "
+                             "choose a shorter one")
+
+
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     """Write to a temp file in the same folder, fsync, then rename over `path`:
-    a crash leaves either the old file or the new one, never half of one."""
+    a crash leaves either the old file or the new one, never half of one.
+
+    Only regular files are written this way: a device, FIFO or folder at `path` (/dev/null,
+    a symlink to one) is refused, never replaced. Every failure (a full disk, a name too
+    long, a symlink loop) is a WriteError naming the file; nothing is left behind."""
+    check_path_text(path)
+    given = path
     path = Path(os.path.realpath(path))  # through a symlink: update its target, keep the link
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        mode = os.stat(path).st_mode & 0o7777  # keep the file's mode
-    except OSError:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:  # ELOOP (a link to itself), EACCES, ENOTDIR, ...
+        raise WriteError(given, exc) from None
+    if st is None and os.path.islink(path):  # realpath stops at a link it cannot follow: a loop
+        raise WriteError(given, OSError(errno.ELOOP, os.strerror(errno.ELOOP)))
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a device, FIFO or socket"
+        raise WriteError(given, why=f"{path} is {kind}, not a file; a file is written whole and renamed into "
+                                    "place, so give a file path")
+    if st is not None:
+        mode = st.st_mode & 0o7777  # keep the file's mode
+    else:
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask  # a new file gets what open() would give it
-    _remove_stale_temps(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temps(path)
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    except BaseException as exc:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        if isinstance(exc, OSError) and not isinstance(exc, WriteError):
+            raise WriteError(given, exc) from None
         raise
     try:  # make the rename itself durable
         dfd = os.open(path.parent, os.O_RDONLY)
@@ -50,13 +136,22 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
         pass
 
 
+def _temp_prefix(path: Path) -> str:
+    """'.NAME.' for the temp file beside NAME; a name too long to carry a temp suffix
+    within NAME_MAX bytes goes by a digest of itself."""
+    name = path.name
+    if len(os.fsencode(name)) > NAME_MAX - 24:
+        name = "long-" + hashlib.sha256(os.fsencode(name)).hexdigest()[:24]
+    return f".{name}."
+
+
 def _remove_stale_temps(path: Path, older_than_s: float = 60.0) -> None:
     """Temp files that interrupted saves of `path` left behind (a kill mid-save)."""
     import glob
     import time
 
     now = time.time()
-    for t in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+    for t in path.parent.glob(f"{glob.escape(_temp_prefix(path))}*.tmp"):
         try:
             if now - t.lstat().st_mtime > older_than_s and t.is_file():
                 t.unlink()
