@@ -14,6 +14,8 @@ Two kinds of data set:
 from __future__ import annotations
 
 import csv
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,12 +136,110 @@ def _task_of(y: np.ndarray) -> tuple[str, int | None]:
     return "regression", None
 
 
+# ----- bounds of a set made whole here ----------------------------------------------------
+DEFAULT_MAX_DATA_MB = 2048  # a set made whole in memory (and copied into the run folder)
+CSV_FIELD_LIMIT = 1 << 20  # characters in one CSV field (the csv module's default is 128 KiB)
+
+
+def max_data_bytes() -> int:
+    """Bytes a data set made whole here may hold: $LAYERFLOW_MAX_DATA_MB, else 2 GB."""
+    try:
+        mb = float(os.environ.get("LAYERFLOW_MAX_DATA_MB", DEFAULT_MAX_DATA_MB))
+    except ValueError:
+        mb = DEFAULT_MAX_DATA_MB
+    return int((mb if mb > 0 else DEFAULT_MAX_DATA_MB) * 2 ** 20)
+
+
+_PACK = "or pack the set to .npy with `layerflow data pack` and read it in place, kind 'array'"
+
+
+def _check_bytes(nbytes: int, what: str, field: str = "training.dataset", instead: str = _PACK) -> None:
+    most = max_data_bytes()
+    if nbytes > most:
+        raise ProjectError(f"{field}: {what} would take {nbytes / 2 ** 30:,.1f} GB in memory, more than the limit of "
+                           f"{most / 2 ** 30:,.1f} GB for a data set made whole here (raise it with "
+                           f"LAYERFLOW_MAX_DATA_MB, {instead})")
+
+
+def synthetic_bytes(d) -> int | None:
+    """Bytes the arrays of a synthetic set hold once made (float32 samples, int64 labels
+    and tokens; generating them takes a few times that for a moment); None for files."""
+    if isinstance(d, SyntheticClassification):
+        return d.n_samples * (d.n_features * 4 + 8)
+    if isinstance(d, SyntheticRegression):
+        return d.n_samples * (d.n_features + d.n_targets) * 4
+    if isinstance(d, SyntheticSequence):
+        return d.n_samples * (d.seq_len + 1) * 8 * 2
+    if isinstance(d, SyntheticImages):
+        return d.n_samples * (d.channels * d.height * d.width * 4 + 8)
+    return None
+
+
+def check_synthetic(d) -> None:
+    """Refuse synthetic sizes whose arrays would not fit (1e7 samples x 1e5 features: 8 TB),
+    naming the fields, before anything is allocated."""
+    n = synthetic_bytes(d)
+    if n is None:
+        return
+    sizes = {k: v for k, v in d.model_dump().items()
+             if k in ("n_samples", "n_features", "n_targets", "seq_len", "channels", "height", "width")}
+    _check_bytes(n, f"{d.kind} of {', '.join(f'{k}={v:,}' for k, v in sizes.items())}",
+                 instead=f"or lower {' or '.join(sizes)}")
+
+
+def _npy_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Each array's shape and dtype in an .npz, from its header alone (nothing is unpacked):
+    a header that claims more than its member holds, or pickled objects, are refused."""
+    import zipfile
+
+    out = {}
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            if not info.filename.endswith(".npy"):
+                continue
+            name = info.filename[:-4]
+            with z.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read(f)
+            if dtype.hasobject:
+                raise ProjectError(f"training.dataset.path: {path}: array '{name}' holds Python objects (pickled), "
+                                   "which are never read; save arrays of numbers (np.savez with numeric arrays)")
+            nbytes = math.prod(shape) * dtype.itemsize
+            if nbytes > info.file_size:
+                raise ProjectError(f"training.dataset.path: {path}: array '{name}' claims shape {list(shape)} "
+                                   f"({nbytes:,} bytes) but its member holds {info.file_size:,} bytes; the file is "
+                                   "damaged or not what it says")
+            out[name] = (shape, dtype)
+    return out
+
+
 def _npz(d: NpzFile, path: Path) -> Arrays:
+    import zipfile
+
+    try:
+        headers = _npy_headers(path)
+    except ProjectError:
+        raise
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as exc:
+        raise ProjectError(f"training.dataset.path: cannot read {path}: {exc}") from None
+    keys = set(headers)
+    wanted = ["x_train", "y_train", "x_val", "y_val"] if {"x_train", "y_train", "x_val", "y_val"} <= keys else ["x", "y"]
+    _check_bytes(sum(math.prod(headers[k][0]) * headers[k][1].itemsize for k in wanted if k in headers),
+                 f"{path} unpacked", "training.dataset.path")
     try:
         z = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise ProjectError(f"training.dataset.path: cannot read {path}: {exc}") from None
-    keys = set(z.files)
+    try:
+        return _npz_arrays(d, path, z, keys)
+    except ProjectError:
+        raise
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise ProjectError(f"training.dataset.path: cannot read {path}: {exc}") from None
+
+
+def _npz_arrays(d: NpzFile, path: Path, z, keys: set) -> Arrays:
     if {"x_train", "y_train", "x_val", "y_val"} <= keys:
         task, nc = _task_of(z["y_train"])
         return Arrays(z["x_train"], z["y_train"], z["x_val"], z["y_val"], task, nc)
@@ -153,11 +253,31 @@ def _npz(d: NpzFile, path: Path) -> Arrays:
 
 
 def _csv(d: CsvFile, path: Path) -> Arrays:
+    _check_bytes(os.path.getsize(path) * 8, f"{path} (read as numbers)", "training.dataset.path")
+    old_limit = csv.field_size_limit(CSV_FIELD_LIMIT)
+    rows: list[list[str]] = []
+    reader = None
     try:
-        with open(path, newline="") as f:
-            rows = list(csv.reader(f))
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            rows.extend(reader)
     except OSError as exc:
         raise ProjectError(f"training.dataset.path: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raw = path.read_bytes()
+        try:
+            raw.decode("utf-8")
+            at, line = 0, len(rows) + 1
+        except UnicodeDecodeError as exc:
+            at, line = raw[exc.start], raw.count(b"\n", 0, exc.start) + 1
+        raise ProjectError(f"training.dataset.path: {path} is not UTF-8 text (line {line} holds byte {at:#04x}); "
+                           "a CSV file holds text: give a CSV, or an .npz for arrays") from None
+    except csv.Error as exc:
+        line = reader.line_num if reader is not None else len(rows) + 1
+        raise ProjectError(f"training.dataset.path: {path}: line {line}: {exc} (a field holds at most "
+                           f"{CSV_FIELD_LIMIT:,} characters and no NUL byte)") from None
+    finally:
+        csv.field_size_limit(old_limit)
     header = rows.pop(0) if d.header and rows else None
     rows = [r for r in rows if r]
     if not rows:
@@ -232,6 +352,7 @@ def sample_shape(d) -> tuple[list[int], str] | None:
 
 def load_arrays(project: Project) -> Arrays:
     d = project.training.dataset
+    check_synthetic(d)
     if isinstance(d, SyntheticClassification):
         return _classification(d)
     if isinstance(d, SyntheticRegression):

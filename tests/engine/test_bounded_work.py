@@ -294,3 +294,74 @@ def test_bounded_op_nodes_still_compute_sizes(tmp_path):
                    ["y", "aten.mul.Tensor", [{"$": "v"}, {"$": "t"}], {}]], {})
     x = torch.randn(3, 4)
     assert torch.equal(m(x), x[:, :2] * 16)
+
+
+# ----- data sets made whole here ------------------------------------------------------------
+def data_project(tmp_path: Path, dataset: dict) -> Path:
+    d = json.loads(MLP.read_text())
+    d["training"]["dataset"] = dataset
+    path = tmp_path / "data.lflow"
+    path.write_text(json.dumps(d))
+    return path
+
+
+def test_an_npz_is_checked_by_its_headers_before_it_is_unpacked(tmp_path):
+    import zipfile
+
+    # 2 MB on disk, 2.4 GB unpacked: refused from the header, in seconds, nothing allocated
+    with zipfile.ZipFile(tmp_path / "bomb.npz", "w", zipfile.ZIP_DEFLATED) as z:
+        with z.open("x.npy", "w", force_zip64=True) as f:
+            np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (600_000, 1000)})
+            zeros, left = bytes(1 << 22), 600_000 * 1000 * 4
+            while left > 0:
+                f.write(zeros[:left])
+                left -= len(zeros)
+        with z.open("y.npy", "w") as f:
+            np.save(f, np.zeros(600_000, np.int64))
+    assert (tmp_path / "bomb.npz").stat().st_size < 4_000_000
+    t = time.perf_counter()
+    one_line(cli("train", data_project(tmp_path, {"kind": "npz", "path": "bomb.npz"}), "--steps", "1",
+                 cwd=tmp_path, env={"LAYERFLOW_MAX_DATA_MB": "1024"}),
+             "training.dataset.path", "bomb.npz unpacked would take 2.2 GB", "limit of 1.0 GB", "LAYERFLOW_MAX_DATA_MB")
+    assert time.perf_counter() - t < 60
+    # a header that claims 10^12 values in a member of 228 bytes
+    with open(tmp_path / "huge.npy", "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (10 ** 6, 10 ** 6)})
+        f.write(b"\0" * 100)
+    with zipfile.ZipFile(tmp_path / "liar.npz", "w") as z:
+        z.write(tmp_path / "huge.npy", "x.npy")
+        z.write(tmp_path / "huge.npy", "y.npy")
+    one_line(cli("train", data_project(tmp_path, {"kind": "npz", "path": "liar.npz"}), "--steps", "1", cwd=tmp_path),
+             "liar.npz: array 'x' claims shape [1000000, 1000000]", "its member holds 228 bytes")
+    # pickled objects are never read
+    np.savez(tmp_path / "objects.npz", x=np.array([{"a": 1}, None], dtype=object), y=np.array([1, 2]))
+    one_line(cli("train", data_project(tmp_path, {"kind": "npz", "path": "objects.npz"}), "--steps", "1",
+                 cwd=tmp_path), "objects.npz: array 'x' holds Python objects (pickled), which are never read")
+
+
+def test_synthetic_sizes_are_checked_before_anything_is_allocated(tmp_path):
+    path = data_project(tmp_path, {"kind": "synthetic_classification", "n_samples": 10_000_000, "n_features": 100_000})
+    t = time.perf_counter()
+    one_line(cli("train", path, "--steps", "1", cwd=tmp_path),
+             "training.dataset: synthetic_classification of n_samples=10,000,000, n_features=100,000",
+             "3,725.4 GB", "limit of 2.0 GB", "lower n_samples or n_features")
+    assert time.perf_counter() - t < 60
+    from engine.data import check_synthetic
+    from engine.project import SyntheticClassification, SyntheticImages
+
+    check_synthetic(SyntheticClassification(kind="synthetic_classification", n_samples=10_000_000))  # the schema's most
+    with pytest.raises(ValueError, match="synthetic_images of n_samples=100,000, channels=64, height=256"):
+        check_synthetic(SyntheticImages(kind="synthetic_images", n_samples=100_000, channels=64, height=256, width=256))
+
+
+def test_a_binary_or_overlong_csv_is_one_line_naming_it(tmp_path):
+    (tmp_path / "bin.csv").write_bytes(b"1,2\n" + bytes(range(128, 256)) * 40)
+    one_line(cli("train", data_project(tmp_path, {"kind": "csv", "path": "bin.csv"}), "--steps", "1", cwd=tmp_path),
+             "training.dataset.path", "bin.csv is not UTF-8 text (line 2 holds byte 0x80)")
+    (tmp_path / "long.csv").write_text("a,b\n" + "1," + "2" * 2_000_000 + "\n")
+    one_line(cli("train", data_project(tmp_path, {"kind": "csv", "path": "long.csv"}), "--steps", "1", cwd=tmp_path),
+             "long.csv: line 2: field larger than field limit", "at most 1,048,576 characters")
+    (tmp_path / "wide.csv").write_text("a,b\n" + "\n".join(f"{i},{'7' * 200_000}" for i in range(10)) + "\n")
+    r = cli("train", data_project(tmp_path, {"kind": "csv", "path": "wide.csv", "target": 0, "task": "regression"}),
+            "--steps", "1", cwd=tmp_path)  # a field over the csv module's 128 KiB: read (a number, here)
+    assert "field larger" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
