@@ -152,7 +152,11 @@ def _last_net(exc: BaseException, args) -> str | None:
     if isinstance(exc, OSError):
         files = [f for f in (exc.filename, exc.filename2) if f is not None]
         shown = " -> ".join(_short(os.fsdecode(f) if isinstance(f, bytes) else str(f)) for f in files)
-        return f"{shown or _short(where)}: {os_error_text(exc)}"
+        if shown:
+            return f"{shown}: {os_error_text(exc)}"
+        out = next((str(v) for v in (getattr(args, k, None) for k in ("out", "output")) if isinstance(v, str)), None)
+        doing = f"writing {_short(out)}" if out else "on a file it read or wrote"
+        return f"{_short(where)}: `{args.command}` stopped {doing}: {os_error_text(exc)}"
     if isinstance(exc, RecursionError):
         return (f"{where}: values nested too deeply to read (past Python's recursion limit); "
                 "a project's params and metadata nest a few levels, not hundreds")

@@ -49,7 +49,7 @@ def cmd_validate(args) -> int:
             print(f"error: {e}", file=sys.stderr)
         print(f"{exc.what}: {len(exc.errors)} error(s)", file=sys.stderr)
         return 1
-    for w in warnings:
+    for w in warnings + project.training.warnings():
         print(f"warning: {w}", file=sys.stderr)
     pl = project.placement
     world = pl.pp * pl.dp * pl.tp
@@ -89,14 +89,33 @@ def cmd_train(args) -> int:
                               trust_once=getattr(args, "consent_once", False))
     else:
         project = load_project(args.project)
+        if args.out is None:
+            _check_runs_inside(project)
         prep = prepare_training(project, nproc=args.nproc, steps=args.steps, seed=args.seed, out=args.out,
                                 accumulate=args.accumulate, placement=placement_flags(project, args))
-    for w in prep.warnings:
+    for w in prep.warnings + [w for w in project.training.warnings() if w not in prep.warnings]:
         print(f"warning: {w}", file=sys.stderr)
     print(f"run folder: {prep.run_dir}", file=sys.stderr)
     if prep.nproc > 1:
         return _train_multi(prep.run_dir, prep.nproc, resume=prep.resume)
     return _train_single(prep.run_dir, resume=prep.resume)
+
+
+def _check_runs_inside(project) -> None:
+    """A run folder stays inside the project's folder unless the user chose another (--out):
+    a `runs` link that leads elsewhere (a project from someone else) is refused, not followed."""
+    import os
+
+    from engine.run import default_runs_dir
+
+    runs = default_runs_dir(project)
+    home = Path(os.path.realpath(project.directory))
+    if runs.parent.resolve() != home:  # (the bundled examples run in the user's data folder)
+        return
+    real = Path(os.path.realpath(runs))
+    if home not in real.parents:
+        raise CliError(f"{runs}: is a link to {real}, outside the project's folder; runs are written inside it "
+                       "unless you choose a folder: pass --out FOLDER, or remove the link")
 
 
 def _train_single(run_dir, resume: bool) -> int:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from types import UnionType
+from typing import Annotated, Any, Literal, Optional, Union, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -23,8 +25,29 @@ FORMAT_VERSION = 1
 SUFFIX = ".lflow"
 
 
+def _wants_number(annotation: Any) -> bool:
+    """int or float, bare, Optional or Annotated (bool is an int to Python, not to a user)."""
+    if annotation in (int, float):
+        return True
+    return any(_wants_number(a) for a in getattr(annotation, "__args__", ()) if a is not type(None)) \
+        and get_origin(annotation) in (Union, Annotated, tuple, UnionType)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, data: Any) -> Any:
+        """`lr: true` is refused, not read as 1.0 (pydantic's lax mode takes a bool as a number)."""
+        if isinstance(data, dict):
+            for name, v in data.items():
+                if isinstance(v, bool) or (isinstance(v, (list, tuple)) and any(isinstance(x, bool) for x in v)):
+                    field = cls.model_fields.get(name) if isinstance(name, str) else None
+                    if field is not None and _wants_number(field.annotation):
+                        raise ValueError(f"{name} must be {'numbers' if isinstance(v, (list, tuple)) else 'a number'}, "
+                                         f"not {json.dumps(v)}")
+        return data
 
 
 # ----- data sets --------------------------------------------------------------
@@ -145,6 +168,18 @@ class Training(_Strict):
     # parts, their gradients add up, one step (what a pipeline's micro-batches do)
     grad_accumulation: int = Field(1, ge=1)
     loader: LoaderSettings = Field(default_factory=LoaderSettings)  # how ranks read a data set read in place
+
+    def warnings(self) -> list[str]:
+        """Settings that are valid but almost surely a mistake (a run with them trains to
+        nothing, yet 'succeeds'): one line each, naming the field."""
+        out = []
+        o = self.optimizer
+        if o.weight_decay > 1:
+            out.append(f"training.optimizer.weight_decay: {o.weight_decay:g} is far above the usual 0 to 0.1: each "
+                       f"step shrinks every weight by lr x weight_decay = {o.lr * o.weight_decay:.3g} of itself"
+                       + (" (more than all of it: the weights diverge or vanish)" if o.lr * o.weight_decay >= 1 else "")
+                       + "; lower it")
+        return out
 
     @model_validator(mode="after")
     def _length(self) -> "Training":
@@ -479,7 +514,42 @@ def loads_project(text: str | bytes, source: str = "project") -> Project:
         raise ProjectError(f"{source}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ProjectError(f"{source}: not valid JSON text: {exc}") from None
+    if _SURROGATE.search(text if isinstance(text, str) else text.decode("utf-8", "surrogatepass")):
+        where = _lone_surrogate(data)
+        if where is not None:
+            raise ProjectError(f"{source}: {where}: holds a lone surrogate (\\ud800-\\udfff alone), which is no "
+                               "character and cannot be written to a file or a folder name; remove it")
     return Project.from_dict(data, source)
+
+
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}|[\ud800-\udfff]")
+
+
+def _lone_surrogate(data: Any) -> str | None:
+    """The path ('name', 'diagram.nodes[2].params.label') of the first text in `data`
+    that UTF-8 cannot hold; without recursion (a file may nest values 10^5 deep)."""
+    stack = [(data, "")]
+    while stack:
+        v, where = stack.pop()
+        if isinstance(v, dict):
+            for k, x in v.items():
+                path = f"{where}.{k}" if where else str(k)
+                if isinstance(k, str) and not _encodes(k):
+                    return f"{where or '(top level)'}: key {k!r}"
+                stack.append((x, path))
+        elif isinstance(v, list):
+            stack.extend((x, f"{where}[{i}]") for i, x in enumerate(v))
+        elif isinstance(v, str) and not _encodes(v):
+            return where or "(top level)"
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def load_project(path: str | os.PathLike) -> Project:
