@@ -94,11 +94,12 @@ def cmd_open(args) -> int:
 def cmd_layout(args) -> int:
     """The editor's Auto-Layout, headless (pure Python: no Qt needed)."""
     from engine.layout import set_direction
-    from engine.project import load_project, save_project
+    from engine.project import editing, load_project, save_project
 
-    project = load_project(args.project)
-    set_direction(project.graph, args.direction or project.graph.direction)
-    out = save_project(project, args.output or args.project)
+    with editing(args.output or args.project):  # in place: a read-modify-write that takes turns with others
+        project = load_project(args.project)
+        set_direction(project.graph, args.direction or project.graph.direction)
+        out = save_project(project, args.output or args.project)
     way = "top down" if project.graph.direction == "TB" else "left to right"
     print(f"laid out {len(project.graph.nodes)} nodes {way} -> {out}")
     return 0

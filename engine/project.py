@@ -7,6 +7,7 @@ ProjectError and nothing else, whatever the bytes.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -375,6 +376,8 @@ class Project:
         self.path = Path(path) if path else None
         # merge conflicts not yet resolved (engine/diff.py): where, what, base, ours, theirs
         self.conflicts: list[dict] = list(conflicts or [])
+        # (real path, digest) of the bytes load_project read or save_project wrote: save_project's check
+        self._read_digest: tuple[str, str] | None = None
 
     # ----- events -----------------------------------------------------------------
     def subscribe(self, callback) -> None:
@@ -553,6 +556,8 @@ def _encodes(text: str) -> bool:
 
 
 def load_project(path: str | os.PathLike) -> Project:
+    """The project in `path`, remembering what was read: save_project refuses to write over
+    the file if it changed since (another command, the editor), rather than lose that edit."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -560,7 +565,83 @@ def load_project(path: str | os.PathLike) -> Project:
         raise ProjectError(f"{path}: cannot read: {exc.strerror or exc}") from None
     p = loads_project(raw, str(path))
     p.path = path
+    p._read_digest = (os.path.realpath(path), _digest(raw))
     return p
+
+
+# ----- edits never lost ----------------------------------------------------------------
+EDIT_LOCK_TIMEOUT_S = 60.0
+_LOCKS: dict[str, Any] = {}  # one FileLock per project file in this process: re-entered, never self-blocked
+
+
+def _digest(raw: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(raw).hexdigest()
+
+
+def _lock_for(path: Path):
+    """The edit lock of a project file, held while it is read, changed and written: a file
+    in this user's runtime folder named by a digest of the file's real path (nothing is
+    added beside the project, in a repository or next to a device)."""
+    from filelock import FileLock
+
+    key = os.path.realpath(path)
+    if key not in _LOCKS:
+        name = _digest(key.encode("utf-8", "surrogateescape"))[:40]
+        _LOCKS[key] = FileLock(str(_lock_folder() / f"{name}.lock"), timeout=EDIT_LOCK_TIMEOUT_S)
+    return _LOCKS[key]
+
+
+def _lock_folder() -> Path:
+    """$XDG_RUNTIME_DIR/layerflow-locks, else TMP/layerflow-locks-UID: a folder of this
+    user's alone (one someone else made, or a link, is not used: the config folder is)."""
+    import stat as _stat
+    import tempfile
+
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    folder = Path(runtime) / "layerflow-locks" if runtime else Path(tempfile.gettempdir()) / f"layerflow-locks-{uid}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(folder)
+        if _stat.S_ISDIR(st.st_mode) and (not hasattr(os, "getuid") or st.st_uid == uid):
+            return folder
+    except OSError:
+        pass
+    from engine.trust import config_home
+
+    folder = config_home() / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@contextlib.contextmanager
+def editing(path: str | os.PathLike):
+    """Hold the project file's edit lock around a read-modify-write, so that two commands
+    editing one file take turns and neither edit is lost:
+
+        with editing(path):
+            project = load_project(path)
+            ...                        # change it
+            save_project(project)
+    """
+    from filelock import Timeout
+
+    try:
+        lock = _lock_for(Path(path))
+        lock.acquire()
+    except Timeout:
+        raise ProjectError(f"{path}: another command or the editor has been changing this file for "
+                           f"{EDIT_LOCK_TIMEOUT_S:.0f} s; try again when it is done") from None
+    except OSError as exc:  # a folder we may not write: no lock file, but also no write to come
+        from engine.files import os_error_text
+
+        raise ProjectError(f"{path}: cannot lock it for editing: {os_error_text(exc)}") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 DEFAULT_MAX_INPUT_MB = 16_384
@@ -586,9 +667,27 @@ def checked_input(path: Path, field: str) -> Path:
 
 
 def save_project(project: Project, path: str | os.PathLike | None = None) -> Path:
+    """Write the project to `path` (default: the file it came from), atomically, under the
+    file's edit lock. Writing back over the file it was loaded from is refused when that
+    file changed since it was read (ProjectError, one line): the other edit is kept."""
     target = Path(path) if path else project.path
     if target is None:
         raise ProjectError("the project has no file yet: give a path")
-    atomic_write(target, project.dumps().encode("utf-8"))
+    data = project.dumps().encode("utf-8")
+    with editing(target):
+        read_from, read = getattr(project, "_read_digest", None) or (None, None)
+        if read is not None and read_from == os.path.realpath(target):  # (recovered content: read elsewhere)
+            try:
+                now = _digest(target.read_bytes())
+            except FileNotFoundError:
+                now = read  # deleted since: writing it back loses nothing
+            except OSError:
+                now = read  # (atomic_write names what is wrong with the file)
+            if now != read:
+                raise ProjectError(f"{target}: changed on disk since it was read (another command or the editor "
+                                   "saved it); this edit is not written, so that one is not lost: load it again and "
+                                   "redo the edit, or save this one as another file")
+        atomic_write(target, data)
     project.path = target
+    project._read_digest = (os.path.realpath(target), _digest(data))
     return target
