@@ -506,8 +506,9 @@ def _format_validation(source: str, exc: ValidationError) -> str:
         msg = err["msg"]
         msg = msg[0].lower() + msg[1:] if msg else msg
         msg = msg.replace("input should be", "must be").replace("value error, ", "")
-        lines.append(f"{source}: {loc or '(top level)'}: {msg}")
-    return "\n".join(lines)
+        lines.append(f"{loc or '(top level)'}: {msg}".replace("\n", " "))
+    more = f"; and {len(lines) - 6} more" if len(lines) > 6 else ""
+    return f"{source}: " + "; ".join(lines[:6]) + more  # one line, every field at fault named
 
 
 def loads_project(text: str | bytes, source: str = "project") -> Project:
