@@ -169,9 +169,15 @@ def _shoot(app, project, args, w_px: int, h_px: int, settings) -> int:
         w.view.minimap._render()
         app.processEvents()
         out = Path(args.output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if not w.grab().save(str(out), "PNG"):
-            raise CliError(f"{out}: cannot write the PNG")
+        from PySide6.QtCore import QBuffer, QIODevice
+
+        from engine.files import atomic_write
+
+        buf = QBuffer()
+        buf.open(QIODevice.OpenModeFlag.WriteOnly)
+        if not w.grab().save(buf, "PNG"):
+            raise CliError(f"{out}: Qt could not encode the window as a PNG")
+        atomic_write(out, bytes(buf.data()))  # (a full disk, a bad name: one line naming the file)
     finally:
         w.controller.stack.setClean()  # nothing to ask about on close
         w.close()
