@@ -39,7 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_validate(args) -> int:
     from engine.errors import CheckFailed
 
+    from engine.data import check_synthetic
+
     project = Project.load(args.project)
+    check_synthetic(project.training.dataset)  # sizes whose arrays would not fit: named before train tries
     try:
         warnings = project.validate()
     except CheckFailed as exc:
