@@ -126,6 +126,50 @@ class _AnalyseJob(QRunnable):
         self.signals.done.emit(self.version, out)
 
 
+class _DataSignals(QObject):
+    done = Signal(str, object)  # settings key, DataInfo or the exception
+
+
+class _DescribeJob(QRunnable):
+    """engine.data.describe_source off the GUI thread: it lists the set's files (a folder
+    of a million images takes a while) and reads one sample."""
+
+    def __init__(self, key: str, settings: dict, signals: _DataSignals):
+        super().__init__()
+        self.key, self.settings, self.signals = key, settings, signals
+
+    def run(self) -> None:
+        from engine.data import describe_source
+
+        try:
+            out = describe_source(self.settings, with_fingerprint=False)
+        except Exception as exc:  # noqa: BLE001 - shown as a problem
+            out = exc
+        self.signals.done.emit(self.key, out)
+
+
+def data_key(settings: dict) -> str:
+    """The cache key of a data set's settings (its path absolute)."""
+    return json.dumps(settings, sort_keys=True)
+
+
+def data_problems(result, info) -> list:
+    """engine.run.check_data's lines as problems on the nodes they name (field
+    'training.dataset'); a data set that cannot be read is one problem of its own."""
+    from engine.compile import CompileError
+    from engine.planner import _NODE_RE
+
+    if isinstance(info, BaseException):
+        return [CompileError(str(info), None, "training.dataset")]
+    from engine.run import check_data
+
+    out = []
+    for msg in check_data(result, info):
+        m = _NODE_RE.search(msg)
+        out.append(CompileError(msg, m.group(1) if m else None, "training.dataset"))
+    return out
+
+
 class EditorController(QObject):
     compiled = Signal(object)  # CompileResult
     status = Signal(str)
@@ -157,6 +201,14 @@ class EditorController(QObject):
         self._pool.setMaxThreadCount(1)
         self._signals = _JobSignals(self)
         self._signals.done.connect(self._job_done)
+        # the data set, described once per settings (never on the GUI thread): its problems
+        self.data_errors: list = []
+        self._data_cache: dict[str, object] = {}  # data_key -> DataInfo or the exception
+        self._data_running: set[str] = set()
+        self._data_pool = QThreadPool(self)  # not the compile pool: compile_now waits for that one
+        self._data_pool.setMaxThreadCount(1)
+        self._data_signals = _DataSignals(self)
+        self._data_signals.done.connect(self._data_done)
         self.project: Project | None = None
         self.set_project(project or Project())
 
@@ -235,9 +287,76 @@ class EditorController(QObject):
             self._slow = seconds > SLOW_S
         self.result, self.plan, self.plan_error, self.plan_info = result, plan, plan_error, plan_info
         self.placement_errors, self.placement_warnings = self._placement_problems()
-        self.scene.set_result(result, plan_info[0], self.placement_errors + self.placement_warnings)
+        self.data_errors = self._data_problems()
+        self.scene.set_result(result, plan_info[0], self.placement_errors + self.placement_warnings + self.data_errors)
         self.compiled.emit(result)
         self.plan_changed.emit(plan_info)
+
+    # ----- the data set against the diagram -------------------------------------
+    def data_settings(self) -> dict | None:
+        """training.dataset as the runtime reads it (path absolute), for a set read in
+        place; None for generated sets. A ProjectError (no such path) is raised."""
+        from engine.data import source_settings
+
+        return source_settings(self.project)
+
+    def data_info(self, settings: dict | None = None):
+        """The cached DataInfo (or the exception describing it raised) of these settings
+        (default: the project's); None while it is being described or not yet asked."""
+        if settings is None:
+            try:
+                settings = self.data_settings()
+            except Exception:  # noqa: BLE001
+                return None
+        return None if settings is None else self._data_cache.get(data_key(settings))
+
+    def remember_data(self, settings: dict, info) -> None:
+        """A description made elsewhere (the data panel's worker): cached, and the
+        problems follow if these are the project's settings."""
+        self._data_cache[data_key(settings)] = info
+        self._data_current_changed(data_key(settings))
+
+    def _data_problems(self) -> list:
+        if self.result is None or not self.result.ok or self.result.spec is None:
+            return []  # the compiler's errors first
+        from engine.data_sources import IN_PLACE_KINDS
+        from engine.project import ProjectError
+
+        if self.project.training.dataset.kind not in IN_PLACE_KINDS:
+            return []
+        try:
+            settings = self.data_settings()
+        except ProjectError as exc:
+            return data_problems(self.result, exc)
+        key = data_key(settings)
+        if key in self._data_cache:
+            return data_problems(self.result, self._data_cache[key])
+        if key not in self._data_running:
+            self._data_running.add(key)
+            self._data_pool.start(_DescribeJob(key, settings, self._data_signals))
+        return []  # until it is described
+
+    def _data_done(self, key: str, info) -> None:
+        self._data_running.discard(key)
+        self._data_cache.setdefault(key, info)  # (a fresher one from the data panel stays)
+        self._data_current_changed(key)
+
+    def _data_current_changed(self, key: str) -> None:
+        """Show the data problems again if `key` is the project's data set now."""
+        try:
+            settings = self.data_settings()
+        except Exception:  # noqa: BLE001
+            return
+        if settings is None or data_key(settings) != key or self.result is None:
+            return
+        self.data_errors = self._data_problems()
+        self.scene.set_result(self.result, self.plan_info[0],
+                              self.placement_errors + self.placement_warnings + self.data_errors)
+        self.compiled.emit(self.result)
+
+    def wait_for_data(self, ms: int = 30000) -> bool:
+        """Wait for the describing worker (tests, screenshots)."""
+        return self._data_pool.waitForDone(ms)
 
     def _placement_problems(self):
         if self.result is None or not self.result.ok:
@@ -250,7 +369,7 @@ class EditorController(QObject):
         """(errors, warnings) of the diagram and of its placement, as the Problems list shows them."""
         if self.result is None:
             return [], []
-        return (list(self.result.errors) + self.placement_errors,
+        return (list(self.result.errors) + self.placement_errors + self.data_errors,
                 list(self.result.warnings) + self.placement_warnings)
 
     def run_blocker(self) -> str | None:
@@ -390,6 +509,62 @@ class EditorController(QObject):
         self._version += 1
         self.placement_changed.emit()
         self._timer.start()
+
+    def choose_dataset(self, dataset, info=None, settings: dict | None = None) -> bool:
+        """Use this data set (an engine.project Dataset model), one undo step; with its
+        description (engine.data.DataInfo), the Input node(s) take the data's shape
+        and dtype in the same step. Returns whether anything changed."""
+        training = self.project.training.model_copy(update={"dataset": dataset})
+        fits = self.input_fixes(info) if info is not None and not isinstance(info, BaseException) else {}
+        if settings is not None and info is not None:
+            self._data_cache[data_key(settings)] = info
+        if training == self.project.training and not fits:
+            return False
+        name = getattr(dataset, "path", dataset.kind)
+        self.stack.beginMacro(f"Use data set {name}")
+        if training != self.project.training:
+            self.push(C.SetTraining(self.project, training, "dataset (chosen)"))
+        self._fit_inputs(fits)
+        self.stack.endMacro()
+        return True
+
+    def input_fixes(self, info) -> dict[str, dict]:
+        """{Input node: {param: value}} that make the diagram's Input nodes take the data
+        set's samples (shape and dtype); several named inputs feed the Inputs of their names."""
+        inputs = [n for n in self.graph.nodes.values() if n.type == "Input"]
+        if info.inputs:
+            feeds = {n.id: info.inputs[n.id] for n in inputs if n.id in info.inputs}
+        elif len(inputs) == 1:
+            feeds = {inputs[0].id: (info.sample_shape, info.x_dtype)}
+        else:
+            return {}
+        out = {}
+        for nid, (shape, dtype) in feeds.items():
+            params = self.graph.nodes[nid].params
+            want = {"shape": [int(s) for s in shape],
+                    "dtype": "int64" if str(dtype).startswith(("int", "uint")) else "float32"}
+            if str(params.get("dtype", "float32")).startswith(want["dtype"][:3]):
+                del want["dtype"]  # an int32 Input takes int64 data too: check_data accepts it
+            if list(params.get("shape", [])) == want.get("shape"):
+                del want["shape"]
+            if want:
+                out[nid] = want
+        return out
+
+    def fit_inputs(self, info) -> bool:
+        """The Input node(s) take the data set's shape and dtype: one undo step."""
+        fits = self.input_fixes(info)
+        if not fits:
+            return False
+        self.stack.beginMacro("Input follows the data set")
+        self._fit_inputs(fits)
+        self.stack.endMacro()
+        return True
+
+    def _fit_inputs(self, fits: dict) -> None:
+        for nid, params in fits.items():
+            for key, value in params.items():
+                self.push(C.SetParam(self.graph, nid, key, value))
 
     def set_training(self, training, what: str = "training") -> None:
         """Replace the training settings (a validated engine.project.Training): one undo step."""

@@ -49,7 +49,7 @@ class _PanelUndo(QObject):
         if not (e.matches(QKeySequence.Undo) or e.matches(QKeySequence.Redo)
                 or QKeySequence(e.keyCombination()) == QKeySequence("Ctrl+Shift+Z")):
             return False
-        docks = [d for d in (getattr(self.window, n, None) for n in ("inspector_dock", "devices_dock", "training_dock"))
+        docks = [d for d in (getattr(self.window, n, None) for n in ("inspector_dock", "devices_dock", "training_dock", "data_dock"))
                  if d is not None]
         if not any(d.isAncestorOf(obj) for d in docks):
             return False
@@ -128,6 +128,9 @@ class EditorWindow(QMainWindow):
         self._after_project_set()
         if recover:
             self.offer_recovery()
+        from app import data_ui  # the Data dock: what the data set holds, checked against the diagram
+
+        self.data_ui, self.data_panel, self.data_dock = data_ui.install(self)
         self.install_parts()
         self.run_toolbar.setVisible(bool(self.run_toolbar.actions()))
         if not isinstance(state, QByteArray):

@@ -7,15 +7,68 @@ the batch size. Undo, redo and another project reload the form.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QDockWidget
+import os
+from pathlib import Path
+from typing import Literal, get_args, get_origin
 
-from widgets.training_panel import TrainingPanel
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QDockWidget, QFileDialog, QSpinBox
+
+from engine.data_sources import IN_PLACE_KINDS
+from widgets.training_panel import _BIG, TrainingPanel, _bounds
+
+FOLDER_KINDS = ("image_folder", "token_file", "parquet", "array", "shards")  # may be a folder
+
+
+class _TrainingPanel(TrainingPanel):
+    """The form, where a data set read in place may be a folder (an image folder, a folder
+    of .bin/.npy/.parquet/.tar files): no "(not found)" for one, and Browse… offers a folder
+    for the kinds that are mostly folders. (The Data dock, app/data_ui.py, is the place to
+    pick and look at a data set; this keeps the form's path row consistent with it.)"""
+
+    def _value(self, ann, info, commit):
+        """A Literal of numbers (image channels: 1 or 3) in a combo box: shown as text,
+        read back as the number (the form's own editor passes the int to setCurrentText);
+        an int whose bound passes a spin box's (a vocabulary of up to 2**32) is cut to it."""
+        if ann is int:
+            lo, hi = _bounds(info, True)
+            w = QSpinBox()
+            w.setRange(max(lo, -_BIG - 1), min(hi, _BIG))
+            w.setKeyboardTracking(False)
+            w.valueChanged.connect(commit)
+            return w, w.value, w.setValue
+        w, get, put = super()._value(ann, info, commit)
+        values = get_args(ann) if get_origin(ann) is Literal else ()
+        if not values:
+            return w, get, put
+        by_text = {str(v): v for v in values}
+        first = str(values[0])  # an Optional Literal switched off starts at its first value, not at 1
+        return w, lambda: by_text.get(get(), get()), lambda v: put(str(v) if str(v) in by_text else first)
+
+    def _show_where(self) -> None:
+        text = self.path_edit.text().strip()
+        kind = self.draft["training"]["dataset"]["kind"]
+        if not text or kind not in IN_PLACE_KINDS:
+            return super()._show_where()
+        p = Path(text).expanduser()
+        p = p if p.is_absolute() else self.directory().absolute() / p
+        ok = p.is_file() or (p.is_dir() and kind in FOLDER_KINDS) or (kind == "shards" and "{" in p.name)
+        self.path_where.setText(f"{os.path.normpath(p)}" + ("" if ok else " (not found)"))
+
+    def browse(self) -> None:
+        kind = self.draft["training"]["dataset"]["kind"]
+        if kind not in ("image_folder", "shards"):
+            return super().browse()
+        start = self.path_edit.text().strip() or "."
+        start = start if Path(start).is_absolute() else str(self.directory() / start)
+        chosen = QFileDialog.getExistingDirectory(self, "Data set folder", start)
+        if chosen:
+            self.set_path(chosen)
 
 
 def install(window) -> tuple[TrainingPanel, QDockWidget]:
     """The Training dock of `window`: (its panel, the dock); app/window.py calls this."""
-    panel = TrainingPanel()
+    panel = _TrainingPanel()
     panel.directory = lambda: window.project.directory  # engine/data.py reads relative paths from there
     dock = window.add_dock("Training", panel, Qt.RightDockWidgetArea)
     # a tab beside Inspector / Devices / Runs; the Inspector stays in front
