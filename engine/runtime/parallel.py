@@ -397,7 +397,7 @@ class ParallelTrainer(BaseTrainer):
     def evaluate(self) -> dict:
         self.model.eval()
         sums = [0.0] * 5
-        bs = self.local_batch if self.schedule is not None else max(self.batch_size, 256)
+        bs = self.local_batch if self.schedule is not None else self.batch_size  # (what training fits)
         for x, y in self.data.val_batches(bs):
             k = rows(x)
             if self.schedule is not None and k < bs:  # the pipeline was shaped for bs rows: pad, then drop

@@ -78,7 +78,9 @@ class Trainer(BaseTrainer):
     def evaluate(self) -> dict:
         self.model.eval()
         sums = [0.0] * 5
-        for x, y in self.data.val_batches(max(self.batch_size, 256)):
+        # batches of the training batch's size: what fits in training fits here (a language model's
+        # logits are batch x seq x vocab: 256 windows of 1024 tokens at 50k words were 52 GB)
+        for x, y in self.data.val_batches(self.batch_size):
             x, y = to_device(x, self.device), to_device(y, self.device)
             sums = [a + b for a, b in zip(sums, eval_sums(self.loss_kind, forward(self.model, x), y, self.loss_options))]
         self.model.train()
