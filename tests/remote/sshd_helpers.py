@@ -184,3 +184,17 @@ class SshEnv:
                 s.start()
 
 
+
+
+def relayed_cluster(sshd_pair, tmp_path: Path, relay) -> dict:
+    """A one-host cluster profile whose SSH goes through `relay` (a conftest Relay to the
+    pair's first server): its host key known under the relay's port; torchrun's
+    rendezvous on 127.0.0.2."""
+    s = sshd_pair.servers[0]
+    kh = tmp_path / "kh"
+    kh.write_text(sshd_pair.known_hosts.read_text() + s.public_key_line().replace(
+        f"[{s.addr}]:{s.port}", f"[127.0.0.1]:{relay.port}") + "\n")
+    data = sshd_pair.cluster("relayed", tmp_path / "work", n_hosts=1, rdzv_port=free_port("127.0.0.2"),
+                             known_hosts=str(kh), command_timeout=15)
+    data["hosts"][0].update(address="127.0.0.1", port=relay.port, rdzv_address="127.0.0.2")
+    return data

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sshd_helpers import free_port
+from sshd_helpers import free_port, relayed_cluster
 
 from engine.graph import Graph
 from engine.project import Project, Training
@@ -240,12 +240,7 @@ def test_an_upload_cut_midway_is_never_taken_for_the_data_set(sshd_pair, tmp_pat
     and the run trains on it."""
     s = sshd_pair.servers[0]
     relay = relay_factory((s.addr, s.port))
-    kh = tmp_path / "kh"
-    kh.write_text(sshd_pair.known_hosts.read_text() + s.public_key_line().replace(
-        f"[{s.addr}]:{s.port}", f"[127.0.0.1]:{relay.port}") + "\n")
-    data = sshd_pair.cluster("relayed", tmp_path / "work", n_hosts=1, rdzv_port=free_port("127.0.0.2"),
-                             known_hosts=str(kh), command_timeout=15)
-    data["hosts"][0].update(address="127.0.0.1", port=relay.port, rdzv_address="127.0.0.2")
+    data = relayed_cluster(sshd_pair, tmp_path, relay)
     cluster = parse_cluster(data)
     toks = make_tokens(tmp_path / "tokens", n=3000)
     (toks / "spare.bin").write_bytes(os.urandom(6 << 20))

@@ -16,7 +16,7 @@ from remote.jobs import JobDB
 from remote.launch_ssh import DeployError, deploy, prepare
 from remote.tracker import Tracker
 
-from sshd_helpers import free_port
+from sshd_helpers import free_port, relayed_cluster
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "resources" / "examples"
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("remote-deploy")]
@@ -132,12 +132,7 @@ def test_cut_link_then_app_restart_lose_and_repeat_nothing(sshd_pair, tmp_path, 
     from the job database. Every metric line arrives exactly once."""
     s = sshd_pair.servers[0]
     relay = relay_factory((s.addr, s.port))
-    kh = tmp_path / "kh"
-    kh.write_text(sshd_pair.known_hosts.read_text() + s.public_key_line().replace(
-        f"[{s.addr}]:{s.port}", f"[127.0.0.1]:{relay.port}") + "\n")
-    data = sshd_pair.cluster("relayed", tmp_path / "work", n_hosts=1, rdzv_port=free_port("127.0.0.2"),
-                             known_hosts=str(kh), command_timeout=15)
-    data["hosts"][0].update(address="127.0.0.1", port=relay.port, rdzv_address="127.0.0.2")
+    data = relayed_cluster(sshd_pair, tmp_path, relay)
     job = deploy(parse_cluster(data), make_run(tmp_path, 2500))
     seen = []
     tr = Tracker(job.id, on_metrics=seen.extend, lost_after=600)
