@@ -9,7 +9,8 @@ Two kinds of data set:
   - made whole here (synthetic sets, scikit-learn's digits, a CSV): small by
     construction, written into the run folder as data.npz (so cluster nodes need
     neither scikit-learn nor the user's CSV). Synthetic sets are a function of their
-    seed alone.
+    seed alone. The user's .npz (kind npz) is checked whole here too, but the run
+    references it where it lies (the runtime loads it whole; kind array reads in place).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.data_sources import IN_PLACE_KINDS
+from engine.runtime.data import seeded_split
 from engine.project import (
     CsvFile,
     Digits,
@@ -53,12 +55,10 @@ class Arrays:
 
 
 def _split(x: np.ndarray, y: np.ndarray, val_fraction: float, seed: int, task: str, n_classes=None) -> Arrays:
-    n = len(x)
-    perm = np.random.default_rng(seed + 7919).permutation(n)
-    n_val = max(1, int(round(n * val_fraction)))
-    if n - n_val < 1:
-        raise ProjectError(f"training.dataset: {n} samples leave nothing to train on with val_fraction {val_fraction}")
-    val, train = perm[:n_val], perm[n_val:]
+    train, val = seeded_split(len(x), val_fraction, seed)
+    if len(train) < 1:
+        raise ProjectError(f"training.dataset: {len(x)} samples leave nothing to train on with val_fraction "
+                           f"{val_fraction}")
     return Arrays(x[train], y[train], x[val], y[val], task, n_classes)
 
 
@@ -433,11 +433,24 @@ def describe_source(settings: dict, *, with_fingerprint: bool = True) -> DataInf
 
 
 def describe(project: Project) -> DataInfo:
-    """The project's data set, checked and described (ProjectError names the field)."""
+    """The project's data set, checked and described (ProjectError names the field). The
+    user's .npz (kind npz) is checked whole here, then referenced where it lies like a set
+    read in place (the run folder holds no copy; a deploy uploads it once, by fingerprint)."""
     settings = source_settings(project)
     if settings is not None:
         return describe_source(settings)
-    return info_of(load_arrays(project))
+    info = info_of(load_arrays(project))
+    d = project.training.dataset
+    if isinstance(d, NpzFile):
+        from engine.runtime.datasets import DataError, fingerprint
+
+        settings = {**d.model_dump(mode="json"), "path": str(project.resolve_path(d.path).resolve())}
+        try:
+            fp = fingerprint(settings)
+        except (DataError, OSError) as exc:
+            raise ProjectError(f"training.dataset.path: {settings['path']}: {exc}") from None
+        info.arrays, info.source, info.fingerprint = None, settings, fp
+    return info
 
 
 def info_of(a: Arrays) -> DataInfo:

@@ -4,8 +4,9 @@ RUN_DIR/
   project.lflow   snapshot of the project as it was run
   run.json        the run spec (engine/runtime/spec.py RunSpec): compiled model, training
                   settings, the plan (layout, stages, TP), data reference, predictions
-  data.npz        x_train, y_train, x_val, y_val of a generated set (engine/data.py); a data
-                  set read in place is referenced by run.json's data.source, never copied
+  data.npz        x_train, y_train, x_val, y_val of a generated set (engine/data.py); the
+                  user's data (a set read in place, an .npz) is referenced by run.json's
+                  data.source, never copied
   weights.pt      initial weights, when the project has a weights file (imported models)
 The runtime (engine/runtime/train.py) reads only these, so the same folder runs on
 this machine or, uploaded with the runtime package, on a cluster node.

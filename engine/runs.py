@@ -298,9 +298,37 @@ def failure_report(path: str | os.PathLike, node_ids=()) -> dict:
 
 
 # ----- confusion matrix -----------------------------------------------------------
+def _val_batches(run: Path, data, max_samples: int, batch_size: int = 512):
+    """(x, y) batches of a run's first max_samples validation samples, wherever its data is:
+    the run folder's data.npz, the user's .npz, or a set read in place."""
+    import numpy as np
+    import torch
+
+    from engine.runtime.data import load_npz_source
+
+    if data.source and data.source.get("kind") != "npz":
+        from engine.runtime.datasets import eval_batches, open_source
+
+        seen = 0
+        for x, y in eval_batches(open_source(data.source, "val"), batch_size):
+            if seen >= max_samples:
+                return
+            yield x, y
+            seen += len(y)
+        return
+    if data.source:
+        arrays = load_npz_source(data.source)
+    else:
+        with np.load(run / data.path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in ("x_val", "y_val")}
+    x_val, y_val = arrays["x_val"][:max_samples], arrays["y_val"][:max_samples]
+    for i in range(0, len(x_val), batch_size):
+        yield torch.as_tensor(x_val[i:i + batch_size]), y_val[i:i + batch_size]
+
+
 def confusion_matrix(path: str | os.PathLike, max_samples: int = 20_000) -> dict | None:
     """{"matrix": n_classes x n_classes counts [true][pred], "labels"} of a finished
-    classification run on its validation set (model.pt + data.npz); None when the run
+    classification run on its validation set (model.pt + its data); None when the run
     has no final model or is not a classification. Cached in confusion.json."""
     p = Path(path)
     cache = p / "confusion.json"
@@ -319,21 +347,21 @@ def confusion_matrix(path: str | os.PathLike, max_samples: int = 20_000) -> dict
     import numpy as np
     import torch
 
+    from engine.runtime.data import forward
     from engine.runtime.model import build_graph_module
 
-    with np.load(p / spec.data.path, allow_pickle=False) as arrays:
-        x_val, y_val = arrays["x_val"][:max_samples], arrays["y_val"][:max_samples]
     gm = build_graph_module(spec.model, device="cpu")
     gm.load_state_dict(torch.load(model_file, map_location="cpu", weights_only=True))
     gm.eval()
-    preds = []
+    preds, trues = [], []
     with torch.no_grad():
-        for i in range(0, len(x_val), 512):
-            out = gm(torch.as_tensor(x_val[i:i + 512]))
+        for x, y in _val_batches(p, spec.data, max_samples):
+            out = forward(gm, x)
             out = out[0] if isinstance(out, tuple) else out
             preds.append(out.argmax(dim=-1).reshape(-1).numpy())
+            trues.append(np.asarray(y).reshape(-1).astype(np.int64))
     pred = np.concatenate(preds) if preds else np.zeros(0, dtype=np.int64)
-    true = np.asarray(y_val).reshape(-1).astype(np.int64)
+    true = np.concatenate(trues) if trues else np.zeros(0, dtype=np.int64)
     n = int(spec.data.n_classes or max(int(true.max(initial=0)), int(pred.max(initial=0))) + 1)
     m = np.zeros((n, n), dtype=np.int64)
     ok = (true >= 0) & (true < n) & (pred >= 0) & (pred < n)

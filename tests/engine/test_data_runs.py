@@ -297,3 +297,42 @@ def test_tokens_and_an_attention_mask_feed_two_input_nodes(tmp_path):
     tr.grad_accumulation = 1
     with pytest.raises(RunError, match="placement.pp 2: a pipeline feeds one input to its first stage"):
         build_run(Project(masked_graph(), name="masked", training=tr), tmp_path / "pp", placement={"pp": 2})
+
+
+def test_a_users_npz_is_referenced_not_copied_and_split_as_before(tmp_path):
+    """kind npz: checked whole when the run is built, then read where it lies (no data.npz in
+    the run folder); the runtime's train/val split is the one engine/data.py always made."""
+    from engine.data import load_arrays
+    from engine.runtime.data import load_npz_source
+    from engine.runs import confusion_matrix
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 90)
+    x = (np.eye(3)[y] * 3 + rng.normal(0, 0.3, (90, 3))).astype(np.float32)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    g = graph(("Input", {"shape": [3], "id": "x"}), ("Linear", {"out_features": 3, "id": "head"}))
+    tr = Training.model_validate({"dataset": {"kind": "npz", "path": "d.npz", "val_fraction": 0.2, "seed": 5},
+                                  "optimizer": {"name": "adam", "lr": 0.1}, "batch_size": 8, "steps": 40,
+                                  "eval_interval": 20, "log_interval": 1})
+    p = Project(g, name="npz", training=tr, path=tmp_path / "p.lflow")
+    rd = build_run(p, tmp_path / "run").run_dir
+    spec = json.loads((rd / "run.json").read_text())
+    assert not (rd / "data.npz").exists()
+    src = spec["data"]["source"]
+    assert src["kind"] == "npz" and src["path"] == str((tmp_path / "d.npz").resolve())
+    assert spec["data"]["fingerprint"]["files"] == 1 and spec["data"]["n_train"] == 72 and spec["data"]["n_val"] == 18
+    whole, here = load_arrays(p), load_npz_source(src)
+    for k in ("x_train", "y_train", "x_val", "y_val"):
+        np.testing.assert_array_equal(getattr(whole, k), here[k])
+    assert run(rd)["state"] == "succeeded"
+    cm = confusion_matrix(rd)
+    assert np.asarray(cm["matrix"]).sum() == 18 and np.trace(np.asarray(cm["matrix"])) >= 16
+
+
+def test_confusion_matrix_of_a_run_read_in_place(images, tmp_path):
+    from engine.runs import confusion_matrix
+
+    rd = build_run(image_project(images, steps=20), tmp_path / "run").run_dir
+    assert run(rd)["state"] == "succeeded"
+    m = np.asarray(confusion_matrix(rd)["matrix"])
+    assert m.shape == (3, 3) and m.sum() == 12

@@ -19,7 +19,7 @@ from .shards import expand_braces
 
 EDGE = 64 << 10
 EXTS = {"image_folder": IMAGE_EXTS, "token_file": (".bin", "meta.json"), "parquet": (".parquet", ".arrow"),
-        "array": (".npy", ".npz"), "shards": (".tar",)}
+        "array": (".npy", ".npz"), "npz": (".npz",), "shards": (".tar",)}
 
 
 def data_files(source: dict, base_dir: Path | None) -> tuple[Path, list[Path]]:
