@@ -294,9 +294,26 @@ def build_run(project: Project, out_dir: str | Path | None = None, *, nproc: int
         _check_weights(weights_src, result)
 
     run_dir = Path(out_dir) if out_dir else new_run_dir(project)
-    run_dir.mkdir(parents=True, exist_ok=True)
     if (run_dir / "run.json").exists():
         raise RunError(f"{run_dir} already holds a run; pick another --out or use --resume")
+    began = not run_dir.exists()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        spec = _write_run(project, run_dir, result, plan, pl, data, weights_src)
+    except BaseException as exc:
+        if began:  # a full disk or Ctrl-C halfway: no half-made run folder is left for the runs list
+            shutil.rmtree(run_dir, ignore_errors=True)
+        if isinstance(exc, OSError) and not isinstance(exc, LayerflowError):
+            from engine.files import os_error_text
+
+            where = exc.filename or run_dir
+            raise RunError(f"{where}: cannot prepare the run folder: {os_error_text(exc)}") from None
+        raise
+    return BuiltRun(run_dir, spec, warnings)
+
+
+def _write_run(project: Project, run_dir: Path, result, plan, pl: Placement, data: DataInfo,
+               weights_src: Path | None) -> RunSpec:
     if data.arrays is not None:  # a generated set: small, it travels with the run
         data.arrays.save(run_dir / "data.npz")
     if weights_src is not None:
@@ -315,7 +332,7 @@ def build_run(project: Project, out_dir: str | Path | None = None, *, nproc: int
         predicted=_predicted(plan))
     atomic_write(run_dir / "project.lflow", project.dumps().encode())
     spec.save(run_dir)
-    return BuiltRun(run_dir, spec, warnings)
+    return spec
 
 
 def prepare_run(project: Project, out_dir: str | Path | None = None, **kw) -> Path:

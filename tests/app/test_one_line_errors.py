@@ -230,10 +230,10 @@ def test_params_nested_900_deep_are_one_line(tmp_path, command):
 
 def test_a_full_disk_in_train_is_one_line(full_disk, tmp_path):
     project = tmp_path / "disk" / "p.lflow"
-    # (build_run leaves the run folder it began, with what it wrote: engine/run.py's to clean up)
-    r, reason = full_disk("train", project_file(tmp_path), "--steps", "1", "--out", project.parent / "run",
-                          leaves={"run", "run/data.npz", "run/project.lflow", "run/run.json"})
-    one_line(r, "p.lflow: `train` stopped writing", "disk/run", reason)
+    # (build_run removes the run folder it began: no half-made run is left for the runs list)
+    r, reason = full_disk("train", project_file(tmp_path), "--steps", "1", "--out", project.parent / "run")
+    one_line(r, "disk/run", "cannot prepare the run folder", reason)
+    assert not (project.parent / "run").exists()
 
 
 # ----- the minor items (issue 45, item 5) ----------------------------------------------------
