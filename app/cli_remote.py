@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -57,8 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", help="job name (default: the run folder's name)")
     p.add_argument("--out", help="local run folder to prepare (default: <project>/runs/<name>-<time>)")
     p.add_argument("--accept-host-key", action="append", default=[], metavar="FINGERPRINT")
-    p.add_argument("--remote-data", metavar="PATH", help="the data set (.npz) is already at PATH on every node: "
-                   "do not upload it")
+    p.add_argument("--remote-data", metavar="PATH", help="the data set is already at PATH on every node (a folder, "
+                   "a file): read it there, checked against the local copy's fingerprint, instead of uploading it")
     p.set_defaults(func=cmd_deploy)
 
     p = sub.add_parser("jobs", help="list remote jobs (refreshes the ones still running); --all: everyone's")
@@ -99,6 +100,9 @@ def _profile_flags(a: argparse.ArgumentParser) -> None:
     a.add_argument("--rdzv-port", type=int, default=29400)
     a.add_argument("--max-restarts", type=int, default=0)
     a.add_argument("--known-hosts", help="known_hosts file (default: Layerflow's own + ~/.ssh/known_hosts)")
+    a.add_argument("--data-path", action="append", default=[], metavar="HERE=THERE",
+                   help="data sets under the folder HERE are already at THERE on every node: runs read them there "
+                        "(checked by fingerprint) instead of uploading them; repeat for several folders")
     a.add_argument("--shared-dir", metavar="PATH", help="a folder on the cluster every user can write (group "
                    "permissions): jobs register there, and `jobs --cluster NAME --all` lists everyone's")
     s = a.add_argument_group("Slurm (--backend slurm: the first --host is the login node)")
@@ -116,7 +120,13 @@ def _profile(args, hosts: list[dict]):
         if not sep:
             raise CliError(f"--env {kv!r}: expected KEY=VALUE")
         env[k] = v
-    data = {"name": args.name, "hosts": hosts, "workdir": args.workdir, "python": args.python, "env": env,
+    data_paths = {}
+    for kv in getattr(args, "data_path", []):
+        here, sep, there = kv.partition("=")
+        if not sep or not here or not there:
+            raise CliError(f"--data-path {kv!r}: expected FOLDER_HERE=FOLDER_THERE, e.g. /data/imagenet=/scratch/imagenet")
+        data_paths[os.path.abspath(os.path.expanduser(here))] = there
+    data = {"data_paths": data_paths, "name": args.name, "hosts": hosts, "workdir": args.workdir, "python": args.python, "env": env,
             "backend": args.backend, "nproc_per_node": args.nproc_per_node, "rdzv_port": args.rdzv_port,
             "max_restarts": args.max_restarts, "known_hosts": args.known_hosts, "shared_dir": args.shared_dir,
             "partition": args.partition, "time_limit": args.time_limit, "gpus_per_node": args.gpus_per_node}
@@ -244,6 +254,10 @@ def cmd_deploy(args) -> int:
         remote_data=args.remote_data, progress=_Bar(), on_preflight=show,
         on_prepared=lambda run_dir: print(f"run folder: {run_dir}", file=sys.stderr))
     print(job.id)
+    from remote.data import sent_line
+    from remote.jobs import JobDB
+
+    print(sent_line(JobDB().get(job.id)), file=sys.stderr)
     return 0
 
 

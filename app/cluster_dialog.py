@@ -79,6 +79,12 @@ class ClusterDialog(QDialog):
         self.shared_dir.setToolTip("A folder on the cluster every user can write (group permissions): jobs register "
                                    "there, and the Remote jobs panel's 'Everyone on' view lists every user's jobs")
         self.known_hosts.setPlaceholderText("default: Layerflow's own + ~/.ssh/known_hosts")
+        self.data_paths = QPlainTextEdit()
+        self.data_paths.setPlaceholderText("/data/here=/data/there, one a line (optional)")
+        self.data_paths.setToolTip("Data sets already on the cluster: a run whose data lies under a folder here "
+                                   "reads the same folder there (checked by fingerprint on every node) instead "
+                                   "of uploading it")
+        self.data_paths.setMaximumHeight(60)
         # Slurm only: the first host is the login node; sbatch asks for these
         self.partition, self.time_limit = QLineEdit(), QLineEdit()
         self.partition.setPlaceholderText("default partition")
@@ -102,6 +108,7 @@ class ClusterDialog(QDialog):
         form.addRow("Rendezvous port", self.rdzv_port)
         form.addRow("known_hosts", self.known_hosts)
         form.addRow("Shared job board folder", self.shared_dir)
+        form.addRow("Data already there", self.data_paths)
         form.addRow("Slurm partition", self.partition)
         form.addRow("Slurm time limit", self.time_limit)
         form.addRow("Slurm GPUs per node", self.gpus)
@@ -165,6 +172,8 @@ class ClusterDialog(QDialog):
         self.rdzv_port.setValue(29400)
         self.known_hosts.setText("")
         self.shared_dir.setText("")
+        self.data_paths.setPlainText("")
+        self._kept = {}
         self.partition.setText("")
         self.time_limit.setText("")
         self.gpus.setValue(0)
@@ -204,6 +213,9 @@ class ClusterDialog(QDialog):
         self.rdzv_port.setValue(c.rdzv_port)
         self.known_hosts.setText(c.known_hosts or "")
         self.shared_dir.setText(c.shared_dir or "")
+        self.data_paths.setPlainText("\n".join(f"{k}={v}" for k, v in c.data_paths.items()))
+        # what the form has no field for (set by `cluster add` or by hand) is kept as it was
+        self._kept = c.model_dump(include={"max_restarts", "connect_timeout", "command_timeout"})
         self.partition.setText(c.partition or "")
         self.time_limit.setText(c.time_limit or "")
         self.gpus.setValue(c.gpus_per_node or 0)
@@ -233,7 +245,15 @@ class ClusterDialog(QDialog):
                 if not sep:
                     raise ClusterError(f"environment line {ln!r}: expected KEY=VALUE")
                 env[k.strip()] = v
-        data = {"name": self.name.text().strip(), "hosts": hosts, "workdir": self.workdir.text().strip(),
+        data_paths = {}
+        for ln in self.data_paths.toPlainText().splitlines():
+            if ln.strip():
+                here, sep, there = ln.partition("=")
+                if not sep:
+                    raise ClusterError(f"data already there, line {ln!r}: expected FOLDER_HERE=FOLDER_THERE")
+                data_paths[here.strip()] = there.strip()
+        data = {**getattr(self, "_kept", {}), "data_paths": data_paths,
+                "name": self.name.text().strip(), "hosts": hosts, "workdir": self.workdir.text().strip(),
                 "python": self.python.text().strip(), "env": env, "backend": self.backend.currentText(),
                 "nproc_per_node": self.nproc.value() or None, "rdzv_port": self.rdzv_port.value(),
                 "known_hosts": self.known_hosts.text().strip() or None,

@@ -34,6 +34,17 @@ def test_cluster_commands(sshd_pair, config_dir, tmp_path, capsys):
     assert code == 0 and "2 node(s) saved" in out
     code, out, _ = run(capsys, "cluster", "list")
     assert code == 0 and "lab" in out and "127.0.0.3" in out
+    code, out, err = run(capsys, *add_args(sshd_pair, "data", tmp_path), "--data-path", f"{tmp_path}/d=/scratch/d",
+                         "--data-path", "~/corpus=~/corpus")
+    assert code == 0, err
+    from remote.cluster import ClusterStore
+    assert ClusterStore().get("data").data_paths == {f"{tmp_path}/d": "/scratch/d",
+                                                     str(Path.home() / "corpus"): "~/corpus"}
+    code, _, err = run(capsys, *add_args(sshd_pair, "bad", tmp_path), "--data-path", "/here")
+    assert code == 2 and "--data-path '/here': expected FOLDER_HERE=FOLDER_THERE" in err
+    code, _, err = run(capsys, *add_args(sshd_pair, "bad", tmp_path), "--data-path", "/here=relative/there")
+    assert code == 2 and "relative/there" in err and "absolute" in err
+    run(capsys, "cluster", "remove", "data")
     code, out, _ = run(capsys, "cluster", "check", "lab")
     assert code == 0 and "127.0.0.2" in out and "NO" not in out
     code, _, err = run(capsys, "cluster", "add", "bad", "--host", "root@h:99999")
@@ -95,6 +106,7 @@ def test_deploy_jobs_status_logs_fetch(sshd_pair, config_dir, tmp_path, capsys):
     assert code == 0, err
     job_id = out.strip()
     assert "upload" in err and "rendezvous" in err  # progress bar and the preflight table
+    assert "of bundle and 0 B of data (read at" in err  # what went over the wire
     code, out, _ = run(capsys, "logs", job_id[:-2], "-f")  # a unique prefix names the job
     assert code == 0 and "step 20/20" in out
     code, out, _ = run(capsys, "status", job_id, "--json")

@@ -75,6 +75,33 @@ def test_cluster_dialog_bad_input_is_an_error_line(qtbot, sshd_pair, config_dir,
     assert dlg.hosts.rowCount() == 1 and dlg.hosts.item(0, 0).text() == s.addr and dlg.name.text() == "gpu"
 
 
+def test_cluster_dialog_keeps_what_it_has_no_field_for_and_edits_data_paths(qtbot, config_dir, tmp_path):
+    """A profile made by `cluster add --data-path ... --max-restarts 2`, opened and saved in the
+    dialog, keeps its data paths and settings; a data path is edited as a line."""
+    from remote.cluster import parse_cluster
+
+    store = ClusterStore()
+    store.save(parse_cluster({"name": "lab", "hosts": [{"address": "127.0.0.1"}], "max_restarts": 2,
+                              "connect_timeout": 3.5, "data_paths": {str(tmp_path / "d"): "/scratch/d"}}, "t"))
+    dlg = ClusterDialog()
+    qtbot.addWidget(dlg)
+    dlg._load("lab")
+    assert dlg.data_paths.toPlainText() == f"{tmp_path / 'd'}=/scratch/d"
+    dlg.workdir.setText("~/elsewhere")
+    assert dlg.save()
+    c = store.get("lab")
+    assert (c.workdir, c.max_restarts, c.connect_timeout) == ("~/elsewhere", 2, 3.5)
+    assert c.data_paths == {str(tmp_path / "d"): "/scratch/d"}
+    dlg.data_paths.setPlainText(f"{tmp_path / 'd'}=/scratch/d\n{tmp_path / 'e'} = /scratch/e\n")
+    assert dlg.save() and store.get("lab").data_paths == {str(tmp_path / "d"): "/scratch/d",
+                                                          str(tmp_path / "e"): "/scratch/e"}
+    dlg.data_paths.setPlainText("no equals sign")
+    assert not dlg.save() and "no equals sign" in dlg.error.text()
+    dlg.data_paths.setPlainText("relative=/x")
+    assert not dlg.save() and "relative" in dlg.error.text()
+    assert store.get("lab").data_paths == {str(tmp_path / "d"): "/scratch/d", str(tmp_path / "e"): "/scratch/e"}
+
+
 def test_jobs_panel_reattaches_follows_and_cancels(qtbot, sshd_pair, config_dir, tmp_path):
     done_job = fake_job(sshd_pair, tmp_path)
     d = Path(done_job.nodes[0].jobdir)
