@@ -183,14 +183,15 @@ def cmd_use(args) -> int:
     from pathlib import Path
 
     from engine import trust
-    from engine.project import load_project, save_project
+    from engine.project import editing, load_project, save_project
     from layerflow.data import use_data
 
-    project = load_project(args.project)
-    before = trust.needs_consent(project)
-    trusted_before = trust.is_trusted(project.path, before)
-    used = use_data(project, args.path, args.kind, fit=args.fit, **_settings(args))
-    save_project(project, project.path)
+    with editing(args.project):  # a read-modify-write: it takes turns with the other commands and the editor
+        project = load_project(args.project)
+        before = trust.needs_consent(project)
+        trusted_before = trust.is_trusted(project.path, before)
+        used = use_data(project, args.path, args.kind, fit=args.fit, **_settings(args))
+        save_project(project, project.path)
     print(f"{args.project}: {used}")
     for line in used.mismatches:
         print(f"warning: {line}", file=sys.stderr)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from app.cli_errors import CliError
 from engine.diff import at_revision, conflict_lines, diff_projects, merge_projects, resolve_conflict, show_value
-from engine.project import ProjectError, load_project, loads_project, save_project
+from engine.project import ProjectError, editing, load_project, loads_project, save_project
 
 ATTRIBUTES_LINE = "*.lflow diff=layerflow merge=layerflow"
 
@@ -89,11 +89,12 @@ def _load_or_none(path: str):
 
 def cmd_merge(args) -> int:
     name = args.name or args.ours
-    base = _load_or_none(args.base)
-    ours, theirs = load_project(args.ours), load_project(args.theirs)
-    result = merge_projects(base, ours, theirs)
-    merged = loads_project(json.dumps(result.project), name)
-    save_project(merged, args.out or args.ours)
+    with editing(args.out or args.ours):  # ours is read and written over: others wait their turn
+        base = _load_or_none(args.base)
+        ours, theirs = load_project(args.ours), load_project(args.theirs)
+        result = merge_projects(base, ours, theirs)
+        merged = loads_project(json.dumps(result.project), name)
+        save_project(merged, args.out or args.ours)
     if result.clean:
         print(f"{name}: merged cleanly")
         return 0
@@ -105,7 +106,11 @@ def cmd_merge(args) -> int:
 
 
 def cmd_resolve(args) -> int:
-    project = load_project(args.project)
+    with editing(args.project):  # a read-modify-write: it takes turns with the other commands and the editor
+        return _resolve(args, load_project(args.project))
+
+
+def _resolve(args, project) -> int:
     if not project.conflicts:
         print(f"{args.project}: no merge conflicts")
         return 0

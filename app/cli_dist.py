@@ -35,13 +35,23 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_plan(args) -> int:
-    from app.cli_placement import check_counts, placement_flags
+    from app.cli_placement import check_counts
     from layerflow import Project
 
     check_counts(args, "nproc")
     if args.accept and not args.auto:
         raise CliError("--accept needs --auto")
-    project = Project.load(args.project)
+    if args.accept:  # a read-modify-write: it takes turns with the other commands and the editor
+        from engine.project import editing
+
+        with editing(args.project):
+            return _plan(args, Project.load(args.project))
+    return _plan(args, Project.load(args.project))
+
+
+def _plan(args, project) -> int:
+    from app.cli_placement import placement_flags
+
     overrides = placement_flags(project, args)
     pl = project.placement.derive(**overrides)
     nproc = args.nproc or pl.world
@@ -68,13 +78,20 @@ def cmd_plan(args) -> int:
 
 def cmd_place(args) -> int:
     """The Devices panel's Assign and Set TP style, headless: a block gives what it holds."""
+    from engine.project import editing
+
+    if args.stage is None and args.tp is None:
+        raise CliError("say what to set: --stage N and/or --tp STYLE")
+    with editing(args.output or args.project):  # a read-modify-write that takes turns with others
+        return _place(args)
+
+
+def _place(args) -> int:
     from engine.autoplace import PAIRS, block_tp
     from engine.compile import compile_graph
     from engine.graph import TP_STYLES, GraphError
     from engine.project import save_project
 
-    if args.stage is None and args.tp is None:
-        raise CliError("say what to set: --stage N and/or --tp STYLE")
     project = load_project(args.project)
     g = project.graph
     blocks = g.blocks()
