@@ -91,9 +91,7 @@ def cmd_train(args) -> int:
                               trust_given=getattr(args, "consent_given", False),
                               trust_once=getattr(args, "consent_once", False))
     else:
-        project = load_project(args.project)
-        if args.out is None:
-            _check_runs_inside(project)
+        project = load_project(args.project)  # (a `runs` link out of its folder: refused in prepare_training)
         prep = prepare_training(project, nproc=args.nproc, steps=args.steps, seed=args.seed, out=args.out,
                                 accumulate=args.accumulate, placement=placement_flags(project, args))
     for w in prep.warnings + [w for w in project.training.warnings() if w not in prep.warnings]:
@@ -102,23 +100,6 @@ def cmd_train(args) -> int:
     if prep.nproc > 1:
         return _train_multi(prep.run_dir, prep.nproc, resume=prep.resume)
     return _train_single(prep.run_dir, resume=prep.resume)
-
-
-def _check_runs_inside(project) -> None:
-    """A run folder stays inside the project's folder unless the user chose another (--out):
-    a `runs` link that leads elsewhere (a project from someone else) is refused, not followed."""
-    import os
-
-    from engine.run import default_runs_dir
-
-    runs = default_runs_dir(project)
-    home = Path(os.path.realpath(project.directory))
-    if runs.parent.resolve() != home:  # (the bundled examples run in the user's data folder)
-        return
-    real = Path(os.path.realpath(runs))
-    if home not in real.parents:
-        raise CliError(f"{runs}: is a link to {real}, outside the project's folder; runs are written inside it "
-                       "unless you choose a folder: pass --out FOLDER, or remove the link")
 
 
 def _train_single(run_dir, resume: bool) -> int:

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.errors import LayerflowError
 from engine.runtime.records import ENDED_STATES, RunStatus, epoch_seconds
 from engine.tail import read_metrics
 
@@ -49,11 +50,37 @@ def user_projects_home() -> Path:
 
 def runs_dir(project_dir: str | os.PathLike) -> Path:
     """Where a project's runs live: <project folder>/runs; for the bundled examples, a
-    folder in the user's data folder, never the source tree or the installed package."""
+    folder in the user's data folder, never the source tree or the installed package.
+    (Where a new run may be written: check_runs_inside.)"""
     d = Path(project_dir)
     if d.resolve() == INSTALLED_EXAMPLES:
         return user_data_home() / "example-runs"
     return d / RUNS_DIRNAME
+
+
+class RunsOutsideProject(LayerflowError, ValueError):
+    """A project's `runs` is a link that leads out of its folder."""
+
+
+def check_runs_inside(project_dir: str | os.PathLike, run_dir: str | os.PathLike | None = None) -> None:
+    """A new run folder stays inside the project's folder unless the user chose another:
+    a `runs` link that leads elsewhere (a project from someone else) is refused, not
+    followed (RunsOutsideProject, one line). `run_dir`: the folder about to be made (None:
+    the default one, under runs/); a folder the user chose (the CLI's --out, the API's out=,
+    anywhere but under the project's own runs/) is theirs to pick. Called where every run
+    is prepared (layerflow._prepare.prepare_training: CLI, Python API, editor)."""
+    d = Path(project_dir)
+    runs = runs_dir(d)
+    if runs != d / RUNS_DIRNAME:  # the bundled examples: the user's data folder
+        return
+    if run_dir is not None and Path(os.path.abspath(run_dir)).parent != Path(os.path.abspath(runs)):
+        return
+    home = Path(os.path.realpath(d))
+    real = Path(os.path.realpath(runs))
+    if home not in real.parents:
+        raise RunsOutsideProject(f"{runs}: is a link to {real}, outside the project's folder; runs are written "
+                                 "inside it unless you choose a folder: pass --out FOLDER (out= in Python), or "
+                                 "remove the link")
 
 
 def is_run_dir(path: str | os.PathLike) -> bool:

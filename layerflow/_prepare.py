@@ -32,7 +32,12 @@ def prepare_training(project: Project, *, nproc: int | None = None, steps: int |
                      seed: int | None = None, out: str | Path | None = None, accumulate: int | None = None,
                      placement: dict | None = None) -> Prepared:
     """A new run folder for `project` under its placement with `placement`'s fields
-    changed. `nproc` alone (a 1-process placement) means data parallel over nproc."""
+    changed. `nproc` alone (a 1-process placement) means data parallel over nproc. The run
+    folder is `out`, else one under the project's runs/, which must stay inside its folder
+    (a `runs` link out of it is refused: engine.runs.check_runs_inside)."""
+    from engine.runs import check_runs_inside
+
+    check_runs_inside(project.directory, out)
     built = build_run(project, out, nproc=nproc, steps=steps, seed=seed, accumulate=accumulate, placement=placement)
     return Prepared(built.run_dir, built.nproc, False, built.warnings)
 
