@@ -9,6 +9,7 @@ export), is put together in one place: app/window.py, the composition root, whos
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 from PySide6.QtCore import QByteArray, QEvent, QObject, QPointF, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QActionGroup, QColor, QIcon, QKeySequence, QPalette
 from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QInputDialog, QLabel, QMainWindow,
-                               QMessageBox, QToolBar, QWidget)
+                               QMessageBox, QToolBar, QWidget, QWidgetAction)
 
 from app.controller import EditorController
 from app.settings import Settings
@@ -33,6 +34,7 @@ from widgets.summary import SummaryPanel
 ROOT = Path(__file__).resolve().parents[1]
 RESOURCES = ROOT / "resources"
 EXAMPLE = RESOURCES / "examples" / "transformer_synthetic.lflow"
+CHANGED_ON_DISK = "changed on disk since it was read"  # save_project's refusal (engine/project.py)
 
 class _PanelUndo(QObject):
     """Ctrl+Z / Ctrl+Shift+Z in a field of the side panels undoes the project's last edit,
@@ -133,6 +135,7 @@ class EditorWindow(QMainWindow):
         self.data_ui, self.data_panel, self.data_dock = data_ui.install(self)
         self.install_parts()
         self.run_toolbar.setVisible(bool(self.run_toolbar.actions()))
+        self._fill_run_menu()
         if not isinstance(state, QByteArray):
             self.default_dock_sizes()
         self._panel_undo = _PanelUndo(self)
@@ -228,6 +231,8 @@ class EditorWindow(QMainWindow):
         for name in ("light", "dark"):
             a = self._act(f"theme_{name}", name.capitalize(), lambda on, name=name: on and self.apply_theme(name), checkable=True)
             group.addAction(a)
+        self._act("shortcuts", "&Keyboard Shortcuts", self.show_shortcuts, "Ctrl+/")
+        self._act("getting_started", "&Getting Started", self.show_getting_started, QKeySequence.HelpContents)
         self._act("about", "&About Layerflow", self.about)
 
     def _build_menus(self) -> None:
@@ -256,8 +261,13 @@ class EditorWindow(QMainWindow):
         tm.addAction(a["theme_light"])
         tm.addAction(a["theme_dark"])
         self._panels_menu = m.addMenu("&Panels")
+        # Run: the run toolbar's own QActions (filled once the parts have put them there)
+        self.run_menu = self.menuBar().addMenu("&Run")
+        self.run_menu.aboutToShow.connect(self._fill_run_menu)
         m = self.menuBar().addMenu("&Help")
-        m.addAction(a["about"])
+        for k in ("getting_started", "shortcuts", None, "about"):
+            m.addSeparator() if k is None else m.addAction(a[k])
+        self.help_menu = m
 
     def _build_toolbars(self) -> None:
         tb = QToolBar("Main", self)
@@ -293,6 +303,21 @@ class EditorWindow(QMainWindow):
         self.run_toolbar.setObjectName("run_toolbar")
         self.run_toolbar.setToolButtonStyle(Qt.ToolButtonTextBesideIcon)
         self.addToolBar(self.run_toolbar)
+        for bar in (tb, self.run_toolbar):
+            # What does not fit goes behind the toolbar's extension arrow (») rather than off
+            # the edge; the theme's tool button padding would leave that 12 px button no room
+            # for its arrow, so it gets none.
+            bar.setStyleSheet("QToolButton#qt_toolbar_ext_button { padding: 0px; margin: 0px; }")
+
+    def _fill_run_menu(self) -> None:
+        """Run ▸ the run toolbar's actions (Run, Stop, Resume, Logs, Clusters…, Deploy…): the
+        same QActions, so a menu item is enabled exactly when its button is and has its
+        shortcut. Filled again as the menu opens, so an action a part adds later shows."""
+        self.run_menu.clear()
+        acts = [a for a in self.run_toolbar.actions() if not isinstance(a, QWidgetAction)]
+        for a in acts:
+            self.run_menu.addSeparator() if a.isSeparator() else self.run_menu.addAction(a)
+        self.run_menu.menuAction().setVisible(any(not a.isSeparator() for a in acts))
 
     def _fill_recent(self) -> None:
         self.recent_menu.clear()
@@ -329,11 +354,20 @@ class EditorWindow(QMainWindow):
         """A drop, a Tab search, or a wire dropped on empty canvas (then connect it)."""
         c = self.controller
         pending, self.view.pending_port = self.view.pending_port, None
-        if pending is None:
-            c.add_node(layer_type, pos)
-            return
         from engine.graph import ports_of
 
+        if pending is None:
+            selected = self.scene.selected_ids()
+            if not (self.view.search.picking and len(selected) == 1):
+                c.add_node(layer_type, pos)
+                return
+            # Tab with one node selected: the new layer follows it, wired to its first output
+            src = self.project.graph.nodes[selected[0]]
+            outs = ports_of(src.type, src.params)[1]
+            if not outs:
+                c.add_node(layer_type, pos)
+                return
+            pending = (selected[0], outs[0], False)
         node, port, is_input = pending
         c.stack.beginMacro(f"Add {layer_type} and connect")
         nid = c.add_node(layer_type, pos)
@@ -373,8 +407,10 @@ class EditorWindow(QMainWindow):
         self.summary.set_devices(self.controller.plan_info[1])
         self.inspector.set_result(result)
         self._update_devices()
-        n = len(errors)
-        self.problems_dock.setWindowTitle(f"Problems ({n})" if n else "Problems")
+        # every row counts (a warning is a problem too): "Problems (4)"; the list's header says
+        # how many are errors and how many warnings
+        self.problems_dock.setWindowTitle(self.problems.title())
+        self.problems_dock.setToolTip(self.problems.summary())
 
     def _on_selection(self) -> None:
         ids = self.scene.selected_ids()
@@ -515,6 +551,21 @@ class EditorWindow(QMainWindow):
         if ok:
             self.controller.repeat_block(groups.pop(), times)
 
+    def show_shortcuts(self):
+        """Help ▸ Keyboard Shortcuts: read from the actions themselves (app/help_ui.py)."""
+        from app.help_ui import ShortcutsDialog
+
+        self.shortcuts_dialog = ShortcutsDialog(self)
+        self.shortcuts_dialog.show()
+        return self.shortcuts_dialog
+
+    def show_getting_started(self):
+        from app.help_ui import GettingStartedDialog
+
+        self.getting_started_dialog = GettingStartedDialog(self)
+        self.getting_started_dialog.show()
+        return self.getting_started_dialog
+
     def about(self) -> None:
         QMessageBox.about(self, "About Layerflow", "<b>Layerflow</b><br>Draw a network, place it on devices, train it.")
 
@@ -522,6 +573,9 @@ class EditorWindow(QMainWindow):
     def ask(self, kind: str, title: str, text: str, buttons, default):
         """Every question the window asks goes through here (tests replace it)."""
         box = QMessageBox(QMessageBox.Warning if kind == "warning" else QMessageBox.Question, title, text, buttons, self)
+        for which, label in getattr(self, "_button_texts", {}).items():
+            if box.button(which) is not None:
+                box.button(which).setText(label)
         box.setDefaultButton(default)
         return box.exec()
 
@@ -546,6 +600,10 @@ class EditorWindow(QMainWindow):
         self.inspector.show_node(self.project.graph, None)
         self._on_compiled(self.controller.result)
         self._update_title()
+        # nothing of the previous project is left on show: its find text, its names, its crumbs
+        self.find_box.clear()
+        self._find_model.setStringList([])
+        self._update_crumbs()
         QTimer.singleShot(0, self.view.frame_readable)  # names readable from the first look
 
     def maybe_save(self) -> bool:
@@ -564,6 +622,7 @@ class EditorWindow(QMainWindow):
             project = Project()
             project.graph.direction = self.preferred_direction()
             self.set_project(project)
+            self.statusBar().showMessage(f"New project: {project.name} (unsaved)", 8000)
 
     def preferred_direction(self) -> str:
         """The way data flowed in the diagram the user last chose one for ("LR", "TB")."""
@@ -574,7 +633,7 @@ class EditorWindow(QMainWindow):
         if not self.maybe_save():
             return False
         if path is None:
-            path, _ = QFileDialog.getOpenFileName(self, "Open project", str(self.project.directory),
+            path, _ = QFileDialog.getOpenFileName(self, "Open project", str(self.file_folder()),
                                                   f"Layerflow projects (*{SUFFIX});;All files (*)")
             if not path:
                 return False
@@ -640,6 +699,21 @@ class EditorWindow(QMainWindow):
         trust.allow_in_process(paths)
         return True
 
+    def file_folder(self) -> Path:
+        """Where the Open and Save dialogs start: the project's folder; for a project with no
+        file yet the folder of the last project opened or saved, else the user's projects
+        folder (~/Layerflow) when there is one, else their home; never the folder Layerflow
+        was started from (its install folder, often)."""
+        if self.project.path is not None:
+            return self.project.path.parent
+        last = self.settings.last_project()
+        if last and Path(last).parent.is_dir():
+            return Path(last).parent
+        from engine.runs import user_projects_home
+
+        mine = user_projects_home()
+        return mine if mine.is_dir() else Path.home()
+
     def save(self) -> bool:
         if self.project.path is None:
             return self.save_as()
@@ -647,7 +721,7 @@ class EditorWindow(QMainWindow):
 
     def save_as(self, path: str | os.PathLike | None = None) -> bool:
         if path is None:
-            start = str(self.project.path or (self.project.directory / f"{self.project.name}{SUFFIX}"))
+            start = str(self.project.path or (self.file_folder() / f"{self.project.name}{SUFFIX}"))
             path, _ = QFileDialog.getSaveFileName(self, "Save project", start, f"Layerflow projects (*{SUFFIX})")
             if not path:
                 return False
@@ -664,6 +738,8 @@ class EditorWindow(QMainWindow):
         try:
             save_project(self.project, path)
         except (OSError, ProjectError) as exc:
+            if CHANGED_ON_DISK in str(exc):
+                return self._changed_on_disk(path)
             B = QMessageBox.StandardButton
             self.ask("warning", "Cannot save", f"{path}: {exc}", B.Ok, B.Ok)
             return False
@@ -673,6 +749,54 @@ class EditorWindow(QMainWindow):
         self._update_title()
         self.statusBar().showMessage(f"Saved {path}", 5000)
         return True
+
+    def _changed_on_disk(self, path: Path) -> bool:
+        """The file was saved by someone else (a command, another window) since this window
+        read it, so writing it would lose their edit: Reload (theirs, dropping this window's
+        edits once confirmed), Save As… (this window's, under another name) or Cancel."""
+        B = QMessageBox.StandardButton
+        with self.button_texts({B.Reset: "Reload", B.Save: "Save As…"}):
+            r = self.ask("warning", "Project changed on disk",
+                         f"{path.name} changed on disk since it was opened here (another command or window saved "
+                         f"it). Saving now would lose that edit.\n\nReload: open the file as it is on disk (the "
+                         f"changes made in this window are discarded).\nSave As…: keep this window's version "
+                         f"under another name.\nCancel: do nothing now.",
+                         B.Reset | B.Save | B.Cancel, B.Cancel)
+        if r == B.Save:
+            return self.save_as()
+        if r == B.Reset:
+            if self.is_dirty():
+                with self.button_texts({B.Discard: "Discard and Reload"}):
+                    sure = self.ask("warning", "Discard changes and reload",
+                                    f"Discard the changes made in this window and load {path.name} as it is on disk?",
+                                    B.Discard | B.Cancel, B.Cancel)
+                if sure != B.Discard:
+                    return False
+            self.reload(path)
+        return False  # nothing of this window was written
+
+    def reload(self, path: Path) -> bool:
+        """Load `path` again as it is on disk, in place of what the window shows."""
+        try:
+            project = load_project(path)
+        except (ProjectError, OSError) as exc:
+            B = QMessageBox.StandardButton
+            self.ask("warning", "Cannot reload", str(exc), B.Ok, B.Ok)
+            return False
+        self.ask_trust(project)
+        self.set_project(project)
+        self._remove_autosave()
+        self.statusBar().showMessage(f"Reloaded {path} as it is on disk", 8000)
+        return True
+
+    @contextlib.contextmanager
+    def button_texts(self, texts: dict):
+        """The next questions (ask) show these texts on their standard buttons."""
+        old, self._button_texts = getattr(self, "_button_texts", {}), texts
+        try:
+            yield
+        finally:
+            self._button_texts = old
 
     # ----- autosave and recovery ----------------------------------------------
     def _autosave_paths(self, key: str | None = None) -> tuple[Path, Path]:

@@ -36,6 +36,26 @@ from remote.procs import group_pids  # noqa: F401  (used by tests)
 from widgets.runs_panel import fmt_duration
 
 
+def placement_for_processes(placement, nproc: int):
+    """The placement a run on `nproc` processes trains with, by the rule engine/run.py's
+    build_run applies to `nproc`: pipeline (pp) and tensor (tp) degrees kept, data
+    parallel over the rest (dp = nproc / (pp x tp); a one-process placement becomes dp =
+    nproc, as `train --nproc N` makes it). The window shows and plans this placement, so
+    the toolbar's count, the Devices panel, the plan and the run agree. RunError (one
+    line) when nproc is no multiple of pp x tp or the placement refuses the count."""
+    from engine.run import RunError, derived_placement
+
+    if type(nproc) is not int or nproc < 1:
+        raise RunError(f"processes must be a whole number of at least 1, not {nproc!r}")
+    if nproc == placement.world:
+        return placement
+    pt = placement.pp * placement.tp
+    if nproc % pt:
+        raise RunError(f"{nproc} processes do not split into pipeline {placement.pp} × tensor {placement.tp} = {pt} "
+                       f"per replica: choose a multiple of {pt}, or change pp or tp in the Devices panel")
+    return derived_placement(placement, {"dp": nproc // pt})
+
+
 def _fmt_eta(seconds: float) -> str:
     if not math.isfinite(seconds) or seconds < 0:
         return "…"

@@ -51,6 +51,21 @@ class ProblemsList(QTreeWidget):
                 it.setToolTip(2, text)
         if not errors and not warnings:
             QTreeWidgetItem(self, ["", "", "No problems: the diagram compiles and its placement can run."])
+        self.counts = (len(errors), len(warnings))
+        self.setHeaderLabels(["", "node", f"problem: {self.summary()}" if errors or warnings else "problem"])
+
+    counts = (0, 0)  # (errors, warnings) shown
+
+    def summary(self) -> str:
+        """"1 error, 3 warnings"; "" when there is none."""
+        e, w = self.counts
+        parts = [f"{e} error{'s' if e != 1 else ''}" if e else "", f"{w} warning{'s' if w != 1 else ''}" if w else ""]
+        return ", ".join(p for p in parts if p)
+
+    def title(self) -> str:
+        """The dock's title: every problem counted, errors and warnings alike."""
+        n = sum(self.counts)
+        return f"Problems ({n})" if n else "Problems"
 
     def messages(self) -> list[str]:
         items = [self.topLevelItem(i) for i in range(self.topLevelItemCount())]

@@ -10,6 +10,7 @@ from widgets.palette import ranked
 
 class SearchPopup(QFrame):
     chosen = Signal(str)  # layer type
+    picking = False  # True while `chosen` is emitted: the layer being added comes from this search
 
     def __init__(self, parent):
         super().__init__(parent)
@@ -54,7 +55,11 @@ class SearchPopup(QFrame):
         t = item.data(Qt.UserRole)
         self.hide()
         self.parent().setFocus()
-        self.chosen.emit(t)
+        self.picking = True
+        try:
+            self.chosen.emit(t)
+        finally:
+            self.picking = False
 
     def eventFilter(self, obj, ev):  # keys typed in the line edit steer the list
         if ev.type() == QEvent.KeyPress:
