@@ -14,13 +14,14 @@ import argparse
 import os
 import sys
 
-from app import cli_core, cli_data, cli_diff, cli_dist, cli_gui, cli_interop, cli_remote
+from app import cli_core, cli_data, cli_diff, cli_dist, cli_gui, cli_interop, cli_model, cli_remote
 from app.cli_errors import CliError
 from engine.errors import LayerflowError
 
 COMMAND_MODULES = [
     cli_core,  # validate, summary, train
     cli_interop,  # export (--onnx/--script), import (.onnx, module:pkg.mod:Class)
+    cli_model,  # weights use/list (a run's weights as the project's), predict
     cli_data,  # data inspect, data pack, data use
     cli_remote,  # cluster, deploy, jobs, status, logs, cancel, fetch
     cli_dist,  # plan (distributed placement, --auto)

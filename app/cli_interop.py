@@ -15,6 +15,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--onnx", metavar="FILE", help="ONNX file to write (dynamic batch dimension)")
     p.add_argument("--script", metavar="FILE", help="standalone training script to write (torch only)")
     p.add_argument("--opset", type=int, default=None, help="ONNX opset (default 20)")
+    p.add_argument("--run", metavar="RUN_DIR", help="carry this run's trained weights (default: the project's own "
+                                                    "weights file, else its initial weights)")
+    p.add_argument("--checkpoint", metavar="WHICH", help="with --run: final (model.pt), latest, best or step_N; "
+                                                         "default final, else latest")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("import", help="make a project from MODEL.onnx or module:pkg.mod:Class, with its weights")
@@ -32,15 +36,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_export(args) -> int:
+    from engine.interop.run_weights import checkpoint_path
     from layerflow import Project
 
     if not args.onnx and not args.script:
         raise CliError("say what to write: --onnx FILE and/or --script FILE")
+    if args.checkpoint and not args.run:
+        raise CliError("--checkpoint names one of a run's checkpoints: give the run too (--run RUN_DIR)")
     project = Project.load(args.project)
+    what = ""
+    if args.run:
+        name, _ = checkpoint_path(args.run, args.checkpoint)
+        what = f" (weights of {Path(args.run).name}, {name})"
     if args.onnx:
-        print(f"wrote {project.export_onnx(args.onnx, opset=args.opset)}")
+        print(f"wrote {project.export_onnx(args.onnx, opset=args.opset, run=args.run, checkpoint=args.checkpoint)}{what}")
     if args.script:
-        print(f"wrote {project.export_script(args.script)}")
+        print(f"wrote {project.export_script(args.script, run=args.run, checkpoint=args.checkpoint)}{what}")
     return 0
 
 

@@ -169,6 +169,10 @@ class Training(_Strict):
     # parts, their gradients add up, one step (what a pipeline's micro-batches do)
     grad_accumulation: int = Field(1, ge=1)
     loader: LoaderSettings = Field(default_factory=LoaderSettings)  # how ranks read a data set read in place
+    # checkpoints kept: the last keep_checkpoints (None: all) and the best by best_metric
+    # (val_acc: highest; val_loss, loss: lowest), never the one a run resumed from
+    keep_checkpoints: Optional[int] = Field(3, ge=1)
+    best_metric: Literal["val_loss", "val_acc", "loss"] = "val_loss"
 
     def warnings(self) -> list[str]:
         """Settings that are valid but almost surely a mistake (a run with them trains to
@@ -454,6 +458,10 @@ class Project:
             out["grad_accumulation"] = True
         if self.training.loader == LoaderSettings():
             out["loader"] = True
+        if self.training.keep_checkpoints == 3:
+            out["keep_checkpoints"] = True
+        if self.training.best_metric == "val_loss":
+            out["best_metric"] = True
         if getattr(self.training.dataset, "task", None) == "classify":
             out["dataset"] = {"task"}
         return out

@@ -324,7 +324,8 @@ class Project:
 
     def validate(self) -> list[str]:
         """Check the diagram and that it can run as placed (memory included); returns the
-        warnings, raises CheckFailed listing every error."""
+        warnings (settings that are valid but almost surely a mistake, such as an absurd
+        weight decay, among them), raises CheckFailed listing every error."""
         from engine.compile import compile_graph
         from engine.planner import grouped, make_plan
 
@@ -337,7 +338,7 @@ class Project:
                               f"`layerflow resolve {name} N --ours|--theirs`",
                               [f"merge conflict {line}" for line in conflict_lines(self._p)])
         result = compile_graph(self._p.graph)
-        warnings = [str(w) for w in result.warnings]
+        warnings = [str(w) for w in result.warnings] + self._p.training.warnings()
         if result.errors:
             raise CheckFailed(name, result.errors, warnings)
         pl = self._p.placement
@@ -476,17 +477,66 @@ class Project:
         self._p.path = out
         return out
 
-    def export_onnx(self, path: str | os.PathLike, opset: int | None = None) -> Path:
+    def export_onnx(self, path: str | os.PathLike, opset: int | None = None, *, run: Run | str | os.PathLike | None = None,
+                    checkpoint: str | None = None) -> Path:
+        """The model as ONNX (dynamic batch). Its weights: a run's (`run`: a Run or its folder;
+        `checkpoint`: final, latest, best or step_N; default final, else latest), else the
+        project's weights file, else the initial weights. A run of another diagram is refused."""
         from engine.interop import export_onnx
         from engine.interop.onnx_export import DEFAULT_OPSET
 
-        return export_onnx(self._runnable(), path, opset=opset or DEFAULT_OPSET)
+        return export_onnx(self._runnable(), path, opset=opset or DEFAULT_OPSET, run=_run_path(run),
+                           checkpoint=checkpoint)
 
-    def export_script(self, path: str | os.PathLike) -> Path:
-        """A standalone PyTorch training script (torch only) of this project."""
+    def export_script(self, path: str | os.PathLike, *, run: Run | str | os.PathLike | None = None,
+                      checkpoint: str | None = None) -> Path:
+        """A standalone PyTorch training script (torch only) of this project; with `run`, it
+        carries that run's weights (NAME.weights.pt beside it, loaded by its load_model())."""
         from engine.interop import export_script
 
-        return export_script(self._runnable(), path)
+        return export_script(self._runnable(), path, run=_run_path(run), checkpoint=checkpoint)
+
+    # ----- a run's model ----------------------------------------------------------------------
+    def use_run_weights(self, run: Run | str | os.PathLike, checkpoint: str | None = None) -> Path:
+        """Make a run's weights the project's: NAME.weights.pt beside the saved project
+        file (written atomically), named by the file (changed under its edit lock). Later
+        runs start from them, exports carry them. Returns the weights file."""
+        from engine.interop.run_weights import use_run_weights
+
+        if self.path is None:
+            raise LayerflowError(f"{self.name}: save the project first: its weights file goes beside it")
+        wpath, _ = use_run_weights(self.path, _run_path(run), checkpoint)
+        self._p.weights = wpath.name
+        if self._p._read_digest is not None:
+            raw = Path(self.path).read_bytes()
+            if raw == self._p.dumps().encode("utf-8"):  # nothing else changed here: this object is the file again
+                self._p._read_digest = (os.path.realpath(self.path), core._digest(raw))
+        return wpath
+
+    def predict(self, inputs, *, run: Run | str | os.PathLike | None = None, checkpoint: str | None = None,
+                batch_size: int = 256):
+        """The model's outputs as a numpy array for `inputs` (an array of samples, one
+        sample, a dict {Input id: array}, or a path: .npy, .npz, an image or a folder of
+        images), with a run's weights (else the project's), in eval mode on the CPU."""
+        from engine.interop.run_weights import predict, read_inputs
+
+        if isinstance(inputs, (str, os.PathLike)):
+            inputs, _ = read_inputs(self._runnable(), inputs)
+        return predict(self._runnable(), inputs, _run_path(run), checkpoint, batch_size=batch_size)
+
+    def fine_tune(self, run: Run | str | os.PathLike, checkpoint: str | None = None, *, nproc: int | None = None,
+                  steps: int | None = None, seed: int | None = None, out: str | os.PathLike | None = None,
+                  **placement) -> Run:
+        """Start a new run (as train does) whose initial weights are `run`'s at `checkpoint`."""
+        from engine.interop.run_weights import init_from, note_init
+        from layerflow._prepare import prepare_training
+        from layerflow.runs import start
+
+        src = str(_run_path(run))
+        with init_from(self._runnable(), src, checkpoint) as project:
+            prep = prepare_training(project, nproc=nproc, steps=steps, seed=seed, out=out, placement=placement)
+        note_init(prep.run_dir, src, checkpoint)
+        return start(prep)
 
     def diff(self, other: Project | str | os.PathLike):
         """What changed from this project to `other`, by meaning (engine.diff.ProjectDiff)."""
@@ -494,6 +544,13 @@ class Project:
 
         theirs = other._p if isinstance(other, Project) else core.load_project(other)
         return diff_projects(self._p, theirs)
+
+
+def _run_path(run) -> Path | None:
+    """A Run or a run folder, as the folder."""
+    if run is None:
+        return None
+    return run.dir if isinstance(run, Run) else Path(run)
 
 
 def _check_params(spec, params: dict, where: str) -> None:

@@ -32,15 +32,19 @@ DEFAULT_OPSET = 20  # Gelu is one op from 20 on; LayerNormalization needs 17+
 DIAGRAM_KEY = "layerflow.diagram"
 
 
-def build_for_export(project: Project, seed: int | None = None) -> tuple[fx.GraphModule, tuple, dict]:
-    """The project's module (with its weights file if it has one) in eval mode,
-    sample inputs of batch 2, and the compiled spec."""
+def build_for_export(project: Project, seed: int | None = None, state: dict | None = None
+                     ) -> tuple[fx.GraphModule, tuple, dict]:
+    """The project's module in eval mode (weights: `state`, a run's, when given, else the
+    project's weights file if it has one, else the initial weights of its seed), sample
+    inputs of batch 2, and the compiled spec."""
     result = compile_graph(project.graph)
     if not result.ok:
         raise InteropError("the diagram has errors; fix them before exporting:\n"
                            + "\n".join(f"  {e}" for e in result.errors))
     gm = result.build(seed=project.training.seed if seed is None else seed)
-    if project.weights:
+    if state is not None:
+        gm.load_state_dict(state, strict=True)  # (engine/interop/run_weights.py checked the fit)
+    elif project.weights:
         wpath = project.resolve_path(project.weights)
         try:
             load_weights(gm, str(wpath))
@@ -56,11 +60,12 @@ def build_for_export(project: Project, seed: int | None = None) -> tuple[fx.Grap
     return gm, tuple(inputs), result.spec
 
 
-def to_onnx_model(project: Project, opset: int = DEFAULT_OPSET):
-    """The ONNX ModelProto of a project (checked by onnx.checker)."""
+def to_onnx_model(project: Project, opset: int = DEFAULT_OPSET, state: dict | None = None):
+    """The ONNX ModelProto of a project (checked by onnx.checker); `state`: weights to
+    carry instead of the project's (a run's, engine/interop/run_weights.py)."""
     import onnx
 
-    gm, inputs, spec = build_for_export(project)
+    gm, inputs, spec = build_for_export(project, state=state)
     batch = torch.export.Dim("batch", min=1)
     dynamic = tuple({0: batch} for _ in inputs)
     custom = [n["id"] for n in spec["nodes"] if n["type"] == "Custom"]
@@ -113,10 +118,18 @@ class _quiet:
         return False
 
 
-def export_onnx(project: Project, path: str | Path, opset: int = DEFAULT_OPSET) -> Path:
-    """Write the project's model (weights from its weights file, else initial
-    weights for its training seed) as ONNX with a dynamic batch dimension."""
-    model = to_onnx_model(project, opset)
+def export_onnx(project: Project, path: str | Path, opset: int = DEFAULT_OPSET, *, run=None,
+                checkpoint: str | None = None) -> Path:
+    """Write the project's model as ONNX with a dynamic batch dimension. Its weights: a
+    run's (`run`, a run folder, at `checkpoint`: final, latest, best or step_N; refused
+    when the run's diagram differs), else the project's weights file, else the initial
+    weights for its training seed."""
+    state = None
+    if run is not None:
+        from engine.interop.run_weights import run_state
+
+        state = run_state(project, run, checkpoint)
+    model = to_onnx_model(project, opset, state=state)
     path = Path(path)
     atomic_write(path, model.SerializeToString())
     return path

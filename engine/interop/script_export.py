@@ -154,6 +154,7 @@ def _data_code(project: Project, data_file: str | None) -> str:
     parts = [
         "class ProjectError(ValueError):\n    pass\n",
         inspect.getsource(edata.Arrays),
+        *([inspect.getsource(rdata.seeded_split)] if "seeded_split" in inspect.getsource(edata._split) else []),
         inspect.getsource(edata._split),
         *([source(edata._next_token)] if gen is edata._sequence else []),
         source(gen),
@@ -249,6 +250,17 @@ def apply_dp(module: nn.Module, dp_mesh, kind: str, reshard_after_forward: bool,
 
 
 MAIN_CODE = '''\
+def load_model() -> nn.Module:
+    """The model with the weights this script was exported with (WEIGHTS, else the initial
+    weights of SEED), in eval mode on the CPU: `from NAME import load_model` for inference."""
+    torch.manual_seed(SEED)
+    model = Model()
+    if WEIGHTS:
+        state = torch.load(Path(__file__).with_name(WEIGHTS), map_location="cpu", weights_only=True)
+        model.load_state_dict(state, strict=False)
+    return model.eval()
+
+
 def evaluate(model, x_val, y_val, device) -> dict:
     model.eval()
     total, n, correct = 0.0, 0, 0
@@ -587,7 +599,7 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
         f"LOSS = {loss!r}",
         f"OPTIMIZER = {tr.optimizer.model_dump(mode='json')!r}",
         f"SCHEDULE = {tr.schedule.model_dump(mode='json')!r}",
-        f"WEIGHTS = {weights_file!r}  # initial weights beside this script (an imported model), or None",
+        f"WEIGHTS = {weights_file!r}  # weights beside this script (a run's, or an imported model's), or None",
         plan_line,
         f"STAGES = {stages!r}  # pipeline stages: node ids per stage",
     ])
@@ -635,14 +647,22 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
     return prune_imports("\n\n".join(s.rstrip() + "\n" for s in sections))
 
 
-def export_script(project: Project, path: str | Path, plan: dict | None = None) -> Path:
+def export_script(project: Project, path: str | Path, plan: dict | None = None, *, run=None,
+                  checkpoint: str | None = None) -> Path:
     """Write NAME.py (and NAME.data.npz / NAME.weights.pt beside it when the data set
-    or the weights cannot be generated inside the script)."""
+    or the weights cannot be generated inside the script). With `run` (a run folder) the
+    script starts from that run's weights at `checkpoint` (final, latest, best, step_N),
+    written as NAME.weights.pt; a run of another diagram is refused."""
     path = Path(path)
     d = project.training.dataset
     stem = path.name[:-3] if path.name.endswith(".py") else path.name
     data_file = f"{stem}.data.npz" if isinstance(d, (Digits, NpzFile, CsvFile)) else None
-    weights_file = f"{stem}.weights.pt" if project.weights else None
+    run_bytes = None
+    if run is not None:
+        from engine.interop.run_weights import run_state, state_bytes
+
+        run_bytes = state_bytes(run_state(project, run, checkpoint))
+    weights_file = f"{stem}.weights.pt" if project.weights or run_bytes is not None else None
     text = script_text(project, plan, data_file, weights_file)
     compile(text, str(path), "exec")  # a generated syntax error is our bug: never write it
     if data_file:
@@ -652,7 +672,9 @@ def export_script(project: Project, path: str | Path, plan: dict | None = None) 
 
         np.savez(buf, x_train=a.x_train, y_train=a.y_train, x_val=a.x_val, y_val=a.y_val)
         atomic_write(path.with_name(data_file), buf.getvalue())
-    if weights_file:
+    if run_bytes is not None:
+        atomic_write(path.with_name(weights_file), run_bytes)
+    elif weights_file:
         src = project.resolve_path(project.weights)
         if not src.exists():
             raise InteropError(f"weights: {src} does not exist")

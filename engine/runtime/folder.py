@@ -7,6 +7,8 @@ weights.pt); every rank of the run adds:
     logs/rank{R}.metrics.jsonl  RankMetrics: each rank's own step time and loss (distributed runs)
     checkpoints/step_N/         one checkpoint (dist_checkpoint.py's format)
     checkpoints/latest          the name of the newest whole one
+    checkpoints/best            the name of the best one by training.best_metric (CheckpointPolicy)
+    checkpoints/scores.json     {"metric": ..., "scores": {step_N: value}} of the checkpoints kept
     model.pt                    the final weights (state_dict)
 
 `RunFolder` holds these for the loop (loop.py `fit`), with the run's clock (which goes on
@@ -29,6 +31,9 @@ from .records import DISK_FULL, RunStatus, write_text_atomic
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"  # checkpoints/latest: the name of the newest whole checkpoint
+BEST = "best"  # checkpoints/best: the name of the best checkpoint by the run's best_metric
+SCORES = "scores.json"  # checkpoints/scores.json: each kept checkpoint's best_metric value
+HIGHER_IS_BETTER = {"val_acc"}
 
 
 # ----- files written whole, and a full disk ---------------------------------------
@@ -310,3 +315,62 @@ class RunFolder:
             if self.lock:
                 self.lock.release()
         return self.status.to_json()
+
+
+# ----- which checkpoints stay -------------------------------------------------------
+class CheckpointPolicy:
+    """After a checkpoint is whole (rank 0): keep the last `keep` checkpoints (None: all)
+    and the best by `metric` (val_acc: highest; val_loss, loss: lowest), named by
+    checkpoints/best; remove the others. Never removed: `latest` and the checkpoint this
+    process resumed from. A checkpoint's score is the metric logged at its own step (an
+    evaluation at that step for val_*; the default eval_interval 50 divides
+    checkpoint_interval 100), kept in checkpoints/scores.json across resumes."""
+
+    def __init__(self, folder: Path, keep: int | None = 3, metric: str = "val_loss"):
+        self.dir = Path(folder) / CHECKPOINTS
+        self.keep, self.metric = keep, metric
+        self.protected: set[str] = set()  # the checkpoint resumed from
+
+    def scores(self) -> dict[str, float]:
+        try:
+            data = json.loads((self.dir / SCORES).read_text())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict) or data.get("metric") != self.metric or not isinstance(data.get("scores"), dict):
+            return {}
+        return {k: float(v) for k, v in data["scores"].items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+    def best(self, scores: dict[str, float]) -> str | None:
+        live = {k: v for k, v in scores.items() if (self.dir / k).is_dir()}
+        if not live:
+            return None
+        pick = max if self.metric in HIGHER_IS_BETTER else min
+        # ties: the earlier step (it reached the value first)
+        return pick(sorted(live, key=_step_of), key=lambda k: live[k])
+
+    def saved(self, name: str, value: float | None) -> list[str]:
+        """`name` is whole now (and `latest`), with this metric value (None: not measured
+        at its step). Records the score, marks the best, removes what the policy drops;
+        returns the names removed."""
+        scores = self.scores()
+        if value is not None and math.isfinite(value):
+            scores[name] = float(value)
+        best = self.best(scores)
+        steps = sorted((p.name for p in self.dir.glob("step_*") if p.is_dir() and p.name[5:].isdigit()),
+                       key=_step_of)
+        latest = latest_checkpoint(self.dir.parent)
+        keep = set(steps if self.keep is None else steps[-self.keep:])
+        keep |= {n for n in (best, latest.name if latest else None, name) if n} | self.protected
+        removed = [n for n in steps if n not in keep]
+        scores = {k: v for k, v in scores.items() if k not in removed and (self.dir / k).is_dir()}
+        write_json_atomic(self.dir / SCORES, {"metric": self.metric, "scores": scores})
+        if best:
+            write_text_atomic(self.dir / BEST, best)
+        for n in removed:  # after the markers: a crash here leaves an extra folder, never a dangling name
+            shutil.rmtree(self.dir / n, ignore_errors=True)
+        return removed
+
+
+def _step_of(name: str) -> int:
+    return int(name[5:]) if name[5:].isdigit() else -1

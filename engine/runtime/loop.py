@@ -40,7 +40,7 @@ import torch
 # (names importers take from here: dist_checkpoint's save_tensors; the functions the exported
 # script copies, engine/interop/script_export.py)
 from .folder import (  # noqa: F401
-    DISK_FULL, DiskFull, MetricsWriter, RankMetrics, RunBusy, RunFolder, RunLock, disk_full, disk_full_message,
+    DISK_FULL, CheckpointPolicy, DiskFull, MetricsWriter, RankMetrics, RunBusy, RunFolder, RunLock, disk_full, disk_full_message,
     latest_checkpoint, save_tensors, write_json_atomic, write_text_atomic,
 )
 from .steps import (  # noqa: F401
@@ -56,7 +56,8 @@ def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: Progres
     asked to stop; returns the final status (status.json's fields)."""
     tr, total = trainer.spec.training, trainer.total_steps
     folder = RunFolder(run_dir, total, writer=writes_metrics, rank=trainer.rank if trainer.distributed else None)
-    checkpoints = Checkpointer(trainer, folder, tr.checkpoint_interval)
+    checkpoints = Checkpointer(trainer, folder, tr.checkpoint_interval,
+                               CheckpointPolicy(folder.path, tr.keep_checkpoints, tr.best_metric))
     evaluator = Evaluator(trainer, folder, tr.eval_interval, log)
     state, start, step = "running", 0, 0
     with StopSignal() as stop:
@@ -75,12 +76,12 @@ def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: Progres
                 if evaluator.due(step):
                     rec.update(evaluator.run(step, rec))
                 if checkpoints.due(step):
-                    checkpoints.save(step)
+                    checkpoints.save(step, rec)
                 folder.set_status(step=step)
                 if progress:
                     progress(step, total, rec)
                 if stop_now:  # (distributed: every rank, at the same log step)
-                    checkpoints.save(step)
+                    checkpoints.save(step, rec)
                     state = "cancelled"
                     break
                 metrics.restart_clock()  # (evaluating and checkpointing took no step's time)
@@ -191,10 +192,11 @@ class Evaluator:
 
 class Checkpointer:
     """checkpoints/step_N every checkpoint_interval steps, at the last and where a run
-    stops; `latest` names one only once it is whole (a half one is removed)."""
+    stops; `latest` names one only once it is whole (a half one is removed); then the
+    writer applies the policy (folder.py CheckpointPolicy: the last N and the best)."""
 
-    def __init__(self, trainer, folder: RunFolder, every: int):
-        self.trainer, self.folder, self.every = trainer, folder, every
+    def __init__(self, trainer, folder: RunFolder, every: int, policy: CheckpointPolicy | None = None):
+        self.trainer, self.folder, self.every, self.policy = trainer, folder, every, policy
         self.saved: int | None = None  # the step last saved (a stop there needs no second one)
 
     def due(self, step: int) -> bool:
@@ -206,10 +208,13 @@ class Checkpointer:
         if ckpt is None:
             raise FileNotFoundError(f"{self.folder.path} has no checkpoint to resume from")
         state = self.trainer.load_checkpoint(ckpt)
+        if self.policy is not None:
+            self.policy.protected.add(ckpt.name)  # never removed while this process goes on from it
         log(f"resumed from {ckpt.name} at step {int(state['step'])}")
         return state
 
-    def save(self, step: int) -> None:
+    def save(self, step: int, rec: dict | None = None) -> None:
+        """Checkpoint `step`; `rec`: the values logged at it (its score for the policy)."""
         if step == self.saved:
             return
         d = self.folder.checkpoint_dir(step)
@@ -221,6 +226,13 @@ class Checkpointer:
             self.folder.discard(d)
             raise
         self.saved = step
+        if self.policy is not None and self.folder.writer:  # (every rank has written its part: save's barrier)
+            value = (rec or {}).get(self.policy.metric)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            try:
+                self.policy.saved(d.name, float(value) if ok else None)
+            except OSError:  # bookkeeping only: the checkpoint is whole and `latest` names it
+                pass
 
 
 class StopSignal:

@@ -122,6 +122,9 @@ class ScheduleSpec:
                    _num(d, "gamma", where, 0.5), _num(d, "min_lr_ratio", where, 0.0))
 
 
+BEST_METRICS = ("val_loss", "val_acc", "loss")  # val_acc: higher is better; the losses: lower
+
+
 @dataclass(frozen=True)
 class TrainingSpec:
     """The project's training settings as a rank uses them (engine/project.py Training
@@ -138,6 +141,8 @@ class TrainingSpec:
     steps: int | None = None  # as the project said; the run's own count is RunSpec.total_steps
     epochs: int | None = None
     dataset: dict = field(default_factory=dict)  # the project's dataset settings (shown, not read)
+    keep_checkpoints: int | None = 3  # the last N checkpoints are kept (and the best); None: all
+    best_metric: str = "val_loss"  # what makes a checkpoint the best (loop.py CheckpointPolicy)
 
     @classmethod
     def from_json(cls, d, where: str) -> TrainingSpec:
@@ -150,7 +155,9 @@ class TrainingSpec:
                    _int(d, "log_interval", where, None, 1, optional=True), _int(d, "seed", where, 0, 0),
                    _num(d, "grad_clip", where, None, optional=True), _int(d, "grad_accumulation", where, 1, 1),
                    _int(d, "steps", where, None, 1, optional=True), _int(d, "epochs", where, None, 1, optional=True),
-                   _obj(d.get("dataset", {}), f"{where}.dataset"))
+                   _obj(d.get("dataset", {}), f"{where}.dataset"),
+                   _int(d, "keep_checkpoints", where, 3, 1, optional=True),
+                   _str(d, "best_metric", where, "val_loss", BEST_METRICS))
 
     def to_json(self) -> dict:
         return _plain(self)
