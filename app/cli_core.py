@@ -32,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="one process: cut each batch into N micro-batches, one optimizer step "
                         "(sets training.grad_accumulation)")
     p.add_argument("--nproc", type=int, help="processes on this machine (default: dp*tp*pp of the placement)")
+    p.add_argument("--init-from", metavar="RUN_DIR[:WHICH]", help="fine-tune: start from this run's weights "
+                   "(WHICH: final, latest, best or step_N; default final, else latest)")
     add_placement_flags(p)
     p.set_defaults(func=cmd_train)
 
@@ -73,12 +75,15 @@ def cmd_summary(args) -> int:
 
 
 def cmd_train(args) -> int:
+    from app.cli_model import init_from
     from layerflow._prepare import prepare_resume, prepare_training
 
     check_counts(args, "nproc", "steps", "accumulate")
     if not args.resume and not args.project:
         raise CliError("train: give a project (.lflow), or --resume RUN_DIR")
     if args.resume:
+        if args.init_from:
+            raise CliError("--init-from starts a new run; a resumed run goes on from its own checkpoint")
         if args.accumulate is not None:
             raise CliError("--accumulate sets up a new run; a resumed run keeps its training.grad_accumulation")
         snapshot = Path(args.resume) / "project.lflow"
@@ -92,8 +97,9 @@ def cmd_train(args) -> int:
                               trust_once=getattr(args, "consent_once", False))
     else:
         project = load_project(args.project)  # (a `runs` link out of its folder: refused in prepare_training)
-        prep = prepare_training(project, nproc=args.nproc, steps=args.steps, seed=args.seed, out=args.out,
-                                accumulate=args.accumulate, placement=placement_flags(project, args))
+        with init_from(project, args.init_from) as start:  # --init-from: the run's weights start this one
+            prep = prepare_training(start, nproc=args.nproc, steps=args.steps, seed=args.seed, out=args.out,
+                                    accumulate=args.accumulate, placement=placement_flags(project, args))
     for w in prep.warnings + [w for w in project.training.warnings() if w not in prep.warnings]:
         print(f"warning: {w}", file=sys.stderr)
     print(f"run folder: {prep.run_dir}", file=sys.stderr)
