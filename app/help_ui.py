@@ -70,6 +70,7 @@ class ShortcutsDialog(QDialog):
         self.table = QTableWidget(len(rows), 3)
         self.table.setHorizontalHeaderLabels(["Action", "Keys", "Where"])
         self.table.verticalHeader().hide()
+        self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 8)
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
         self.table.setAlternatingRowColors(True)
