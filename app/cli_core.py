@@ -54,7 +54,7 @@ def cmd_validate(args) -> int:
             print(f"error: {e}", file=sys.stderr)
         print(f"{exc.what}: {len(exc.errors)} error(s)", file=sys.stderr)
         return 1
-    for w in warnings + project.training.warnings():
+    for w in warnings:  # (the settings' own, an absurd weight decay among them, included)
         print(f"warning: {w}", file=sys.stderr)
     pl = project.placement
     world = pl.pp * pl.dp * pl.tp
