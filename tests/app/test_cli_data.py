@@ -161,7 +161,7 @@ def test_inspect_parquet_guesses_its_columns_and_is_told_others(run, tmp_path):
     assert "x (one sample): float32 []" in out or "x (one sample): float32 [1]" in out
     # lists of different lengths without --seq-len: one line saying what to set
     rc, out, err = run("data", "inspect", tmp_path / "t.parquet", *QUICK)
-    one_line_error(rc, err, "t.parquet: samples differ in shape", "set seq_len")
+    one_line_error(rc, err, "t.parquet: column 'input_ids' holds sequences of 1 to 7 values", "set seq_len")
 
 
 # ---- use -------------------------------------------------------------------------------

@@ -196,6 +196,25 @@ def test_parquet_columns_groups_and_split(tmp_path):
     assert b[0]["input_ids"].shape == (4, 4) and b[1].shape == (4,)
 
 
+def test_ragged_parquet_lists_without_seq_len_are_named_when_described(tmp_path):
+    """Lists of 1 to 7 ids cannot stack into a batch: the build-time description says so and
+    names seq_len; lists of one length, or with seq_len, describe."""
+    from engine.data import describe_source
+    from engine.project import ProjectError
+
+    make_parquet(tmp_path / "t.parquet")
+    s = {"kind": "parquet", "path": str(tmp_path / "t.parquet"), "inputs": ["input_ids"], "target": "label"}
+    with pytest.raises(ProjectError, match=r"t.parquet: column 'input_ids' holds sequences of 1 to 7 values; set "
+                                           r"seq_len"):
+        describe_source(s, with_fingerprint=False)
+    assert describe_source({**s, "seq_len": 5}, with_fingerprint=False).sample_shape == (5,)
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"ids": [[1, 2, 3], None, [4, 5, 6]], "label": [0, 1, 1]}), tmp_path / "even.parquet")
+    even = {"kind": "parquet", "path": str(tmp_path / "even.parquet"), "inputs": ["ids"], "target": "label",
+            "val_fraction": 0.3}
+    assert open_source(even, "train", None).sample_spec()["x"]["shape"] == [3]  # (a null row is no length)
+
+
 def test_parquet_through_workers_after_the_parent_read(tmp_path):
     make_parquet(tmp_path / "t.parquet")
     src = open_source({"kind": "parquet", "path": "t.parquet", "inputs": ["input_ids", "attention_mask"],

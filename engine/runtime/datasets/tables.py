@@ -198,6 +198,23 @@ class Parquet(Source):
     def __len__(self) -> int:
         return len(self.rows)
 
+    def sample_spec(self) -> dict:
+        """The first sample's shapes, after checking that a list column without seq_len
+        holds sequences of one length in the first row group (a batch cannot stack 12 and
+        40 values; the runtime would fail at its first batch)."""
+        if not self.seq_len:
+            cols = self._group(0)
+            fixed = self.inputs + ([self.target] if self.target and self.task != "multi_label" else [])
+            for c in fixed:  # (a multi_label target's label lists become one multi-hot width)
+                col = cols[c]
+                lengths = np.diff(col[1])[~col[-1]] if col[0] == "list" else []
+                if len(lengths) > 1:
+                    if lengths.min() != lengths.max():
+                        raise DataError(f"{self.parts[0].file}: column {c!r} holds sequences of {int(lengths.min())} "
+                                        f"to {int(lengths.max())} values; set seq_len to cut and pad them to one "
+                                        f"length")
+        return super().sample_spec()
+
     def _locate(self, i: int) -> tuple[int, int, int]:
         row = self.rows.row(i)
         k = int(np.searchsorted(self.starts, row, side="right")) - 1
