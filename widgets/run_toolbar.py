@@ -32,6 +32,7 @@ class RunToolbar(QtCore.QObject):
         self.procs.setSuffix(" proc")
         self.procs.setToolTip("Training processes on this machine (dp × tp × pp of the placement)")
         self._setting = False
+        self.procs.setKeyboardTracking(False)  # "12" typed is one choice (on Return or leaving the box), not 1 then 12
         self.procs.valueChanged.connect(lambda n: self._setting or self.processes_changed.emit(n))
 
         self.run_action = QtGui.QAction(style.standardIcon(QtWidgets.QStyle.SP_MediaPlay), "Run", toolbar)
@@ -77,6 +78,8 @@ class RunToolbar(QtCore.QObject):
         """Show the placement's process count (no processes_changed: it is not the user's choice)."""
         self._setting = True
         try:
+            if n > self.procs.maximum():  # a placement of more processes than offered: shown as it is
+                self.procs.setMaximum(n)
             self.procs.setValue(max(1, n))
         finally:
             self._setting = False

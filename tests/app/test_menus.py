@@ -207,3 +207,18 @@ def test_a_count_the_placement_cannot_take_is_refused_with_the_reason(win):
     w.controller.flush()
     pl = w.project.placement
     assert (pl.pp, pl.dp, pl.tp) == (2, 2, 1) and w.devices.world.text().startswith("4 ")
+
+
+def test_typed_counts_and_large_placements_show_on_the_toolbar(win, qtbot):
+    w = win
+    tb = w.run_ui.toolbar
+    box = tb.procs
+    box.lineEdit().selectAll()
+    qtbot.keyClicks(box.lineEdit(), "4")
+    assert w.project.placement.dp == 1  # not while typing
+    qtbot.keyClick(box.lineEdit(), Qt.Key_Return)
+    w.controller.flush()
+    assert w.project.placement.dp == 4 and w.devices.spins["dp"].value() == 4
+    w.devices.spins["dp"].setValue(16)  # more than the box offered at first
+    w.controller.flush()
+    assert box.value() == 16 == w.project.placement.world
