@@ -290,6 +290,34 @@ def test_batches_follow_todays_rule(tmp_path):
     assert new.epoch_of(14) == 2
 
 
+def test_a_large_set_is_ordered_without_a_permutation_array(tmp_path, monkeypatch):
+    """Past PERM_LIMIT samples the epoch's order is computed per batch (loader.shuffled):
+    still each sample once an epoch, a new order each epoch, the same batches for every
+    data-parallel share and after a resume, and memory flat in the data's size."""
+    from engine.runtime.datasets import loader
+
+    for n in (1, 2, 5, 1000, 4097):  # a permutation of range(n), also where 2^2h is far above n
+        assert sorted(loader.shuffled(np.arange(n), n, 7, 0).tolist()) == list(range(n))
+    make_npz(tmp_path / "d.npz")
+    src = open_source({"kind": "array", "path": "d.npz"}, "train", tmp_path)
+    monkeypatch.setattr(loader, "PERM_LIMIT", 10)
+    big = StepLoader(src, 16, 5)
+    n, spe = len(src), big.steps_per_epoch
+    for epoch in range(2):
+        seen = np.concatenate([big.indices(epoch * spe + i) for i in range(spe)])
+        assert len(set(seen.tolist())) == len(seen) == spe * 16 and seen.min() >= 0 and seen.max() < n
+    assert not np.array_equal(big.indices(0), big.indices(spe))  # a new order each epoch
+    assert big._perm is None  # nothing of size n was kept
+    halves = [StepLoader(src, 16, 5, share=(0, 8)), StepLoader(src, 16, 5, share=(8, 16))]
+    resumed = StepLoader(src, 16, 5, start_step=9)
+    for step in (9, 10, 3 * spe + 1):
+        x, y = big.batch(step)
+        parts = [h.batch(step) for h in halves]
+        assert torch.equal(torch.cat([p[0] for p in parts]), x) and torch.equal(torch.cat([p[1] for p in parts]), y)
+        rx, ry = resumed.batch(step)
+        assert torch.equal(rx, x) and torch.equal(ry, y)
+
+
 @pytest.fixture
 def images(tmp_path):
     make_images(tmp_path / "imgs", per_class=10)

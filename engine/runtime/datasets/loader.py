@@ -3,7 +3,11 @@ by a torch DataLoader so that reading overlaps compute.
 
 The rule is the one of engine/runtime/data.py (Batches): epoch, i = divmod(s,
 steps_per_epoch); the epoch's order is np.random.default_rng([seed, epoch]).permutation(n);
-the batch is order[i*B:(i+1)*B]; the last partial batch of an epoch is dropped. Resuming
+the batch is order[i*B:(i+1)*B]; the last partial batch of an epoch is dropped. A set of
+more than PERM_LIMIT samples (a 10 GB token file holds 40 M windows of 128: a permutation
+array of 320 MB per rank, growing with the file) is ordered by a keyed permutation computed
+per batch instead (`shuffled`: a Feistel network on the index bits, walked back into
+range), so memory does not grow with the data set. Resuming
 at step s needs no saved position, and each data-parallel rank reads only its share
 [lo:hi] of the global batch: concatenating the shares gives the whole batch bit for bit.
 
@@ -26,6 +30,42 @@ from torch.utils.data import DataLoader, default_collate
 from .base import CorruptSample, DataError, Source, sample_seed
 
 MAX_SKIP_RUN = 64  # consecutive unreadable samples before giving up: the data is broken, not a sample
+PERM_LIMIT = 1 << 22  # samples up to which an epoch's order is a stored permutation (int32: 16 MB)
+_M64 = np.uint64((1 << 64) - 1)
+
+
+def _round(r: np.ndarray, key: np.uint64, mask: np.uint64) -> np.ndarray:
+    """A Feistel round function: splitmix64's finaliser of r ^ key, cut to the half's bits."""
+    z = (r ^ key) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return (z ^ (z >> np.uint64(31))) & mask
+
+
+def shuffled(positions: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
+    """Where positions of an epoch's order land in [0, n): a permutation of range(n) keyed by
+    (seed, epoch), computed for just these positions (no array of n is made). Four Feistel
+    rounds permute the 2h-bit numbers (2^2h >= n); a result at or past n is sent through
+    again (cycle walking), which keeps it a permutation of [0, n) and costs under 4 passes
+    on average, as 2^2h < 4n."""
+    h = max(1, (int(n - 1).bit_length() + 1) // 2)
+    mask = np.uint64((1 << h) - 1)
+    keys = np.random.default_rng([seed, epoch, 0x5EED]).integers(0, 2 ** 63, size=4, dtype=np.uint64)
+    x = np.asarray(positions, dtype=np.uint64)
+    out = np.empty_like(x)
+    todo = np.arange(len(x))
+    with np.errstate(over="ignore"):
+        while len(todo):
+            v = x[todo]
+            left, right = v >> np.uint64(h), v & mask
+            for k in keys:
+                left, right = right, left ^ _round(right, k, mask)
+            v = (left << np.uint64(h)) | right
+            inside = v < np.uint64(n)
+            out[todo[inside]] = v[inside]
+            x[todo[~inside]] = v[~inside]
+            todo = todo[~inside]
+    return out.astype(np.int64)
 
 
 def collate(samples: list) -> tuple:
@@ -123,6 +163,9 @@ class StepLoader:
     def indices(self, step: int) -> np.ndarray:
         """The sample indices of the global batch of step (all of it, not only this share)."""
         epoch, i = divmod(step, self.steps_per_epoch)
+        n = len(self.source)
+        if n > PERM_LIMIT:  # the order computed for this batch alone: memory flat in the data's size
+            return shuffled(np.arange(i * self.batch_size, (i + 1) * self.batch_size), n, self.seed, epoch)
         if epoch != self._perm_epoch:
             perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.source))
             # the one thing held per sample: int32 halves it (5 M token windows: 20 MB, not 40)
