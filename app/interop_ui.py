@@ -1,5 +1,7 @@
 """File menu: import an ONNX file or a PyTorch module, export ONNX or a PyTorch
-script; an .onnx file dropped on the canvas is imported too.
+script; an .onnx file dropped on the canvas is imported too. A run's model (the Runs
+panel's Model menu, and File > Export, which asks which weights when the project has
+runs): export it, use its weights as the project's, fine-tune from it.
 
 The work is engine/interop's (the same calls as `python main.py import/export`);
 this module only asks where, runs the slow ONNX export off the GUI thread, and
@@ -17,7 +19,7 @@ from PySide6.QtCore import QEvent, QObject, QTimer
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 
-from engine.interop import InteropError, export_onnx, export_script, import_module, import_onnx, save_imported
+from engine.interop import InteropError, export_onnx, export_script, import_module, import_onnx, run_weights, save_imported
 from engine.project import SUFFIX
 
 
@@ -127,29 +129,191 @@ class InteropUI(QObject):
         path, _ = QFileDialog.getSaveFileName(self.window, title, str(default), filt)
         return path or None
 
-    def export_onnx_to(self, path: str | Path | None = None) -> concurrent.futures.Future | None:
-        """Runs on a worker thread (torch's ONNX export takes seconds); returns its future."""
+    def export_onnx_to(self, path: str | Path | None = None, run: str | Path | None = None,
+                       checkpoint: str | None = None) -> concurrent.futures.Future | None:
+        """Runs on a worker thread (torch's ONNX export takes seconds); returns its future.
+        `run`: carry that run's weights at `checkpoint` (asked for when path is not given:
+        File > Export offers the project's own weights or a run's)."""
+        if path is None and run is None:
+            source = self.ask_weights_source("Export ONNX")
+            if source is None:
+                return None
+            run, checkpoint = source
+        elif path is None and checkpoint is None:
+            checkpoint = self.ask_checkpoint(run, "Export ONNX")
+            if checkpoint is None:
+                return None
         path = path or self._ask_target("Export ONNX", ".onnx", "ONNX models (*.onnx)")
         if not path:
             return None
         project = self.window.project.copy()  # the user may go on editing meanwhile
         self._say(f"Exporting {Path(path).name}…", 0)
-        fut = self._pool.submit(export_onnx, project, path)
-        self._pending.append((fut, lambda f: self._say(f"Wrote {f.result()}")))
+        fut = self._pool.submit(export_onnx, project, path, run=run, checkpoint=checkpoint)
+        what = f" (weights of {Path(run).name}, {checkpoint or 'final'})" if run else ""
+        self._pending.append((fut, lambda f: self._say(f"Wrote {f.result()}{what}")))
         self._timer.start()
         return fut
 
-    def export_script_to(self, path: str | Path | None = None) -> Path | None:
+    def export_script_to(self, path: str | Path | None = None, run: str | Path | None = None,
+                         checkpoint: str | None = None) -> Path | None:
+        """A PyTorch script; with `run`, it starts from that run's weights (asked for as
+        export_onnx_to asks)."""
+        if path is None and run is None:
+            source = self.ask_weights_source("Export PyTorch script")
+            if source is None:
+                return None
+            run, checkpoint = source
+        elif path is None and checkpoint is None:
+            checkpoint = self.ask_checkpoint(run, "Export PyTorch script")
+            if checkpoint is None:
+                return None
         path = path or self._ask_target("Export PyTorch script", ".py", "Python scripts (*.py)")
         if not path:
             return None
         try:
-            out = export_script(self.window.project, path)
+            out = export_script(self.window.project, path, run=run, checkpoint=checkpoint)
         except (InteropError, OSError, ValueError) as exc:
             self._refuse("Cannot export script", exc)
             return None
-        self._say(f"Wrote {out}")
+        self._say(f"Wrote {out}" + (f" (weights of {Path(run).name})" if run else ""))
         return Path(out)
+
+    # ----- which weights ----------------------------------------------------------
+    INITIAL = "The project's own weights"
+
+    def _runs_with_weights(self) -> list[Path]:
+        from engine.runs import list_runs, runs_dir
+
+        p = self.window.project
+        return [r.path for r in list_runs(runs_dir(p.directory))
+                if r.name == p.name and run_weights.available_checkpoints(r.path)]
+
+    def weights_choices(self) -> list[tuple[str, Path | None, str | None]]:
+        """(label, run folder, checkpoint) for File > Export: the project's own weights
+        (its weights file, else the initial ones), then each run's final, best and latest."""
+        own = self.INITIAL + (f" ({self.window.project.weights})" if self.window.project.weights else " (initial)")
+        out: list[tuple[str, Path | None, str | None]] = [(own, None, None)]
+        for run in self._runs_with_weights():
+            for ck in run_weights.available_checkpoints(run):
+                if ck in ("final", "best", "latest"):
+                    name, _ = run_weights.checkpoint_path(run, ck)
+                    out.append((f"{run.name}: {ck}" + ("" if name == ck else f" ({name})"), run, ck))
+        return out
+
+    def ask_weights_source(self, title: str) -> tuple[Path | None, str | None] | None:
+        """Which weights an export carries: (None, None) for the project's own, (run, checkpoint)
+        for a run's; None when the user cancels. Not asked when the project has no run."""
+        choices = self.weights_choices()
+        if len(choices) == 1:
+            return None, None
+        labels = [c[0] for c in choices]
+        # a trained run first (the newest run's final, else its best): exporting untrained weights is rarely meant
+        label, ok = QInputDialog.getItem(self.window, title, "Weights to export:", labels, 1, False)
+        if not ok:
+            return None
+        _, run, ck = choices[labels.index(label)]
+        return run, ck
+
+    def ask_checkpoint(self, run, title: str) -> str | None:
+        """One of a run's checkpoints (final, best, latest, step_N); None when cancelled."""
+        have = run_weights.available_checkpoints(run)
+        if not have:
+            self._refuse(title, InteropError(f"{Path(run).name}: has no weights yet (no checkpoint, no model.pt)"))
+            return None
+        if len(have) == 1:
+            return have[0]
+        ck, ok = QInputDialog.getItem(self.window, title, f"Weights of {Path(run).name}:", have, 0, False)
+        return ck if ok else None
+
+    # ----- a run's weights as the project's; fine-tuning ----------------------------
+    def use_run_weights(self, run, checkpoint: str | None = None, *, ask: bool = True) -> Path | None:
+        """The run's weights become the project's: NAME.weights.pt beside the project
+        file. A project without unsaved edits is changed on disk at once (under its edit
+        lock, as `weights use` does); one with edits is changed here, saved with them."""
+        w = self.window
+        if w.project.path is None:
+            self._refuse("Use these weights", InteropError("save the project first: its weights file goes beside it"))
+            return None
+        if checkpoint is None and ask:
+            checkpoint = self.ask_checkpoint(run, "Use these weights")
+            if checkpoint is None:
+                return None
+        try:
+            if not w.is_dirty():
+                from engine.project import _digest
+
+                wpath, name = run_weights.use_run_weights(w.project.path, run, checkpoint)
+                w.project.weights = wpath.name
+                raw = Path(w.project.path).read_bytes()
+                if raw == w.project.dumps().encode("utf-8"):  # this window holds the file as it is now
+                    import os
+
+                    w.project._read_digest = (os.path.realpath(w.project.path), _digest(raw))
+            else:
+                from engine.interop.common import weights_name
+                from engine.project import atomic_write
+
+                name, _ = run_weights.checkpoint_path(run, checkpoint)
+                state = run_weights.run_state(w.project, run, name)
+                wpath = Path(w.project.path).parent / weights_name(w.project.path)
+                atomic_write(wpath, run_weights.state_bytes(state))
+                w.project.weights = wpath.name
+                mark = getattr(w, "_mark_modified", None)
+                if mark is not None:
+                    mark()  # saved with the window's other edits
+        except (InteropError, OSError, ValueError) as exc:
+            self._refuse("Cannot use these weights", exc)
+            return None
+        self._say(f"The project's weights are now {Path(run).name}'s ({name}): {wpath.name}")
+        return wpath
+
+    def fine_tune(self, run, checkpoint: str | None = None, *, ask: bool = True, nproc: int = 1,
+                  steps: int | None = None) -> Path | None:
+        """A new run of the project as it is on screen, starting from the run's weights
+        (as `train --init-from RUN`); prepared in the background, followed like Run's."""
+        run_ui = getattr(self.window, "run_ui", None)
+        if run_ui is None or run_ui.controller.running:
+            self._say("A run is going on: stop it before starting another", 10000)
+            return None
+        if checkpoint is None and ask:
+            checkpoint = self.ask_checkpoint(run, "Fine-tune from here")
+            if checkpoint is None:
+                return None
+        editor = getattr(self.window, "controller", None)
+        if editor is not None:
+            editor.flush()
+            blocker = editor.run_blocker()
+            if blocker:
+                self._say(f"Cannot run: {blocker}", 15000)
+                return None
+        project = self.window.project.copy()  # edits made while it is prepared are not this run's
+        try:
+            run_weights.run_state(project, run, checkpoint)  # refused at once, in one line, when it does not fit
+        except (InteropError, OSError) as exc:
+            self._refuse("Cannot fine-tune", exc)
+            return None
+        from engine.run import new_run_dir
+        from layerflow._prepare import prepare_training
+
+        src = str(run)
+
+        def prepare():
+            with run_weights.init_from(project, src, checkpoint) as start:
+                prep = prepare_training(start, nproc=nproc if nproc > 1 else None, steps=steps, out=run_dir)
+            run_weights.note_init(prep.run_dir, src, checkpoint)
+            return prep
+
+        c = run_ui.controller
+        try:
+            c._refuse_if_running()
+            run_dir = new_run_dir(project)
+            c.node_ids = tuple(project.graph.nodes)
+            out = c._begin(run_dir, nproc, prepare)  # (RunController.start's path, with this preparation)
+        except (OSError, RuntimeError, ValueError) as exc:
+            self._refuse("Cannot fine-tune", exc)
+            return None
+        self._say(f"Fine-tuning from {Path(run).name} ({checkpoint or 'final'}) in {out.name}", 10000)
+        return out
 
     def _poll(self) -> None:
         for item in list(self._pending):

@@ -86,6 +86,12 @@ class RunUI(QObject):
         p.resume_requested.connect(lambda path: self.resume(path, self.toolbar.procs.value()))
         p.refresh_requested.connect(self.refresh)
         p.logs_requested.connect(self.show_logs)
+        # a run's model: app/interop_ui.py does the work (the same engine calls as export --run,
+        # weights use, train --init-from)
+        p.export_onnx_requested.connect(lambda path: self._model("export_onnx_to", path))
+        p.export_script_requested.connect(lambda path: self._model("export_script_to", path))
+        p.use_weights_requested.connect(lambda path: self._model("use_run_weights", path))
+        p.fine_tune_requested.connect(lambda path: self._model("fine_tune", path))
         window.project_changed.connect(self._on_project_changed)
         editor = getattr(window, "controller", None)
         if editor is not None:  # Run follows the problems, the process count the placement
@@ -98,6 +104,18 @@ class RunUI(QObject):
         if app is not None:
             app.aboutToQuit.connect(self.shutdown)
         self._on_project_changed()
+
+    def _model(self, action: str, run_dir: str):
+        ui = getattr(self.window, "interop_ui", None)
+        if ui is None:
+            self._message("Export and weights need the File menu's interop actions, which this window lacks")
+            return None
+        if action in ("export_onnx_to", "export_script_to"):
+            return getattr(ui, action)(None, run_dir)
+        result = getattr(ui, action)(run_dir)
+        if action == "use_run_weights":
+            self.refresh()
+        return result
 
     @property
     def dashboard(self) -> Dashboard:

@@ -1,9 +1,12 @@
 """The runs panel: every run of the project with its status, duration, steps and
 best validation number. It shows engine.runs.RunSummary rows and emits what the
-user asks for (open, compare, delete, resume); app/run_ui.py does the work."""
+user asks for (open, compare, delete, resume, and what to do with a run's model:
+export it as ONNX or a script, use its weights, fine-tune from it); app/run_ui.py
+and app/interop_ui.py do the work."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from PySide6 import QtCore, QtGui, QtWidgets
 from PySide6.QtCore import Qt
@@ -52,6 +55,11 @@ class RunsPanel(QtWidgets.QWidget):
     resume_requested = QtCore.Signal(str)
     logs_requested = QtCore.Signal(str)  # run folder: show its ranks' logs
     refresh_requested = QtCore.Signal()
+    # a run's model (run folder): its weights exported, made the project's, or fine-tuned from
+    export_onnx_requested = QtCore.Signal(str)
+    export_script_requested = QtCore.Signal(str)
+    use_weights_requested = QtCore.Signal(str)
+    fine_tune_requested = QtCore.Signal(str)
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -89,6 +97,32 @@ class RunsPanel(QtWidgets.QWidget):
         self.delete_button = QtWidgets.QPushButton("Delete…")
         self.delete_button.setToolTip("Delete the selected run's folder (asks first)")
         self.delete_button.clicked.connect(lambda: self._emit_one(self.delete_requested))
+        # the run's model: one menu button (the row of buttons fits a narrow dock), the same
+        # actions in the list's context menu
+        self.model_menu = QtWidgets.QMenu(self)
+        self.model_actions: dict[str, QtGui.QAction] = {}
+        for key, text, tip, signal in (
+                ("export_onnx", "Export ONNX…", "Write the run's trained model as ONNX", self.export_onnx_requested),
+                ("export_script", "Export script…", "Write a PyTorch script that starts from the run's weights",
+                 self.export_script_requested),
+                ("use_weights", "Use these weights", ("Make the run's weights the project's (a weights file beside "
+                                                      "it): later runs and exports start from them"),
+                 self.use_weights_requested),
+                ("fine_tune", "Fine-tune from here", "Start a new run of the project from the run's weights",
+                 self.fine_tune_requested)):
+            act = self.model_menu.addAction(text)
+            act.setToolTip(tip)
+            act.setStatusTip(tip)
+            act.triggered.connect(lambda _=False, sig=signal: self._emit_one(sig))
+            self.model_actions[key] = act
+        self.model_menu.setToolTipsVisible(True)
+        self.model_button = QtWidgets.QToolButton()
+        self.model_button.setText("Model")
+        self.model_button.setToolTip("The selected run's trained model: export it, use its weights, fine-tune")
+        self.model_button.setPopupMode(QtWidgets.QToolButton.InstantPopup)
+        self.model_button.setMenu(self.model_menu)
+        self.tree.setContextMenuPolicy(Qt.CustomContextMenu)
+        self.tree.customContextMenuRequested.connect(self._context_menu)
         self.refresh_button = QtWidgets.QToolButton()
         self.refresh_button.setText("↻")
         self.refresh_button.setToolTip("Read the runs folder again")
@@ -99,7 +133,8 @@ class RunsPanel(QtWidgets.QWidget):
 
         buttons = QtWidgets.QHBoxLayout()
         buttons.setContentsMargins(0, 0, 0, 0)
-        for b in (self.open_button, self.compare_button, self.resume_button, self.logs_button, self.delete_button):
+        for b in (self.open_button, self.compare_button, self.resume_button, self.logs_button, self.model_button,
+                  self.delete_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
         buttons.addWidget(self.refresh_button)
@@ -170,6 +205,22 @@ class RunsPanel(QtWidgets.QWidget):
         self.logs_button.setEnabled(len(sel) == 1)
         s = self._summaries.get(sel[0]) if len(sel) == 1 else None
         self.resume_button.setEnabled(bool(s and s.state in RESUMABLE_STATES))
+        weights = len(sel) == 1 and has_weights(sel[0])
+        for act in self.model_actions.values():
+            act.setEnabled(weights)
+        self.model_button.setEnabled(weights)
+        self.model_button.setToolTip(
+            "The selected run's trained model: export it, use its weights, fine-tune" if weights else
+            "Select one run that has weights (a checkpoint or its final model.pt)")
+
+    def _context_menu(self, pos) -> None:
+        item = self.tree.itemAt(pos)
+        if item is None:
+            return
+        if not item.isSelected():
+            self.tree.clearSelection()
+            item.setSelected(True)
+        self.model_menu.popup(self.tree.viewport().mapToGlobal(pos))
 
     def _open(self) -> None:
         for path in self.selected_runs()[:1]:
@@ -184,3 +235,9 @@ class RunsPanel(QtWidgets.QWidget):
         sel = self.selected_runs()
         if len(sel) == 1:
             signal.emit(sel[0])
+
+
+def has_weights(run_dir) -> bool:
+    """The run has weights to offer: its final model.pt or a whole checkpoint."""
+    p = Path(run_dir)
+    return (p / "model.pt").is_file() or (p / "checkpoints" / "latest").is_file()
