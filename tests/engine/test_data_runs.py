@@ -297,6 +297,18 @@ def test_tokens_and_an_attention_mask_feed_two_input_nodes(tmp_path):
     tr.grad_accumulation = 1
     with pytest.raises(RunError, match="placement.pp 2: a pipeline feeds one input to its first stage"):
         build_run(Project(masked_graph(), name="masked", training=tr), tmp_path / "pp", placement={"pp": 2})
+    # two inputs under torchrun, data parallel over 2 processes: the same losses as one process
+    tr.steps = 6
+    one = prepare_run(Project(masked_graph(), name="masked", training=tr), tmp_path / "one")
+    assert run(one)["state"] == "succeeded"
+    two = prepare_run(Project(masked_graph(), name="masked", training=tr), tmp_path / "two", placement={"dp": 2})
+    jobs = tmp_path / "jobs.json"
+    jobs.write_text(json.dumps([{"run_dir": str(two)}]))
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        str(WORKER), str(jobs)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = losses(one), losses(two)
+    assert sorted(b) == sorted(a) and 6 in a and all(b[s] == pytest.approx(a[s], rel=1e-4) for s in a), (a, b)
 
 
 def test_a_users_npz_is_referenced_not_copied_and_split_as_before(tmp_path):
