@@ -162,6 +162,9 @@ def test_toolbar_processes_are_the_placement_the_devices_panel_the_plan_and_the_
     assert w.devices.spins["dp"].value() == 2 and w.devices.world.text().startswith("2 ")
     assert w.controller.plan is not None and w.controller.plan.nproc == 2 and w.controller.plan.run.dp == 2
     assert len(w.controller.plan.devices) == 2  # the plan's rows: one per device
+    assert w.summary.devices.rowCount() == 2  # the Summary's device table, as shown
+    assert [w.summary.devices.item(i, 0).text() for i in range(2)] == ["rank 0 (dp 0, tp 0)", "rank 1 (dp 1, tp 0)"]
+    assert w.devices.plan_view.isVisibleTo(w.devices) and "dp=2" in w.devices.plan_view.toPlainText().replace(" ", "")
     assert w.is_dirty()  # a change of the project (saved with it), one undo step
     # Run builds its spec with the same layout (the launch itself is left out)
     import app.run_controller as rc
