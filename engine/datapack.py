@@ -19,6 +19,7 @@ import shutil
 import struct
 import tarfile
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
@@ -33,6 +34,21 @@ CHUNK = 4 << 20  # bytes read at a time
 
 def _tmp(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+@contextmanager
+def _writing(final: Path):
+    """An OSError met while `final` is written under its temporary name (a full disk: the
+    write itself carries no file name) names `final`, the file the user asked for: one
+    line, `<final>: No space left on device (the disk is full; ...)`. Errors that name
+    another file (an input being read) keep their own name."""
+    try:
+        yield
+    except OSError as e:
+        named = None if e.filename is None else Path(os.fsdecode(e.filename))
+        if named is None or named == _tmp(final) or named == final:
+            raise OSError(e.errno, e.strerror or str(e), str(final)) from None
+        raise
 
 
 def _publish(pairs: Iterable[tuple[Path, Path]]) -> None:
@@ -106,15 +122,15 @@ def pack_text(inputs: list[Path], out_dir: Path, tokenizer: Path | None = None, 
     t_train, t_val = _tmp(train), _tmp(val)
     try:
         n = 0
-        with open(t_train, "wb") as f:  # every token first; the tail moves to val.bin below
+        with _writing(train), open(t_train, "wb") as f:  # every token first; the tail moves to val.bin below
             for chunk in _text_chunks(files, progress, split_lines=tokenizer is not None):
                 ids = np.asarray(encode(chunk), dtype=dtype)
-                ids.tofile(f)
+                f.write(ids.tobytes())  # (not tofile: its short write says no errno, so not "disk full")
                 n += len(ids)
         n_val = int(round(n * val_fraction))
         if n - n_val < 2 or n_val < 2:
             raise DataError(f"{files[0]}: {n} tokens are too few to split with val_fraction {val_fraction}")
-        with open(t_train, "r+b") as src, open(t_val, "wb") as dst:
+        with _writing(val), open(t_train, "r+b") as src, open(t_val, "wb") as dst:
             src.seek((n - n_val) * dtype.itemsize)
             shutil.copyfileobj(src, dst, CHUNK)
             src.truncate((n - n_val) * dtype.itemsize)
@@ -123,9 +139,11 @@ def pack_text(inputs: list[Path], out_dir: Path, tokenizer: Path | None = None, 
                 "sources": [f.name for f in files]}
         pairs = [(t_train, train), (t_val, val)]
         if tokenizer is not None and Path(tokenizer).resolve() != (out / "tokenizer.json").resolve():
-            shutil.copyfile(tokenizer, _tmp(out / "tokenizer.json"))
+            with _writing(out / "tokenizer.json"):
+                shutil.copyfile(tokenizer, _tmp(out / "tokenizer.json"))
             pairs.append((_tmp(out / "tokenizer.json"), out / "tokenizer.json"))
-        _tmp(out / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+        with _writing(out / "meta.json"):
+            _tmp(out / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
         pairs.append((_tmp(out / "meta.json"), out / "meta.json"))
         _publish(pairs)
         return meta
@@ -175,7 +193,7 @@ def pack_shards(image_folder: Path, out_dir: Path, shard_size: int = 1000, progr
                 final = out / f"{name}-{s // shard_size:06d}.tar"
                 tmp = _tmp(final)
                 pending.append(tmp)
-                with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tf:
+                with _writing(final), tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tf:
                     for k, (_, path, c) in enumerate(items[s:s + shard_size], start=s):
                         ext = path.suffix.lower().lstrip(".").replace("jpeg", "jpg")
                         _add(tf, f"{k:09d}.{ext}", path.read_bytes())
@@ -188,7 +206,8 @@ def pack_shards(image_folder: Path, out_dir: Path, shard_size: int = 1000, progr
         meta = {"classes": classes, "samples": counts, "shard_size": shard_size}
         t = _tmp(out / "classes.json")
         pending.append(t)
-        t.write_text(json.dumps(meta, indent=1))
+        with _writing(out / "classes.json"):
+            t.write_text(json.dumps(meta, indent=1))
         written.append((t, out / "classes.json"))
         _publish(written)
         return meta
@@ -230,7 +249,7 @@ def _npz_to_npy(src: Path, out: Path, progress: Progress) -> dict:
                                              else np.lib.format.read_array_header_2_0)(m)
                     if dtype.hasobject:
                         raise DataError(f"{src}: member {name} holds Python objects; only numeric arrays can be packed")
-                    with open(tmp, "wb") as f:
+                    with _writing(final), open(tmp, "wb") as f:
                         if fortran and len(shape) > 1:  # rare: transposed in memory, once
                             arr = np.frombuffer(m.read(), dtype=dtype).reshape(shape, order="F")
                             np.save(f, np.ascontiguousarray(arr))
@@ -258,7 +277,7 @@ def _csv_to_npy(src: Path, out: Path, target: str | int, header: bool, progress:
     labels: dict[str, int] = {}
     n, width, t = 0, None, None
     try:
-        with open(src, newline="") as fh, open(tx, "wb") as fx, open(t_raw, "wb") as fr:
+        with _writing(x_final), open(src, newline="") as fh, open(tx, "wb") as fx, open(t_raw, "wb") as fr:
             rows = csv.reader(fh)
             names = next(rows, None) if header else None
             fx.write(b"\0" * 128)  # the header, written once the row count is known
@@ -290,15 +309,15 @@ def _csv_to_npy(src: Path, out: Path, target: str | int, header: bool, progress:
                     except ValueError:
                         raise DataError(f"{src}: row {line_no}: target {label!r} is not a number") from None
                 if len(xs) >= 65536:
-                    np.asarray(xs, dtype=np.float32).tofile(fx)
-                    np.asarray(ys, dtype=np.float64).tofile(fr)
+                    fx.write(np.asarray(xs, dtype=np.float32).tobytes())
+                    fr.write(np.asarray(ys, dtype=np.float64).tobytes())
                     n += len(xs)
                     xs.clear()
                     ys.clear()
                     if progress:
                         progress(fh.tell(), total)
-            np.asarray(xs, dtype=np.float32).reshape(-1, (width or 1) - 1).tofile(fx)
-            np.asarray(ys, dtype=np.float64).tofile(fr)
+            fx.write(np.asarray(xs, dtype=np.float32).reshape(-1, (width or 1) - 1).tobytes())
+            fr.write(np.asarray(ys, dtype=np.float64).tobytes())
             n += len(xs)
             if not n:
                 raise DataError(f"{src}: no rows")
@@ -308,14 +327,15 @@ def _csv_to_npy(src: Path, out: Path, target: str | int, header: bool, progress:
         raw = np.memmap(t_raw, dtype=np.float64, mode="r")
         whole = all(np.all(raw[i:i + CHUNK] == np.round(raw[i:i + CHUNK])) for i in range(0, n, CHUNK))
         ydt = np.dtype(np.int64 if whole else np.float32)
-        with open(ty, "wb") as fy:
+        with _writing(y_final), open(ty, "wb") as fy:
             fy.write(npy_header(ydt, (n,)))
             for i in range(0, n, CHUNK):
-                raw[i:i + CHUNK].astype(ydt).tofile(fy)
+                fy.write(raw[i:i + CHUNK].astype(ydt).tobytes())
         del raw
         pairs = [(tx, x_final), (ty, y_final)]
         if labels:
-            tc.write_text(json.dumps(list(labels)))
+            with _writing(c_final):
+                tc.write_text(json.dumps(list(labels)))
             pairs.append((tc, c_final))
         _publish(pairs)
         if progress:
