@@ -8,9 +8,21 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import (QAbstractItemView, QDialog, QDialogButtonBox, QHeaderView, QLineEdit, QMenu,
-                               QTableWidget, QTableWidgetItem, QTextBrowser, QToolBar, QVBoxLayout, QWidget,
-                               QWidgetAction)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QDialog,
+    QDialogButtonBox,
+    QHeaderView,
+    QLineEdit,
+    QMenu,
+    QTableWidget,
+    QTableWidgetItem,
+    QTextBrowser,
+    QToolBar,
+    QVBoxLayout,
+    QWidget,
+    QWidgetAction,
+)
 
 
 def _plain(text: str) -> str:
@@ -98,20 +110,24 @@ class ShortcutsDialog(QDialog):
             self.table.setRowHidden(r, bool(t) and t not in row)
 
 
-def _keys(window, key: str) -> str:
-    a = getattr(window, "actions", {}).get(key) if isinstance(getattr(window, "actions", None), dict) else None
-    s = a.shortcut().toString(QKeySequence.NativeText) if a is not None else ""
-    return f" ({s})" if s else ""
+def _keys_of(action) -> str:
+    """" (F5)": the action's shortcut as the page shows it; "" when it has none."""
+    if action is None or action.shortcut().isEmpty():
+        return ""
+    return f" ({action.shortcut().toString(QKeySequence.NativeText)})"
 
 
 def getting_started_html(window) -> str:
     """Five steps from an empty diagram to a deployed model, in the window's own words
     (menu paths and the shortcuts the actions have now)."""
-    k = lambda name: _keys(window, name)  # noqa: E731
+    named = window.actions if isinstance(getattr(window, "actions", None), dict) else {}
+
+    def k(name: str) -> str:
+        return _keys_of(named.get(name))
+
     run = getattr(getattr(window, "run_ui", None), "toolbar", None)
-    run_keys = lambda a: f" ({a.shortcut().toString(QKeySequence.NativeText)})" if a is not None and not a.shortcut().isEmpty() else ""  # noqa: E731
-    f5 = run_keys(getattr(run, "run_action", None))
-    logs = run_keys(getattr(run, "logs_action", None))
+    f5 = _keys_of(getattr(run, "run_action", None))
+    logs = _keys_of(getattr(run, "logs_action", None))
     return f"""
 <h2>Getting started with Layerflow</h2>
 <p>Layerflow turns a diagram into a trained model: draw it, give it data, train it here or

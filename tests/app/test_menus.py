@@ -8,7 +8,6 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QApplication, QMenu, QToolButton, QWidgetAction
-
 from shiboken6 import getCppPointer
 
 from app.window import MainWindow
