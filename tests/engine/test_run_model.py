@@ -5,6 +5,7 @@ import importlib.util
 import json
 import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -258,3 +259,56 @@ def test_predict_cli_and_api(trained, tmp_path, capsys):
     np.save(tmp_path / "bad.npy", np.zeros((3, 7), np.float32))
     assert cli(["predict", str(path), "--run", str(rd), "--input", str(tmp_path / "bad.npy")]) == 2
     assert "takes samples of shape [16]" in capsys.readouterr().err
+
+
+def test_predict_a_folder_of_images_from_the_command_line(tmp_path):
+    """A real `main.py predict` on a folder of PNGs: one line per image with its top classes."""
+    import subprocess
+
+    from PIL import Image
+
+    g = Graph()
+    g.add_node("Input", {"shape": [3, 8, 8]}, id="x")
+    g.add_node("Flatten", {}, id="flat")
+    g.add_node("Linear", {"out_features": 3}, id="fc")
+    g.add_node("Output", {"loss": "cross_entropy"}, id="out")
+    for a, b in [("x", "flat"), ("flat", "fc"), ("fc", "out")]:
+        g.connect(a, "out", b, "in")
+    tr = Training.model_validate({"dataset": {"kind": "synthetic_images", "n_samples": 64, "channels": 3, "height": 8,
+                                              "width": 8, "n_classes": 3}, "batch_size": 16, "steps": 4,
+                                  "eval_interval": 4, "checkpoint_interval": 4})
+    path = save_project(Project(g, name="img", training=tr), tmp_path / "img.lflow")
+    rd = prepare_run(load_project(path), tmp_path / "runs" / "r")
+    assert train_run(rd)["state"] == "succeeded"
+    pics = tmp_path / "pics"
+    (pics / "sub").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in ("a.png", "sub/b.png"):
+        Image.fromarray(rng.integers(0, 255, (12, 10, 3), dtype=np.uint8)).save(pics / name)
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, str(root / "main.py"), "predict", str(path), "--run", str(rd), "--input",
+                        str(pics), "--top", "2", "-o", str(tmp_path / "out.npy")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["a.png", "sub/b.png"] and all(ln.count("%") == 2 for ln in lines)
+    out = np.load(tmp_path / "out.npy")
+    assert out.shape == (2, 3)
+    r = subprocess.run([sys.executable, str(root / "main.py"), "weights", "list", str(rd)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.split()[:2] == ["final", "latest"]
+
+
+def test_two_process_run_keeps_its_policy_and_its_checkpoints_export(tmp_path):
+    """Data parallel over 2 processes: rank 0 applies the policy after each whole save; a
+    DCP checkpoint written by two ranks is read back in this one process."""
+    p = mlp(steps=40, keep=1)
+    path = save_project(p, tmp_path / "mlp.lflow")
+    rd = tmp_path / "runs" / "dp2"
+    assert cli(["train", str(path), "--nproc", "2", "--out", str(rd)]) == 0
+    evals = {r["step"]: r["val_loss"] for r in read_metrics(rd / "metrics.jsonl") if "val_loss" in r}
+    best = f"step_{min(evals, key=lambda s: (evals[s], s))}"
+    assert {q.name for q in (rd / "checkpoints").glob("step_*")} == {"step_40", best}
+    state = run_state(load_project(path), rd, "latest")
+    final = final_state(rd)
+    assert all(torch.equal(state[k], final[k]) for k in final)
