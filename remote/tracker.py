@@ -448,8 +448,45 @@ class Tracker:
 
     @staticmethod
     def _get(c: Connection, remote: str, local: Path, progress) -> Path:
-        local.parent.mkdir(parents=True, exist_ok=True)
-        c.get(remote, local, (lambda d, t: progress(remote, d, t)) if progress else None)
+        """Download into a temporary name beside `local`, then rename: a fetch that stops
+        (a full disk here, a lost link) leaves no half file. A local write that fails is
+        one line naming `local` (WriteError: 'No space left on device (the disk is full;
+        ...)'), not an SSH error of the remote file's."""
+        from engine.files import WriteError
+
+        failed: list[OSError] = []
+
+        class Sink:  # paramiko's getfo writes here: a failure is ours, not the link's
+            def __init__(self, f):
+                self.f = f
+
+            def write(self, data):
+                try:
+                    return self.f.write(data)
+                except OSError as exc:
+                    failed.append(exc)
+                    raise
+
+        tmp = local.with_name(f".{local.name}.part-{os.getpid()}")
+        try:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                c._sftp_call(f"download {remote}", lambda s: s.getfo(
+                    remote, Sink(f), callback=(lambda d, t: progress(remote, d, t)) if progress else None))
+            os.replace(tmp, local)
+        except SSHError:
+            if failed:
+                raise WriteError(local, failed[0]) from None
+            raise
+        except FileNotFoundError:
+            raise
+        except OSError as exc:  # creating the folder or the file, or the last flush at close
+            raise WriteError(local, exc) from None
+        finally:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
         return local
 
     def _get_tree(self, c: Connection, remote: str, local: Path, progress) -> list[Path]:
