@@ -98,6 +98,7 @@ def test_build_by_mouse_and_keyboard_then_undo_and_redo_every_step(qtbot, win):
     states.append(snapshot(w))
     drop_layer(w, "Linear", QPointF(260, 0))
     states.append(snapshot(w))
+    w.scene.clearSelection()  # (Tab-add with a node selected wires it: tests/app/test_stale_state.py)
     tab_add(qtbot, w, "outp", QPointF(520, 0))
     states.append(snapshot(w))
     g = w.project.graph
