@@ -11,6 +11,7 @@ atomically) before it is opened, so the weights travel with the diagram.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 from pathlib import Path
 from typing import Callable
@@ -146,10 +147,14 @@ class InteropUI(QObject):
         path = path or self._ask_target("Export ONNX", ".onnx", "ONNX models (*.onnx)")
         if not path:
             return None
+        try:
+            what = f" (weights of {Path(run).name}, {run_weights.checkpoint_path(run, checkpoint)[0]})" if run else ""
+        except InteropError as exc:
+            self._refuse("Cannot export ONNX", exc)
+            return None
         project = self.window.project.copy()  # the user may go on editing meanwhile
         self._say(f"Exporting {Path(path).name}…", 0)
         fut = self._pool.submit(export_onnx, project, path, run=run, checkpoint=checkpoint)
-        what = f" (weights of {Path(run).name}, {checkpoint or 'final'})" if run else ""
         self._pending.append((fut, lambda f: self._say(f"Wrote {f.result()}{what}")))
         self._timer.start()
         return fut
@@ -312,7 +317,10 @@ class InteropUI(QObject):
         except (OSError, RuntimeError, ValueError) as exc:
             self._refuse("Cannot fine-tune", exc)
             return None
-        self._say(f"Fine-tuning from {Path(run).name} ({checkpoint or 'final'}) in {out.name}", 10000)
+        which = checkpoint or "final"
+        with contextlib.suppress(InteropError):
+            which = run_weights.checkpoint_path(run, checkpoint)[0]
+        self._say(f"Fine-tuning from {Path(run).name} ({which}) in {out.name}", 10000)
         return out
 
     def _poll(self) -> None:
