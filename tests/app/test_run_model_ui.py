@@ -154,3 +154,14 @@ def test_fine_tune_from_here_starts_a_run_from_its_weights(qtbot, window, projec
     assert all(torch.equal(init[k], final[k]) for k in final)
     assert json.loads((Path(new) / "init_from.json").read_text())["checkpoint"] == "final"
     assert json.loads((Path(new) / "status.json").read_text())["state"] == "succeeded"
+
+
+def test_use_these_weights_with_unsaved_edits_is_saved_with_them(qtbot, window, project_with_run, monkeypatch):
+    path, rd = project_with_run
+    window._mark_modified()  # an edit not saved yet: the file is left to the next save
+    panel = select(window, rd)
+    answer(monkeypatch, "latest")
+    panel.model_actions["use_weights"].trigger()
+    assert window.project.weights == "mlp.weights.pt" and load_project(path).weights is None
+    assert (path.parent / "mlp.weights.pt").is_file() and window.is_dirty()
+    assert window.save() and load_project(path).weights == "mlp.weights.pt"

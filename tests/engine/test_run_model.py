@@ -312,3 +312,16 @@ def test_two_process_run_keeps_its_policy_and_its_checkpoints_export(tmp_path):
     state = run_state(load_project(path), rd, "latest")
     final = final_state(rd)
     assert all(torch.equal(state[k], final[k]) for k in final)
+
+
+def test_api_fine_tune_records_where_its_weights_came_from(trained, tmp_path):
+    from layerflow import Project as Api
+
+    path, rd = trained
+    run = Api.load(path).fine_tune(rd, "step_30", steps=2, out=tmp_path / "ft")
+    assert run.wait(timeout=240).state == "succeeded"
+    init = torch.load(tmp_path / "ft" / "weights.pt", weights_only=True)
+    want = run_state(load_project(path), rd, "step_30")
+    assert all(torch.equal(init[k], want[k]) for k in want)
+    note = json.loads((tmp_path / "ft" / "init_from.json").read_text())
+    assert note == {"run": str(rd.resolve()), "checkpoint": "step_30"}
