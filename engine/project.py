@@ -179,8 +179,9 @@ class Training(_Strict):
         nothing, yet 'succeeds'): one line each, naming the field."""
         out = []
         o = self.optimizer
-        if o.weight_decay > 1:
-            out.append(f"training.optimizer.weight_decay: {o.weight_decay:g} is far above the usual 0 to 0.1: each "
+        if o.weight_decay > 1 or o.lr * o.weight_decay >= 1:
+            high = "far above the usual 0 to 0.1" if o.weight_decay > 1 else f"too much at lr {o.lr:g}"
+            out.append(f"training.optimizer.weight_decay: {o.weight_decay:g} is {high}: each "
                        f"step shrinks every weight by lr x weight_decay = {o.lr * o.weight_decay:.3g} of itself"
                        + (" (more than all of it: the weights diverge or vanish)" if o.lr * o.weight_decay >= 1 else "")
                        + "; lower it")

@@ -82,8 +82,13 @@ def prepare(project, out_dir: str | Path | None = None, *, steps: int | None = N
     from engine.errors import CheckFailed
     from engine.run import RunError, build_run
 
+    from engine.runs import RunsOutsideProject, check_runs_inside
+
     try:
+        check_runs_inside(project.directory, out_dir)  # a `runs` link out of the project: refused, as for train
         return build_run(project, out_dir, steps=steps, placement=placement, device=device).run_dir
+    except RunsOutsideProject as exc:
+        raise DeployError(str(exc)) from None
     except CheckFailed as exc:
         raise DeployError("the placement cannot run:\n" + "\n".join(f"  {e}" for e in exc.errors)) from None
     except RunError as exc:

@@ -40,6 +40,10 @@ def test_a_runs_link_out_of_the_project_is_refused_by_the_api_and_the_editors_pa
     project = load_project(proj)
     with pytest.raises(LayerflowError, match="outside the project's folder"):  # the editor's Run (run_controller)
         prepare_training(project.copy(), out=new_run_dir(project))
+    from remote.launch_ssh import DeployError, prepare
+
+    with pytest.raises(DeployError, match="outside the project's folder"):  # a deploy's local run folder too
+        prepare(project.copy())
     assert list(outside.iterdir()) == []
     assert list_runs(runs_dir(proj.parent)) == []  # listing (the runs panel, the window opening) is not refused
     # a dangling link out of the folder is refused the same way (it would be created there)

@@ -51,3 +51,6 @@ def test_validate_in_python_returns_the_warning(tmp_path):
     p = layerflow.Project.load(project(tmp_path, 0.01))
     p.training.optimizer.weight_decay = 20.0  # changed in Python, then checked: said too
     assert [w for w in p.validate() if w.startswith(FIELD)], p.validate()
+    p.training.optimizer.weight_decay, p.training.optimizer.lr = 0.6, 2.0  # a usual decay, but lr x decay >= 1
+    mine = [w for w in p.validate() if w.startswith(FIELD)]
+    assert len(mine) == 1 and "0.6 is too much at lr 2" in mine[0] and "diverge or vanish" in mine[0], mine
