@@ -131,21 +131,47 @@ class _DataSignals(QObject):
 
 
 class _DescribeJob(QRunnable):
-    """engine.data.describe_source off the GUI thread: it lists the set's files (a folder
-    of a million images takes a while) and reads one sample."""
+    """A data set described off the GUI thread: engine.data.describe_source for a set read
+    in place (it lists the set's files, a folder of a million images takes a while, and
+    reads one sample); `load` for one made whole (a generated set, digits, the user's .npz
+    or .csv: made or read here, as the run does)."""
 
-    def __init__(self, key: str, settings: dict, signals: _DataSignals):
+    def __init__(self, key: str, settings: dict | None, signals: _DataSignals, load=None):
         super().__init__()
-        self.key, self.settings, self.signals = key, settings, signals
+        self.key, self.settings, self.signals, self.load = key, settings, signals, load
 
     def run(self) -> None:
         from engine.data import describe_source
 
         try:
-            out = describe_source(self.settings, with_fingerprint=False)
+            out = self.load() if self.load is not None else describe_source(self.settings, with_fingerprint=False)
         except Exception as exc:  # noqa: BLE001 - shown as a problem
             out = exc
         self.signals.done.emit(self.key, out)
+
+
+def made_source(project: Project):
+    """(cache key, loader) of a data set made whole when a run starts (generated, digits,
+    the user's .npz or .csv): the loader returns its engine.data.DataInfo without the
+    arrays (the cache keeps no copy of the data). The file's path, its consent and its size
+    are checked here, at once (ProjectError names the field); the key holds the file's
+    size and time, so a file written again is read again."""
+    from engine.data import info_of, load_arrays
+
+    d = project.training.dataset
+    settings = d.model_dump(mode="json")
+    if "path" in settings:
+        path = project.input_file(d.path, "training.dataset.path")  # exists, a regular file, consented
+        st = path.stat()
+        settings.update(path=str(path.resolve()), stamp=[st.st_size, st.st_mtime_ns])
+        d = d.model_copy(update={"path": settings["path"]})
+    made = Project(training=project.training.model_copy(update={"dataset": d}))  # no path: nothing more to consent
+
+    def load():
+        info = info_of(load_arrays(made))
+        info.arrays = None
+        return info
+    return data_key({"made": settings}), load
 
 
 def data_key(settings: dict) -> str:
@@ -153,20 +179,25 @@ def data_key(settings: dict) -> str:
     return json.dumps(settings, sort_keys=True)
 
 
-def data_problems(result, info) -> list:
-    """engine.run.check_data's lines as problems on the nodes they name (field
-    'training.dataset'); a data set that cannot be read is one problem of its own."""
+def data_problems(result, info, batch_size: int | None = None) -> list:
+    """engine.run.check_data's lines (and build_run's batch against the training set) as
+    problems on the nodes they name (field 'training.dataset'); a data set that cannot be
+    read is one problem of its own, on the Input node it would feed."""
     from engine.compile import CompileError
     from engine.planner import _NODE_RE
 
     if isinstance(info, BaseException):
-        return [CompileError(str(info), None, "training.dataset")]
+        inputs = (result.spec or {}).get("inputs") or [None]
+        return [CompileError(str(info), inputs[0] if len(inputs) == 1 else None, "training.dataset")]
     from engine.run import check_data
 
     out = []
     for msg in check_data(result, info):
         m = _NODE_RE.search(msg)
         out.append(CompileError(msg, m.group(1) if m else None, "training.dataset"))
+    if batch_size is not None and info.n_train < batch_size:
+        out.append(CompileError(f"training.batch_size {batch_size} is larger than the training set "
+                                f"({info.n_train} samples)", None, "training.batch_size"))
     return out
 
 
@@ -317,24 +348,47 @@ class EditorController(QObject):
         self._data_current_changed(data_key(settings))
 
     def _data_problems(self) -> list:
+        """What the run would refuse about the data set (engine/run.py build_run), from its
+        cached description; an undescribed set is described on the worker first (problems
+        follow when it is done)."""
         if self.result is None or not self.result.ok or self.result.spec is None:
             return []  # the compiler's errors first
         from engine.data_sources import IN_PLACE_KINDS
         from engine.project import ProjectError
 
-        if self.project.training.dataset.kind not in IN_PLACE_KINDS:
-            return []
+        batch = self.project.training.batch_size
+        load = None
         try:
-            settings = self.data_settings()
-        except ProjectError as exc:
+            if self.project.training.dataset.kind in IN_PLACE_KINDS:
+                settings = self.data_settings()
+                key = data_key(settings)
+            else:
+                settings = None
+                key, load = made_source(self.project)
+        except (ProjectError, OSError) as exc:
             return data_problems(self.result, exc)
-        key = data_key(settings)
         if key in self._data_cache:
-            return data_problems(self.result, self._data_cache[key])
+            return data_problems(self.result, self._data_cache[key], batch)
         if key not in self._data_running:
             self._data_running.add(key)
-            self._data_pool.start(_DescribeJob(key, settings, self._data_signals))
+            self._data_pool.start(_DescribeJob(key, settings, self._data_signals, load))
         return []  # until it is described
+
+    def recheck_data(self) -> None:
+        """Look at the data set again (its file may have appeared since): debounced, like an edit."""
+        self._version += 1
+        self._timer.start()
+
+    def _data_key(self) -> str | None:
+        """The cache key of the project's data set now (None: it cannot be read)."""
+        from engine.data_sources import IN_PLACE_KINDS
+
+        try:
+            if self.project.training.dataset.kind in IN_PLACE_KINDS:
+                return data_key(self.data_settings())
+            return made_source(self.project)[0]
+        except Exception:  # noqa: BLE001
+            return None
 
     def _data_done(self, key: str, info) -> None:
         self._data_running.discard(key)
@@ -343,11 +397,7 @@ class EditorController(QObject):
 
     def _data_current_changed(self, key: str) -> None:
         """Show the data problems again if `key` is the project's data set now."""
-        try:
-            settings = self.data_settings()
-        except Exception:  # noqa: BLE001
-            return
-        if settings is None or data_key(settings) != key or self.result is None:
+        if self.result is None or self._data_key() != key:
             return
         self.data_errors = self._data_problems()
         self.scene.set_result(self.result, self.plan_info[0],

@@ -14,7 +14,6 @@ from typing import Literal, get_args, get_origin
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDockWidget, QFileDialog, QSpinBox
 
-from engine.data_sources import IN_PLACE_KINDS
 from widgets.training_panel import _BIG, TrainingPanel, _bounds
 
 FOLDER_KINDS = ("image_folder", "token_file", "parquet", "array", "shards")  # may be a folder
@@ -46,14 +45,21 @@ class _TrainingPanel(TrainingPanel):
         return w, lambda: by_text.get(get(), get()), lambda v: put(str(v) if str(v) in by_text else first)
 
     def _show_where(self) -> None:
+        """The path as the run will read it, and whether it is there: a folder is fine for
+        the kinds that take one, and said to be a folder (never "not found") for the others."""
         text = self.path_edit.text().strip()
-        kind = self.draft["training"]["dataset"]["kind"]
-        if not text or kind not in IN_PLACE_KINDS:
+        if not text:
             return super()._show_where()
+        kind = self.draft["training"]["dataset"]["kind"]
         p = Path(text).expanduser()
         p = p if p.is_absolute() else self.directory().absolute() / p
-        ok = p.is_file() or (p.is_dir() and kind in FOLDER_KINDS) or (kind == "shards" and "{" in p.name)
-        self.path_where.setText(f"{os.path.normpath(p)}" + ("" if ok else " (not found)"))
+        if p.is_file() or (p.is_dir() and kind in FOLDER_KINDS) or (kind == "shards" and "{" in p.name):
+            note = ""
+        elif p.is_dir():
+            note = f" (a folder: {kind} reads one file)"
+        else:
+            note = " (not found)"
+        self.path_where.setText(f"{os.path.normpath(p)}{note}")
 
     def browse(self) -> None:
         kind = self.draft["training"]["dataset"]["kind"]
@@ -70,6 +76,7 @@ def install(window) -> tuple[TrainingPanel, QDockWidget]:
     """The Training dock of `window`: (its panel, the dock); app/window.py calls this."""
     panel = _TrainingPanel()
     panel.directory = lambda: window.project.directory  # engine/data.py reads relative paths from there
+    panel.saved = lambda: window.project.path is not None  # an unsaved project keeps chosen paths absolute
     dock = window.add_dock("Training", panel, Qt.RightDockWidgetArea)
     # a tab beside Inspector / Devices / Runs; the Inspector stays in front
     window.tabifyDockWidget(window.inspector_dock, dock)
@@ -79,6 +86,9 @@ def install(window) -> tuple[TrainingPanel, QDockWidget]:
     panel.placement_edited.connect(c.set_mesh)
     c.training_changed.connect(lambda: panel.set_training(window.project.training))
     c.placement_changed.connect(lambda: panel.set_placement(window.project.placement))
+    panel.path_entered.connect(c.recheck_data)
+    c.stack.cleanChanged.connect(lambda *_: panel.refresh_where())  # saved elsewhere: relative paths start there
+    c.compiled.connect(lambda *_: panel.show_data_problems([str(e) for e in c.data_errors]))
 
     def reload() -> None:
         p = window.project

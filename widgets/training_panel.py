@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QValidator
 from PySide6.QtWidgets import (QAbstractSpinBox, QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox,
                                QHBoxLayout, QLabel, QLineEdit, QPushButton, QScrollArea, QSpinBox, QVBoxLayout,
@@ -87,6 +87,7 @@ RELEVANT = {
     ("placement", "reshard_after_forward"): (("placement", "data_parallel"), {"fsdp"}),
 }
 BETAS = (0.0, 1 - 1e-9)  # torch wants 0 <= beta < 1; the model does not say
+WHERE_DELAY_MS = 300  # typing pause before the path's "(not found)" is checked
 OPTIONAL_START = {"grad_clip": 1.0}  # the value an Optional field gets when switched on
 
 
@@ -197,13 +198,17 @@ class _Editor:
 class TrainingPanel(QWidget):
     training_edited = Signal(object, str)  # a validated Training, the field edited ("optimizer.lr")
     placement_edited = Signal(str, object)  # placement field, value (already validated)
+    path_entered = Signal()  # Enter in the path field, changed or not: the file may be there now
 
     def __init__(self, parent=None):
         super().__init__(parent)
         self.directory: Callable[[], Path] = Path.cwd  # where relative data paths start: the project file's folder
+        self.saved: Callable[[], bool] = lambda: True  # has the project a file (else chosen paths stay absolute)
         self.known = {"training": Training(), "placement": Placement()}  # the project's values as last seen
         self.draft = {p: m.model_dump() for p, m in self.known.items()}
         self.errors: dict[str, list[tuple[tuple, str]]] = {"training": [], "placement": []}
+        self.untouched: set[tuple] = set()  # required fields a new kind left empty, not typed into yet
+        self.pending: list[tuple] = []  # of those, the ones that keep the draft from being applied
         self.editors: dict[tuple, _Editor] = {}
         self._updating = False
         self._length = {"steps": 200, "epochs": 10}  # each unit's last value, for switching back
@@ -217,6 +222,15 @@ class TrainingPanel(QWidget):
         self.error_label.setContentsMargins(10, 6, 10, 0)
         self.error_label.hide()
         outer.addWidget(self.error_label)
+        # what the run would refuse about the data set against the diagram (engine.run.check_data)
+        self.data_label = QLabel()
+        self.data_label.setObjectName("error")
+        self.data_label.setWordWrap(True)
+        self.data_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.data_label.setContentsMargins(10, 6, 10, 0)
+        self.data_label.hide()
+        outer.addWidget(self.data_label)
+        self._where_timer = QTimer(self, singleShot=True, interval=WHERE_DELAY_MS, timeout=self.refresh_where)
         scroll = QScrollArea(widgetResizable=True)
         scroll.setFrameShape(QScrollArea.NoFrame)
         outer.addWidget(scroll, 1)
@@ -403,6 +417,8 @@ class TrainingPanel(QWidget):
         self.path_edit, self.path_where = edit, where
         edit.setPlaceholderText("a data file")
         edit.editingFinished.connect(self._show_where)
+        edit.editingFinished.connect(self.path_entered)
+        edit.textEdited.connect(lambda *_: self._where_timer.start())  # is it there? shown as one types (debounced)
         ed = self._simple(path, box, get, put)
         load = ed.load
         ed.load = lambda d: (load(d), self._show_where())
@@ -411,11 +427,19 @@ class TrainingPanel(QWidget):
     def _show_where(self) -> None:
         text = self.path_edit.text().strip()
         if not text:
-            self.path_where.setText(f"relative paths start at {self.directory().absolute()}")
+            self.path_where.setText(self._waiting() + f"relative paths start at {self.directory().absolute()}")
             return
         p = Path(text).expanduser()
         p = p if p.is_absolute() else self.directory().absolute() / p
         self.path_where.setText(f"{os.path.normpath(p)}" + ("" if p.is_file() else " (not found)"))
+
+    def _waiting(self) -> str:
+        """What the form waits for before it applies a new kind of data set, or ''."""
+        if not self.pending:
+            return ""
+        names = " and ".join(_label(p) for p in self.pending)
+        kept = self.known["training"].dataset.kind.replace("_", " ")
+        return f"Type or browse to the {names} to use this data set; until then the project keeps its {kept} data.\n"
 
     def _length_row(self, form: QFormLayout) -> None:
         """steps or epochs: exactly one is set, so one number and its unit."""
@@ -480,6 +504,8 @@ class TrainingPanel(QWidget):
 
     def _load(self, part: str, model: BaseModel) -> None:
         self.known[part], self.draft[part], self.errors[part] = model, model.model_dump(), []
+        if part == "training":
+            self.untouched, self.pending = set(), []
         if part == "training" and self._rows_kind != self.draft["training"]["dataset"]["kind"]:
             self._dataset_rows()
         self._load_all()
@@ -498,6 +524,7 @@ class TrainingPanel(QWidget):
         if self._updating or path not in self.editors:  # a row being removed
             return
         self.editors[path].store(self.draft)
+        self.untouched.discard(path)
         if path == KIND:
             self._switch_kind()
         self._validate(path[0], _key(path))
@@ -507,9 +534,12 @@ class TrainingPanel(QWidget):
         old = self.draft["training"]["dataset"]
         model = KINDS[old["kind"]]
         new = {"kind": old["kind"]}
+        self.untouched = set()
         for name, info in model.model_fields.items():
             if name != "kind":
                 new[name] = old[name] if name in old else "" if info.is_required() else info.get_default(call_default_factory=True)
+                if info.is_required() and not new[name]:
+                    self.untouched.add(("training", "dataset", name))
         self.draft["training"]["dataset"] = new
         self._dataset_rows()
         self._updating = True
@@ -524,10 +554,15 @@ class TrainingPanel(QWidget):
         try:
             model = (Training if part == "training" else Placement).model_validate(self.draft[part])
         except ValidationError as exc:
-            self.errors[part] = messages(part, exc)
+            errors = messages(part, exc)
+            # a field the new kind needs and the user has not filled in yet is a question, not an error
+            self.pending = [p for p, _ in errors if p in self.untouched] if part == "training" else self.pending
+            self.errors[part] = [(p, m) for p, m in errors if p not in self.untouched]
             self._refresh()
             return
         self.errors[part] = []
+        if part == "training":
+            self.pending = []
         self._refresh()
         old, self.known[part] = self.known[part], model
         if model == old:
@@ -552,6 +587,8 @@ class TrainingPanel(QWidget):
         """A chosen file: relative to the project's folder when it lies inside it."""
         p = Path(chosen)
         try:
+            if not self.saved():
+                raise ValueError  # no folder of its own yet: relative to where would move with the first Save
             text = p.resolve().relative_to(self.directory().resolve()).as_posix()
         except ValueError:
             text = str(p)
@@ -560,6 +597,20 @@ class TrainingPanel(QWidget):
         self._edited(("training", "dataset", "path"))
 
     # ----- showing ----------------------------------------------------------------
+    def refresh_where(self) -> None:
+        """Say again where the typed path leads (the project was saved elsewhere, a key typed)."""
+        from shiboken6 import isValid
+
+        if ("training", "dataset", "path") in self.editors and isValid(self.path_edit):  # (not while closing)
+            self._show_where()
+
+    def show_data_problems(self, messages: list[str]) -> None:
+        """The data set's problems against the diagram (also on the nodes and in Problems)."""
+        text = "\n".join(messages)
+        self.data_label.setText(f"Run would refuse the data set (also in Problems):\n{text}" if text else "")
+        self.data_label.setToolTip(text)
+        self.data_label.setVisible(bool(text))
+
     def _refresh(self) -> None:
         """Which rows apply, and the errors: listed above the form, their labels in red."""
         for path, (dep, values) in RELEVANT.items():
@@ -577,6 +628,8 @@ class TrainingPanel(QWidget):
                 ed.label.setObjectName(name)
                 ed.label.style().unpolish(ed.label)
                 ed.label.style().polish(ed.label)
+        if ("training", "dataset", "path") in self.editors:
+            self._show_where()  # (it says what a new kind of data set waits for)
         text = "\n".join(m for _, m in errors if m)
         self.error_label.setText(f"{text}\nNot applied: the project keeps its last valid settings." if text else "")
         self.error_label.setVisible(bool(text))

@@ -51,7 +51,9 @@ def image_model(classes=3) -> Project:
     g.connect("x", "out", "flat", "in")
     g.connect("flat", "out", "head", "in")
     g.connect("head", "out", "out", "in")
-    return Project(g, name="images")
+    p = Project(g, name="images")
+    p.training.batch_size = 4  # the test sets hold 18 images: a larger batch is a problem of its own
+    return p
 
 
 def token_model(vocab=100) -> Project:

@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QApplication
 import app.main_window as mw
 from app.window import MainWindow
 from engine.graph import Edge, Graph
-from engine.project import Project, save_project
+from engine.project import Project, SyntheticClassification, save_project
 
 pytestmark = pytest.mark.gui
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +26,9 @@ def small_project(name="small") -> Project:
     g.add_node("Output", {}, pos=(480, 0), id="y")
     g.connect("x", "out", "fc", "in")
     g.connect("fc", "out", "y", "in")
-    return Project(g, name=name)
+    p = Project(g, name=name)
+    p.training.dataset = SyntheticClassification(kind="synthetic_classification", n_features=8, n_classes=3)  # it fits
+    return p
 
 
 @pytest.fixture
