@@ -58,6 +58,7 @@ class Run:
 
     def __init__(self, key: str, label: str, color: str):
         self.key, self.label, self.color = key, label, color
+        self.short = label  # what the plots call it beside other runs (Dashboard._relabel)
         self.visible = True
         self.kept: list[list[dict] | bytes] = []  # its records: polls' dicts, or their lines as read
         self.in_flight = 0  # its chunks at the parse process (and records queued behind them)

@@ -113,3 +113,32 @@ def series_values(record: dict) -> list[tuple[SeriesSpec, float]]:
                 if (type(x) is float or type(x) is int) and math.isfinite(x):
                     out.append((_rank_spec(k, r), float(x)))
     return out
+
+
+_PARTS = re.compile(r"[-_/ ]+")
+
+
+def short_labels(names: list[str]) -> list[str]:
+    """Short labels that still tell runs apart: each name's shortest tail of whole
+    parts (split at - _ / and spaces) that no other name ends with, e.g.
+    cnn-20261206-031500 and cnn-20261206-031513 -> 031500 and 031513; a name that
+    is all of another's tail keeps itself whole; equal names get #2, #3."""
+    out = []
+    for i, name in enumerate(names):
+        cuts = [m.end() for m in _PARTS.finditer(name)]  # where a tail of whole parts may start
+        tails = [name[c:] for c in reversed(cuts) if name[c:]] + [name]
+        others = [n for j, n in enumerate(names) if j != i]
+        label = next((t for t in tails if not any(o == t or o.endswith(t) and _at_cut(o, t) for o in others)), name)
+        out.append(label)
+    seen: dict[str, int] = {}
+    for i, label in enumerate(out):
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:
+            out[i] = f"{label} #{seen[label]}"
+    return out
+
+
+def _at_cut(name: str, tail: str) -> bool:
+    """`tail` ends `name` as whole parts (a separator, or nothing, before it)."""
+    head = name[: len(name) - len(tail)]
+    return not head or _PARTS.fullmatch(head[-1]) is not None

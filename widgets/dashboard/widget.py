@@ -30,12 +30,13 @@ from PySide6.QtCore import Qt
 from engine.parse_worker import ParseWorker
 from engine.tail import columns, parse_jsonl
 
-from .axis import GridAxis, LegendSample, cache_painting
+from .axis import GridAxis, cache_painting
 from .buffers import MinMaxBuffer, ema, envelope_parts
 from .confusion import ConfusionMatrixWidget
+from .fit import add_legend_row, fit_legend, keep_fitted, set_legend_name, set_title
 from .runs import Run, Series, ingest
 from .segments import Segments
-from .series import LOG_PLOTS, PER_RANK, PLOTS
+from .series import LOG_PLOTS, PER_RANK, PLOTS, short_labels
 
 # Colour per run: a palette that stays readable on light and dark backgrounds.
 RUN_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -72,7 +73,12 @@ class Dashboard(QtWidgets.QWidget):
     UPDATE_MS = 100  # 10 updates a second
     NEW_CURVES_PER_TICK = 1
     RANGE_MOVES_PER_TICK = 1  # y ranges (see _fit): each laid out again costs a repaint 1.7 ms
-    COLUMNS = 4  # 6 plots and the confusion matrix in two rows
+    COLUMNS = 4  # at most: 6 plots and the confusion matrix in two rows
+    # Each plot at least this big (pixels): the columns follow the width (4 down to 1),
+    # and below this height the plots scroll; a title or legend never overflows its plot.
+    MIN_PLOT_W, MIN_PLOT_H = 210, 150
+    SIDE_W = 130  # the run list beside the plots (shown with two runs or more)
+    TITLE_H = 22
     run_visibility_changed = QtCore.Signal(str, bool)
 
     def __init__(self, parent=None, smoothing: float = 0.0):
@@ -119,6 +125,10 @@ class Dashboard(QtWidgets.QWidget):
         self.log_check = QtWidgets.QCheckBox("Log y")
         self.log_check.setToolTip("Logarithmic y axis for loss and learning rate")
         self.log_check.toggled.connect(self.set_log_y)
+        self.legend_check = QtWidgets.QCheckBox("Legends")
+        self.legend_check.setChecked(True)
+        self.legend_check.setToolTip("Show the legend under each plot (click an entry to hide its curve)")
+        self.legend_check.toggled.connect(self.set_legends_shown)
         # Exports sit in one menu button so the bar stays narrow enough for a
         # bottom dock on a 1200-pixel-wide window.
         self.export_button = QtWidgets.QToolButton()
@@ -148,15 +158,17 @@ class Dashboard(QtWidgets.QWidget):
         bar.addWidget(self.smooth_label)
         bar.addSpacing(8)
         bar.addWidget(self.log_check)
+        bar.addWidget(self.legend_check)
         bar.addWidget(self.readout, 1)
         bar.addWidget(self.reset_button)
         bar.addWidget(self.export_button)
 
 
         self.plots_area = QtWidgets.QWidget()
-        grid = QtWidgets.QGridLayout(self.plots_area)
+        self._grid = grid = QtWidgets.QGridLayout(self.plots_area)
         grid.setContentsMargins(0, 0, 0, 0)
         grid.setSpacing(4)
+        self._columns = 0  # as laid out by _reflow
         self.plots: dict[str, pg.PlotWidget] = {}
         self._vlines: dict[str, pg.InfiniteLine] = {}
         first = None
@@ -164,10 +176,11 @@ class Dashboard(QtWidgets.QWidget):
         for i, spec in enumerate(PLOTS):
             pw = pg.PlotWidget(background=bg, axisItems={k: GridAxis(k, bg, shared_ticks) for k in ("left", "bottom")})
             pi = pw.getPlotItem()
-            pi.setTitle(f"<span style='font-size:10pt; font-weight:600'>{spec.title}</span>", color=fg)
+            set_title(pi, spec.title, fg, self.TITLE_H)
             pi.showGrid(x=True, y=True, alpha=grid_alpha)
             pi.setLabel("left", spec.y_label)
             pi.setLabel("bottom", "step")
+            pi.getAxis("bottom").showLabel(False)  # the bar's X says it, once for all plots
             for ax in ("left", "bottom"):
                 pi.getAxis(ax).setPen(fg)
                 pi.getAxis(ax).setTextPen(fg)
@@ -184,9 +197,7 @@ class Dashboard(QtWidgets.QWidget):
             if first is None:  # x: all plots are linked to this one
                 pi.vb.sigXRangeChanged.connect(self._mark_all_dirty)
             pi.vb.sigResized.connect(self._mark_all_dirty)
-            legend = pi.addLegend(offset=(-8, -8 if spec.legend_at_bottom else 8), labelTextColor=fg,
-                                  labelTextSize="8pt", sampleType=LegendSample)
-            legend.setBrush(pg.mkBrush(bg.red(), bg.green(), bg.blue(), 200))
+            legend = add_legend_row(pi, fg)
             for item in (legend, pi.titleLabel):
                 cache_painting(item)
             for ax in ("left", "bottom"):  # the axes cache their own painting (see GridAxis.paint)
@@ -202,12 +213,18 @@ class Dashboard(QtWidgets.QWidget):
             else:
                 pi.setXLink(first)  # zoom/pan one plot, all follow
             pw.scene().sigMouseMoved.connect(lambda pos, pid=spec.id: self._mouse_moved(pid, pos))
-            pw.setMinimumSize(140, 110)
+            pw.setMinimumSize(self.MIN_PLOT_W, self.MIN_PLOT_H)
+            keep_fitted(pi)
             self.plots[spec.id] = pw
-            grid.addWidget(pw, i // self.COLUMNS, i % self.COLUMNS)
         self.confusion = ConfusionMatrixWidget(background=bg, foreground=fg)
-        self.confusion.setMinimumSize(140, 110)
-        grid.addWidget(self.confusion, len(PLOTS) // self.COLUMNS, len(PLOTS) % self.COLUMNS)
+        self.confusion.setMinimumSize(self.MIN_PLOT_W, self.MIN_PLOT_H)
+        self.plots_scroll = QtWidgets.QScrollArea()
+        self.plots_scroll.setWidget(self.plots_area)
+        self.plots_scroll.setWidgetResizable(True)
+        self.plots_scroll.setFrameShape(QtWidgets.QFrame.NoFrame)
+        self.plots_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.plots_scroll.viewport().installEventFilter(self)  # its width sets the columns (_reflow)
+        self._reflow()
 
         self.run_list = QtWidgets.QListWidget()
         self.run_list.setToolTip("Runs on the plots: untick to hide one")
@@ -216,19 +233,21 @@ class Dashboard(QtWidgets.QWidget):
         self.run_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         key_note = QtWidgets.QLabel("solid: train\ndashed ·: validation\nstyle per rank: memory")
         key_note.setStyleSheet("color: palette(mid); font-size: 8pt;")
+        key_note.setWordWrap(True)
         side = QtWidgets.QVBoxLayout()
         side.setContentsMargins(0, 0, 0, 0)
         title = QtWidgets.QLabel("<b>Runs</b>")
         side.addWidget(title)
         side.addWidget(self.run_list, 1)
         side.addWidget(key_note)
-        side_w = QtWidgets.QWidget()
+        self.side = side_w = QtWidgets.QWidget()
         side_w.setLayout(side)
-        side_w.setFixedWidth(150)
+        side_w.setFixedWidth(self.SIDE_W)
+        side_w.setVisible(False)  # one run: its name is the dock's business, the legends say the rest
 
         body = QtWidgets.QHBoxLayout()
         body.setContentsMargins(0, 0, 0, 0)
-        body.addWidget(self.plots_area, 1)
+        body.addWidget(self.plots_scroll, 1)
         body.addWidget(side_w)
 
         lay = QtWidgets.QVBoxLayout(self)
@@ -236,6 +255,44 @@ class Dashboard(QtWidgets.QWidget):
         lay.setSpacing(2)
         lay.addLayout(bar)
         lay.addLayout(body, 1)
+
+    def _reflow(self) -> None:
+        """As many columns as the width takes plots of MIN_PLOT_W (COLUMNS at most);
+        rows below MIN_PLOT_H scroll."""
+        width = self.plots_scroll.viewport().width()
+        spacing = self._grid.horizontalSpacing()
+        cols = max(1, min(self.COLUMNS, int((width + spacing) // (self.MIN_PLOT_W + spacing))))
+        if cols == self._columns:
+            return
+        self._columns = cols
+        widgets = [*self.plots.values(), self.confusion]
+        for w in widgets:
+            self._grid.removeWidget(w)
+        for i, w in enumerate(widgets):
+            self._grid.addWidget(w, i // cols, i % cols)
+        for c in range(self.COLUMNS):
+            self._grid.setColumnStretch(c, 1 if c < cols else 0)
+        rows = math.ceil(len(widgets) / cols)
+        for r in range(len(widgets)):
+            self._grid.setRowStretch(r, 1 if r < rows else 0)
+
+    def columns(self) -> int:
+        return self._columns
+
+    def eventFilter(self, obj, event) -> bool:
+        if event.type() == QtCore.QEvent.Resize and obj is self.plots_scroll.viewport():
+            self._reflow()
+        return False
+
+    def set_legends_shown(self, shown: bool) -> None:
+        """The legend rows under the plots, or none (more room for the curves)."""
+        if self.legend_check.isChecked() != shown:
+            self.legend_check.setChecked(shown)  # (calls back here)
+            return
+        for pw in self.plots.values():
+            pi = pw.getPlotItem()
+            pi.legend_shown = shown
+            fit_legend(pi)
 
     # ----- runs -----------------------------------------------------------------
     def run_keys(self) -> list[str]:
@@ -258,6 +315,42 @@ class Dashboard(QtWidgets.QWidget):
         pix.fill(QtGui.QColor(color))
         item.setIcon(QtGui.QIcon(pix))
         self.run_list.addItem(item)
+        self._relabel()
+
+    def run_label(self, key: str) -> str:
+        """What the plots call a run: with several, the shortest tail of its name that tells
+        it from the others (031500 for cnn_digits-20261206-031500); its full name on hover."""
+        return self._runs[key].short
+
+    def _relabel(self) -> None:
+        """Short unique labels for the runs shown (series.short_labels), in the run list, the
+        legends and the crosshair; the run list beside the plots with two runs or more."""
+        runs = list(self._runs.values())
+        many = len(runs) > 1
+        for run, short in zip(runs, short_labels([r.label for r in runs]) if many else [r.label for r in runs]):
+            run.short = short
+        for i in range(self.run_list.count()):
+            item = self.run_list.item(i)
+            run = self._runs.get(item.data(Qt.UserRole))
+            if run is not None:
+                item.setText(run.short)
+                item.setToolTip(f"{run.label}\n{run.key}" if run.label != run.key else run.key)
+        self.side.setVisible(many)
+        for pw in self.plots.values():
+            pi = pw.getPlotItem()
+            if pi.legend is None:
+                continue
+            for sample, label in pi.legend.items:
+                s = getattr(sample.item, "series", None)
+                run = getattr(sample.item, "run", None)
+                if s is None or run is None:
+                    continue
+                set_legend_name(label, self._series_name(run, s.spec))
+                label.setToolTip(f"{run.label}: {s.spec.label}")
+            fit_legend(pi)
+
+    def _series_name(self, run: Run, spec) -> str:
+        return spec.label if len(self._runs) == 1 else f"{run.short}: {spec.label}"
 
     def remove_run(self, key: str) -> None:
         run = self._runs.pop(key, None)
@@ -274,6 +367,7 @@ class Dashboard(QtWidgets.QWidget):
             if self.run_list.item(i).data(Qt.UserRole) == key:
                 self.run_list.takeItem(i)
                 break
+        self._relabel()
         self._fit(self.plots)
 
     def clear(self) -> None:
@@ -555,9 +649,10 @@ class Dashboard(QtWidgets.QWidget):
         kw = {}
         if spec.eval:
             kw = {"symbol": "o", "symbolSize": 5, "symbolBrush": run.color, "symbolPen": None}
-        name = spec.label if len(self._runs) == 1 else f"{run.label}: {spec.label}"
+        name = self._series_name(run, spec)
         # Only finite values reach the buffers, so pyqtgraph may skip its own scan.
         curve = pg.PlotDataItem(pen=pen, name=name, skipFiniteCheck=True, **kw)
+        curve.run, curve.series = run, s  # its legend entry follows the run's label (_relabel)
         curve.legend_pen = s.pen = pen  # the legend shows it whichever item draws (LegendSample)
         s.thin_pen = None
         if pen.widthF() == 2 and style == Qt.SolidLine:  # see _envelope
@@ -574,6 +669,9 @@ class Dashboard(QtWidgets.QWidget):
             sample = next((smp for smp, _ in pi.legend.items if smp.item is curve), None)
             if sample is not None:  # a cached sample shows the curve hidden or not: repaint it then
                 curve.visibleChanged.connect(sample.update)
+                label = next(lb for smp, lb in pi.legend.items if smp is sample)
+                label.setToolTip(f"{run.label}: {spec.label}")
+            fit_legend(pi)
         return curve
 
     def _tick(self) -> None:
@@ -737,8 +835,8 @@ class Dashboard(QtWidgets.QWidget):
                     i -= 1
                 vals.append(f"{skey} {_fmt(ys[i])}")
             if vals:
-                parts_text.append(f"{run.label}: " + ", ".join(vals))
-                parts_html.append(f"<span style='color:{run.color}'>■</span> <b>{run.label}</b>: " + ", ".join(vals))
+                parts_text.append(f"{run.short}: " + ", ".join(vals))
+                parts_html.append(f"<span style='color:{run.color}'>■</span> <b>{run.short}</b>: " + ", ".join(vals))
         xs = f"{x:.0f}" if self._x_mode == "step" else f"{x:.1f}s"
         self.readout.setText(f"{unit} {xs} &nbsp; " + " &nbsp;│&nbsp; ".join(parts_html))
         return f"{unit} {xs}  " + " | ".join(parts_text)
@@ -757,11 +855,12 @@ class Dashboard(QtWidgets.QWidget):
         spots = [{"pos": (x_end, float(v)), "symbol": symbols[r % len(symbols)], "data": r,
                   "brush": pg.mkBrush(run.color), "pen": pg.mkPen(run.color), "size": 9}
                  for r, v in enumerate(peaks)]
-        run.peaks = pg.ScatterPlotItem(spots=spots, name=f"{run.label}: peak per rank" if len(self._runs) > 1
+        run.peaks = pg.ScatterPlotItem(spots=spots, name=f"{run.short}: peak per rank" if len(self._runs) > 1
                                        else "peak per rank (o rank 0, □ rank 1, …)")
         run.peaks.setToolTip("\n".join(f"rank {r}: {v:.1f} MB" for r, v in enumerate(peaks)))
         run.peaks.setVisible(run.visible)
         pi.addItem(run.peaks)
+        fit_legend(pi)
         run.peak_values = [float(v) for v in peaks]
         self._fit(["memory"])
 
