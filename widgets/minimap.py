@@ -23,6 +23,20 @@ class Minimap(QWidget):
         view.viewport_moved.connect(self.update)
         view.viewport_moved.connect(self._timer.start)
 
+    wanted = True  # the user's choice (View > Minimap)
+    covering = False  # every corner of the canvas holds a card: hidden (NodeView.place_minimap)
+
+    def setVisible(self, on: bool) -> None:
+        self.wanted = on
+        super().setVisible(on and not self.covering)
+
+    def set_covering(self, covering: bool) -> None:
+        """Hidden while it would cover a card, shown again (if the user wants it) once not."""
+        self.covering = covering
+        shown = self.wanted and not covering
+        if shown != self.isVisibleTo(self.parentWidget()):
+            super().setVisible(shown)
+
     def scene_rect(self) -> QRectF:
         r = self.view.scene().itemsBoundingRect()
         vis = self.view.visible_scene_rect()

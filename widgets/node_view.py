@@ -1,10 +1,14 @@
 """The canvas: a QGraphicsView over NodeScene with zoom, pan, rubber band,
-grid, a minimap, palette drops and Tab search-to-add."""
+grid, a minimap, palette drops and Tab search-to-add.
+
+The whole diagram is fitted again after every change of its layout (a new direction
+and its undo: the scene's layout_changed); the minimap sits in a corner of the canvas
+that no card covers, and is hidden while every corner holds one."""
 from __future__ import annotations
 
 import math
 
-from PySide6.QtCore import QEvent, QLineF, QPointF, QRectF, Qt, Signal
+from PySide6.QtCore import QEvent, QLineF, QPointF, QRect, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import QFrame, QGraphicsView
 
@@ -44,6 +48,66 @@ class NodeView(QGraphicsView):
         self.minimap = Minimap(self)
         self.horizontalScrollBar().valueChanged.connect(self.viewport_moved)
         self.verticalScrollBar().valueChanged.connect(self.viewport_moved)
+        self.viewport_moved.connect(self.place_minimap)
+        scene.changed.connect(self._minimap_due)
+        self._refit_due = False
+        scene.layout_changed.connect(self._layout_changed)
+
+    # ----- after a new layout -----------------------------------------------------
+    def _layout_changed(self) -> None:
+        """The diagram was laid out again (a new direction, or its undo): fit it, once
+        the events of the change are through (the edges and blocks follow at its end)."""
+        if not self._refit_due:
+            self._refit_due = True
+            QTimer.singleShot(0, self, self._refit)
+
+    def _refit(self) -> None:
+        self._refit_due = False
+        if self.scene() is not None:
+            self.frame_readable()
+
+    # ----- the minimap: clear of the nodes ------------------------------------------
+    MINIMAP_MARGIN = 12
+
+    def minimap_corners(self) -> list[QRect]:
+        """Where the minimap may sit, in the order tried: bottom right, top right,
+        bottom left, top left (viewport pixels)."""
+        w, h, m = self.viewport().width(), self.viewport().height(), self.MINIMAP_MARGIN
+        mw, mh = self.minimap.width(), self.minimap.height()
+        return [QRect(x, y, mw, mh) for x, y in ((w - mw - m, h - mh - m), (w - mw - m, m), (m, h - mh - m), (m, m))]
+
+    def cards_under(self, rect: QRect) -> list:
+        """The cards (nodes, collapsed blocks) shown under a rectangle of the viewport."""
+        from widgets.node_scene import GroupItem, NodeItem
+
+        area = self.mapToScene(rect.adjusted(-4, -4, 4, 4)).boundingRect()
+        out = []
+        for it in self.scene().items(area, Qt.IntersectsItemBoundingRect):
+            if not it.isVisible():
+                continue
+            card = it.body() if isinstance(it, NodeItem) else \
+                it.mapRectToScene(it._rect) if isinstance(it, GroupItem) and it.collapsed else None
+            if card is not None and card.intersects(area):
+                out.append(it)
+        return out
+
+    def _minimap_due(self, *_) -> None:
+        if not getattr(self, "_minimap_pending", False):
+            self._minimap_pending = True
+            QTimer.singleShot(0, self, self.place_minimap)
+
+    def place_minimap(self) -> None:
+        """The minimap in the first corner no card is under; hidden while there is none."""
+        self._minimap_pending = False
+        if self.scene() is None:
+            return
+        for corner in self.minimap_corners():
+            if not self.cards_under(corner):
+                if self.minimap.pos() != corner.topLeft():
+                    self.minimap.move(corner.topLeft())
+                self.minimap.set_covering(False)
+                return
+        self.minimap.set_covering(True)
 
     # ----- geometry -----------------------------------------------------------
     def zoom(self) -> float:
@@ -67,15 +131,18 @@ class NodeView(QGraphicsView):
 
     def frame_readable(self, zoom: float | None = None) -> None:
         """Fit the diagram, names readable (drawn at a fixed size when far out); a diagram
-        too wide for that is shown from its start at a readable zoom instead (the
-        minimap still shows the whole)."""
+        too long for that is shown from its start (its left end, or its top when it flows
+        top down) at a readable zoom instead (the minimap still shows the whole)."""
         self.fit()
         if zoom is None and self.zoom() >= self.FIT_READABLE:
             return
         self.set_zoom(zoom or self.READABLE)
         items = self.scene().itemsBoundingRect()
         vis = self.visible_scene_rect()
-        self.centerOn(QPointF(items.left() - 30 + vis.width() / 2, items.center().y()))
+        if self.scene().top_down:
+            self.centerOn(QPointF(items.center().x(), items.top() - 30 + vis.height() / 2))
+        else:
+            self.centerOn(QPointF(items.left() - 30 + vis.width() / 2, items.center().y()))
         self.viewport_moved.emit()
 
     def fit(self, rect: QRectF | None = None) -> None:
@@ -96,7 +163,7 @@ class NodeView(QGraphicsView):
 
     def resizeEvent(self, e) -> None:
         super().resizeEvent(e)
-        self.minimap.move(self.width() - self.minimap.width() - 12, self.height() - self.minimap.height() - 12)
+        self.place_minimap()
 
     # ----- painting -----------------------------------------------------------
     def drawBackground(self, p: QPainter, rect: QRectF) -> None:

@@ -10,7 +10,6 @@ import math
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QRectF
 from PySide6.QtWidgets import QApplication
 
 pytestmark = pytest.mark.gui
@@ -31,9 +30,10 @@ def write_run(folder, n=40, loss0=2.0):
 
 @pytest.fixture
 def window(qtbot, asked):
-    from engine.project import load_project
-    from app.window import MainWindow
     from pathlib import Path
+
+    from app.window import MainWindow
+    from engine.project import load_project
 
     w = MainWindow(load_project(Path(__file__).resolve().parents[2] / "resources/examples/cnn_digits.lflow"),
                    recover=False)
@@ -51,13 +51,6 @@ def settle(dash):
     dash.flush()
     for _ in range(5):
         QApplication.processEvents()
-
-
-def scene_rect(pw, item) -> QRectF:
-    """An item's rect in its plot widget's pixels."""
-    return pw.mapFromScene(item.sceneBoundingRect()).boundingRect().toRectF() if hasattr(
-        pw.mapFromScene(item.sceneBoundingRect()).boundingRect(), "toRectF") else QRectF(
-        pw.mapFromScene(item.sceneBoundingRect()).boundingRect())
 
 
 def check_fits(dash):
@@ -126,7 +119,7 @@ def test_the_confusion_matrix_shows_every_column(window, tmp_path, n):
     image = cm.image.mapRectToScene(cm.image.boundingRect())
     assert vb.sceneBoundingRect().adjusted(-1, -1, 1, 1).contains(image)
     # the class labels do not run together: one every `step` classes, that far apart on screen
-    cw, ch = cm.cell_size()
+    cw, _ = cm.cell_size()
     assert cw > 0
     ticks = cm.getPlotItem().getAxis("bottom")._tickLevels[0]
     fm = cm.fontMetrics()

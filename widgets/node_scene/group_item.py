@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from PySide6.QtCore import QPointF, QRectF, Qt
-from PySide6.QtGui import QColor, QFontMetricsF, QPainter, QPen
+from PySide6.QtGui import QColor, QFontMetricsF, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QGraphicsItem, QGraphicsScene
 
 from engine.graph import BLOCK_SEP, block_name, block_path, block_type
@@ -32,6 +32,7 @@ from widgets.node_scene.geometry import (
 )
 from widgets.node_scene.painting import (
     DIFF_COLORS,
+    FAR_SPREAD,
     LABEL_PX,
     NO_BRUSH,
     NO_PEN,
@@ -39,8 +40,11 @@ from widgets.node_scene.painting import (
     TEXT_FONT,
     TITLE_FONT,
     draw_far_label,
+    elide,
 )
 from widgets.style import stage_color
+
+FRAME_LABEL_ROOM = 90.0  # scene units above an expanded frame where its name goes far out
 
 
 def _count(n: float) -> str:
@@ -193,7 +197,7 @@ class GroupItem(QGraphicsItem):
             self._rect = rect.adjusted(-16, -34, 16, 16) if not rect.isNull() else QRectF()
             self.setZValue(-1 + 0.01 * self.depth)
             self.setFlags(QGraphicsItem.GraphicsItemFlag(0))
-            self.setToolTip("")
+            self.setToolTip(self.title())  # its whole name where the frame shows it cut
         self.update()
 
     def _port_point(self, i: int, is_input: bool) -> QPointF:
@@ -207,7 +211,37 @@ class GroupItem(QGraphicsItem):
 
     def boundingRect(self) -> QRectF:
         m = PORT_R + 3
-        return self._rect.adjusted(-m, -m, m, m) if self.collapsed else self._rect
+        if self.collapsed:  # far out, its name may reach past its sides (draw_far_label)
+            side = max(m, FAR_SPREAD * self._rect.width() + 2)
+            return self._rect.adjusted(-side, -m, side, m)
+        return self._rect.adjusted(0, -FRAME_LABEL_ROOM, 0, 0)  # far out, its name sits above it
+
+    def shape(self) -> QPainterPath:
+        """What takes the mouse: the card and its port dots, or the frame (not the room
+        its name may take far out)."""
+        path = QPainterPath()
+        m = PORT_R + 3
+        path.addRect(self._rect.adjusted(-m, -m, m, m) if self.collapsed else self._rect)
+        return path
+
+    def port_label(self, value: tuple[str, str], is_input: bool) -> str:
+        """What a card's port says: the user's names, not node ids made up by an import
+        (layer1_0_relu_call3). An input: where its value comes from (the card that holds
+        that node, or the module the node came from); the card's one output: "out";
+        of several, each one's module, relative to the block."""
+        scene = self.scene()
+        src = value[0]
+        values = self.ins if is_input else self.outs
+        if not is_input and len(values) == 1:
+            return "out"
+        if is_input:
+            card = scene._collapsed_group(src)
+            if card is not None and card is not self:
+                return card.card_name()
+        node = scene.graph.nodes.get(src)
+        origin = node.scope[-1][0] if node is not None and getattr(node, "scope", None) else src
+        prefix = block_name(self.name) + "."
+        return origin.removeprefix(prefix)
 
     def itemChange(self, change, value):
         scene = self.scene()
@@ -281,25 +315,31 @@ class GroupItem(QGraphicsItem):
             p.setFont(TITLE_FONT)
             lod = opt.levelOfDetailFromTransform(p.worldTransform())
             if lod < READABLE_LOD:
-                line = LABEL_PX * 1.2 / max(lod, 1e-3)
-                head = QRectF(self._rect.left() + 8, self._rect.top() - line, self._rect.width(), line)
-                draw_far_label(p, head, f"▾ {self.title()}", QColor(t.group_text), lod, left=True)
+                line = min(LABEL_PX * 1.2 / max(lod, 1e-3), FRAME_LABEL_ROOM)
+                head = QRectF(self._rect.left() + 8, self._rect.top() - line, self._rect.width() - 8, line)
+                self.far_labels = [draw_far_label(p, head, self.title(), QColor(t.group_text), lod, left=True,
+                                                  mark="▾ ")]
             else:
-                p.drawText(self._rect.adjusted(12, 6, -12, 0), Qt.AlignLeft | Qt.AlignTop, f"▾ {self.title()}")
+                text = elide(self.title(), TITLE_FONT, self._rect.width() - 24 - QFontMetricsF(TITLE_FONT).horizontalAdvance("▾ "))
+                p.drawText(self._rect.adjusted(12, 6, -12, 0), Qt.AlignLeft | Qt.AlignTop, f"▾ {text}")
             return
         r = self._rect
         sel = self.isSelected()
         lod = opt.levelOfDetailFromTransform(p.worldTransform())
         if lod < READABLE_LOD:  # far out: the card in its colour, its name and type readable
-            p.fillRect(r, QColor(t.selected) if sel else self.stage_colour())
+            fill = QColor(t.selected) if sel else self.stage_colour()
+            p.fillRect(r, fill)
             kind = block_type(self.scene().graph, self.name, self.scene().block_members(self.name))
             run = self.run
             if run:  # "layer3.1–5" over "Bottleneck ×5": the count is what a folded card says first
                 kind = f"{kind or 'block'} ×{len(run)}"
             line = LABEL_PX * 1.2 / max(lod, 1e-3)
-            draw_far_label(p, r.translated(0, -line / 2 if kind else 0), self.card_name(short=True), QColor(t.header_text), lod)
-            if kind:
-                draw_far_label(p, r.translated(0, line / 2), kind, QColor(t.header_text), lod)
+            two = kind and r.height() * lod >= 2.4 * LABEL_PX  # room for a second line
+            self.far_labels = [draw_far_label(p, r.translated(0, -line / 2 if two else 0), self.card_name(short=True),
+                                              QColor(t.header_text), lod, bg=fill)]
+            if two:
+                self.far_labels.append(draw_far_label(p, r.translated(0, line / 2), kind, QColor(t.header_text), lod,
+                                                      bg=fill))
             return
         p.setPen(QPen(QColor(t.selected), 2.2) if sel else QPen(QColor(t.group_border), 1.4, Qt.DashLine))
         p.setBrush(QColor(t.node_body))
@@ -312,7 +352,7 @@ class GroupItem(QGraphicsItem):
         p.setFont(TITLE_FONT)
         p.setPen(QColor(t.header_text))
         p.drawText(QRectF(r.x() + 10, r.y(), r.width() - 20, HEADER_H), Qt.AlignVCenter | Qt.AlignLeft,
-                   QFontMetricsF(TITLE_FONT).elidedText(f"▸ {self.card_name()}", Qt.ElideMiddle, r.width() - 20))
+                   "▸ " + elide(self.card_name(), TITLE_FONT, r.width() - 20 - QFontMetricsF(TITLE_FONT).horizontalAdvance("▸ ")))
         p.setFont(TEXT_FONT)
         p.setPen(QColor(t.subtext))
         kind = block_type(self.scene().graph, self.name, self.scene().block_members(self.name)) or "block"
@@ -331,11 +371,12 @@ class GroupItem(QGraphicsItem):
                        QFontMetricsF(TEXT_FONT).elidedText(text, Qt.ElideRight, line.width()))
         p.setPen(QColor(t.text))
         for values, is_input in ((self.ins, True), (self.outs, False)):
-            for i, (src, _) in enumerate(values):
+            for i, value in enumerate(values):
                 y = r.top() + BODY_TOP + CARD_EXTRA + (i + 0.5) * ROW_H
                 box = QRectF(r.x() + 12, y - ROW_H / 2, r.width() / 2 - 12, ROW_H) if is_input else \
                     QRectF(r.center().x(), y - ROW_H / 2, r.width() / 2 - 12, ROW_H)
-                p.drawText(box, Qt.AlignVCenter | (Qt.AlignLeft if is_input else Qt.AlignRight), src)
+                p.drawText(box, Qt.AlignVCenter | (Qt.AlignLeft if is_input else Qt.AlignRight),
+                           elide(self.port_label(value, is_input), TEXT_FONT, box.width() - 2))
         p.setPen(QPen(QColor(t.node_body), 1.5))
         p.setBrush(QColor(t.port_in))
         for values, is_input in ((self.ins, True), (self.outs, False)):

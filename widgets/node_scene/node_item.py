@@ -38,6 +38,7 @@ from widgets.node_scene.painting import (
     TEXT_FONT,
     TITLE_FONT,
     draw_far_label,
+    elide,
 )
 from widgets.style import human, stage_color
 
@@ -111,6 +112,7 @@ class NodeItem(QGraphicsItem):
         self.badge: Badge | None = None
         scene.addItem(self)
         self.rebuild_ports()
+        self.setToolTip(self.name_tip())  # (with its problems once compiled: set_problems)
 
     @property
     def node(self):
@@ -150,9 +152,17 @@ class NodeItem(QGraphicsItem):
             self.badge.setPos(NODE_W - 4, 0)
             self.badge.setToolTip("\n".join(str(e) for e in (errors or warnings)))
         mark = self.scene().diff_marks.get(self.node_id)
-        tip = [str(e) for e in (*errors, *warnings)] + ([f"Since the compared version:\n{mark[1]}"] if mark else [])
+        tip = [self.name_tip()] + [str(e) for e in (*errors, *warnings)] + \
+            ([f"Since the compared version:\n{mark[1]}"] if mark else [])
         self.setToolTip("\n".join(tip))
         self.update()
+
+    def name_tip(self) -> str:
+        """The first line of its tooltip: its whole name (a card may show it cut), its
+        type, and the module it came from in an imported model."""
+        node = self.node
+        origin = node.scope[-1][0] if getattr(node, "scope", None) else ""
+        return f"{self.node_id} ({node.type})" + (f" · {origin}" if origin and origin != self.node_id else "")
 
     def boundingRect(self) -> QRectF:
         return self._rect
@@ -172,7 +182,8 @@ class NodeItem(QGraphicsItem):
         sel = self.isSelected()
         if lod < LOD_DETAIL:  # far away (and not in overview mode): a coloured card and its name
             p.fillRect(rect, QColor(t.selected) if sel else head)
-            draw_far_label(p, rect, self.node_id, QColor(t.header_text), lod)
+            self.far_label = draw_far_label(p, rect, self.node_id, QColor(t.header_text), lod,
+                                            bg=QColor(t.selected) if sel else head)
             mark = scene.diff_marks.get(self.node_id)
             if mark:
                 p.setPen(QPen(DIFF_COLORS[mark[0]], 3 / max(lod, 0.05)))  # thick at any zoom
@@ -211,7 +222,7 @@ class NodeItem(QGraphicsItem):
             p.drawText(br, Qt.AlignCenter, badge)
         p.setFont(TITLE_FONT)
         p.setPen(QColor(t.header_text))
-        title = QFontMetricsF(TITLE_FONT).elidedText(self.node_id, Qt.ElideRight, NODE_W - bw - 20)
+        title = elide(self.node_id, TITLE_FONT, NODE_W - bw - 20)  # (the tooltip has it whole)
         p.drawText(QRectF(10, 0, NODE_W - 20, HEADER_H), Qt.AlignVCenter | Qt.AlignLeft, title)
         # type line: type on the left, stage/TP on the right
         p.setFont(TEXT_FONT)

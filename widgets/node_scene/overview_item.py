@@ -12,7 +12,8 @@ from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QGraphicsItem, QGraphicsScene
 
-from widgets.node_scene.painting import NO_BRUSH, draw_far_label
+from widgets.node_scene.geometry import NODE_W
+from widgets.node_scene.painting import FAR_SPREAD, NO_BRUSH, draw_far_label
 from widgets.style import stage_color
 
 
@@ -27,6 +28,7 @@ class OverviewItem(QGraphicsItem):
         self.setAcceptedMouseButtons(Qt.NoButton)
         self._path: QPainterPath | None = None
         self._rect = QRectF()
+        self.labels: dict[str, str | None] = {}  # node -> the name last drawn on its card (None: none)
         scene.addItem(self)
 
     def invalidate(self) -> None:
@@ -48,7 +50,8 @@ class OverviewItem(QGraphicsItem):
         rect = path.boundingRect()
         for item in scene.node_items.values():
             rect = rect.united(item.sceneBoundingRect())
-        self._path, self._rect = path, rect.adjusted(-4, -4, 4, 4)
+        spread = FAR_SPREAD * NODE_W + 4  # names may reach past their cards' sides (draw_far_label)
+        self._path, self._rect = path, rect.adjusted(-spread, -4, spread, 4)
 
     def boundingRect(self) -> QRectF:
         if self._path is None:
@@ -75,6 +78,7 @@ class OverviewItem(QGraphicsItem):
                 continue
             node = item.node
             card = item.body()
-            p.fillRect(card, sel if item.isSelected() else stage_color(node.stage, t))
+            fill = sel if item.isSelected() else stage_color(node.stage, t)
+            p.fillRect(card, fill)
             if exposed.intersects(card):
-                draw_far_label(p, card, item.node_id, text, lod)
+                self.labels[item.node_id] = draw_far_label(p, card, item.node_id, text, lod, bg=fill)

@@ -34,6 +34,7 @@ class NodeScene(QGraphicsScene):
     port_released_on_empty = Signal(str, str, bool, QPointF)  # node, port, is_input, scene pos
     rewire_requested = Signal(object, object)  # old Edge, new (dst, dst_port) or None: remove the wire
     collapsed_changed = Signal(str)  # a block collapsed or expanded (saved with the diagram)
+    layout_changed = Signal()  # the diagram was laid out again another way (a new direction, its undo)
 
     def __init__(self, graph: Graph | None = None, parent=None):
         super().__init__(parent)
@@ -48,6 +49,7 @@ class NodeScene(QGraphicsScene):
         self.toggle_handler = None  # callable(block name) that collapses/expands it (the editor's undo step)
         self._members: dict[str, list[str]] | None = None  # block -> its nodes (block_members)
         self._defer = False  # inside deferred(): no refit per moved node
+        self._relaid = False  # the direction changed inside deferred(): layout_changed at its end
         self._outer: dict[str, GroupItem | None] | None = None  # node -> its card, while collapse is unchanged
         self._edges_of: dict[str, set[Edge]] = {}
         self._syncing = False
@@ -251,6 +253,9 @@ class NodeScene(QGraphicsScene):
         if not self._defer:  # (else deferred() draws them once at its end)
             for item in self.edge_items.values():
                 item.update_path()
+            self.layout_changed.emit()
+        else:
+            self._relaid = True
 
     # Event kind -> its handler, called as handler(scene, event). Plain functions on
     # the class, not methods bound to each scene: a scene holds no reference to itself.
@@ -297,6 +302,9 @@ class NodeScene(QGraphicsScene):
             self._refit_groups()  # (it applies a collapse state with blocks collapsed)
             if not self.collapsed:
                 self.apply_collapse()  # every node shown again, every edge redrawn
+            if self._relaid:
+                self._relaid = False
+                self.layout_changed.emit()
 
     def _item_moved(self, nid: str, refit: bool = True) -> None:
         if not self.detail:
