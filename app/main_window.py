@@ -333,6 +333,7 @@ class EditorWindow(QMainWindow):
         c = self.controller
         c.status.connect(lambda msg: self.statusBar().showMessage(msg, 10000))
         c.compiled.connect(self._on_compiled)
+        c.plan_changed.connect(lambda _info: self.scene.set_plan(c.plan))  # the automatic pipeline cut, coloured
         c.placement_changed.connect(self._update_devices)
         c.stack.cleanChanged.connect(self._update_title)
         c.stack.indexChanged.connect(self._update_title)
