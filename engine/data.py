@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 
 from engine.data_sources import IN_PLACE_KINDS
-from engine.runtime.data import seeded_split
 from engine.project import (
     CsvFile,
     Digits,
@@ -35,6 +34,7 @@ from engine.project import (
     SyntheticRegression,
     SyntheticSequence,
 )
+from engine.runtime.datasets.base import seeded_split
 
 
 @dataclass
@@ -434,23 +434,89 @@ def describe_source(settings: dict, *, with_fingerprint: bool = True) -> DataInf
 
 def describe(project: Project) -> DataInfo:
     """The project's data set, checked and described (ProjectError names the field). The
-    user's .npz (kind npz) is checked whole here, then referenced where it lies like a set
-    read in place (the run folder holds no copy; a deploy uploads it once, by fingerprint)."""
+    user's .npz (kind npz) is read in place like kind array: scanned here in chunks (never
+    whole), then referenced where it lies (the run folder holds no copy; a deploy uploads
+    it once, by fingerprint)."""
     settings = source_settings(project)
     if settings is not None:
         return describe_source(settings)
-    info = info_of(load_arrays(project))
     d = project.training.dataset
     if isinstance(d, NpzFile):
-        from engine.runtime.datasets import DataError, fingerprint
+        return _describe_npz(project, d)
+    return info_of(load_arrays(project))
 
-        settings = {**d.model_dump(mode="json"), "path": str(project.resolve_path(d.path).resolve())}
-        try:
-            fp = fingerprint(settings)
-        except (DataError, OSError) as exc:
-            raise ProjectError(f"training.dataset.path: {settings['path']}: {exc}") from None
-        info.arrays, info.source, info.fingerprint = None, settings, fp
+
+SCAN_BYTES = 64 << 20  # an .npz is checked this much at a time
+
+
+def _describe_npz(project: Project, d: NpzFile) -> DataInfo:
+    """Kind npz read in place: the headers checked (no pickles, no claims past the file),
+    compressed members (held whole on every rank) bounded as a set made whole is, then
+    every array scanned a chunk at a time for what a run cannot take (values that are
+    not finite, negative class labels), and the largest token id found."""
+    import zipfile
+
+    from engine import trust
+
+    field = "training.dataset.path"
+    path = project.resolve_path(d.path)
+    trust.check_file(project, path, field)
+    if not path.exists():
+        raise ProjectError(f"{field}: {path} does not exist")
+    if not path.is_file():
+        raise ProjectError(f"{field}: {path} is not a regular file (a device, FIFO or folder is never read)")
+    try:
+        headers = _npy_headers(path)
+        with zipfile.ZipFile(path) as z:
+            packed = sum(math.prod(headers[i.filename[:-4]][0]) * headers[i.filename[:-4]][1].itemsize
+                         for i in z.infolist() if i.compress_type != zipfile.ZIP_STORED and i.filename[:-4] in headers)
+    except ProjectError:
+        raise
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as exc:
+        raise ProjectError(f"{field}: cannot read {path}: {exc}") from None
+    for name, (shape, dtype) in headers.items():
+        if name in ("x", "y", "x_train", "y_train", "x_val", "y_val") and dtype.kind not in "biuf":
+            raise ProjectError(f"{field}: {path}: {name} holds {dtype} values; it must hold numbers (integers or floats)")
+        if name.startswith("x") and len(shape) < 2:
+            raise ProjectError(f"{field}: {path}: {name} has shape {list(shape)}; give one row of features per sample")
+    _check_bytes(packed, f"{path}'s compressed arrays, unpacked (each rank holds them)", field,
+                 instead="or save it with np.savez (not compressed), whose arrays are read in place")
+    settings = {**d.model_dump(mode="json"), "path": str(path.resolve())}
+    info = describe_source(settings)
+    info.max_token = _scan_npz(settings, path, info.task)
     return info
+
+
+def _scan_npz(settings: dict, path: Path, task: str) -> int | None:
+    """Checks every value of the arrays a run reads, a chunk at a time; the largest integer
+    input (token id), or None for float inputs."""
+    from engine.runtime.datasets import DataError, open_source
+
+    where = f"training.dataset.path: {path}"
+    top, seen = None, set()
+    try:
+        for split in ("train", "val"):
+            src = open_source(settings, split)
+            for rows, is_y in ((src.x, False), (src.y, True)):
+                if rows.name in seen:
+                    continue
+                seen.add(rows.name)
+                a = src._map(rows)
+                step = max(1, SCAN_BYTES // max(1, rows.row_bytes))
+                for lo in range(0, len(a), step):
+                    chunk = np.asarray(a[lo:lo + step])
+                    if chunk.dtype.kind == "f" and not np.isfinite(chunk).all():
+                        raise ProjectError(f"{where}: {rows.name} holds NaN or infinite values")
+                    if is_y and task == "classification" and chunk.size and chunk.min() < 0:
+                        raise ProjectError(f"{where}: class labels must be 0 or more, but {rows.name} holds "
+                                           f"{chunk.min()}")
+                    if not is_y and chunk.dtype.kind in "iu" and chunk.size:
+                        top = max(top or 0, int(chunk.max()))
+    except DataError as exc:
+        raise ProjectError(f"training.dataset: {exc}") from None
+    except OSError as exc:
+        raise ProjectError(f"{where}: {exc.strerror or exc}") from None
+    return top
 
 
 def info_of(a: Arrays) -> DataInfo:

@@ -245,8 +245,9 @@ def _cell(v) -> str:
 def write_metrics_csv(path: str | os.PathLike, runs: dict[str, list[dict]]) -> Path:
     """Write the records of one or more runs as CSV: a `run` column, then every metric
     key seen; a missing value is an empty cell. Written atomically."""
-    from engine.project import atomic_write  # late: keeps this module light
     import io
+
+    from engine.project import atomic_write  # late: keeps this module light
 
     cols = record_columns([r for recs in runs.values() for r in recs])
     buf = io.StringIO()
@@ -327,13 +328,11 @@ def failure_report(path: str | os.PathLike, node_ids=()) -> dict:
 # ----- confusion matrix -----------------------------------------------------------
 def _val_batches(run: Path, data, max_samples: int, batch_size: int = 512):
     """(x, y) batches of a run's first max_samples validation samples, wherever its data is:
-    the run folder's data.npz, the user's .npz, or a set read in place."""
+    the run folder's data.npz, or a set read in place (the user's .npz included)."""
     import numpy as np
     import torch
 
-    from engine.runtime.data import load_npz_source
-
-    if data.source and data.source.get("kind") != "npz":
+    if data.source:
         from engine.runtime.datasets import eval_batches, open_source
 
         seen = 0
@@ -343,12 +342,8 @@ def _val_batches(run: Path, data, max_samples: int, batch_size: int = 512):
             yield x, y
             seen += len(y)
         return
-    if data.source:
-        arrays = load_npz_source(data.source)
-    else:
-        with np.load(run / data.path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in ("x_val", "y_val")}
-    x_val, y_val = arrays["x_val"][:max_samples], arrays["y_val"][:max_samples]
+    with np.load(run / data.path, allow_pickle=False) as z:
+        x_val, y_val = z["x_val"][:max_samples], z["y_val"][:max_samples]
     for i in range(0, len(x_val), batch_size):
         yield torch.as_tensor(x_val[i:i + batch_size]), y_val[i:i + batch_size]
 

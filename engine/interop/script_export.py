@@ -31,6 +31,7 @@ from engine.compile import compile_graph
 from engine.interop.common import InteropError
 from engine.project import Digits, NpzFile, CsvFile, Project, atomic_write
 from engine.runtime import data as rdata
+from engine.runtime.datasets import base as dbase
 from engine.runtime import layers as rl
 from engine.runtime import ops as rops
 from engine.runtime.ops import describe
@@ -154,7 +155,7 @@ def _data_code(project: Project, data_file: str | None) -> str:
     parts = [
         "class ProjectError(ValueError):\n    pass\n",
         inspect.getsource(edata.Arrays),
-        *([inspect.getsource(rdata.seeded_split)] if "seeded_split" in inspect.getsource(edata._split) else []),
+        *([inspect.getsource(dbase.seeded_split)] if "seeded_split" in inspect.getsource(edata._split) else []),
         inspect.getsource(edata._split),
         *([source(edata._next_token)] if gen is edata._sequence else []),
         source(gen),

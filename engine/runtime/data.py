@@ -5,8 +5,7 @@ Two kinds of data reach a rank (the run spec's DataRef says which):
     tar shards; runtime/datasets/): each rank reads only its share of each batch, through
     a DataLoader with workers, never the whole set;
   - a small generated set (synthetic sets, digits, a CSV) the builder wrote into the run
-    folder as data.npz (data.path), or the user's .npz (data.source kind npz) where it
-    lies: read whole, it is small by construction (kind array reads a large one in place).
+    folder as data.npz (data.path): read whole, it is small by construction.
 Both take the global batch of step s from epoch s // steps_per_epoch, whose order is a
 permutation seeded by (seed, epoch): resuming at step s needs no saved data position,
 and every data-parallel layout sees the same global batch (each replica its share).
@@ -63,25 +62,6 @@ def load_npz(run_dir: Path, name: str = "data.npz") -> dict[str, np.ndarray]:
         return {k: z[k] for k in ("x_train", "y_train", "x_val", "y_val")}
 
 
-def seeded_split(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(train rows, val rows) of n: a shuffle by seed, round(n * val_fraction) (at least 1)
-    of them for validation. The split of an .npz of x and y (kind npz), here and in engine/data.py."""
-    perm = np.random.default_rng(seed + 7919).permutation(n)
-    n_val = max(1, int(round(n * val_fraction)))
-    return perm[n_val:], perm[:n_val]
-
-
-def load_npz_source(source: dict) -> dict[str, np.ndarray]:
-    """An .npz named by the run (kind npz: read where it lies, whole, never copied into the
-    run folder): its x_train, y_train, x_val, y_val, or its x and y split by seeded_split."""
-    with np.load(source["path"], allow_pickle=False) as z:
-        if {"x_train", "y_train", "x_val", "y_val"} <= set(z.files):
-            return {k: z[k] for k in ("x_train", "y_train", "x_val", "y_val")}
-        x, y = z["x"], z["y"]
-    train, val = seeded_split(len(x), float(source.get("val_fraction", 0.2)), int(source.get("seed", 0)))
-    return {"x_train": x[train], "y_train": y[train], "x_val": x[val], "y_val": y[val]}
-
-
 def eval_batches(x: np.ndarray, y: np.ndarray, batch_size: int):
     xt, yt = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
     for i in range(0, len(xt), batch_size):
@@ -105,7 +85,7 @@ class RunData:
     def __init__(self, run_dir: Path, data, batch_size: int, seed: int, *, share=(0, None), end_step=None,
                  local_world: int = 1, pin_memory: bool = False):
         self.source_kind = (data.source or {}).get("kind")
-        if data.source and self.source_kind != "npz":
+        if data.source:
             from .datasets import StepLoader, open_source
 
             opts = data.loader or {}
@@ -118,7 +98,7 @@ class RunData:
                                     pin_memory=pin_memory and bool(opts.get("pin_memory", True)), strict=self.strict)
             self._arrays = None
         else:
-            arrays = load_npz_source(data.source) if data.source else load_npz(run_dir, data.path)
+            arrays = load_npz(run_dir, data.path)
             self.train = Batches(arrays["x_train"], arrays["y_train"], batch_size, seed, share)
             self._arrays = (arrays["x_val"], arrays["y_val"])
 

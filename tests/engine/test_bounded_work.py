@@ -322,7 +322,8 @@ def test_an_npz_is_checked_by_its_headers_before_it_is_unpacked(tmp_path):
     t = time.perf_counter()
     one_line(cli("train", data_project(tmp_path, {"kind": "npz", "path": "bomb.npz"}), "--steps", "1",
                  cwd=tmp_path, env={"LAYERFLOW_MAX_DATA_MB": "1024"}),
-             "training.dataset.path", "bomb.npz unpacked would take 2.2 GB", "limit of 1.0 GB", "LAYERFLOW_MAX_DATA_MB")
+             "training.dataset.path", "bomb.npz's compressed arrays, unpacked (each rank holds them) would take 2.2 GB",
+             "limit of 1.0 GB", "LAYERFLOW_MAX_DATA_MB", "np.savez (not compressed)")
     assert time.perf_counter() - t < 60
     # a header that claims 10^12 values in a member of 228 bytes
     with open(tmp_path / "huge.npy", "wb") as f:

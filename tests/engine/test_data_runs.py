@@ -311,11 +311,15 @@ def test_tokens_and_an_attention_mask_feed_two_input_nodes(tmp_path):
     assert sorted(b) == sorted(a) and 6 in a and all(b[s] == pytest.approx(a[s], rel=1e-4) for s in a), (a, b)
 
 
-def test_a_users_npz_is_referenced_not_copied_and_split_as_before(tmp_path):
-    """kind npz: checked whole when the run is built, then read where it lies (no data.npz in
-    the run folder); the runtime's train/val split is the one engine/data.py always made."""
+def test_a_users_npz_is_read_in_place_and_split_as_before(tmp_path):
+    """kind npz: scanned in chunks when the run is built (never whole), then read where it
+    lies like kind array (no data.npz in the run folder); its train/val split and its
+    batches are the ones the whole arrays always gave."""
+    import torch
+
     from engine.data import load_arrays
-    from engine.runtime.data import load_npz_source
+    from engine.runtime.data import Batches
+    from engine.runtime.datasets import StepLoader, open_source
     from engine.runs import confusion_matrix
 
     rng = np.random.default_rng(0)
@@ -333,12 +337,58 @@ def test_a_users_npz_is_referenced_not_copied_and_split_as_before(tmp_path):
     src = spec["data"]["source"]
     assert src["kind"] == "npz" and src["path"] == str((tmp_path / "d.npz").resolve())
     assert spec["data"]["fingerprint"]["files"] == 1 and spec["data"]["n_train"] == 72 and spec["data"]["n_val"] == 18
-    whole, here = load_arrays(p), load_npz_source(src)
-    for k in ("x_train", "y_train", "x_val", "y_val"):
-        np.testing.assert_array_equal(getattr(whole, k), here[k])
+    whole = load_arrays(p)  # what the runs read before: the arrays made whole and split
+    for split, xs, ys in (("train", whole.x_train, whole.y_train), ("val", whole.x_val, whole.y_val)):
+        part = open_source(src, split)
+        got = [part.sample(i, None) for i in range(len(part))]
+        assert np.array_equal(np.stack([g[0].numpy() for g in got]), xs)
+        assert np.array_equal(np.array([int(g[1]) for g in got]), ys)
+    old, new = Batches(whole.x_train, whole.y_train, 8, 3), StepLoader(open_source(src, "train"), 8, 3)
+    for step in (0, 5, 9, 20):  # across epochs: the same batches, bit for bit
+        assert all(torch.equal(a, b) for a, b in zip(old.batch(step), new.batch(step)))
     assert run(rd)["state"] == "succeeded"
     cm = confusion_matrix(rd)
     assert np.asarray(cm["matrix"]).sum() == 18 and np.trace(np.asarray(cm["matrix"])) >= 16
+
+
+def test_a_users_npz_is_checked_without_loading_it(tmp_path, monkeypatch):
+    """What the whole load checked is checked by the chunked scan (chunks made tiny here),
+    each in one line naming the file and the array."""
+    import engine.data as edata
+    from engine.errors import LayerflowError
+
+    monkeypatch.setattr(edata, "SCAN_BYTES", 64)
+    g = graph(("Input", {"shape": [3], "id": "x"}), ("Linear", {"out_features": 3, "id": "head"}))
+
+    def project(**arrays):
+        np.savez(tmp_path / "d.npz", **arrays)
+        tr = Training.model_validate({"dataset": {"kind": "npz", "path": "d.npz"}, "batch_size": 4, "steps": 2})
+        return Project(g, name="npz", training=tr, path=tmp_path / "p.lflow")
+
+    x = np.ones((50, 3), np.float32)
+    bad = x.copy()
+    bad[47, 1] = np.nan
+    with pytest.raises(LayerflowError, match=r"d.npz: x holds NaN or infinite values"):
+        build_run(project(x=bad, y=np.zeros(50, np.int64)), tmp_path / "r1")
+    y = np.zeros(50, np.int64)
+    y[44] = -2
+    with pytest.raises(LayerflowError, match=r"class labels must be 0 or more, but y holds -2"):
+        build_run(project(x=x, y=y), tmp_path / "r2")
+    with pytest.raises(LayerflowError, match=r"x holds <U1 values; it must hold numbers"):
+        build_run(project(x=np.array([["a"] * 3] * 50), y=np.zeros(50, np.int64)), tmp_path / "r3")
+    g = graph(("Input", {"shape": [3], "dtype": "int64", "id": "x"}),
+              ("Embedding", {"num_embeddings": 5, "embedding_dim": 4, "id": "embed"}), ("Flatten", {}),
+              ("Linear", {"out_features": 3, "id": "head"}))
+    ids = np.zeros((50, 3), np.int64)
+    ids[45, 2] = 7  # past the chunks of the first rows: the largest id is found by the scan
+    with pytest.raises(LayerflowError, match=r"embed.*7"):
+        build_run(project(x=ids, y=np.arange(50) % 3), tmp_path / "r4")
+    ids[45, 2] = 4
+    assert build_run(project(x=ids, y=np.arange(50) % 3), tmp_path / "ok").spec.data.source["kind"] == "npz"
+    import shutil
+
+    shutil.rmtree(tmp_path / "ok")
+    assert not [d for d in tmp_path.iterdir() if d.name.startswith("r")]  # nothing half made
 
 
 def test_confusion_matrix_of_a_run_read_in_place(images, tmp_path):

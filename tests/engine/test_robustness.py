@@ -184,14 +184,18 @@ def test_weights_and_data_are_read_only_from_regular_files_that_fit(tmp_path, ca
     os.mkfifo(fifo)
     with pytest.raises(ProjectError, match="training.dataset.path: .*data.fifo is not a regular file"):
         run_with(dataset=NpzFile(kind="npz", path=str(fifo)))
-    big = tmp_path / "big.npz"
+    big = tmp_path / "big.pt"  # (a data set is read in place, in chunks: the limit is for files read whole)
     big.write_bytes(b"\0" * (3 * 2 ** 20))
     os.environ["LAYERFLOW_MAX_INPUT_MB"] = "2"
     try:
         with pytest.raises(ProjectError, match="more than the limit of 2 MB .*LAYERFLOW_MAX_INPUT_MB"):
-            run_with(dataset=NpzFile(kind="npz", path=str(big)))
+            run_with(weights=str(big))
     finally:
         del os.environ["LAYERFLOW_MAX_INPUT_MB"]
+    junk = tmp_path / "junk.npz"
+    junk.write_bytes(b"\0" * 1000)
+    with pytest.raises(ProjectError, match="training.dataset.path: cannot read .*junk.npz: File is not a zip file"):
+        run_with(dataset=NpzFile(kind="npz", path=str(junk)))
     wrong = tmp_path / "wrong.pt"
     torch.save({"fc1.weight": torch.zeros(3, 3)}, wrong)
     with pytest.raises(RunError, match=r"'fc1.weight' in .* has shape \[3, 3\] but node 'fc1' needs"):

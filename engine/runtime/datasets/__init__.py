@@ -6,7 +6,7 @@
     for x, y in eval_batches(open_source(settings, "val", base_dir), 256): ...
 
 `settings` is the JSON of the project's training.dataset (engine/data_sources.py says its
-fields); kinds: image_folder, token_file, parquet, array, shards. Formats that need Pillow
+fields); kinds: image_folder, token_file, parquet, array (npz: the same reader), shards. Formats that need Pillow
 or pyarrow import them when opened, so this package imports with torch and numpy alone.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .tables import Parquet
 from .tokens import TokenFile
 
 KINDS = {"image_folder": ImageFolder, "token_file": TokenFile, "parquet": Parquet, "array": ArrayFile,
-         "shards": Shards}
+         "npz": ArrayFile, "shards": Shards}
 
 
 def open_source(source: dict, split: str, base_dir: Path | None = None) -> Source:

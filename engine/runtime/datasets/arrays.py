@@ -1,4 +1,4 @@
-"""array: x and y arrays read in place from .npy files or an uncompressed .npz.
+"""array (and npz): x and y arrays read in place from .npy files or an uncompressed .npz.
 
 `path` is an .npz file or a folder of .npy files; the arrays are named x_train, y_train,
 x_val, y_val (the split is theirs), or x and y (split every round(1/val_fraction)-th row,
@@ -7,6 +7,14 @@ file's data starts after its header, and a member of an .npz stored without comp
 (np.savez) is an .npy file at a fixed offset inside the zip. A compressed member
 (np.savez_compressed) under 64 MiB is decompressed into memory; a larger one is refused
 with a line telling the user to convert it (`data pack`), since it cannot be read in place.
+
+Kind npz (the project kind from before sets were read in place) is the same reader with
+its own rules: x and y are split by a seeded shuffle (base.seeded_split, as it always
+was), an integer y means classification, and a compressed member of any size is held in
+memory (engine/data.py bounds it when the run is built).
+
+A batch of rows is read at once (read_batch: one fancy index into a memory map per
+array), which the step loader prefers to sample-by-sample reading.
 """
 from __future__ import annotations
 
@@ -19,7 +27,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import DataError, RowSplit, Source, check_split, pread, resolve
+from .base import (
+    CorruptSample,
+    DataError,
+    RowSplit,
+    Source,
+    check_split,
+    pread,
+    resolve,
+)
 
 SMALL_COMPRESSED = 64 << 20  # bytes: a compressed .npz member up to this size is read into memory
 
@@ -61,7 +77,7 @@ def npy_header(f, file: Path, name: str) -> tuple[np.dtype, tuple, int]:
     return dtype, tuple(shape), f.tell() - start
 
 
-def npz_members(file: Path) -> dict[str, Rows]:
+def npz_members(file: Path, small_compressed: int = SMALL_COMPRESSED) -> dict[str, Rows]:
     out = {}
     try:
         zf = zipfile.ZipFile(file)
@@ -81,7 +97,7 @@ def npz_members(file: Path) -> dict[str, Rows]:
                 raw.seek(start)
                 dtype, shape, head = npy_header(raw, file, name)
                 out[name] = Rows(file, name, start + head, dtype, shape)
-            elif info.file_size <= SMALL_COMPRESSED:
+            elif info.file_size <= small_compressed:
                 with zf.open(info) as m:
                     arr = np.load(io.BytesIO(m.read()), allow_pickle=False)
                 out[name] = Rows(file, name, 0, arr.dtype, arr.shape, memory=arr)
@@ -104,6 +120,7 @@ class ArrayFile(Source):
     def __init__(self, settings: dict, split: str, base_dir: Path | None):
         check_split(split)
         self.split = split
+        self.npz = settings.get("kind") == "npz"
         self.path = resolve(settings["path"], base_dir)
         if self.path.is_dir():
             arrays = npy_folder(self.path)
@@ -111,13 +128,14 @@ class ArrayFile(Source):
             raise DataError(f"{self.path}: point path at the folder holding x.npy and y.npy "
                             f"(or x_train.npy, y_train.npy, x_val.npy, y_val.npy)")
         else:
-            arrays = npz_members(self.path)
+            arrays = npz_members(self.path, small_compressed=1 << 62 if self.npz else SMALL_COMPRESSED)
         if f"x_{split}" in arrays and f"y_{split}" in arrays:
             self.x, self.y = arrays[f"x_{split}"], arrays[f"y_{split}"]
             self.rows = RowSplit(len(self.x), None, split)
         elif "x" in arrays and "y" in arrays:
             self.x, self.y = arrays["x"], arrays["y"]
-            self.rows = RowSplit(len(self.x), float(settings.get("val_fraction") or 0.2), split)
+            self.rows = RowSplit(len(self.x), float(settings.get("val_fraction") or 0.2), split,
+                                 seed=int(settings.get("seed", 0)) if self.npz else None)
         else:
             raise DataError(f"{self.path}: no arrays x and y (or x_{split} and y_{split}); found "
                             f"{', '.join(sorted(arrays)) or 'none'}")
@@ -126,8 +144,11 @@ class ArrayFile(Source):
         if len(self.rows) == 0:
             raise DataError(f"{self.path}: the {split} split has no rows")
         kind = self.y.dtype.kind
-        self.task = settings.get("task") or ("classification" if kind in "iub" and len(self.y.shape) == 1
-                                             else "regression")
+        if self.npz:  # (engine/data.py's rule for an .npz, as before)
+            self.task = "classification" if kind in "iu" else "regression"
+        else:
+            self.task = settings.get("task") or ("classification" if kind in "iub" and len(self.y.shape) == 1
+                                                 else "regression")
         self.n_classes = settings.get("n_classes")
         if self.n_classes is None and self.task in ("classification", "multi_label"):
             self.n_classes = self._count_classes()
@@ -161,16 +182,45 @@ class ArrayFile(Source):
             fds[file] = os.open(file, os.O_RDONLY)
         return fds[file]
 
+    def _map(self, rows: Rows) -> np.ndarray:
+        """The array as a read-only memory map (or the array held in memory), per process."""
+        if rows.memory is not None:
+            return rows.memory
+        maps = getattr(self, "_hmaps", None)
+        if maps is None or getattr(self, "_hmpid", None) != os.getpid():
+            maps = self._hmaps = {}
+            self._hmpid = os.getpid()
+        if rows.name not in maps:
+            maps[rows.name] = np.memmap(rows.file, dtype=rows.dtype, mode="r", offset=rows.offset, shape=rows.shape)
+        return maps[rows.name]
+
+    def read_batch(self, indices) -> tuple[torch.Tensor, torch.Tensor]:
+        """Samples `indices` stacked, as sample() gives them one by one (no augmentation
+        here): one fancy index per array. A file cut short is a CorruptSample (the caller
+        then reads sample by sample, which names the row)."""
+        rows = np.fromiter((self.rows.row(int(i)) for i in indices), dtype=np.int64, count=len(indices))
+        try:
+            x, y = self._map(self.x)[rows], self._map(self.y)[rows]
+        except (ValueError, OSError, IndexError) as e:
+            raise CorruptSample(f"{self.path}: rows {rows.min()} to {rows.max()} are not readable ({e})") from None
+        return torch.from_numpy(self._x_dtype(np.ascontiguousarray(x))), torch.from_numpy(self._y_dtype(y))
+
+    def _x_dtype(self, x: np.ndarray) -> np.ndarray:
+        if x.dtype.kind in "fb" and x.dtype != np.float32:  # models are float32
+            return x.astype(np.float32)
+        if x.dtype.kind in "iu" and x.dtype != np.int64:  # token ids: embeddings take int64
+            return x.astype(np.int64)
+        return x
+
+    def _y_dtype(self, y: np.ndarray) -> np.ndarray:
+        if self.task in ("classification", "language_model"):
+            return y.astype(np.int64)
+        if self.task in ("regression", "multi_label") and y.dtype != np.float32:
+            return y.astype(np.float32)
+        return np.ascontiguousarray(y)
+
     def sample(self, i: int, seed: int | None):
         r = self.rows.row(i)
         x = self.x.read(r, self._fd(self.x.file))
         y = self.y.read(r, self._fd(self.y.file))
-        if self.task in ("classification", "language_model"):
-            y = y.astype(np.int64)
-        elif self.task in ("regression", "multi_label") and y.dtype != np.float32:
-            y = y.astype(np.float32)
-        if x.dtype.kind in "fb" and x.dtype != np.float32:  # models are float32
-            x = x.astype(np.float32)
-        elif x.dtype.kind in "iu" and x.dtype != np.int64:  # token ids: embeddings take int64
-            x = x.astype(np.int64)
-        return torch.from_numpy(x), torch.from_numpy(np.asarray(y))
+        return torch.from_numpy(self._x_dtype(x)), torch.from_numpy(np.asarray(self._y_dtype(y)))

@@ -11,6 +11,7 @@ import importlib
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 
 TASKS = ("classification", "regression", "language_model", "multi_label")
@@ -107,22 +108,39 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
     return _mix(_mix(_mix(seed & MASK64) ^ (epoch & MASK64)) ^ (index & MASK64))
 
 
+def seeded_split(n: int, val_fraction: float, seed: int):
+    """(train rows, val rows) of n: a shuffle by seed, round(n * val_fraction) (at least 1)
+    of them for validation. Kind npz's split (and a CSV's), here and in engine/data.py."""
+    perm = np.random.default_rng(seed + 7919).permutation(n)
+    n_val = max(1, int(round(n * val_fraction)))
+    return perm[n_val:], perm[:n_val]
+
+
 class RowSplit:
     """A deterministic train/val split of n rows that needs no stored index: every m-th
     row (m = round(1 / val_fraction)) is validation, so a file sorted by class still gives
-    both splits every class. Maps a split's index to the row in the file."""
+    both splits every class. Maps a split's index to the row in the file. With a seed, the
+    split is seeded_split's shuffle instead (an index of 8 bytes a row): kind npz's."""
 
-    def __init__(self, n: int, val_fraction: float | None, split: str):
+    def __init__(self, n: int, val_fraction: float | None, split: str, seed: int | None = None):
         self.n, self.split = n, split
         self.m = 0 if not val_fraction else max(2, int(round(1 / val_fraction)))
+        self.rows = None
+        if seed is not None and val_fraction:
+            train, val = seeded_split(n, val_fraction, seed)
+            self.rows = val if split == "val" else train
 
     def __len__(self) -> int:
+        if self.rows is not None:
+            return len(self.rows)
         if not self.m:
             return self.n
         n_val = self.n // self.m
         return n_val if self.split == "val" else self.n - n_val
 
     def row(self, i: int) -> int:
+        if self.rows is not None:
+            return int(self.rows[i])
         if not self.m:
             return i
         if self.split == "val":

@@ -75,6 +75,20 @@ def collate(samples: list) -> tuple:
     return x, y
 
 
+def read_batch(source: Source, indices, seeds, strict: bool):
+    """(collated batch or None, skipped, error): a source that reads a batch at once
+    (read_batch; no augmentation, so seeds do not matter) does; else, or when that meets
+    a corrupt sample, sample by sample (read_samples, which names and skips it)."""
+    fast = getattr(source, "read_batch", None)
+    if fast is not None:
+        try:
+            return fast(indices), [], None
+        except CorruptSample:
+            pass
+    samples, skipped, error = read_samples(source, indices, seeds, strict)
+    return (None if error is not None else collate(samples)), skipped, error
+
+
 def read_samples(source: Source, indices, seeds, strict: bool):
     """(samples, skipped [(index, message)], error message or None)."""
     n = len(source)
@@ -106,10 +120,8 @@ class _StepWork(torch.utils.data.Dataset):
     def __getitem__(self, item):
         step, epoch, indices = item
         seeds = [sample_seed(self.seed, epoch, int(i)) for i in indices]
-        samples, skipped, error = read_samples(self.source, indices, seeds, self.strict)
-        if error is not None:
-            return step, None, skipped, error
-        return step, collate(samples), skipped, None
+        xy, skipped, error = read_batch(self.source, indices, seeds, self.strict)
+        return step, xy, skipped, error
 
     def __len__(self):  # not used: the sampler says how many steps
         return 0
@@ -219,7 +231,7 @@ def eval_batches(source: Source, batch_size: int, share: tuple[int, int | None] 
         idx = idx[lo:hi]
         if not len(idx):
             continue
-        samples, _, error = read_samples(source, idx, [None] * len(idx), strict)
+        xy, _, error = read_batch(source, idx, [None] * len(idx), strict)
         if error is not None:
             raise DataError(error)
-        yield collate(samples)
+        yield xy
