@@ -297,23 +297,8 @@ class InteropUI(QObject):
         except (InteropError, OSError) as exc:
             self._refuse("Cannot fine-tune", exc)
             return None
-        from engine.run import new_run_dir
-        from layerflow._prepare import prepare_training
-
-        src = str(run)
-
-        def prepare():
-            with run_weights.init_from(project, src, checkpoint) as start:
-                prep = prepare_training(start, nproc=nproc if nproc > 1 else None, steps=steps, out=run_dir)
-            run_weights.note_init(prep.run_dir, src, checkpoint)
-            return prep
-
-        c = run_ui.controller
         try:
-            c._refuse_if_running()
-            run_dir = new_run_dir(project)
-            c.node_ids = tuple(project.graph.nodes)
-            out = c._begin(run_dir, nproc, prepare)  # (RunController.start's path, with this preparation)
+            out = run_ui.controller.start(project, nproc=nproc, steps=steps, init_from=(str(run), checkpoint))
         except (OSError, RuntimeError, ValueError) as exc:
             self._refuse("Cannot fine-tune", exc)
             return None

@@ -136,11 +136,12 @@ class RunController(QObject):
         return self.active is not None
 
     def start(self, project, *, nproc: int = 1, steps: int | None = None,
-              runs_dir: str | Path | None = None) -> Path:
+              runs_dir: str | Path | None = None, init_from: tuple[str, str | None] | None = None) -> Path:
         """Train `project` (an engine Project, saved or not: the run is what is on screen
         now) in a new run folder; returns the folder. The folder is prepared in the
         background; a project the preparation refuses ends as a failed run that names
-        what is wrong, and leaves no folder."""
+        what is wrong, and leaves no folder. init_from=(run folder, checkpoint or None):
+        fine-tuning, the run starts from that run's weights (engine/interop/run_weights.py)."""
         from engine.run import new_run_dir
         from layerflow._prepare import prepare_training
 
@@ -148,8 +149,20 @@ class RunController(QObject):
         run_dir = new_run_dir(project, Path(runs_dir) if runs_dir else None)
         copy = project.copy()  # edits made while it is prepared are not this run's
         self.node_ids = tuple(project.graph.nodes)
-        return self._begin(run_dir, nproc, lambda: prepare_training(copy, nproc=nproc if nproc > 1 else None,
-                                                                   steps=steps, out=run_dir))
+        n = nproc if nproc > 1 else None
+
+        def prepare():
+            if init_from is None:
+                return prepare_training(copy, nproc=n, steps=steps, out=run_dir)
+            from engine.interop import run_weights
+
+            src, checkpoint = init_from
+            with run_weights.init_from(copy, src, checkpoint) as begin:
+                prep = prepare_training(begin, nproc=n, steps=steps, out=run_dir)
+            run_weights.note_init(prep.run_dir, src, checkpoint)
+            return prep
+
+        return self._begin(run_dir, nproc, prepare)
 
     def resume(self, run_dir: str | Path, *, nproc: int = 1, node_ids=()) -> Path:
         """Continue a stopped run from its latest checkpoint."""

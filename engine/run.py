@@ -318,6 +318,7 @@ def _write_run(project: Project, run_dir: Path, result, plan, pl: Placement, dat
         data.arrays.save(run_dir / "data.npz")
     if weights_src is not None:
         shutil.copyfile(weights_src, run_dir / "weights.pt")
+        project.weights = "weights.pt"  # (the snapshot names the copy beside it, not the file it came from)
     n_steps = total_steps(project, data.n_train)
     tr = project.training.model_dump(mode="json", exclude={"loader"})
     loader = project.training.loader.model_dump(mode="json", exclude_none=True)

@@ -235,6 +235,8 @@ def test_fine_tune_starts_from_the_runs_weights(trained, tmp_path, capsys):
     want = run_state(load_project(path), rd, "best")
     assert all(torch.equal(init[k], want[k]) for k in want)
     assert RunSpec.load(out).weights == "weights.pt"
+    snap = load_project(out / "project.lflow")  # the run's snapshot names the copy beside it
+    assert snap.weights == "weights.pt" and snap.input_file(snap.weights, "weights") == out / "weights.pt"
     # its first loss is the trained model's, far below a fresh start's
     first = next(r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r)
     fresh = next(r["loss"] for r in read_metrics(rd / "metrics.jsonl") if "loss" in r)
