@@ -73,6 +73,21 @@ def stage_color(stage: int | None, t: SceneTheme) -> QColor:
     return QColor(STAGE_COLORS[stage % len(STAGE_COLORS)])
 
 
+AUTO_MIX = 0.3  # how far a planned stage's colour goes towards the canvas
+
+
+def auto_stage_color(stage: int | None, t: SceneTheme) -> QColor:
+    """The colour of a stage the planner chose (the automatic pipeline cut, no stage set by
+    the user): the stage's own colour, lighter (darker on a dark canvas), so an assigned
+    stage and a planned one read as the same stage and still differ."""
+    c = stage_color(stage, t)
+    if stage is None:
+        return c
+    bg = QColor(t.background)
+    return QColor(*(round(a + (b - a) * AUTO_MIX) for a, b in ((c.red(), bg.red()), (c.green(), bg.green()),
+                                                               (c.blue(), bg.blue()))))
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024:

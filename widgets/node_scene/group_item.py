@@ -42,7 +42,7 @@ from widgets.node_scene.painting import (
     draw_far_label,
     elide,
 )
-from widgets.style import stage_color
+from widgets.style import auto_stage_color, stage_color
 
 FRAME_LABEL_ROOM = 90.0  # scene units above an expanded frame where its name goes far out
 
@@ -100,10 +100,23 @@ class GroupItem(QGraphicsItem):
         g = self.scene().graph
         return sorted({g.nodes[n].stage for n in self.members() if g.nodes[n].stage is not None})
 
+    def planned_stages(self) -> tuple[list[int], bool]:
+        """The stages its nodes run on, the plan's automatic cut included for the nodes the
+        user put on none, and whether all of those came from the plan."""
+        scene = self.scene()
+        found = [scene.stage_of(n) for n in self.members()]
+        stages = sorted({s for s, _ in found if s is not None})
+        return stages, bool(stages) and all(auto for s, auto in found if s is not None)
+
     def stage_colour(self) -> QColor:
-        """A card's header: its stage's colour when its nodes share one, else the block colour."""
+        """A card's header: its stage's colour when its nodes share one (lighter when the
+        plan chose it), else the block colour."""
         t = self.scene().theme
         st = self.stages()
+        if not st:
+            st, auto = self.planned_stages()
+            if len(st) == 1 and auto:
+                return auto_stage_color(st[0], t)
         return QColor(stage_color(st[0], t)) if len(st) == 1 else QColor(t.group_border)
 
     def placement_tags(self) -> tuple[str, list[str]]:
@@ -113,9 +126,11 @@ class GroupItem(QGraphicsItem):
         scene = self.scene()
         g, members = scene.graph, set(self.members())
         tags = []
-        st = self.stages()
+        st, auto = self.stages(), False
+        if not st:
+            st, auto = self.planned_stages()
         if st:
-            tags.append(f"S{st[0]}" if len(st) == 1 else f"S{st[0]}–{st[-1]}")
+            tags.append(("auto " if auto else "") + (f"S{st[0]}" if len(st) == 1 else f"S{st[0]}–{st[-1]}"))
         styles = sorted({g.nodes[n].tp for n in members if g.nodes[n].tp and g.nodes[n].tp != "replicate"})
         if styles:  # (short: the card's line holds its type too)
             tags.append("tp " + "/".join({"colwise": "col", "rowwise": "row", "sequence": "seq"}.get(s, s) for s in styles))

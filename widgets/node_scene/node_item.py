@@ -40,7 +40,7 @@ from widgets.node_scene.painting import (
     draw_far_label,
     elide,
 )
-from widgets.style import human, stage_color
+from widgets.style import auto_stage_color, human, stage_color
 
 
 class PortItem(QGraphicsItem):
@@ -162,7 +162,10 @@ class NodeItem(QGraphicsItem):
         type, and the module it came from in an imported model."""
         node = self.node
         origin = node.scope[-1][0] if getattr(node, "scope", None) else ""
-        return f"{self.node_id} ({node.type})" + (f" · {origin}" if origin and origin != self.node_id else "")
+        name = f"{self.node_id} ({node.type})" + (f" · {origin}" if origin and origin != self.node_id else "")
+        scene = self.scene()
+        stage, auto = scene.stage_of(self.node_id) if scene is not None and hasattr(scene, "stage_of") else (None, False)
+        return name + (f"\nstage {stage}: the plan's automatic cut (no stage set)" if auto else "")
 
     def boundingRect(self) -> QRectF:
         return self._rect
@@ -178,7 +181,8 @@ class NodeItem(QGraphicsItem):
         info = scene.result.nodes.get(self.node_id) if scene.result else None
         lod = opt.levelOfDetailFromTransform(p.worldTransform())
         rect = QRectF(0, 0, NODE_W, self._h)
-        head = stage_color(node.stage, t)
+        stage, auto = scene.stage_of(self.node_id)  # auto: the plan's cut, not the user's
+        head = auto_stage_color(stage, t) if auto else stage_color(stage, t)
         sel = self.isSelected()
         if lod < LOD_DETAIL:  # far away (and not in overview mode): a coloured card and its name
             p.fillRect(rect, QColor(t.selected) if sel else head)
@@ -201,6 +205,10 @@ class NodeItem(QGraphicsItem):
         p.fillRect(QRectF(0, HEADER_H - 8, NODE_W, 8), head)
         if sel:
             p.setPen(QPen(QColor(t.selected), 2.2))
+            p.setBrush(NO_BRUSH)
+            p.drawRoundedRect(rect, 7, 7)
+        elif auto:  # a planned stage: the stage's own colour, dashed, around the card
+            p.setPen(QPen(stage_color(stage, t), 1.6, Qt.DashLine))
             p.setBrush(NO_BRUSH)
             p.drawRoundedRect(rect, 7, 7)
         mark = scene.diff_marks.get(self.node_id)
@@ -228,8 +236,8 @@ class NodeItem(QGraphicsItem):
         p.setFont(TEXT_FONT)
         p.setPen(QColor(t.subtext))
         tags = []
-        if node.stage is not None:
-            tags.append(f"S{node.stage}")  # the header colour says it too
+        if stage is not None:
+            tags.append(f"auto S{stage}" if auto else f"S{stage}")  # the header colour says it too
         if node.tp:
             tags.append(node.tp)
         if node.checkpoint:

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QGraphicsItem, QGraphicsScene
 
 from widgets.node_scene.geometry import NODE_W
 from widgets.node_scene.painting import FAR_SPREAD, NO_BRUSH, draw_far_label
-from widgets.style import stage_color
+from widgets.style import auto_stage_color, stage_color
 
 
 class OverviewItem(QGraphicsItem):
@@ -76,9 +76,9 @@ class OverviewItem(QGraphicsItem):
         for item in scene.node_items.values():
             if not item.isVisible():
                 continue
-            node = item.node
             card = item.body()
-            fill = sel if item.isSelected() else stage_color(node.stage, t)
+            stage, auto = scene.stage_of(item.node_id)
+            fill = sel if item.isSelected() else auto_stage_color(stage, t) if auto else stage_color(stage, t)
             p.fillRect(card, fill)
             if exposed.intersects(card):
                 self.labels[item.node_id] = draw_far_label(p, card, item.node_id, text, lod, bg=fill)

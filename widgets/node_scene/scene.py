@@ -62,6 +62,9 @@ class NodeScene(QGraphicsScene):
         self.diff_marks: dict[str, tuple[str, str]] = {}
         self.ghosts: list[tuple[dict, str]] = []
         self.ghost_items: dict[str, GhostItem] = {}
+        # the plan's automatic pipeline cut: node -> the stage the planner put it on, for
+        # nodes the user left without one (shown in a lighter stage colour: stage_of)
+        self.auto_stages: dict[str, int] = {}
         self.setSceneRect(-50000, -50000, 100000, 100000)  # pan freely
         self.selectionChanged.connect(self._repaint_overview)
         self.setItemIndexMethod(QGraphicsScene.BspTreeIndex)
@@ -344,6 +347,37 @@ class NodeScene(QGraphicsScene):
         self.edge_notes = dict(edge_notes or {})
         self.more_problems = list(more_problems)
         self.apply_result()
+
+    def set_plan(self, plan) -> None:
+        """The plan of the placement (engine.planner.Plan, or None): with two pipeline
+        stages or more, the nodes the user put on no stage are coloured as the plan cuts
+        them (stage_of)."""
+        run = getattr(plan, "run", None)
+        stages = list(getattr(run, "stages", None) or []) if run is not None else []
+        auto: dict[str, int] = {}
+        if len(stages) > 1 and self.graph is not None:
+            for i, ids in enumerate(stages):
+                for nid in ids:
+                    node = self.graph.nodes.get(nid)
+                    if node is not None and node.stage is None:
+                        auto[nid] = i
+        if auto == self.auto_stages:
+            return
+        self.auto_stages = auto
+        self.apply_result()  # (tooltips)
+        for item in (*self.node_items.values(), *self.group_items.values()):
+            item.update()
+        if self.overview is not None and shiboken6.isValid(self.overview):
+            self.overview.update()
+
+    def stage_of(self, nid: str) -> tuple[int | None, bool]:
+        """(the stage a node runs on, whether the plan chose it): the user's stage, else
+        the plan's automatic cut, else (None, False)."""
+        node = self.graph.nodes.get(nid) if self.graph is not None else None
+        if node is not None and node.stage is not None:
+            return node.stage, False
+        stage = self.auto_stages.get(nid)
+        return stage, stage is not None
 
     def apply_result(self) -> None:
         r = self.result
