@@ -6,18 +6,20 @@ same code the buttons do.
 from __future__ import annotations
 
 import json
+import re
 import time
+from dataclasses import dataclass
 
 from PySide6.QtCore import QMimeData, QObject, QPointF, QRunnable, QThreadPool, QTimer, Signal
 from PySide6.QtGui import QUndoStack
 from PySide6.QtWidgets import QApplication
 
 from app import commands as C
-from engine.layout import lay_out, layered_layout, view_layout
-from engine.compile import compile_graph
+from engine.compile import CompileError, compile_graph
 from engine.editing import EditError, plan_group, plan_paste, plan_repeat, plan_ungroup
 from engine.graph import Edge, GraphError
 from engine.layers import get_layer
+from engine.layout import lay_out, layered_layout, view_layout
 from engine.project import Project
 from widgets.node_scene import NodeScene
 
@@ -107,6 +109,79 @@ def analyse(project: Project, devices=None):
     if error:
         info = (info[0], info[1], [f"plan: {error}"])
     return result, plan, error, info, time.perf_counter() - t0
+
+
+_NODE_MSG = re.compile(r"^node '([^']+)' \(([^)]*)\):? (.*)$", re.DOTALL)
+_BACK_MSG = re.compile(r"^edge (\S+) -> (\S+) goes from stage (\d+) back to stage (\d+);")
+
+
+def user_block(graph, nid: str, message: str) -> str | None:
+    """The block a placement problem of node `nid` is the user's problem of, when it is about
+    what the user assigned (the node's stage, for a stage problem; its TP style, for a tp
+    one): the outermost block around it whose members all have that assignment (a block
+    assigned as one), else the card that shows it (its outermost collapsed block). None for
+    problems of what nobody assigned (BatchNorm under dp, say): those stay the node's."""
+    from engine.graph import block_path
+
+    node = graph.nodes.get(nid)
+    if node is None or not node.group:
+        return None
+    about = [k for k, word in (("stage", r"\bstages?\b"), ("tp", r"\btp\b")) if getattr(node, k) is not None
+             and re.search(word, message)]
+    if not about:
+        return None
+    key = about[0]
+    same = next((b for b in block_path(node.group)
+                 if all(getattr(graph.nodes[m], key) == getattr(node, key) for m in graph.block_members(b))), None)
+    return same or graph.outermost_collapsed(nid)
+
+
+@dataclass(frozen=True)
+class BlockProblem(CompileError):
+    """A placement problem told in the user's terms: `block` (what they assigned, or the
+    card they see), `inner` the node the engine found it on (it keeps the badge)."""
+    block: str | None = None
+    inner: str | None = None
+
+
+def in_user_terms(graph, problems: list) -> list:
+    """Placement problems on nodes inside blocks, said of the block: "block 'head': ...
+    (inside: fc3 (Linear), act2 (ReLU))". Each node keeps its own problem (its badge);
+    those of one block that say the same thing share one text (one row in Problems)."""
+    from engine.graph import block_name
+
+    keyed: list[tuple[object, str | None, str, str]] = []  # (problem, block, headline, detail)
+    for p in problems:
+        b = user_block(graph, p.node, p.message) if p.node else None
+        if b is None:
+            keyed.append((p, None, p.message, ""))
+            continue
+        name = block_name(b)
+        m, back = _NODE_MSG.match(p.message), _BACK_MSG.match(p.message)
+        if back:
+            src, dst, was, now = back.groups()
+            src_block = user_block(graph, src, p.message)
+            frm = f"block '{block_name(src_block)}' on " if src_block and src_block != b else ""
+            head = (f"block '{name}' is on stage {now} but takes its input from {frm}stage {was}; stages must follow "
+                    f"the data flow: set '{name}' to stage {was} or later")
+            keyed.append((p, b, head, f"edge {src} -> {dst}"))
+        elif m:
+            keyed.append((p, b, f"block '{name}': {m.group(3)}", f"{m.group(1)} ({m.group(2)})"))
+        else:
+            keyed.append((p, b, f"block '{name}': {p.message}", p.node))
+    details: dict[tuple, list[str]] = {}
+    for p, b, head, detail in keyed:
+        if b is not None and detail not in details.setdefault((b, head, p.severity), []):
+            details[(b, head, p.severity)].append(detail)
+    out = []
+    for p, b, head, _ in keyed:
+        if b is None:
+            out.append(p)
+            continue
+        inside = details[(b, head, p.severity)]
+        shown = ", ".join(inside[:6]) + (f", ... ({len(inside) - 6} more)" if len(inside) > 6 else "")
+        out.append(BlockProblem(f"{head} (inside: {shown})", p.node, p.field, p.severity, block=b, inner=p.node))
+    return out
 
 
 class _JobSignals(QObject):
@@ -411,9 +486,13 @@ class EditorController(QObject):
     def _placement_problems(self):
         if self.result is None or not self.result.ok:
             return [], []  # no plan of a diagram that does not compile: its errors come first
+        from engine.plan_checks import stage_warnings
         from engine.planner import plan_problems
 
-        return plan_problems(self.plan, self.plan_error)
+        errors, warnings = plan_problems(self.plan, self.plan_error)
+        warnings += [CompileError(w, n, "placement", severity="warning")
+                     for n, w in stage_warnings(self.graph, self.project.placement)]
+        return in_user_terms(self.graph, errors), in_user_terms(self.graph, warnings)
 
     def problems(self) -> tuple[list, list]:
         """(errors, warnings) of the diagram and of its placement, as the Problems list shows them."""

@@ -132,6 +132,8 @@ def attach(window) -> DevicesSource:
     """Wire the source choice of window.devices (the panel) to window.controller's plan."""
     src = DevicesSource(window)
     panel, controller = window.devices, window.controller
+    panel.plan_of = lambda: controller.plan  # the stage lanes show what the plan puts on each stage
+    panel.graph_of = lambda: window.project.graph
 
     def changed():
         panel.set_devices(src.lines, src.error)

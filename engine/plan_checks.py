@@ -103,5 +103,15 @@ def schedule_warnings(placement: Placement, microbatches: int) -> list[str]:
     return []
 
 
-__all__ = ["check_placement", "check_accumulation", "batch_warnings", "generic_op_warnings", "check_memory",
+def stage_warnings(graph, placement: Placement) -> list[tuple[str, str]]:
+    """(node, message) for each node left on a stage a one-stage placement ignores (under
+    pp > 1 the cut refuses a stage beyond pp: engine/partition.py)."""
+    if placement.pp > 1:
+        return []
+    return [(n, f"node '{n}' ({node.type}): stage {node.stage} is ignored: placement.pp is 1, so everything runs "
+                f"as one stage; set its stage to auto or raise placement.pp to {node.stage + 1}")
+            for n, node in graph.nodes.items() if node.stage is not None and node.stage >= 1]
+
+
+__all__ = ["stage_warnings", "check_placement", "check_accumulation", "batch_warnings", "generic_op_warnings", "check_memory",
            "schedule_warnings"]

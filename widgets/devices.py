@@ -7,24 +7,61 @@ goes back to the valid value and the panel says why. A plan from
 engine/planner.py, when one exists, is shown as text lines the controller hands in.
 The "Devices" source (this machine or a cluster profile) is a choice the panel only
 shows: app/devices_source.py probes the cluster and hands back lines to list.
+
+The stage lanes show what the plan puts on each stage (the planner cuts the model itself
+when nodes have no stage), in the user's terms: a block wholly on a stage by its name, a
+block split by a cut as "name (fc1, act)"; the whole list is each lane's tooltip. The panel
+scrolls when its dock is short, and the plan view scrolls inside it.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QRectF, Qt, Signal
+from PySide6.QtCore import QEvent, QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QFontDatabase, QFontMetricsF, QPainter
 from PySide6.QtWidgets import (QComboBox, QFormLayout, QFrame, QGridLayout, QHBoxLayout, QLabel, QPlainTextEdit,
-                               QPushButton, QScrollArea, QSizePolicy, QSpinBox, QVBoxLayout, QWidget)
+                               QPushButton, QScrollArea, QSizePolicy, QSpinBox, QToolTip, QVBoxLayout, QWidget)
 
-from engine.graph import TP_STYLES
+from engine.graph import TP_STYLES, block_name, block_path
 from engine.project import Placement, PlacementError
 from widgets.style import LIGHT, stage_color
 
 
 LANES_SHOWN = 4  # lanes visible at once; more scroll
+IO = ("Input", "Output")
+
+
+def in_blocks(graph, ids: list[str]) -> list[str]:
+    """Node ids as the user sees them: a block every layer of which is here by its name
+    (the outermost such block), a collapsed block the cut splits as "name (fc1, act)" (or
+    "name (5 of 9)"),
+    other nodes by their ids; in the order given."""
+    if graph is None:
+        return list(ids)
+    here, out, seen = set(ids), [], set()
+    for n in ids:
+        node = graph.nodes.get(n)
+        path = block_path(node.group) if node is not None else []
+        whole = next((b for b in path if all(m in here for m in _layers(graph, b))), None)
+        card = graph.outermost_collapsed(n) if node is not None else None
+        name = whole or card
+        if name is None:
+            out.append(n)
+        elif name not in seen:
+            seen.add(name)
+            layers = _layers(graph, name)
+            mine = [m for m in layers if m in here]
+            out.append(block_name(name) if name == whole else f"{block_name(name)} ({', '.join(mine)})"
+                       if len(mine) <= 3 else f"{block_name(name)} ({len(mine)} of {len(layers)})")
+    return out
+
+
+def _layers(graph, block: str) -> list[str]:
+    return [m for m in graph.block_members(block) if graph.nodes[m].type not in IO]
 
 
 class StageLanes(QWidget):
-    """One lane per pipeline stage listing its nodes, plus 'auto' for unassigned."""
+    """One lane per pipeline stage listing what it runs (the plan's stages when there is a
+    plan for this pp; else the nodes assigned to it, plus 'auto' for unassigned), and the
+    nodes left on a stage beyond pp."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -33,19 +70,42 @@ class StageLanes(QWidget):
         self.setMinimumHeight(60)
         self.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Minimum)
 
-    def set_lanes(self, pp: int, dp: int, tp: int, nodes: dict) -> None:
+    def set_lanes(self, pp: int, dp: int, tp: int, nodes: dict, stages: list[list[str]] | None = None,
+                  graph=None) -> None:
+        """`stages`: the plan's node ids per stage (None: no plan for this placement)."""
         lanes = []
-        for s in range(pp):
-            lanes.append((f"stage {s}  ·  {dp * tp} device(s)", s, [n for n, node in nodes.items() if node.stage == s]))
-        auto = [n for n, node in nodes.items() if node.stage is None]
-        if auto:
-            lanes.append(("auto (planner decides)", None, auto))
-        beyond = [n for n, node in nodes.items() if node.stage is not None and node.stage >= pp]
+        if stages is not None:
+            for s, ids in enumerate(stages):
+                mine = [n for n in ids if n in nodes and nodes[n].stage is not None]
+                how = "" if len(mine) == len(ids) else "  ·  planner's cut" if not mine else "  ·  yours + planner's"
+                lanes.append((f"stage {s}  ·  {dp * tp} device(s){how}", s, in_blocks(graph, ids)))
+        else:
+            for s in range(pp):
+                ids = [n for n, node in nodes.items() if node.stage == s]
+                lanes.append((f"stage {s}  ·  {dp * tp} device(s)", s, in_blocks(graph, ids)))
+            auto = [n for n, node in nodes.items() if node.stage is None]
+            if auto:
+                lanes.append(("auto (planner decides)", None, in_blocks(graph, auto)))
+        beyond = [n for n, node in nodes.items() if node.stage is not None and node.stage >= max(pp, len(stages or []))]
         if beyond:
-            lanes.append((f"stage ≥ {pp}: beyond pp={pp}", -1, beyond))
+            lanes.append((f"stage ≥ {pp}: beyond pp={pp} (see Problems)", -1, in_blocks(graph, beyond)))
         self.lanes = lanes
         self.setMinimumHeight(max(60, 46 * len(lanes) + 4))
         self.update()
+
+    def lane_text(self, i: int) -> str:
+        """What lane i lists, in full (its painted line is elided)."""
+        return ", ".join(self.lanes[i][2]) or "(empty)"
+
+    def event(self, e) -> bool:
+        if e.type() == QEvent.ToolTip:  # the lane under the pointer, in full
+            i = int(e.pos().y() - 2) // 46
+            if 0 <= i < len(self.lanes):
+                QToolTip.showText(e.globalPos(), f"{self.lanes[i][0]}\n{self.lane_text(i)}", self)
+            else:
+                QToolTip.hideText()
+            return True
+        return super().event(e)
 
     def paintEvent(self, e) -> None:
         p = QPainter(self)
@@ -65,7 +125,7 @@ class StageLanes(QWidget):
             p.setPen(QColor(self.theme.text))
             p.drawText(QRectF(r.x() + 12, r.y() + 2, r.width() - 16, 18), Qt.AlignLeft | Qt.AlignVCenter, title)
             p.setPen(QColor(self.theme.subtext))
-            text = fm.elidedText(", ".join(ids) or "(empty)", Qt.ElideRight, r.width() - 20)
+            text = fm.elidedText(", ".join(ids) or "(empty)", Qt.ElideRight, r.width() - 20)  # (all: the tooltip)
             p.drawText(QRectF(r.x() + 12, r.y() + 20, r.width() - 16, 18), Qt.AlignLeft | Qt.AlignVCenter, text)
             y += 46
 
@@ -91,7 +151,20 @@ class DevicesPanel(QWidget):
         self._updating = False
         self._placement: Placement | None = None  # the last placement shown: edits are checked against it
         self._tips: dict[str, str] = {}  # each editor's own tooltip, shown again once its edit is taken
-        lay = QVBoxLayout(self)
+        self.plan_of = lambda: None  # the plan shown (engine.planner.Plan), set by app/devices_source.py attach
+        self.graph_of = lambda: None  # the diagram (its blocks), likewise
+        # everything in a scroll area: a short dock scrolls the panel instead of cutting the plan off
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        self.scroll = QScrollArea()
+        self.scroll.setObjectName("devices_scroll")
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        outer.addWidget(self.scroll)
+        page = QWidget()
+        self.scroll.setWidget(page)
+        lay = QVBoxLayout(page)
         lay.setContentsMargins(8, 6, 8, 6)
         src = QFormLayout()
         self.source = SourceCombo()
@@ -260,7 +333,11 @@ class DevicesPanel(QWidget):
             self.stage_combo.setCurrentIndex(max(0, self.stage_combo.findData(cur)))
         finally:
             self._updating = False
-        self.lanes.set_lanes(placement.pp, placement.dp, placement.tp, nodes)
+        plan = self.plan_of()
+        run = getattr(plan, "run", None)
+        fits = run is not None and (run.pp, run.dp, run.tp) == (placement.pp, placement.dp, placement.tp)
+        self.lanes.set_lanes(placement.pp, placement.dp, placement.tp, nodes, run.stages if fits else None,
+                             self.graph_of())
         # at least two lanes' height, up to LANES_SHOWN when there is room; the rest scrolls
         self.lanes_scroll.setMinimumHeight(min(self.lanes.minimumHeight(), 2 * 46 + 6))
         self.assign_btn.setEnabled(bool(selected))

@@ -1,8 +1,23 @@
-"""Every validation error and warning of the diagram; clicking one selects its node."""
+"""Every validation error and warning of the diagram; clicking one selects its node (or
+the block a placement problem is told of). Long texts wrap: nothing is cut off."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QStyle, QTreeWidget, QTreeWidgetItem
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtWidgets import QStyle, QStyledItemDelegate, QTreeWidget, QTreeWidgetItem
+
+TEXT = 2  # the problem's column
+
+
+class _Wrapped(QStyledItemDelegate):
+    """Rows as tall as their wrapped text (QTreeView's word wrap keeps one line's height)."""
+
+    def sizeHint(self, option, index) -> QSize:
+        size = super().sizeHint(option, index)
+        if index.column() == TEXT:
+            width = max(40, self.parent().header().sectionSize(TEXT) - 10)
+            r = option.fontMetrics.boundingRect(0, 0, width, 1 << 20, Qt.TextWordWrap, str(index.data() or ""))
+            size.setHeight(max(size.height(), r.height() + 4))
+        return size
 
 
 class ProblemsList(QTreeWidget):
@@ -15,7 +30,11 @@ class ProblemsList(QTreeWidget):
         self.setAlternatingRowColors(True)
         self.setColumnWidth(0, 28)
         self.setColumnWidth(1, 130)
-        self.setUniformRowHeights(True)
+        self.setWordWrap(True)  # a long problem takes more lines, never "..." (its full text is the tooltip too)
+        self.setUniformRowHeights(False)
+        self.setTextElideMode(Qt.ElideNone)
+        self.setItemDelegate(_Wrapped(self))
+        self.header().sectionResized.connect(lambda i, *_: i == TEXT and self.scheduleDelayedItemsLayout())
         self.itemClicked.connect(self._clicked)
         self.itemActivated.connect(self._clicked)
         self._icons = {
@@ -32,6 +51,22 @@ class ProblemsList(QTreeWidget):
         self.setRootIsDecorated(False)
         for severity, problems in (("error", errors), ("warning", warnings)):
             by_text = {p.message: p for p in problems}
+            blocks = [p for p in problems if getattr(p, "block", None)]  # app/controller.py in_user_terms
+            for p in {p.message: p for p in blocks}.values():  # one row per block and text; its nodes under it
+                from engine.graph import block_name
+
+                it = QTreeWidgetItem(self, ["", block_name(p.block), p.message])
+                it.setData(0, Qt.UserRole, p.block)
+                inner = [q.inner for q in blocks if q.message == p.message and q.inner]
+                if len(inner) > 1:
+                    for n in inner:
+                        child = QTreeWidgetItem(it, ["", n, ""])
+                        child.setData(0, Qt.UserRole, n)
+                    self.setRootIsDecorated(True)
+                it.setToolTip(1, f"block {p.block}" + (f" ({', '.join(inner)})" if inner else ""))
+                it.setIcon(0, self._icons[severity])
+                it.setToolTip(2, p.message)
+            problems = [p for p in problems if not getattr(p, "block", None)]
             for text, nodes in grouped([p.message for p in problems]):
                 first = by_text.get(text)  # a problem of one node keeps its own text
                 if len(nodes) > 1:
@@ -70,6 +105,10 @@ class ProblemsList(QTreeWidget):
     def messages(self) -> list[str]:
         items = [self.topLevelItem(i) for i in range(self.topLevelItemCount())]
         return [i.text(2) for i in items if i.text(1)]
+
+    def resizeEvent(self, e) -> None:
+        super().resizeEvent(e)
+        self.scheduleDelayedItemsLayout()  # the text column's width changed: rows wrap again
 
     def _clicked(self, item, col=0) -> None:
         node = item.data(0, Qt.UserRole)
