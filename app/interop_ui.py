@@ -5,8 +5,10 @@ runs): export it, use its weights as the project's, fine-tune from it.
 
 The work is engine/interop's (the same calls as `python main.py import/export`);
 this module only asks where, runs the slow ONNX export off the GUI thread, and
-reports in the status bar. An import is written (weights file + project, each
-atomically) before it is opened, so the weights travel with the diagram.
+reports in the status bar. File > Import (both entries, and an .onnx dropped on the
+canvas) opens the import dialog (app/import_dialog.py), which imports on a worker
+thread with its progress and errors shown inline. An import is written (weights file
++ project, each atomically) before it is opened, so the weights travel with the diagram.
 """
 from __future__ import annotations
 
@@ -16,12 +18,11 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from PySide6.QtCore import QEvent, QObject, QTimer
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 
-from engine.interop import InteropError, export_onnx, export_script, import_module, import_onnx, run_weights, save_imported
-from engine.project import SUFFIX
+from engine.interop import InteropError, export_onnx, export_script, run_weights
 
 
 def _onnx_paths(mime) -> list[str]:
@@ -40,8 +41,9 @@ class InteropUI(QObject):
         self.actions: dict[str, QAction] = {}
         menu = next(a.menu() for a in window.menuBar().actions() if a.menu() and a.text() == "&File")
         quit_action = window.actions["quit"]
-        for key, text, slot in (("import_onnx", "Import &ONNX…", lambda: self.import_onnx_file()),
-                                ("import_module", "Import PyTorch &Module…", lambda: self.import_module_path()),
+        self.dialog = None  # the import dialog while it is open
+        for key, text, slot in (("import_onnx", "Import &ONNX…", lambda: self.import_dialog(browse=True)),
+                                ("import_module", "Import PyTorch &Module…", lambda: self.import_dialog()),
                                 ("export_onnx", "&Export ONNX…", lambda: self.export_onnx_to()),
                                 ("export_script", "Export PyTorch &Script…", lambda: self.export_script_to())):
             act = QAction(text, window)
@@ -62,66 +64,77 @@ class InteropUI(QObject):
         B = QMessageBox.StandardButton
         self.window.ask("warning", title, str(exc), B.Ok, B.Ok)
 
-    def _save_and_open(self, imported, project_path: str | Path | None, default: Path) -> Path | None:
-        if project_path is None:
-            project_path, _ = QFileDialog.getSaveFileName(self.window, "Save the imported project", str(default),
-                                                          f"Layerflow projects (*{SUFFIX})")
-            if not project_path:
-                return None
-        direction = self.window.preferred_direction()  # an import is laid out the way the user reads
-        if direction != imported.project.graph.direction and not imported.drawn:
-            from engine.layout import set_direction
+    def import_dialog(self, source: str | Path | None = None, project_path: str | Path | None = None,
+                      *, browse: bool = False):
+        """File > Import: the import dialog (app/import_dialog.py), prefilled with `source`
+        (an .onnx path or 'pkg.mod:Class') and the project file; the import runs on a worker
+        thread and the project it writes is opened here. Returns the dialog (shown)."""
+        from app.import_dialog import ImportDialog
 
-            set_direction(imported.project.graph, direction)
-        path = save_imported(imported, project_path)
+        if self.dialog is not None:
+            self.dialog.close()
+        folder = self.window.settings.value("import_folder") or ""
+        folder = Path(folder) if folder and Path(folder).is_dir() else self.window.file_folder()
+        dlg = ImportDialog(self.window, folder=folder, direction=self.window.preferred_direction(),
+                           source=str(source or ""), output=project_path)
+        dlg.setAttribute(Qt.WA_DeleteOnClose)
+        dlg.imported.connect(lambda path, notes: self._open_imported(dlg, path, notes))
+        dlg.destroyed.connect(lambda *_: setattr(self, "dialog", None) if self.dialog is dlg else None)
+        self.dialog = dlg
+        dlg.open()  # window-modal; the window's event loop goes on (it repaints while importing)
+        if browse:
+            QTimer.singleShot(0, dlg.choose_source)
+        return dlg
+
+    def _open_imported(self, dlg, path: Path, notes) -> None:
+        self.window.settings.set_value("import_folder", str(Path(path).parent))
+        if not self.window.open_project(path):  # the user kept the project they have (unsaved changes)
+            dlg.show_error(f"{Path(path).name} was written but not opened: File > Open opens it")
+            return
+        self._say(f"Imported {Path(path).name}" + (f" ({'; '.join(notes)})" if notes else ""), 15000)
+        dlg.accept()
+
+    def _import_now(self, req, title: str) -> Path | None:
+        """An import with everything given (scripts, tests): run here, written, opened."""
+        from app.import_dialog import run_import
+
+        if not self.window.maybe_save():
+            return None
+        try:
+            path, notes = run_import(req)
+        except (InteropError, OSError, ValueError) as exc:
+            self._refuse(title, exc)
+            return None
         self.window.open_project(path)
-        notes = "; ".join(getattr(imported, "notes", []) or [])
-        self._say(f"Imported {path.name}" + (f" ({notes})" if notes else ""), 15000)
+        self._say(f"Imported {path.name}" + (f" ({'; '.join(notes)})" if notes else ""), 15000)
         return path
 
-    def import_onnx_file(self, onnx_path: str | Path | None = None, project_path: str | Path | None = None) -> Path | None:
-        if not self.window.maybe_save():
-            return None
-        if onnx_path is None:
-            onnx_path, _ = QFileDialog.getOpenFileName(self.window, "Import ONNX", str(self.window.project.directory),
-                                                       "ONNX models (*.onnx)")
-            if not onnx_path:
-                return None
-        try:
-            imported = import_onnx(onnx_path)
-            return self._save_and_open(imported, project_path, Path(onnx_path).with_suffix(SUFFIX))
-        except (InteropError, OSError) as exc:
-            self._refuse("Cannot import ONNX", exc)
-            return None
+    def import_onnx_file(self, onnx_path: str | Path | None = None, project_path: str | Path | None = None):
+        """With both paths: import at once (returns the project path, None when refused).
+        Else the import dialog, prefilled (returns it)."""
+        if onnx_path is None or project_path is None:
+            return self.import_dialog(onnx_path, project_path, browse=onnx_path is None)
+        from app.import_dialog import Request
+
+        req = Request("onnx", str(onnx_path), Path(project_path), direction=self.window.preferred_direction())
+        return self._import_now(req, "Cannot import ONNX")
 
     def import_module_path(self, spec: str | None = None, kwargs: dict | None = None,
-                           input_shape: list[int] | None = None, project_path: str | Path | None = None) -> Path | None:
-        """spec 'pkg.mod:Class'; asked for (with kwargs JSON and the input shape) when not given."""
-        if not self.window.maybe_save():
-            return None
-        if spec is None:
-            spec, ok = QInputDialog.getText(self.window, "Import PyTorch module", "Import path (package.module:Class):")
-            if not ok or not spec.strip():
-                return None
-            text, ok = QInputDialog.getText(self.window, "Import PyTorch module", "Keyword arguments (JSON):", text="{}")
-            if not ok:
-                return None
-            shape, ok = QInputDialog.getText(self.window, "Import PyTorch module", "Input shape per sample (e.g. 16,64):")
-            if not ok:
-                return None
-            try:
-                kwargs = json.loads(text or "{}")
-                input_shape = [int(s) for s in shape.replace(" ", "").split(",") if s]
-            except ValueError as exc:
-                self._refuse("Cannot import module", ValueError(f"keyword arguments or shape: {exc}"))
-                return None
-        try:
-            imported = import_module(spec.strip(), kwargs or {}, input_shapes=[input_shape] if input_shape else None)
-            default = self.window.project.directory / (spec.rsplit(":", 1)[-1] + SUFFIX)
-            return self._save_and_open(imported, project_path, default)
-        except (InteropError, OSError, ValueError) as exc:
-            self._refuse("Cannot import module", exc)
-            return None
+                           input_shape: list[int] | None = None, project_path: str | Path | None = None):
+        """spec 'pkg.mod:Class': with the shape and project path, imported at once (returns
+        the project path); else the import dialog, prefilled (returns it)."""
+        if spec is None or input_shape is None or project_path is None:
+            dlg = self.import_dialog(spec, project_path)
+            if kwargs:
+                dlg.kwargs.setPlainText(json.dumps(kwargs))
+            if input_shape:
+                dlg.set_inputs([(",".join(map(str, input_shape)), "float32")])
+            return dlg
+        from app.import_dialog import Request
+
+        req = Request("module", spec.strip(), Path(project_path), dict(kwargs or {}), [list(input_shape)],
+                      ["float32"], self.window.preferred_direction())
+        return self._import_now(req, "Cannot import module")
 
     # ----- export ---------------------------------------------------------------
     def _ask_target(self, title: str, suffix: str, filt: str) -> str | None:
@@ -331,7 +344,7 @@ class InteropUI(QObject):
             paths = _onnx_paths(event.mimeData())
             if paths:
                 event.acceptProposedAction()
-                QTimer.singleShot(0, lambda: self.import_onnx_file(paths[0]))  # not inside the drop handler
+                QTimer.singleShot(0, lambda: self.import_dialog(paths[0]))  # not inside the drop handler
                 return True
         return False
 

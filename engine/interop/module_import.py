@@ -32,6 +32,7 @@ from torch import fx, nn
 
 from engine.graph import Edge, Graph
 from engine.interop.common import Imported, InteropError, check_imported, make_id, synthetic_training
+from engine.interop.progress import phase
 from engine.layout import blocks_from_scopes
 from engine.layers import FieldError, get_layer
 from engine.project import Project
@@ -896,6 +897,7 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
     dtypes = list(input_dtypes or []) + ["float32"] * max(0, len(input_shapes) - len(input_dtypes or []))
     samples = [_sample(s, d) for s, d in zip(input_shapes, dtypes)]
     _check_arity(module, len(samples), source)
+    phase("tracing", "running the model on sample inputs")
     try:
         with torch.no_grad():
             module(*samples)
@@ -904,7 +906,9 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
         raise InteropError(f"{source}: running it on inputs of shape "
                            f"{', '.join(str((SAMPLE_BATCH, *s)) for s in input_shapes)} failed: {type(exc).__name__}: {first}") from None
     root = _Root(make_id(type(module).__name__.lower(), set()), module) if type(module) in MODULES else module
+    phase("tracing", "recording its calls (torch.export)")
     ep, batch_sym = _export(root, samples, source)
+    phase("converting", "reading the calls as layers")
     _fuse(ep.graph_module)
     reader = _Reader(root, ep, batch_sym, input_names)
     if batch_sym is None:
@@ -916,9 +920,11 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
     reader.wire()
     graph = reader.graph
     _merge_scales(graph)
+    phase("laying out", "blocks from the module tree")
     blocks_from_scopes(graph)
     project = Project(graph, name=name or type(module).__name__, description=f"Imported from {source}")
     imported = Imported(project, reader.state, source, reader.notes)
+    phase("checking", "the diagram computes what the module computes")
     check_imported(imported)
     synthetic_training(project)
     _check_outputs(imported, module, samples)
@@ -970,10 +976,12 @@ def _check_outputs(imported: Imported, module: nn.Module, samples: list[torch.Te
 def import_module(path: str, kwargs: dict | None = None, input_shapes: list[list[int]] | None = None,
                   input_dtypes: list[str] | None = None, name: str | None = None) -> Imported:
     """'pkg.mod:Class' built with kwargs -> Imported (diagram + weights)."""
+    phase("loading", f"importing {path}")
     try:
         cls = rl.import_object(path)
     except (ImportError, AttributeError) as exc:
         raise InteropError(f"cannot import '{path}': {exc}") from None
+    phase("loading", f"building {path.rpartition(':')[2]}")
     try:
         module = cls(**(kwargs or {}))
     except Exception as exc:

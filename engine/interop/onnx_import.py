@@ -27,6 +27,7 @@ import torch
 from engine.graph import Graph, GraphError
 from engine.interop import onnx_limits as limits
 from engine.interop.common import Imported, InteropError, check_imported, synthetic_training
+from engine.interop.progress import phase
 from engine.project import Project
 
 DIAGRAM_KEY = "layerflow.diagram"
@@ -87,9 +88,11 @@ def _import(path: Path, name: str | None) -> Imported:
     from engine.interop.module_import import from_module
     from engine.interop.onnx_to_torch import onnx_module
 
+    phase("loading", f"reading {path.name}")
     model = _load(path)
     inits = {i.name for i in model.graph.initializer}
     shapes, dtypes = _inputs(path, model, [i.name for i in model.graph.input if i.name not in inits])
+    phase("loading", "ONNX operators as torch calls")
     module = onnx_module(path, model)
     limits.dry_run(module, shapes, dtypes)
     limits.check_time("building the module")

@@ -1,5 +1,6 @@
 """File menu import/export and an .onnx file dropped on the canvas, through a real
-window: the same engine/interop calls as the CLI, the slow export off the GUI thread."""
+window: the same engine/interop calls as the CLI, the slow export off the GUI thread
+(the import dialog itself: test_import_dialog.py)."""
 from pathlib import Path
 
 import onnx
@@ -9,7 +10,6 @@ from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication
 
-import app.interop_ui as interop_ui
 from app.window import MainWindow
 from app.settings import Settings
 from engine.compile import compile_graph
@@ -43,7 +43,6 @@ def test_export_onnx_then_drop_it_on_the_canvas(qtbot, window, tmp_path, monkeyp
     onnx.checker.check_model(onnx.load(str(onnx_path)))
 
     target = tmp_path / "imported.lflow"
-    monkeypatch.setattr(interop_ui.QFileDialog, "getSaveFileName", staticmethod(lambda *a, **k: (str(target), "")))
     mime = QMimeData()
     mime.setUrls([QUrl.fromLocalFile(str(onnx_path))])
     vp = window.view.viewport()
@@ -54,6 +53,11 @@ def test_export_onnx_then_drop_it_on_the_canvas(qtbot, window, tmp_path, monkeyp
     drop = QDropEvent(QPointF(p), Qt.CopyAction, mime, Qt.LeftButton, Qt.NoModifier)
     QApplication.sendEvent(vp, drop)
     assert drop.isAccepted()
+    # the import dialog opens with the file as its source; Import runs it off the GUI thread
+    qtbot.waitUntil(lambda: ui.dialog is not None and ui.dialog.isVisible(), timeout=5000)
+    assert ui.dialog.source.text() == str(onnx_path)
+    ui.dialog.output.setText(str(target))
+    ui.dialog.import_button.click()
     qtbot.waitUntil(lambda: window.project.path == target, timeout=30_000)
 
     original = load_project(EX / "mlp_digits.lflow")
