@@ -168,6 +168,9 @@ def run_import(req: Request) -> tuple[Path, list[str]]:
 
 
 # ----- the worker -------------------------------------------------------------------------
+_ONE_AT_A_TIME = threading.Lock()
+
+
 class ImportJob:
     """One import on its own thread. Events come back through `events` (polled by the
     dialog on the GUI thread): ("phase", name, detail), ("done", path, notes),
@@ -197,22 +200,30 @@ class ImportJob:
         self.events.put(("phase", name, detail))
 
     def _run(self) -> None:
+        # one import at a time: torch.export is not made to run on two threads at once, and
+        # a cancelled import goes on until its next phase
+        if not _ONE_AT_A_TIME.acquire(blocking=False):
+            self.events.put(("phase", "waiting", "for the cancelled import to stop"))
+            _ONE_AT_A_TIME.acquire()
+        try:
+            self.events.put(self._outcome())
+        finally:
+            _ONE_AT_A_TIME.release()
+
+    def _outcome(self) -> tuple:
         try:
             with progress.reporting(self._phase):
                 path, notes = run_import(self.req)
         except progress.Cancelled:
-            self.events.put(("cancelled",))
-            return
+            return ("cancelled",)
         except BaseException as exc:  # noqa: BLE001 - every failure is shown in the dialog
-            self.events.put(("error", exc))
-            return
+            return ("error", exc)
         if self.cancelled.is_set():  # too late to stop it: take back what it wrote
             for p in self._new:
                 with contextlib.suppress(OSError):
                     p.unlink()
-            self.events.put(("cancelled",))
-            return
-        self.events.put(("done", path, notes))
+            return ("cancelled",)
+        return ("done", path, notes)
 
 
 def error_line(exc: BaseException) -> str:
@@ -488,7 +499,9 @@ class ImportDialog(QDialog):
             self._show(self.inputs_note, None, ERROR_STYLE)
             self._show(self.kwargs_note, None, ERROR_STYLE)
         out_error, out_note = self._check_output()
-        self._show(self.output_note, out_error or out_note, ERROR_STYLE if out_error else WARN_STYLE)
+        replaces = bool(out_note) and out_note.endswith("will be replaced")
+        self._show(self.output_note, out_error or out_note,
+                   ERROR_STYLE if out_error else WARN_STYLE if replaces else HINT_STYLE)
         if out_error:
             why.append("project file")
         running = self.job is not None

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import onnx
 import pytest
+import shiboken6
 import torch
 from onnx import TensorProto, helper, numpy_helper
 from PySide6.QtCore import Qt, QTimer
@@ -45,6 +46,11 @@ def open_dialog(qtbot, w, **kw) -> ImportDialog:
     dlg = w.interop_ui.import_dialog(**kw)
     qtbot.waitExposed(dlg)
     return dlg
+
+
+def closed(dlg) -> bool:
+    """Closed (and maybe deleted already: the dialog is deleted on close)."""
+    return not shiboken6.isValid(dlg) or not dlg.isVisible()
 
 
 def tiny_onnx(path: Path) -> Path:
@@ -140,7 +146,7 @@ def test_module_import_runs_off_the_gui_thread_and_opens(qtbot, w, tmp_path):
     assert sum(1 for _, running in ticks if running) >= 5
     assert phases[0] == "loading" and {"tracing", "converting", "checking", "writing"} <= set(phases)
     assert not job.thread.is_alive() or job.thread.join(5) is None
-    assert not dlg.isVisible()  # closed on success
+    assert closed(dlg) and w.interop_ui.dialog is None  # closed on success
     assert "Imported resnet.lflow" in w.statusBar().currentMessage()
     assert w.project.weights and (target.parent / w.project.weights).exists()
     n = sum(p.numel() for p in real_models.ResNet50(layers=(1, 2, 3, 1)).parameters())
@@ -223,7 +229,7 @@ def test_cancel_stops_waiting_and_opens_nothing(qtbot, w, tmp_path, monkeypatch)
 
     # Cancel with nothing running closes the dialog
     qtbot.mouseClick(dlg.cancel_button, Qt.LeftButton)
-    assert not dlg.isVisible()
+    assert closed(dlg)
 
 
 def test_cancelled_after_writing_takes_back_its_files(tmp_path):
@@ -255,3 +261,63 @@ def test_menu_and_drop_open_the_dialog(qtbot, w, tmp_path, monkeypatch):
     src = tiny_onnx(tmp_path / "dropped.onnx")
     dlg2 = w.interop_ui.import_onnx_file(src)  # as a drop on the canvas does
     assert dlg2 is w.interop_ui.dialog and dlg2.source.text() == str(src) and dlg2.import_button.isEnabled()
+
+
+def test_a_python_file_as_the_source(qtbot, w, tmp_path):
+    (tmp_path / "mynet.py").write_text(
+        "import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self, hidden=6):\n"
+        "        super().__init__()\n"
+        "        self.fc1, self.fc2 = torch.nn.Linear(4, hidden), torch.nn.Linear(hidden, 2)\n"
+        "    def forward(self, x):\n"
+        "        return self.fc2(torch.relu(self.fc1(x)))\n")
+    dlg = open_dialog(qtbot, w, source=str(tmp_path / "mynet.py"))
+    assert "name the class" in dlg.source_note.text() and not dlg.import_button.isEnabled()
+    dlg.source.setText(f"{tmp_path / 'mynet.py'}:Net")
+    dlg.rows[0].shape.setText("4")
+    dlg.kwargs.setPlainText('{"hidden": 5}')
+    dlg.output.setText(str(tmp_path / "mynet.lflow"))
+    assert dlg.import_button.isEnabled()
+    qtbot.mouseClick(dlg.import_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: w.project.path == tmp_path / "mynet.lflow", timeout=60_000)
+    assert compile_graph(w.project.graph).total_params == 4 * 5 + 5 + 5 * 2 + 2
+    assert w.project.description == f"Imported from {tmp_path / 'mynet.py'}:Net"
+
+
+def test_a_long_error_has_its_details(qtbot, w, tmp_path):
+    from engine.interop import InteropError
+
+    dlg = open_dialog(qtbot, w)
+    dlg._set_error(InteropError("cannot import X: 2 call(s) cannot be represented:\n  - a\n  - b"))
+    assert dlg.error.text() == "cannot import X: 2 call(s) cannot be represented:"
+    assert dlg.details_button.isVisible() and not dlg.details.isVisible()
+    qtbot.mouseClick(dlg.details_button, Qt.LeftButton)
+    assert dlg.details.isVisible() and "  - b" in dlg.details.toPlainText()
+
+
+def test_a_new_import_waits_for_the_cancelled_one(qtbot, w, tmp_path, monkeypatch):
+    import app.import_dialog as import_dialog
+
+    release = threading.Event()
+    real = import_dialog.run_import
+
+    def slow(req):
+        progress.phase("tracing", "held by the test")
+        release.wait(30)
+        return real(req)
+
+    monkeypatch.setattr(import_dialog, "run_import", slow)
+    dlg = open_dialog(qtbot, w, source="real_models:ResNet", project_path=tmp_path / "first.lflow")
+    dlg.rows[0].shape.setText("3,16,16")
+    qtbot.mouseClick(dlg.import_button, Qt.LeftButton)
+    first = dlg.job
+    qtbot.waitUntil(lambda: "Tracing" in dlg.status.text(), timeout=10_000)
+    qtbot.mouseClick(dlg.cancel_button, Qt.LeftButton)
+    dlg.output.setText(str(tmp_path / "second.lflow"))
+    qtbot.mouseClick(dlg.import_button, Qt.LeftButton)  # while the first still runs on its thread
+    qtbot.waitUntil(lambda: "Waiting" in dlg.status.text(), timeout=10_000)
+    release.set()
+    qtbot.waitUntil(lambda: w.project.path == tmp_path / "second.lflow", timeout=120_000)
+    first.thread.join(30)
+    assert not (tmp_path / "first.lflow").exists()
