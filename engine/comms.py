@@ -116,6 +116,17 @@ def communication(compiled: CompileResult, stages: list[list[str]], stage: dict[
                           "activations forward, their gradients backward, in "
                           f"{m} micro-batches" + (f"; {', '.join(carried)} skip(s) carried through" if carried else ""),
                           values=live, carried_through=carried))
+    # tied weights on several stages: their gradients summed between the stages' ranks
+    from engine.runtime.tied import stage_spread
+
+    for names, held in stage_spread((compiled.spec or {}).get("ties") or {}, stages):
+        ranks = sorted({s % pp for s in held})
+        if len(ranks) > 1:
+            node, _, pname = names[0].partition(".")
+            numel = meta.get_submodule(node).get_parameter(pname).numel()
+            comms.append(Comm("all-reduce", f"tied {' = '.join(names)}", "pp", len(ranks), 1, numel * FLOAT_BYTES,
+                              f"gradients of the copies on stages {', '.join(map(str, held))} summed after backward "
+                              f"(the copies stay equal)"))
     # tensor parallel
     if tp > 1:
         for n, ent in tp_plan.items():

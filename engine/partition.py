@@ -197,7 +197,8 @@ def cut_stages(compiled: CompileResult, placement: Placement, microbatches: int,
     """The stages: given (auto-placement's candidate), numbered on the nodes (a node
     without a stage follows the one before it), or, when no node has one, a balanced cut
     (balanced_stages). Then checked: the data flows forward, no stage is empty, tied
-    weights share a stage. Interleaved 1F1B runs several stages per rank."""
+    weights on two stages are held by each (not with tensor parallelism). Interleaved
+    1F1B runs several stages per rank."""
     graph = compiled.graph
     pp, dp, tp = placement.pp, placement.dp, placement.tp
     m = microbatches
@@ -255,9 +256,13 @@ def cut_stages(compiled: CompileResult, placement: Placement, microbatches: int,
     for dst, src in ((compiled.spec or {}).get("ties") or {}).items():
         a, b = dst.partition(".")[0], src.partition(".")[0]
         if a in stage and b in stage and stage[a] != stage[b]:
-            errors.append(f"nodes '{b}' and '{a}' share one parameter ({src} = {dst}, tied weights) but sit in "
-                          f"stages {stage[b]} and {stage[a]}; a pipeline stage holds its own copy, so put both in one "
-                          f"stage (set their stage) or lower placement.pp to 1")
+            if tp > 1:
+                errors.append(f"nodes '{b}' and '{a}' share one parameter ({src} = {dst}, tied weights) in stages "
+                              f"{stage[b]} and {stage[a]}; with tensor parallelism (tp={tp}) a tie runs inside one "
+                              f"stage only: put both in one stage, or use tp 1")
+            else:  # each stage keeps a copy; their gradients are summed every step (runtime/tied.py)
+                notes.append(f"tied weights {src} = {dst}: a copy on stages {stage[b]} and {stage[a]}, their "
+                             f"gradients summed between them every step")
     return Cut(stages, stage, max(1, n_stages // pp), errors, notes)
 
 

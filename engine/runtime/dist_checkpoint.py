@@ -119,14 +119,20 @@ def _disk_full(exc: CheckpointException, path: Path) -> OSError | None:
     return None
 
 
-def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+         aliases: dict[str, list[str]] | None = None) -> dict:
     """Fill model and optimizer from a DCP or a single-process checkpoint; returns
     the extra state (step, scheduler, rng...). Reads tensors and plain values only:
-    UnsafeCheckpoint for a file that holds anything else."""
+    UnsafeCheckpoint for a file that holds anything else. aliases: a tied parameter's
+    other names (runtime/tied.py): its optimizer state is read under whichever name the
+    checkpoint has it (one process keeps it under the first name only, a pipeline stage
+    under its own)."""
     path = Path(path)
     if is_dcp(path):
-        read_metadata(path / ".metadata")  # checked here, before DCP reads it on its own
+        meta = read_metadata(path / ".metadata")  # checked here, before DCP reads it on its own
         msd, osd = get_state_dict(model, optimizer)
+        renamed = _aliased_optim_state(osd, set(meta.state_dict_metadata), aliases or {})
+        own = [list(g["params"]) for g in osd.get("param_groups", [])]  # this model's names, whoever wrote the file
         state = {"model": msd, "optim": osd}
         try:
             with _alone():
@@ -137,6 +143,10 @@ def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict
             if refused is not None:
                 raise refused from None
             raise
+        for mine, theirs in renamed.items():  # back under this model's names
+            state["optim"]["state"][mine] = state["optim"]["state"].pop(theirs)
+        for g, names in zip(state["optim"].get("param_groups", []), own):
+            g["params"] = names
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         return _decoded(_load_tensors(path / EXTRA))
     single = path / "state.pt"
@@ -145,6 +155,23 @@ def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict
     state = _decoded(_load_tensors(single))
     _load_full(model, optimizer, state["model"], state["optimizer"])
     return state
+
+
+def _aliased_optim_state(osd: dict, saved: set[str], aliases: dict[str, list[str]]) -> dict[str, str]:
+    """Move the optimizer state of a parameter the checkpoint holds under another of its
+    names to that name (DCP reads by key); returns {this model's name: the checkpoint's}."""
+    renamed: dict[str, str] = {}
+    if not aliases:
+        return renamed
+    have = {k[len("optim.state."):].rsplit(".", 1)[0] for k in saved if k.startswith("optim.state.")}
+    for fqn in list(osd.get("state", {})):
+        if fqn in have:
+            continue
+        other = next((a for a in aliases.get(fqn, []) if a not in osd["state"] and a in have), None)
+        if other is not None:
+            osd["state"][other] = osd["state"].pop(fqn)
+            renamed[fqn] = other
+    return renamed
 
 
 # ----- reading without running anything ---------------------------------------------

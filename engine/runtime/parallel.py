@@ -202,9 +202,29 @@ def parallelize(full: nn.Module, plan: RunPlan, mesh: DeviceMesh, device: torch.
         mod = convert_sync_batchnorm(mod, mesh["dp"].get_group(), device)
     if plan.tp > 1:
         apply_tp(mod, mesh["tp"], plan.tp_plan)
-    if plan.dp > 1:
+    if plan.dp > 1 and not dp_by_hand(plan):
         mod = apply_dp(mod, mesh["dp"], plan.data_parallel, plan.reshard_after_forward, plan.mixed_precision)
     return mod
+
+
+def dp_by_hand(plan: RunPlan) -> bool:
+    """DDP inside a pipeline stage fails at its second step (its first-iteration bucket
+    rebuild counts every micro-batch's gradients: an internal assert in torch's reducer),
+    so a pipeline's data parallelism of kind ddp averages the stage's gradients itself,
+    in one all-reduce after the schedule's backward (ParallelTrainer.average_over_dp)."""
+    return plan.pp > 1 and plan.dp > 1 and plan.data_parallel == "ddp"
+
+
+@torch.no_grad()
+def average_grads(params: list[nn.Parameter], group, n: int) -> None:
+    """Every gradient averaged over a process group of n ranks, in one flat all-reduce."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat /= n
+    torch._foreach_copy_(grads, [v.view_as(g) for v, g in zip(flat.split([g.numel() for g in grads]), grads)])
 
 
 def infer_stage_shapes(schedule, modules: list[nn.Module], args: tuple, target) -> None:
@@ -283,6 +303,11 @@ class ParallelTrainer(BaseTrainer):
         self.stage_ids = local_stages(plan, self.pp_rank)
         self.parts = [parallelize(full, plan, self.mesh, device, i) for i in self.stage_ids]
         self.model = self.parts[0] if len(self.parts) == 1 else by_node_id(self.parts)
+        # a weight tied across stages (embedding and head): a copy on each, gradients summed
+        from .tied import TiedWeights, setup as tied_setup
+
+        self.tied = tied_setup(spec.model.get("ties") or {}, plan.stages, dims.pp, dims.dp, dims.tp, self.rank,
+                               self.parts) if dims.pp > 1 else TiedWeights()
         self.state_model = by_node_id(self.parts) if dims.pp > 1 or plan.checkpoint else self.model
         self.init_optimizer()
         self.schedule = None
@@ -336,6 +361,9 @@ class ParallelTrainer(BaseTrainer):
                 self.schedule.step(*args, target=y if self.is_last else None, losses=losses, return_outputs=False)
             if self.is_last:  # equal micro-batches: the mean of their means is the batch mean
                 local = torch.stack([loss.detach() for loss in losses]).mean()
+            if dp_by_hand(self.plan):
+                average_grads(list(self.model.parameters()), self.mesh["dp"].get_group(), self.dims.dp)
+            self.tied.sync_grads()
         if self.grad_clip:
             self._clip(float(self.grad_clip))
         self.opt.step()
@@ -371,9 +399,14 @@ class ParallelTrainer(BaseTrainer):
         are laid out: a sharded one (TP, FSDP2) adds its pieces' squares over the mesh
         dims it is split on, a replicated one counts once, stages add theirs over pp."""
         groups: dict[tuple, list[torch.Tensor]] = {}
+        elsewhere = self.tied.not_counted  # a tied weight's copy counted on another stage: scaled, not counted
+        scaled_only: list[torch.Tensor] = []
         for p in self.model.parameters():
             g = p.grad
             if g is None:
+                continue
+            if id(p) in elsewhere:
+                scaled_only.append(g.to_local() if hasattr(g, "to_local") else g)
                 continue
             if hasattr(g, "to_local"):
                 dims = tuple(d for d, pl in enumerate(g.placements) if pl.is_shard() or pl.is_partial())
@@ -391,7 +424,7 @@ class ParallelTrainer(BaseTrainer):
         if self.dims.pp > 1:
             dist.all_reduce(sq, group=self.mesh["pp"].get_group())
         coef = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)  # torch's clip_grad_norm_ formula
-        torch._foreach_mul_(local_grads, coef)
+        torch._foreach_mul_(local_grads + scaled_only, coef)
 
     @torch.no_grad()
     def evaluate(self) -> dict:

@@ -109,7 +109,11 @@ class BaseTrainer:
         process, the random streams. Returns the checkpoint's extra state (step, elapsed...)."""
         from . import dist_checkpoint
 
-        state = dist_checkpoint.load(path, self.state_model, self.opt)
+        from .tied import tie_classes
+
+        aliases = {n: [m for m in names if m != n] for names in tie_classes(self.spec.model.get("ties") or {})
+                   for n in names}
+        state = dist_checkpoint.load(path, self.state_model, self.opt, aliases=aliases)
         self.sched.load_state_dict(state["scheduler"])
         if not self.distributed:  # (rank 0's streams are not another rank's: each goes on with its own)
             set_rng_state(state["rng"])
