@@ -504,6 +504,8 @@ def run_distributed(run_dir: str | Path, *, resume: bool = False) -> dict:
                 f"tp {trainer.tp_rank}/{trainer.dims.tp} on {device}")
             status = fit(trainer, run_dir, resume=resume, writes_metrics=rank == 0, log=log)
             peaks = trainer.peak_mem_per_rank()
+            if trainer.tied.copies:
+                log(f"tied weights: {trainer.tied.calls} gradient all-reduces, {trainer.tied.seconds:.4f} s")
             if rank == 0:
                 log("peak memory per rank (MB): " + ", ".join(map(str, peaks)))
                 (run_dir / "peak_mem_per_rank.json").write_text(json.dumps(peaks))

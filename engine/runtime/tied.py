@@ -12,6 +12,7 @@ process included. Clipping counts a tied parameter once (on the first stage hold
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -66,6 +67,8 @@ class TiedCopy:
 @dataclass
 class TiedWeights:
     copies: list[TiedCopy] = field(default_factory=list)
+    seconds: float = 0.0  # spent in sync_grads (the rank log says it at the end: bench/tied_pipeline.py)
+    calls: int = 0
 
     @property
     def not_counted(self) -> set[int]:
@@ -75,12 +78,17 @@ class TiedWeights:
     @torch.no_grad()
     def sync_grads(self) -> None:
         """Sum each tied parameter's gradient over the stages holding it (after backward)."""
+        if not self.copies:
+            return
+        t0 = time.perf_counter()
         for c in self.copies:
             p = c.param
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
             dist.all_reduce(g, group=c.group)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
 
 
 def find_param(parts: list[nn.Module], name: str) -> nn.Parameter | None:

@@ -145,3 +145,35 @@ def test_the_copies_stay_one_weight(tied_runs, name):
     torch.testing.assert_close(sd["lm_head.weight"], sd["transformer_wte.weight"], rtol=0, atol=0)
     ref = torch.load(tied_runs["one_clip" if "clip" in name else "one"] / "model.pt", weights_only=True)
     torch.testing.assert_close(sd["transformer_wte.weight"], ref["transformer_wte.weight"], rtol=1e-4, atol=1e-5)
+
+
+def test_auto_placement_of_a_24_block_tied_gpt_fits_and_its_proposal_runs(tmp_path):
+    """Issue 43, item 5: on 4 devices of 10 MB the planner cuts the 24-block GPT into a
+    pipeline (the tie split across stages), says why, and the layout it proposes trains
+    on 4 torchrun processes with the losses of one process."""
+    import layerflow as lf
+
+    torch.manual_seed(0)
+    imp = from_module(GPT(vocab_size=128, block_size=16, n_layer=24, n_head=2, n_embd=32).eval(), [[16]], ["int64"])
+    path = save_imported(imp, tmp_path / "gpt24.lflow")
+    p = lf.Project.load(path)
+    p.training.batch_size = 16
+    p.training.log_interval = 1
+    p.training.optimizer.lr = 3e-3
+    plan = p.autoplace(4, memory_gb=0.01)
+    pl = p.placement
+    assert plan.ok and pl.pp > 1 and pl.pp * pl.dp * pl.tp == 4, (pl, plan.errors)
+    assert plan.reasons and plan.reasons[0].startswith(f"chose pp={pl.pp} x dp={pl.dp} x tp={pl.tp}"), plan.reasons
+    assert any("tied weights" in n for n in plan.notes), plan.notes
+    assert max(d.memory.total_bytes for d in plan.devices) <= 0.01 * 2 ** 30
+    p.save(path)
+    proposed = prepare_run(load_project(path), tmp_path / "auto", steps=3)
+    torchrun(4, [{"run_dir": str(proposed)}], tmp_path)
+    single = load_project(path)
+    single.placement = single.placement.derive(pp=1, dp=1, tp=1, microbatches=None)
+    for n in single.graph.nodes:
+        single.graph.assign(n, stage=None, tp=None)
+    one = prepare_run(single, tmp_path / "one", steps=3)
+    assert run(one)["state"] == "succeeded"
+    want, got = losses(one), losses(proposed)
+    assert sorted(got) == [1, 2, 3] and all(got[s] == pytest.approx(want[s], rel=RTOL) for s in want), (got, want)
