@@ -115,6 +115,7 @@ def _own_diagram(path: Path, model, module, shapes, dtypes, name: str | None) ->
     entry = next((p.value for p in model.metadata_props if p.key == DIAGRAM_KEY), None)
     if not entry:
         return None
+    phase("checking", "the diagram the file carries against the file")
     try:
         graph = Graph.from_dict(json.loads(entry))
     except (ValueError, TypeError, KeyError, AttributeError, GraphError, RecursionError):

@@ -152,6 +152,9 @@ def test_module_import_runs_off_the_gui_thread_and_opens(qtbot, w, tmp_path):
     n = sum(p.numel() for p in real_models.ResNet50(layers=(1, 2, 3, 1)).parameters())
     assert compile_graph(w.project.graph).total_params == n
     assert w.settings.value("import_folder") == str(tmp_path)  # the next import starts here
+    again = open_dialog(qtbot, w, source="real_models:GPT")
+    assert again.output.text() == str(tmp_path / "GPT.lflow")
+    again.close()
 
 
 def test_onnx_import_through_the_dialog(qtbot, w, tmp_path):
@@ -321,3 +324,29 @@ def test_a_new_import_waits_for_the_cancelled_one(qtbot, w, tmp_path, monkeypatc
     qtbot.waitUntil(lambda: w.project.path == tmp_path / "second.lflow", timeout=120_000)
     first.thread.join(30)
     assert not (tmp_path / "first.lflow").exists()
+
+
+def test_escape_while_importing_cancels_it(qtbot, w, tmp_path, monkeypatch):
+    import app.import_dialog as import_dialog
+
+    release = threading.Event()
+    real = import_dialog.run_import
+
+    def slow(req):
+        progress.phase("tracing", "held by the test")
+        release.wait(30)
+        return real(req)
+
+    monkeypatch.setattr(import_dialog, "run_import", slow)
+    before = w.project
+    dlg = open_dialog(qtbot, w, source="real_models:ResNet", project_path=tmp_path / "esc.lflow")
+    dlg.rows[0].shape.setText("3,16,16")
+    qtbot.mouseClick(dlg.import_button, Qt.LeftButton)
+    job = dlg.job
+    qtbot.keyClick(dlg, Qt.Key_Escape)
+    assert closed(dlg) and job.cancelled.is_set()
+    release.set()
+    job.thread.join(60)
+    for _ in range(5):
+        QApplication.processEvents()
+    assert w.project is before and not (tmp_path / "esc.lflow").exists()
