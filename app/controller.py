@@ -27,6 +27,8 @@ CLIP_MIME = "application/x-layerflow-nodes"
 COMPILE_DELAY_MS = 60
 SLOW_S = 0.15  # compiles slower than this move to a worker thread
 BIG_DIAGRAM = 300  # nodes: a diagram this big is compiled on the worker from the start
+SYNTHETIC_CHECKED = 64 << 20  # bytes: a generated set up to this size is made whole to check it, as the run does
+SYNTHETIC_SAMPLE = 4096  # samples made of a bigger one (its split sizes are computed)
 
 
 def plan_notes(plan, graph=None) -> tuple[dict[Edge, str], list[tuple[str, int, str]], list[str]]:
@@ -231,7 +233,7 @@ def made_source(project: Project):
     arrays (the cache keeps no copy of the data). The file's path, its consent and its size
     are checked here, at once (ProjectError names the field); the key holds the file's
     size and time, so a file written again is read again."""
-    from engine.data import info_of, load_arrays
+    from engine.data import info_of, load_arrays, synthetic_bytes
 
     d = project.training.dataset
     settings = d.model_dump(mode="json")
@@ -240,11 +242,18 @@ def made_source(project: Project):
         st = path.stat()
         settings.update(path=str(path.resolve()), stamp=[st.st_size, st.st_mtime_ns])
         d = d.model_copy(update={"path": settings["path"]})
+    n = getattr(d, "n_samples", None)
+    big = (synthetic_bytes(d) or 0) > SYNTHETIC_CHECKED
+    if big:  # a big generated set: a few thousand samples tell its shapes, classes and tokens
+        d = d.model_copy(update={"n_samples": SYNTHETIC_SAMPLE})
     made = Project(training=project.training.model_copy(update={"dataset": d}))  # no path: nothing more to consent
 
     def load():
         info = info_of(load_arrays(made))
         info.arrays = None
+        if big:  # the split of all n samples (engine/runtime/datasets/base.py seeded_split)
+            info.n_val = max(1, round(n * d.val_fraction))
+            info.n_train = n - info.n_val
         return info
     return data_key({"made": settings}), load
 

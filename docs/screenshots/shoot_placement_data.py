@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 os.environ["LAYERFLOW_CONFIG_DIR"] = tempfile.mkdtemp(prefix="layerflow-shot-")
 
-from PySide6.QtWidgets import QApplication  # noqa: E402
+from PySide6.QtWidgets import QApplication
 
 
 def settle(app, w=None, n=8):

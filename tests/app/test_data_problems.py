@@ -181,3 +181,21 @@ def test_an_unsaved_projects_paths(qtbot, asked, tmp_path, monkeypatch):
     w.save_as(tmp_path / "elsewhere.lflow")
     settle(w)
     assert not panel.path_where.text().endswith("(not found)")
+
+
+def test_a_big_generated_set_is_checked_from_a_sample(qtbot, win):
+    """Millions of generated samples are not made on every edit: a few thousand tell the
+    shapes and classes; the split sizes are those of the whole set."""
+    w = win
+    editor(w, "dataset", "kind").setCurrentText("synthetic_classification")
+    type_into(qtbot, editor(w, "dataset", "n_features"), "64")
+    type_into(qtbot, editor(w, "dataset", "n_samples"), "2000000")  # 530 MB if made whole
+    settle(w)
+    assert w.project.training.dataset.n_samples == 2_000_000
+    assert [n for n, _ in problems(w)] == ["head"] and "4 classes" in problems(w)[0][1]
+    info = next(v for v in w.controller._data_cache.values() if getattr(v, "n_train", 0) > 10_000)
+    assert (info.n_train, info.n_val, info.sample_shape) == (1_600_000, 400_000, (64,))
+    type_into(qtbot, editor(w, "dataset", "n_samples"), "1000")
+    type_into(qtbot, editor(w, "batch_size"), "801")  # 800 training samples
+    settle(w)
+    assert any("801 is larger than the training set (800 samples)" in m for _, m in problems(w)), problems(w)
