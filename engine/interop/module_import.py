@@ -32,7 +32,9 @@ from torch import fx, nn
 
 from engine.graph import Edge, Graph
 from engine.interop.common import Imported, InteropError, check_imported, make_id, synthetic_training
+from engine.interop.module_checks import check_arity as _check_arity, check_outputs as _check_outputs
 from engine.interop.progress import phase
+from engine.interop.samples import embedding_vocab, first_samples, token_samples
 from engine.layout import blocks_from_scopes
 from engine.layers import FieldError, get_layer
 from engine.project import Project
@@ -889,13 +891,14 @@ def _export(module: nn.Module, samples: list[torch.Tensor], source: str):
 
 def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: list[str] | None = None,
                 source: str | None = None, name: str | None = None,
-                input_names: list[str] | None = None) -> Imported:
+                input_names: list[str] | None = None, vocab: int | None = None) -> Imported:
     """Diagram + weights of an nn.Module instance (input shapes without the batch);
-    `input_names` names the Input nodes (else forward's argument names)."""
+    `input_names` names the Input nodes (else forward's argument names); `vocab` bounds
+    the token ids it is checked on (else each embedding's own size)."""
     source = source or type(module).__qualname__
     module = module.eval()
     dtypes = list(input_dtypes or []) + ["float32"] * max(0, len(input_shapes) - len(input_dtypes or []))
-    samples = [_sample(s, d) for s, d in zip(input_shapes, dtypes)]
+    samples = first_samples(input_shapes, dtypes, SAMPLE_BATCH, vocab)
     _check_arity(module, len(samples), source)
     phase("tracing", "running the model on sample inputs")
     try:
@@ -908,6 +911,9 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
     root = _Root(make_id(type(module).__name__.lower(), set()), module) if type(module) in MODULES else module
     phase("tracing", "recording its calls (torch.export)")
     ep, batch_sym = _export(root, samples, source)
+    users = [n for n in ep.graph_module.graph.nodes
+             if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs]
+    samples = token_samples(samples, embedding_vocab(ep.graph_module, users), vocab)  # checked on real tokens
     phase("converting", "reading the calls as layers")
     _fuse(ep.graph_module)
     reader = _Reader(root, ep, batch_sym, input_names)
@@ -931,51 +937,11 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
     return imported
 
 
-def _check_arity(module: nn.Module, n: int, source: str) -> None:
-    """As many input shapes as forward takes tensors (arguments with defaults may be left out)."""
-    import inspect
-
-    try:
-        params = list(inspect.signature(module.forward).parameters.values())
-    except (TypeError, ValueError):  # a builtin or C++ forward: running it will tell
-        return
-    if any(p.kind is p.VAR_POSITIONAL for p in params):
-        return
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    required = [p for p in positional if p.default is p.empty]
-    if not len(required) <= n <= len(positional):
-        raise InteropError(f"{source}: forward takes {len(required)} input(s) ({', '.join(p.name for p in required)}) "
-                           f"but {n} input shape(s) were given (--input-shape)")
-
-
-def _check_outputs(imported: Imported, module: nn.Module, samples: list[torch.Tensor]) -> None:
-    """The diagram computes what the module computes (eval mode, same weights)."""
-    from engine.compile import compile_graph
-
-    gm = compile_graph(imported.project.graph).build(seed=0)
-    gm.load_state_dict(imported.state)
-    gm.eval()
-    with torch.no_grad():
-        want, got = module(*samples), gm(*samples)
-    want = want if isinstance(want, (tuple, list)) else [want]
-    got = got if isinstance(got, (tuple, list)) else [got]
-    for w, g in zip(want, got):
-        if w.shape != g.shape:
-            raise InteropError(f"{imported.source}: the imported diagram gives shape {tuple(g.shape)} where the module "
-                               f"gives {tuple(w.shape)}; please report this module")
-        if w.is_floating_point() and not torch.isfinite(w).all():
-            raise InteropError(f"{imported.source}: the model itself gives non-finite outputs on random inputs; "
-                               "check its weights")
-        scale = max(w.abs().max().item(), 1e-6) if w.is_floating_point() and w.numel() else 1.0
-        if not torch.allclose(w.double(), g.double(), rtol=1e-4, atol=1e-4 * scale):
-            raise InteropError(f"{imported.source}: the imported diagram computes something else than the module "
-                               f"(largest difference {(w.double() - g.double()).abs().max().item():.3g} at output "
-                               f"scale {scale:.3g}); please report this module")
-
-
 def import_module(path: str, kwargs: dict | None = None, input_shapes: list[list[int]] | None = None,
-                  input_dtypes: list[str] | None = None, name: str | None = None) -> Imported:
-    """'pkg.mod:Class' built with kwargs -> Imported (diagram + weights)."""
+                  input_dtypes: list[str] | None = None, name: str | None = None,
+                  vocab: int | None = None) -> Imported:
+    """'pkg.mod:Class' built with kwargs -> Imported (diagram + weights); `vocab` bounds the
+    token ids the import is checked on."""
     phase("loading", f"importing {path}")
     try:
         cls = rl.import_object(path)
@@ -990,4 +956,5 @@ def import_module(path: str, kwargs: dict | None = None, input_shapes: list[list
         raise InteropError(f"'{path}' built a {type(module).__name__}, not an nn.Module")
     if not input_shapes:
         raise InteropError(f"'{path}': give the shape of each input without the batch (--input-shape 3,32,32)")
-    return from_module(module, input_shapes, input_dtypes, source=path, name=name or path.rpartition(":")[2])
+    return from_module(module, input_shapes, input_dtypes, source=path, name=name or path.rpartition(":")[2],
+                       vocab=vocab)
