@@ -350,3 +350,14 @@ def test_escape_while_importing_cancels_it(qtbot, w, tmp_path, monkeypatch):
     for _ in range(5):
         QApplication.processEvents()
     assert w.project is before and not (tmp_path / "esc.lflow").exists()
+
+
+def test_everything_given_imports_at_once(qtbot, w, tmp_path):
+    """The calls behind the menu, with every answer given (scripts): no dialog."""
+    ui = w.interop_ui
+    out = ui.import_module_path("real_models:ResNet", {"width": 4}, [3, 16, 16], tmp_path / "now.lflow")
+    assert out == tmp_path / "now.lflow" and w.project.path == out and ui.dialog is None
+    assert ui.import_module_path("real_models:Nope", {}, [3, 16, 16], tmp_path / "nope.lflow") is None
+    assert "Nope" in w.statusBar().currentMessage() and w.project.path == out
+    dlg = ui.import_module_path("real_models:ResNet", {"width": 4})  # no shape: the dialog, prefilled
+    assert isinstance(dlg, ImportDialog) and parse_kwargs(dlg.kwargs.toPlainText()) == {"width": 4}
