@@ -8,6 +8,12 @@ from PySide6.QtWidgets import QStyle, QStyledItemDelegate, QTreeWidget, QTreeWid
 TEXT = 2  # the problem's column
 
 
+def _count(problems) -> int:
+    """Problems as the user counts them: a block's problem once, however many of its nodes it is on."""
+    said = {(p.block, p.message) for p in problems if getattr(p, "block", None)}
+    return len(said) + sum(1 for p in problems if not getattr(p, "block", None))
+
+
 class _Wrapped(QStyledItemDelegate):
     """Rows as tall as their wrapped text (QTreeView's word wrap keeps one line's height)."""
 
@@ -86,7 +92,7 @@ class ProblemsList(QTreeWidget):
                 it.setToolTip(2, text)
         if not errors and not warnings:
             QTreeWidgetItem(self, ["", "", "No problems: the diagram compiles and its placement can run."])
-        self.counts = (len(errors), len(warnings))
+        self.counts = (_count(errors), _count(warnings))
         self.setHeaderLabels(["", "node", f"problem: {self.summary()}" if errors or warnings else "problem"])
 
     counts = (0, 0)  # (errors, warnings) shown
