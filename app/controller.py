@@ -516,7 +516,9 @@ class EditorController(QObject):
         if not errors:
             return None
         e = errors[0]
-        more = f" (and {len(errors) - 1} more in Problems)" if len(errors) > 1 else ""
+        n = len({x.message for x in errors if getattr(x, "block", None)}) + sum(
+            1 for x in errors if not getattr(x, "block", None))  # a block's problem once, as Problems counts it
+        more = f" (and {n - 1} more in Problems)" if n > 1 else ""
         return f"{e.message}{more}"
 
     def set_devices(self, devices) -> None:

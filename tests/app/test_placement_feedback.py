@@ -140,6 +140,11 @@ def test_nodes_left_on_a_stage_beyond_pp_are_a_problem(qtbot, w):
     rows = placement_rows(w)
     assert any(r.text(1) == "head" and r.text(2).startswith("block 'head': stage 2 but placement.pp is 2")
                for r in rows), [r.text(2) for r in rows]
+    errors = [e for e in w.controller.problems()[0] if e.field == "placement"]
+    assert len(errors) == 3 and len({e.message for e in errors}) == 1  # on fc3, act2 and fc4, said once
+    blocker = w.controller.run_blocker()
+    total = len(w.controller.problems()[0]) - 2  # the block's three are one problem
+    assert blocker.endswith(f"(and {total - 1} more in Problems)") if total > 1 else "more in" not in blocker
 
 
 def test_the_devices_panel_fits_its_dock_or_scrolls(qtbot, w):
