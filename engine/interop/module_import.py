@@ -34,6 +34,7 @@ from engine.graph import Edge, Graph
 from engine.interop.common import Imported, InteropError, check_imported, make_id, synthetic_training
 from engine.interop.module_checks import check_arity as _check_arity, check_outputs as _check_outputs
 from engine.interop.progress import phase
+from engine.interop.prune import drop_dead
 from engine.interop.samples import embedding_vocab, first_samples, token_samples
 from engine.layout import blocks_from_scopes
 from engine.layers import FieldError, get_layer
@@ -480,7 +481,11 @@ class _Reader:
         if len(code) == 1 and inputs and _is_noop(code[0]):
             self.ids[n] = self.ids[inputs[0]]  # x[:, ...], x.contiguous(): the same value
             return
-        kind, params, keys = _catalog_form(code, weights, inputs)
+        val = n.meta.get("val")
+        kind, params, keys = None, {}, {}
+        if not isinstance(val, torch.Tensor) or val.is_floating_point():
+            # (integer values, indices computed from the batch size, stay Op calls: a Scale gives floats)
+            kind, params, keys = _catalog_form(code, weights, inputs)
         if kind is None:
             kind, params = "Op", {"inputs": len(inputs), "code": code, "weights": weights}
             keys = {w: w for w in weights}
@@ -925,6 +930,7 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
                            + "\n".join(f"  - {p}" for p in reader.problems))
     reader.wire()
     graph = reader.graph
+    reader.notes += drop_dead(graph, reader.state)  # calls whose results no output reads
     _merge_scales(graph)
     phase("laying out", "blocks from the module tree")
     blocks_from_scopes(graph)

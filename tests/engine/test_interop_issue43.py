@@ -56,3 +56,47 @@ def test_token_inputs_are_checked_on_random_ids_within_the_vocabulary(monkeypatc
     # seeded: the same ids each time
     from_module(TwoTables().eval(), [[12]], ["int64"])
     assert torch.equal(seen[-1][0], ids)
+
+
+def test_calls_whose_results_reach_no_output_are_not_imported():
+    from issue43_models import HFEncoder
+
+    torch.manual_seed(0)
+    model = HFEncoder().eval()
+    imp = from_module(model, [[10]], ["int64"])
+    g = imp.project.graph
+    result = compile_graph(g)
+    assert result.ok and not [w for w in result.warnings if "does not reach an Output" in str(w)]
+    assert not {"ones", "unsqueeze", "rsub", "zeros_like"} & set(g.nodes)  # the mask helpers are gone
+    assert result.total_params == sum(p.numel() for p in model.parameters())
+    assert set(imp.state) == set(result.build(seed=0).state_dict())
+    gm = result.build(seed=0)
+    gm.load_state_dict(imp.state)
+    x = torch.randint(0, 30, (4, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(gm.eval()(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_torchvision_style_convnext_comes_in_from_its_onnx_export(tmp_path):
+    """torch.onnx (dynamo) writes AdaptiveAvgPool2d's flatten as an as_strided Gather whose
+    indices are computed from the batch size (arange(B) * 16 + ...): integer values that
+    must stay integers (no Scale node), read as int64 by index_select."""
+    import onnx
+
+    from engine.interop import import_onnx
+    from issue43_models import ConvNeXtTV
+
+    torch.manual_seed(0)
+    model = ConvNeXtTV().eval()
+    prog = torch.onnx.export(model, (torch.randn(3, 3, 32, 32),), dynamo=True,
+                             dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+    path = tmp_path / "convnext.onnx"
+    onnx.save(prog.model_proto, str(path))
+    imp = import_onnx(path)
+    result = compile_graph(imp.project.graph)
+    assert result.ok and result.total_params == sum(p.numel() for p in model.parameters())
+    gm = result.build(seed=0)
+    gm.load_state_dict(imp.state)
+    x = torch.randn(5, 3, 32, 32)  # another batch size than the export's
+    with torch.no_grad():
+        torch.testing.assert_close(gm.eval()(x), model(x), rtol=1e-4, atol=1e-5)
