@@ -36,26 +36,26 @@ def in_blocks(graph, ids: list[str]) -> list[str]:
     other nodes by their ids; in the order given."""
     if graph is None:
         return list(ids)
+    layers: dict[str, list[str]] = {}  # block -> its layers (nested blocks' too), in one pass
+    for nid, node in graph.nodes.items():
+        if node.type not in IO:
+            for b in block_path(node.group):
+                layers.setdefault(b, []).append(nid)
     here, out, seen = set(ids), [], set()
     for n in ids:
         node = graph.nodes.get(n)
         path = block_path(node.group) if node is not None else []
-        whole = next((b for b in path if all(m in here for m in _layers(graph, b))), None)
+        whole = next((b for b in path if all(m in here for m in layers.get(b, ()))), None)
         card = graph.outermost_collapsed(n) if node is not None else None
         name = whole or card
         if name is None:
             out.append(n)
         elif name not in seen:
             seen.add(name)
-            layers = _layers(graph, name)
-            mine = [m for m in layers if m in here]
+            mine = [m for m in layers.get(name, ()) if m in here]
             out.append(block_name(name) if name == whole else f"{block_name(name)} ({', '.join(mine)})"
-                       if len(mine) <= 3 else f"{block_name(name)} ({len(mine)} of {len(layers)})")
+                       if len(mine) <= 3 else f"{block_name(name)} ({len(mine)} of {len(layers.get(name, ()))})")
     return out
-
-
-def _layers(graph, block: str) -> list[str]:
-    return [m for m in graph.block_members(block) if graph.nodes[m].type not in IO]
 
 
 class StageLanes(QWidget):
