@@ -677,6 +677,8 @@ class OnnxModule(nn.Module):
             return None
         data, idx = ins[0], _tt(ins[1])
         axis = a.get("axis", 0)
+        if isinstance(idx, torch.Tensor) and idx.dtype != torch.int64:
+            idx = idx.long()  # ONNX allows int32 indices; index_select and embedding read int64
         if isinstance(data, _Sizes):
             ids = self._ints(idx) if isinstance(idx, torch.Tensor) else [idx]
             picked = [data[i] for i in ids]

@@ -88,6 +88,10 @@ def test_a_torchvision_style_convnext_comes_in_from_its_onnx_export(tmp_path):
 
     torch.manual_seed(0)
     model = ConvNeXtTV().eval()
+    with torch.no_grad():  # trained layer scales (equal initial ones would be one ONNX initializer)
+        for name, p in model.named_parameters():
+            if name.endswith("layer_scale"):
+                p.uniform_(0.1, 1.0)
     prog = torch.onnx.export(model, (torch.randn(3, 3, 32, 32),), dynamo=True,
                              dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
     path = tmp_path / "convnext.onnx"
