@@ -108,9 +108,10 @@ def check_imported(imported: Imported) -> None:
             f"missing {missing[:5]}, unexpected {extra[:5]}, wrong shape {wrong[:5]}")
 
 
-def synthetic_training(project: Project) -> None:
+def synthetic_training(project: Project) -> str | None:
     """Give an imported diagram a synthetic data set of its input's shape, so it can
-    train (from the imported weights) at once; the user swaps in real data later."""
+    train (from the imported weights) at once; the user swaps in real data later.
+    Returns a note for the user when the data set is not the obvious one."""
     from engine.compile import compile_graph
     from engine.project import SyntheticClassification, SyntheticImages, SyntheticRegression, SyntheticSequence
 
@@ -131,6 +132,17 @@ def synthetic_training(project: Project) -> None:
             project.graph.set_param(out_id, "loss", "cross_entropy")
         ds = SyntheticSequence(kind="synthetic_sequence", seq_len=shape[0], vocab_size=classes, n_classes=classes,
                                task="next_token")
+    elif inp.params["dtype"] == "int64" and len(shape) == 1 and tuple(pred.shape[:-1]) == (1,) and \
+            2 <= classes <= 10_000:
+        # only the last position's logits (B, 1, vocab), as nanoGPT's forward gives them without
+        # targets: one label per sequence, a token of the vocabulary (cross_entropy flattens (B, 1))
+        if loss != "cross_entropy":
+            project.graph.set_param(out_id, "loss", "cross_entropy")
+        ds = SyntheticSequence(kind="synthetic_sequence", seq_len=shape[0], vocab_size=classes, n_classes=classes)
+        project.training = project.training.model_copy(update={"dataset": ds})
+        return (f"the model returns only the last position's logits (shape (1, {classes}) per sequence): it trains "
+                "with cross_entropy on one token per sequence (synthetic: the token each sequence repeats most); "
+                "to train it on next tokens at every position, return the logits of all positions from forward")
     elif loss == "cross_entropy" and len(pred.shape) == 1 and classes >= 2:
         if inp.params["dtype"] == "int64" and len(shape) == 1:
             vocab = min((n.params["num_embeddings"] for n in result.nodes.values() if n.type == "Embedding"), default=32)
@@ -145,5 +157,6 @@ def synthetic_training(project: Project) -> None:
     elif loss == "mse" and len(shape) == 1 and len(pred.shape) == 1 and inp.params["dtype"] == "float32":
         ds = SyntheticRegression(kind="synthetic_regression", n_features=shape[0], n_targets=classes)
     else:
-        return
+        return None
     project.training = project.training.model_copy(update={"dataset": ds})
+    return None

@@ -938,7 +938,9 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
     imported = Imported(project, reader.state, source, reader.notes)
     phase("checking", "the diagram computes what the module computes")
     check_imported(imported)
-    synthetic_training(project)
+    note = synthetic_training(project)
+    if note:
+        imported.notes.append(note)
     _check_outputs(imported, module, samples)
     return imported
 

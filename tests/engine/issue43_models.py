@@ -101,3 +101,25 @@ class ConvNeXtTV(nn.Module):
 
     def forward(self, x):
         return self.classifier(self.avgpool(self.features(x)))
+
+
+# ----- nanoGPT's inference forward: only the last position's logits -------------------------
+def gpt_last_logits():
+    """nanoGPT's GPT whose forward, given no targets, returns lm_head(x[:, [-1], :]): (B, 1, vocab)."""
+    from real_models import GPT
+
+    class GPTLast(GPT):
+        def forward(self, idx, targets=None):
+            b, t = idx.size()
+            assert t <= self.block_size, f"Cannot forward sequence of length {t}, block size is only {self.block_size}"
+            pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
+            x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+            for block in self.transformer.h:
+                x = block(x)
+            x = self.transformer.ln_f(x)
+            if targets is not None:
+                logits = self.lm_head(x)
+                return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+            return self.lm_head(x[:, [-1], :])  # inference-time mini-optimization: only the last position
+
+    return GPTLast()

@@ -104,3 +104,30 @@ def test_a_torchvision_style_convnext_comes_in_from_its_onnx_export(tmp_path):
     x = torch.randn(5, 3, 32, 32)  # another batch size than the export's
     with torch.no_grad():
         torch.testing.assert_close(gm.eval()(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_an_lm_returning_last_position_logits_gets_a_loss_and_data_that_train_it(tmp_path):
+    import numpy as np
+
+    from engine.interop import save_imported
+    from engine.project import load_project
+    from engine.run import prepare_run
+    from engine.runtime.train import run
+    from engine.tail import read_metrics
+    from issue43_models import gpt_last_logits
+
+    torch.manual_seed(0)
+    imp = from_module(gpt_last_logits().eval(), [[16]], ["int64"])
+    assert any("only the last position's logits" in n and "return the logits of all positions" in n for n in imp.notes)
+    project = load_project(save_imported(imp, tmp_path / "gpt_last.lflow"))
+    assert project.graph.nodes["output"].params["loss"] == "cross_entropy"
+    ds = project.training.dataset
+    assert (ds.kind, ds.task, ds.vocab_size, ds.n_classes) == ("synthetic_sequence", "classify", 40, 40)
+    project.training.batch_size = 16
+    project.training.optimizer.lr = 3e-3
+    project.training.optimizer.name = "adamw"
+    project.training.log_interval = 1
+    rd = prepare_run(project, tmp_path / "run", steps=40)
+    assert run(rd)["state"] == "succeeded"
+    losses = [r["loss"] for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
+    assert all(np.isfinite(losses)) and np.mean(losses[-5:]) < losses[0] - 0.3  # it learns
