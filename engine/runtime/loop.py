@@ -14,7 +14,8 @@ What it writes is folder.py's RunFolder:
 
   metrics.jsonl    one JSON object a line: {step, epoch, time, loss, lr, samples_per_s,
                    peak_mem_mb[, steps]}; evaluation lines {step, epoch, time, lr, val_loss,
-                   val_acc}; a last line {"event": "end", "state": ...}
+                   val_acc}; with training.compile, a first line {"event": "compiled",
+                   "seconds": ...}; a last line {"event": "end", "state": ...}
   status.json      {state: running|succeeded|failed|cancelled, step, total_steps, ...}
   logs/rank0.log   progress and, on failure, the traceback
   checkpoints/     step_N/ per checkpoint, and `latest` naming the newest
@@ -63,6 +64,10 @@ def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: Progres
     with StopSignal() as stop:
         try:
             start = step = folder.open(checkpoints.load_latest(log) if resume else None)
+            # training.compile: the first compile happens here, before the step clock starts
+            compiled = trainer.warm_up(start, log) if hasattr(trainer, "warm_up") else None
+            if compiled:
+                folder.write({"step": start, "time": round(folder.elapsed(), 4), **compiled})
             metrics = MetricLogger(trainer, folder, start, tr.log_interval)
             while step < total:
                 # the hot path: the loss stays on the device; nothing waits for the step to end

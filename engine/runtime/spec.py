@@ -123,6 +123,7 @@ class ScheduleSpec:
 
 
 BEST_METRICS = ("val_loss", "val_acc", "loss")  # val_acc: higher is better; the losses: lower
+COMPILE_MODES = ("off", "blocks", "whole")  # training.compile (runtime/compiling.py MODES)
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,7 @@ class TrainingSpec:
     dataset: dict = field(default_factory=dict)  # the project's dataset settings (shown, not read)
     keep_checkpoints: int | None = 3  # the last N checkpoints are kept (and the best); None: all
     best_metric: str = "val_loss"  # what makes a checkpoint the best (loop.py CheckpointPolicy)
+    compile: str = "off"  # torch.compile: off, blocks (one per block), whole (runtime/compiling.py)
 
     @classmethod
     def from_json(cls, d, where: str) -> TrainingSpec:
@@ -157,10 +159,14 @@ class TrainingSpec:
                    _int(d, "steps", where, None, 1, optional=True), _int(d, "epochs", where, None, 1, optional=True),
                    _obj(d.get("dataset", {}), f"{where}.dataset"),
                    _int(d, "keep_checkpoints", where, 3, 1, optional=True),
-                   _str(d, "best_metric", where, "val_loss", BEST_METRICS))
+                   _str(d, "best_metric", where, "val_loss", BEST_METRICS),
+                   _str(d, "compile", where, "off", COMPILE_MODES))
 
     def to_json(self) -> dict:
-        return _plain(self)
+        out = _plain(self)
+        if out["compile"] == "off":  # (left out at its default: a runtime from before it reads the file)
+            del out["compile"]
+        return out
 
 
 TASKS = ("classification", "regression", "language_model", "multi_label")

@@ -44,6 +44,14 @@ class Trainer(BaseTrainer):
         # plan.mixed_precision bf16: the forward and the loss autocast (weights, gradients and
         # the optimizer stay float32), as the distributed trainer does without FSDP
         self.autocast = self.autocast_for(spec.plan.mixed_precision == "bf16")
+        # training.compile: in place (the optimizer's parameters and the checkpoints' names stay)
+        self.model = self.compile_model(self.model)
+
+    def warm_up_inputs(self):
+        from .compiling import zeros_like_inputs
+
+        x = zeros_like_inputs(self.spec.model, self.batch_size // self.accumulate, self.device)
+        return x if len(x) > 1 else next(iter(x.values()))
 
     def train_step(self, step: int) -> torch.Tensor:
         """One optimizer step; its loss stays on the device (reading it would wait for the step)."""

@@ -8,8 +8,11 @@ parallel.ParallelTrainer (one rank of several) are BaseTrainers.
     optimizer, schedule   of the spec's OptimizerSpec and ScheduleSpec (steps.py)
     checkpoints           dist_checkpoint.py's one format, read by its one safe loader
 
+    compilation           training.compile (compiling.py): the model compiled in place, its
+                          first compile done by warm_up before the loop's clock starts
+
 fit (loop.py) drives a trainer through these methods and attributes only:
-train_step, log_sync, evaluate, lr, save_checkpoint, load_checkpoint, save_final;
+train_step, log_sync, evaluate, lr, save_checkpoint, load_checkpoint, save_final, warm_up;
 total_steps, batch_size, local_batch, batches, device, spec, distributed, rank, data.
 """
 from __future__ import annotations
@@ -69,6 +72,38 @@ class BaseTrainer:
         if self.spec.weights:
             load_weights(gm, str(self.run_dir / self.spec.weights))
         return gm
+
+    def compile_model(self, model: nn.Module) -> nn.Module:
+        """`model` compiled in place as training.compile says (off: as it is): its parameter
+        names, state_dict and checkpoints stay those of the eager model."""
+        from .compiling import compile_module
+
+        return compile_module(model, self.spec.training.compile, log=None, spec_nodes=self.spec.model["nodes"])
+
+    def warm_up_inputs(self):
+        """A batch of this rank's micro-batch shapes (zeros) for warm_up's compile; None:
+        the trainer compiles at its first step instead."""
+        return None
+
+    def warm_up(self, step: int, log=print) -> dict | None:
+        """The first compile of a compiled model, before the loop's step clock starts
+        (compiling.warm_up): its metrics record {"event": "compiled", "seconds", ...}, or
+        None (nothing compiled). Training state is left as it was."""
+        from .compiling import compiled_regions, warm_up
+
+        regions = compiled_regions(self.model)
+        if not regions:
+            return None
+        for r in regions:  # (a block that falls back later says so in the same log)
+            r.log = log
+        x = self.warm_up_inputs()
+        if x is None:
+            log(f"compile {self.spec.training.compile}: {len(regions)} blocks compile at the first step")
+            return None
+        from .data import forward
+
+        return warm_up(self.model, lambda: forward(self.model, x), getattr(self, "autocast", contextlib.nullcontext),
+                       log)
 
     def skipped_samples(self) -> int:
         """Corrupt samples replaced so far (all ranks' when distributed: a collective)."""

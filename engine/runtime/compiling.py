@@ -1,0 +1,350 @@
+"""training.compile: torch.compile of the model, whole or by regions (issue 47, item 1).
+
+    off      eager, as before
+    whole    one torch.compile of all the model's layers
+    blocks   regional compilation, as torchtitan compiles each transformer block: one
+             torch.compile per block of the diagram, so a compile is small, a failure costs
+             one block, and identical blocks hit inductor's graph cache
+
+How a block is found. The runtime's model is a flat torch.fx GraphModule (model.py): one
+node per layer of the diagram, named by its id. Where the spec's nodes name their block
+("block", else "group": what an imported model's nodes keep of their module tree), a
+region is a run of consecutive nodes of one block. Where they do not (engine/compile.py
+writes id, type, params and args only), the graph is cut where it narrows to a single
+live value (between two transformer half-blocks, between two residual blocks of a
+ResNet, after each layer of an MLP), and a piece without parameters joins the piece
+before it (Linear + ReLU, attention + its residual add). Each region is outlined into a
+GraphModule of its own that holds the very same layer modules, and the flat graph calls
+it in place of its nodes: parameter names, state_dict and checkpoints are unchanged, so
+a compiled run resumes an eager one and the other way round.
+
+A region's compiled code runs only where gradients are on (the training step): the
+evaluation runs the same layers eagerly, so it triggers no second compile of every
+region for eval mode and the last, shorter validation batch.
+
+The first compile is done before the loop's clock starts (`warm_up`): every region is
+run once, compiled, forward and backward, on inputs of the real shapes (zeros), after an
+eager pass that records what each region receives; then buffers (BatchNorm statistics),
+random streams and gradients are put back, so the run's trajectory is that of eager
+training. A region that fails to compile (then, or later at a recompile) runs eagerly
+from then on, with one line in the run log naming it and the reason. CUDA graphs stay
+off (inductor's default mode).
+
+Imports only torch and the standard library: it runs on bare GPU nodes.
+"""
+from __future__ import annotations
+
+import contextlib
+import operator
+import time
+from typing import Callable, Iterable
+
+import torch
+from torch import fx, nn
+
+MODES = ("off", "blocks", "whole")
+WHOLE = "model"  # the name of the one region of `whole`
+REASON_CHARS = 240  # a fallback line keeps this much of the error's first line
+
+Log = Callable[[str], None]
+
+
+# ----- which nodes make a region -----------------------------------------------------
+def _compute_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.op in ("call_module", "call_function", "call_method")]
+
+
+def _has_params(gm: fx.GraphModule, node: fx.Node) -> bool:
+    return node.op == "call_module" and any(True for _ in gm.get_submodule(node.target).parameters())
+
+
+def block_of(spec_node: dict) -> str | None:
+    """The block a spec node belongs to, where the spec says: "block", else "group", else
+    the innermost path of its "scope" ([[path, type], ...] from the outside in)."""
+    if spec_node.get("block"):
+        return str(spec_node["block"])
+    if spec_node.get("group"):
+        return str(spec_node["group"])
+    scope = spec_node.get("scope")
+    if scope:
+        return str(scope[-1][0])
+    return None
+
+
+def narrow_segments(gm: fx.GraphModule) -> list[list[fx.Node]]:
+    """The compute nodes cut where one value alone is live (what the rest of the graph
+    reads of everything before): between transformer half-blocks, residual blocks, MLP
+    layers. A piece without parameters joins the piece before it."""
+    nodes = list(gm.graph.nodes)
+    pos = {n: i for i, n in enumerate(nodes)}
+    last_use = {n: max((pos[u] for u in n.users), default=pos[n]) for n in nodes}
+    pieces: list[list[fx.Node]] = []
+    cur: list[fx.Node] = []
+    for i, n in enumerate(nodes):
+        if n.op not in ("call_module", "call_function", "call_method"):
+            continue
+        cur.append(n)
+        live = [m for m in nodes[:i + 1] if last_use[m] > i]
+        if len(live) <= 1:
+            pieces.append(cur)
+            cur = []
+    if cur:
+        pieces.append(cur)
+    merged: list[list[fx.Node]] = []
+    for p in pieces:
+        if merged and not any(_has_params(gm, n) for n in p):
+            merged[-1].extend(p)
+        else:
+            merged.append(p)
+    # a first piece without parameters (a reshape before the first layer) joins the next one
+    if len(merged) > 1 and not any(_has_params(gm, n) for n in merged[0]):
+        merged[1][:0] = merged.pop(0)
+    return merged
+
+
+def plan_regions(gm: fx.GraphModule, mode: str, spec_nodes: Iterable[dict] = ()) -> list[tuple[str, list[fx.Node]]]:
+    """(name, nodes) of each region to compile, in graph order; nodes consecutive."""
+    compute = _compute_nodes(gm)
+    if not compute:
+        return []
+    if mode == "whole":
+        return [(WHOLE, compute)]
+    if mode != "blocks":
+        raise ValueError(f"training.compile is {mode!r}: choose one of {', '.join(MODES)}")
+    blocks = {str(n["id"]): block_of(n) for n in spec_nodes if isinstance(n, dict) and "id" in n}
+    if any(blocks.values()):
+        # runs of consecutive nodes of one block; nodes of no block are cut as below
+        out: list[tuple[str, list[fx.Node]]] = []
+        free: list[fx.Node] = []
+        last = None
+        for n in compute:
+            b = blocks.get(n.name)
+            if b is None:
+                free.append(n)
+                last = None
+                continue
+            if free:
+                out.extend(_named(_segments_of(gm, free)))
+                free = []
+            if b == last:
+                out[-1][1].append(n)
+            else:
+                out.append((b, [n]))
+            last = b
+        if free:
+            out.extend(_named(_segments_of(gm, free)))
+        return out
+    return _named(narrow_segments(gm))
+
+
+def _segments_of(gm: fx.GraphModule, nodes: list[fx.Node]) -> list[list[fx.Node]]:
+    keep = set(nodes)
+    return [[n for n in seg if n in keep] for seg in narrow_segments(gm) if any(n in keep for n in seg)]
+
+
+def _named(segments: list[list[fx.Node]]) -> list[tuple[str, list[fx.Node]]]:
+    return [(seg[0].name if len(seg) == 1 else f"{seg[0].name}..{seg[-1].name}", seg) for seg in segments]
+
+
+# ----- a region: its eager module, its compiled one, and the fallback --------------------
+class CompiledRegion:
+    """What the flat graph calls in place of a region's nodes (a call_function target, so
+    the region's layers stay registered under their node ids alone)."""
+
+    __module__ = __name__
+
+    def __init__(self, name: str, module: fx.GraphModule, backend, log: Log | None):
+        self.name, self.eager, self.log = name, module, log
+        self.__name__ = self.__qualname__ = "compiled_" + "".join(c if c.isalnum() else "_" for c in name)
+        # inductor's default mode: no CUDA graphs (they would pin the inputs' memory and
+        # need static shapes); dynamic=None: static shapes first, dynamic after a recompile
+        self.compiled = torch.compile(module, backend=backend or "inductor")
+        self.failed: str | None = None  # why it runs eagerly
+        self.recording: list | None = None  # warm_up's eager pass: the inputs it was given
+        self.seconds = 0.0  # the warm-up's compile of this region (forward and backward)
+
+    def __call__(self, *args):
+        if self.recording is not None:
+            self.recording.append(args)
+            return self.eager(*args)
+        if self.failed is None and torch.is_grad_enabled():
+            try:
+                return self.compiled(*args)
+            except Exception as exc:  # a recompile (new shapes) that fails: this region goes eager
+                self.fall_back(exc)
+        return self.eager(*args)
+
+    def fall_back(self, exc: BaseException) -> None:
+        self.failed = reason_of(exc)
+        if self.log:
+            self.log(f"compile: block {self.name} runs eagerly: {self.failed}")
+
+    def __repr__(self) -> str:
+        return f"CompiledRegion({self.name!r}{', eager: ' + self.failed if self.failed else ''})"
+
+
+def reason_of(exc: BaseException) -> str:
+    """The error in one line: its type and its message's first non-empty line (dynamo's
+    and inductor's run to pages)."""
+    inner = exc
+    while getattr(inner, "inner_exception", None) is not None:  # BackendCompilerFailed wraps the backend's
+        inner = inner.inner_exception
+    lines = [ln.strip() for ln in str(inner).splitlines() if ln.strip()]
+    text = f"{type(inner).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return text if len(text) <= REASON_CHARS else text[:REASON_CHARS - 3] + "..."
+
+
+def _outline(gm: fx.GraphModule, name: str, nodes: list[fx.Node], backend, log: Log | None) -> CompiledRegion:
+    """Replaces `nodes` (consecutive) of gm's graph by one call of a CompiledRegion."""
+    inside = set(nodes)
+    inputs: list[fx.Node] = []
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a not in inside and a not in inputs:
+                inputs.append(a)
+    outputs = [n for n in nodes if any(u not in inside for u in n.users)]
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {a: g.placeholder(a.name) for a in inputs}
+    for n in nodes:
+        env[n] = g.node_copy(n, lambda a: env[a])
+    g.output(env[outputs[0]] if len(outputs) == 1 else tuple(env[o] for o in outputs))
+    sub = fx.GraphModule(gm, g, class_name="LayerflowRegion")  # holds gm's very layer modules
+    region = CompiledRegion(name, sub, backend, log)
+    with gm.graph.inserting_before(nodes[0]):
+        call = gm.graph.call_function(region, tuple(inputs))
+    if len(outputs) == 1:
+        outputs[0].replace_all_uses_with(call, delete_user_cb=lambda u: u not in inside)
+    else:
+        with gm.graph.inserting_after(call):
+            for i, o in reversed(list(enumerate(outputs))):
+                gi = gm.graph.call_function(operator.getitem, (call, i))
+                o.replace_all_uses_with(gi, delete_user_cb=lambda u: u not in inside and u is not gi)
+    for n in reversed(nodes):
+        gm.graph.erase_node(n)
+    return region
+
+
+def compile_module(mod: nn.Module, mode: str, log: Log | None = print, *, spec_nodes: Iterable[dict] = (),
+                   backend=None) -> nn.Module:
+    """`mod` compiled as training.compile says, in place (its parameter names and
+    state_dict unchanged); returns it. A GraphModule (the diagram's model, or a pipeline
+    stage) is compiled by regions; another module, whole with nn.Module.compile.
+    `spec_nodes`: the run spec's model nodes, where blocks are named; `backend`: torch.compile's
+    (inductor by default; tests pass one that fails)."""
+    if mode in (None, "off"):
+        return mod
+    if mode not in MODES:
+        raise ValueError(f"training.compile is {mode!r}: choose one of {', '.join(MODES)}")
+    if not isinstance(mod, fx.GraphModule):
+        mod.compile(backend=backend or "inductor")
+        if log:
+            log(f"compile {mode}: {type(mod).__name__} is not the diagram's graph: compiled whole")
+        return mod
+    regions = [_outline(mod, name, nodes, backend, log) for name, nodes in plan_regions(mod, mode, spec_nodes)]
+    mod.graph.lint()
+    mod.recompile()
+    mod._layerflow_compile = (mode, regions)  # (warm_up and the tests find them here)
+    return mod
+
+
+def compiled_regions(mod: nn.Module) -> list[CompiledRegion]:
+    """The regions of every module under `mod` that compile_module compiled."""
+    out: list[CompiledRegion] = []
+    for m in mod.modules():
+        out.extend(getattr(m, "_layerflow_compile", (None, []))[1])
+    return out
+
+
+# ----- the first compile, before the clock starts -----------------------------------------
+def _fresh(v):
+    """A recorded input as a new leaf with the same requires_grad (what dynamo guards on)."""
+    if isinstance(v, torch.Tensor):
+        return v.detach().clone().requires_grad_(v.requires_grad and v.is_floating_point())
+    if isinstance(v, (tuple, list)):
+        return type(v)(_fresh(x) for x in v)
+    return v
+
+
+def _tensors(v) -> list[torch.Tensor]:
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if isinstance(v, (tuple, list)):
+        return [t for x in v for t in _tensors(x)]
+    if isinstance(v, dict):
+        return [t for x in v.values() for t in _tensors(x)]
+    return []
+
+
+def warm_up(model: nn.Module, run_forward: Callable[[], object], context: Callable[[], contextlib.AbstractContextManager]
+            = contextlib.nullcontext, log: Log | None = print) -> dict | None:
+    """Compiles every region of `model` now: an eager pass of `run_forward` (the model on a
+    batch of the step's shapes) records each region's inputs, then each region runs
+    compiled, forward and backward, in `context` (the step's autocast). A region that fails
+    falls back to eager (one log line). Afterwards buffers, random streams and gradients
+    are as they were. Returns the metrics record {"event": "compiled", ...}, or None when
+    nothing is compiled."""
+    regions = compiled_regions(model)
+    if not regions:
+        return None
+    mode = next(getattr(m, "_layerflow_compile")[0] for m in model.modules() if hasattr(m, "_layerflow_compile"))
+    t0 = time.perf_counter()
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        for r in regions:
+            r.recording = []
+        with torch.enable_grad(), context():
+            run_forward()
+        recorded = {id(r): r.recording for r in regions}
+        for r in regions:
+            r.recording = None
+        for r in regions:
+            calls = recorded[id(r)]
+            if not calls or r.failed:
+                continue
+            t = time.perf_counter()
+            try:
+                with torch.enable_grad(), context():
+                    out = r.compiled(*_fresh(calls[0]))
+                    outs = [o for o in _tensors(out) if o.requires_grad]
+                if outs:
+                    torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+            except Exception as exc:
+                r.fall_back(exc)
+            r.seconds = time.perf_counter() - t
+    finally:
+        for r in regions:
+            r.recording = None
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        for p in model.parameters():
+            p.grad = None
+    seconds = time.perf_counter() - t0
+    failed = [r for r in regions if r.failed]
+    rec = {"event": "compiled", "mode": mode, "seconds": round(seconds, 3), "blocks": len(regions)}
+    if failed:
+        rec["eager_blocks"] = [r.name for r in failed]
+    if log:
+        slowest = max(regions, key=lambda r: r.seconds)
+        what = "the model" if mode == "whole" else f"{len(regions)} blocks"
+        more = f" (slowest: {slowest.name} {slowest.seconds:.2f} s)" if mode != "whole" and len(regions) > 1 else ""
+        fell = f"; {len(failed)} run eagerly" if failed else ""
+        log(f"compile {mode}: {what} compiled in {seconds:.2f} s{more}{fell}; not counted as step time")
+    return rec
+
+
+def zeros_like_inputs(spec_model: dict, batch: int, device) -> dict[str, torch.Tensor]:
+    """A batch of zeros of the model's inputs (the spec's Input nodes: shape, dtype), for
+    the warm-up: compiling reads shapes and dtypes, never values (token ids 0 are valid)."""
+    out = {}
+    for n in spec_model["nodes"]:
+        if n.get("type") == "Input":
+            p = n.get("params", {})
+            out[n["id"]] = torch.zeros((batch, *p.get("shape", ())), dtype=getattr(torch, p.get("dtype", "float32")),
+                                       device=device)
+    return out
