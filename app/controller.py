@@ -228,17 +228,24 @@ class _DescribeJob(QRunnable):
 
 
 def made_source(project: Project):
-    """(cache key, loader) of a data set made whole when a run starts (generated, digits,
-    the user's .npz or .csv): the loader returns its engine.data.DataInfo without the
-    arrays (the cache keeps no copy of the data). The file's path, its consent and its size
-    are checked here, at once (ProjectError names the field); the key holds the file's
-    size and time, so a file written again is read again."""
-    from engine.data import info_of, load_arrays, synthetic_bytes
+    """(cache key, loader) of a data set the run describes with engine.data.describe
+    beyond describe_source (generated, digits, a .csv made whole; an .npz scanned in place):
+    the loader returns the engine.data.DataInfo the run would check, without arrays (the
+    cache keeps no copy of the data). The file's consent and existence are checked here, at
+    once (ProjectError names the field); the key holds the file's size and time, so a file
+    written again is read again."""
+    from engine import trust
+    from engine.data import describe, synthetic_bytes
+    from engine.project import ProjectError
 
     d = project.training.dataset
     settings = d.model_dump(mode="json")
     if "path" in settings:
-        path = project.input_file(d.path, "training.dataset.path")  # exists, a regular file, consented
+        field = "training.dataset.path"
+        path = project.resolve_path(d.path)
+        trust.check_file(project, path, field)  # here: the consent given in this window (the worker checks none)
+        if not path.exists():
+            raise ProjectError(f"{field}: {path} does not exist")
         st = path.stat()
         settings.update(path=str(path.resolve()), stamp=[st.st_size, st.st_mtime_ns])
         d = d.model_copy(update={"path": settings["path"]})
@@ -246,10 +253,10 @@ def made_source(project: Project):
     big = (synthetic_bytes(d) or 0) > SYNTHETIC_CHECKED
     if big:  # a big generated set: a few thousand samples tell its shapes, classes and tokens
         d = d.model_copy(update={"n_samples": SYNTHETIC_SAMPLE})
-    made = Project(training=project.training.model_copy(update={"dataset": d}))  # no path: nothing more to consent
+    made = Project(training=project.training.model_copy(update={"dataset": d}))  # no file: nothing more to consent
 
     def load():
-        info = info_of(load_arrays(made))
+        info = describe(made)  # what build_run checks the diagram against
         info.arrays = None
         if big:  # the split of all n samples (engine/runtime/datasets/base.py seeded_split)
             info.n_val = max(1, round(n * d.val_fraction))

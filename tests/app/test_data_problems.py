@@ -107,9 +107,9 @@ def test_npz_asks_for_its_path_without_an_error_then_checks_the_file_off_the_gui
     import engine.data
 
     threads = []
-    load = engine.data.load_arrays
-    monkeypatch.setattr(engine.data, "load_arrays",
-                        lambda *a, **k: threads.append(threading.current_thread()) or load(*a, **k))
+    describe = engine.data.describe  # what build_run checks the diagram against
+    monkeypatch.setattr(engine.data, "describe",
+                        lambda *a, **k: threads.append(threading.current_thread()) or describe(*a, **k))
     w, panel = win, win.training_panel
     kind = editor(w, "dataset", "kind")
     kind.setCurrentText("npz")
@@ -199,3 +199,18 @@ def test_a_big_generated_set_is_checked_from_a_sample(qtbot, win):
     type_into(qtbot, editor(w, "batch_size"), "801")  # 800 training samples
     settle(w)
     assert any("801 is larger than the training set (800 samples)" in m for _, m in problems(w)), problems(w)
+
+
+def test_an_npz_over_the_whole_file_limit_is_read_in_place_as_the_run_does(qtbot, win, tmp_path, monkeypatch):
+    """The form checks an .npz the way build_run does (in place, a chunk at a time), so a
+    file too big to load whole is no problem of its own."""
+    monkeypatch.setenv("LAYERFLOW_MAX_INPUT_MB", "1")
+    rng = np.random.default_rng(0)
+    (tmp_path / "data").mkdir()
+    np.savez(tmp_path / "data" / "big.npz", x=rng.normal(size=(8000, 64)).astype(np.float32),
+             y=rng.integers(0, 10, 8000))  # 2 MB
+    w, panel = win, win.training_panel
+    editor(w, "dataset", "kind").setCurrentText("npz")
+    type_into(qtbot, panel.path_edit, "data/big.npz")
+    settle(w)
+    assert w.project.training.dataset.kind == "npz" and problems(w) == []
