@@ -216,8 +216,8 @@ class DataUI(QObject):
             self.gen += 1
             self.shown_key, self.info = None, None
             self.panel.set_path("", "")
-            what = (f"the file {d.path} ({d.kind}), read whole when a run starts" if getattr(d, "path", "") else
-                    f"generated ({d.kind.replace('_', ' ')})")
+            what = (f"the file {d.path} ({d.kind}; the Training form checks it against the diagram)"
+                    if getattr(d, "path", "") else f"generated ({d.kind.replace('_', ' ')})")
             self.panel.show_idle(f"The project's data set is {what}. Pick a folder or a file to train on your own "
                                  f"data.")
             return
