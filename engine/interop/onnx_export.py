@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import re
 import warnings
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from torch import fx
 
 from engine.compile import compile_graph
 from engine.interop.common import InteropError
+from engine.interop.onnx_export_faults import describe
 from engine.project import Project, atomic_write
 from engine.runtime.model import load_weights
 
@@ -69,22 +69,22 @@ def to_onnx_model(project: Project, opset: int = DEFAULT_OPSET, state: dict | No
     batch = torch.export.Dim("batch", min=1)
     dynamic = tuple({0: batch} for _ in inputs)
     custom = [n["id"] for n in spec["nodes"] if n["type"] == "Custom"]
+    names = dict(input_names=list(spec["inputs"]), output_names=[_out_name(o) for o in spec["outputs"]])
     try:
         with warnings.catch_warnings(), _quiet():
             warnings.simplefilter("ignore")
             prog = torch.onnx.export(gm, inputs, dynamo=True, dynamic_shapes=dynamic, opset_version=opset,
-                                     optimize=False, verbose=False, input_names=list(spec["inputs"]),
-                                     output_names=[_out_name(o) for o in spec["outputs"]])
-    except Exception as exc:  # torch raises many types; find the line that names the op
-        text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
-        op = re.search(r"No ONNX function found for <OpOverload\(op='([^']+)'", text)
-        first = f"the operator {op.group(1)} has no ONNX translation" if op else \
-            f"{type(exc).__name__}: {(text.strip().splitlines() or [''])[0]}"
-        named = [n["id"] for n in spec["nodes"] if re.search(rf"\b{re.escape(n['id'])}\b", text)]
-        hint = f" (nodes named in the error: {', '.join(named[:5])})" if named else ""
-        if custom:
-            hint += f"; Custom layers ({', '.join(custom)}) are the usual cause: replace them by catalog layers"
-        raise InteropError(f"the diagram cannot be exported to ONNX: {first}{hint}") from None
+                                     optimize=False, verbose=False, **names)
+    except Exception as exc:  # torch raises many types; say which node and operator
+        first = describe(exc, spec)
+        try:  # torch's fallback: its own decomposition table first, then ONNX translation
+            prog = _decomposed_first(gm, inputs, dynamic, opset, names)
+        except Exception as exc2:  # noqa: BLE001
+            second = describe(exc2, spec)
+            hint = "" if second == first else f"; exporting it decomposed by torch.export first failed too: {second}"
+            if custom:
+                hint += f"; Custom layers ({', '.join(custom)}) are the usual cause: replace them by catalog layers"
+            raise InteropError(f"the diagram cannot be exported to ONNX: {first}{hint}") from None
     model = prog.model_proto
     entry = model.metadata_props.add()
     entry.key, entry.value = DIAGRAM_KEY, json.dumps(project.graph.to_dict(), sort_keys=True)
@@ -93,6 +93,17 @@ def to_onnx_model(project: Project, opset: int = DEFAULT_OPSET, state: dict | No
     except onnx.checker.ValidationError as exc:
         raise InteropError(f"the exported ONNX model does not pass onnx.checker: {str(exc).splitlines()[0]}") from None
     return model
+
+
+def _decomposed_first(gm, inputs, dynamic, opset, names):
+    """The fallback torch offers when torch.onnx's own decomposition fails (a Reshape read
+    as a view whose strides the decomposed attention changes, T5-style float masks into
+    scaled_dot_product_attention): export, decompose with torch.export's default table, and
+    translate that program."""
+    with warnings.catch_warnings(), _quiet():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(gm, inputs, dynamic_shapes=dynamic, strict=False).run_decompositions()
+        return torch.onnx.export(ep, dynamo=True, opset_version=opset, optimize=False, verbose=False, **names)
 
 
 def _out_name(node_id: str) -> str:

@@ -3,6 +3,8 @@ writes them (Hugging Face BERT/T5, torchvision ConvNeXt/GoogLeNet/Swin, nanoGPT)
 narrow so the tests run on two CPU cores."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -123,3 +125,104 @@ def gpt_last_logits():
             return self.lm_head(x[:, [-1], :])  # inference-time mini-optimization: only the last position
 
     return GPTLast()
+
+
+# ----- T5-style encoder: relative position bias computed in the first block, handed on -------
+class T5LayerNorm(nn.Module):
+    """T5's RMS norm: no mean, no bias."""
+
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        variance = hidden_states.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states
+
+
+class T5Attention(nn.Module):
+    def __init__(self, d_model, n_heads, has_relative_attention_bias=False, num_buckets=8, max_distance=16):
+        super().__init__()
+        self.n_heads, self.d_kv = n_heads, d_model // n_heads
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.q = nn.Linear(d_model, d_model, bias=False)
+        self.k = nn.Linear(d_model, d_model, bias=False)
+        self.v = nn.Linear(d_model, d_model, bias=False)
+        self.o = nn.Linear(d_model, d_model, bias=False)
+        self.has_relative_attention_bias = has_relative_attention_bias
+        if has_relative_attention_bias:
+            self.relative_attention_bias = nn.Embedding(num_buckets, n_heads)
+
+    @staticmethod
+    def _relative_position_bucket(relative_position, num_buckets=32, max_distance=128):
+        # bidirectional
+        num_buckets //= 2
+        relative_buckets = (relative_position > 0).to(torch.long) * num_buckets
+        relative_position = torch.abs(relative_position)
+        max_exact = num_buckets // 2
+        is_small = relative_position < max_exact
+        relative_position_if_large = max_exact + (
+            torch.log(relative_position.float() / max_exact) / math.log(max_distance / max_exact)
+            * (num_buckets - max_exact)).to(torch.long)
+        relative_position_if_large = torch.min(
+            relative_position_if_large, torch.full_like(relative_position_if_large, num_buckets - 1))
+        relative_buckets += torch.where(is_small, relative_position, relative_position_if_large)
+        return relative_buckets
+
+    def compute_bias(self, query_length, key_length, device=None):
+        context_position = torch.arange(query_length, dtype=torch.long, device=device)[:, None]
+        memory_position = torch.arange(key_length, dtype=torch.long, device=device)[None, :]
+        relative_position = memory_position - context_position  # (query_length, key_length)
+        relative_position_bucket = self._relative_position_bucket(
+            relative_position, num_buckets=self.num_buckets, max_distance=self.max_distance)
+        values = self.relative_attention_bias(relative_position_bucket)  # (q, k, n_heads)
+        return values.permute([2, 0, 1]).unsqueeze(0)  # (1, n_heads, q, k)
+
+    def forward(self, hidden_states, position_bias=None):
+        B, T, _ = hidden_states.shape
+
+        def shape(x):
+            return x.view(B, -1, self.n_heads, self.d_kv).transpose(1, 2)
+
+        q, k, v = shape(self.q(hidden_states)), shape(self.k(hidden_states)), shape(self.v(hidden_states))
+        if position_bias is None:
+            position_bias = self.compute_bias(T, T, device=hidden_states.device)
+        # T5 does not scale the scores: scale=1.0, the bias as a float mask
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=position_bias, scale=1.0)
+        out = out.transpose(1, 2).contiguous().view(B, T, -1)
+        return self.o(out), position_bias
+
+
+class T5Block(nn.Module):
+    def __init__(self, d_model, n_heads, has_relative_attention_bias):
+        super().__init__()
+        self.layer_norm = T5LayerNorm(d_model)
+        self.SelfAttention = T5Attention(d_model, n_heads, has_relative_attention_bias)
+        self.ff_norm = T5LayerNorm(d_model)
+        self.wi = nn.Linear(d_model, 2 * d_model, bias=False)
+        self.wo = nn.Linear(2 * d_model, d_model, bias=False)
+
+    def forward(self, hidden_states, position_bias=None):
+        attn, position_bias = self.SelfAttention(self.layer_norm(hidden_states), position_bias)
+        hidden_states = hidden_states + attn
+        hidden_states = hidden_states + self.wo(F.relu(self.wi(self.ff_norm(hidden_states))))
+        return hidden_states, position_bias
+
+
+class T5Encoder(nn.Module):
+    def __init__(self, vocab_size=32, d_model=16, n_heads=2, num_layers=3, num_classes=4):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab_size, d_model)
+        self.block = nn.ModuleList([T5Block(d_model, n_heads, has_relative_attention_bias=bool(i == 0))
+                                    for i in range(num_layers)])
+        self.final_layer_norm = T5LayerNorm(d_model)
+        self.head = nn.Linear(d_model, num_classes)
+
+    def forward(self, input_ids):
+        hidden_states = self.embed_tokens(input_ids)
+        position_bias = None
+        for layer in self.block:  # the first block computes the bias; the others are handed it
+            hidden_states, position_bias = layer(hidden_states, position_bias)
+        return self.head(self.final_layer_norm(hidden_states).mean(1))
