@@ -13,7 +13,8 @@ region is a run of consecutive nodes of one block. Where they do not (engine/com
 writes id, type, params and args only), the graph is cut where it narrows to a single
 live value (between two transformer half-blocks, between two residual blocks of a
 ResNet, after each layer of an MLP), and a piece without parameters joins the piece
-before it (Linear + ReLU, attention + its residual add). Each region is outlined into a
+before it (Linear + ReLU, attention + its residual add), as does the piece after a lone
+layer (Conv2d, then BatchNorm + ReLU + pooling). Each region is outlined into a
 GraphModule of its own that holds the very same layer modules, and the flat graph calls
 it in place of its nodes: parameter names, state_dict and checkpoints are unchanged, so
 a compiled run resumes an eager one and the other way round.
@@ -45,6 +46,7 @@ from torch import fx, nn
 MODES = ("off", "blocks", "whole")
 WHOLE = "model"  # the name of the one region of `whole`
 REASON_CHARS = 240  # a fallback line keeps this much of the error's first line
+BACKEND = "inductor"  # torch.compile's backend (tests put one here that fails)
 
 Log = Callable[[str], None]
 
@@ -92,7 +94,9 @@ def narrow_segments(gm: fx.GraphModule) -> list[list[fx.Node]]:
         pieces.append(cur)
     merged: list[list[fx.Node]] = []
     for p in pieces:
-        if merged and not any(_has_params(gm, n) for n in p):
+        # a piece without parameters, or one after a lone layer (Conv2d, then BatchNorm + ReLU),
+        # joins the piece before it
+        if merged and (not any(_has_params(gm, n) for n in p) or len(merged[-1]) == 1):
             merged[-1].extend(p)
         else:
             merged.append(p)
@@ -158,7 +162,7 @@ class CompiledRegion:
         self.__name__ = self.__qualname__ = "compiled_" + "".join(c if c.isalnum() else "_" for c in name)
         # inductor's default mode: no CUDA graphs (they would pin the inputs' memory and
         # need static shapes); dynamic=None: static shapes first, dynamic after a recompile
-        self.compiled = torch.compile(module, backend=backend or "inductor")
+        self.compiled = torch.compile(module, backend=backend or BACKEND)
         self.failed: str | None = None  # why it runs eagerly
         self.recording: list | None = None  # warm_up's eager pass: the inputs it was given
         self.seconds = 0.0  # the warm-up's compile of this region (forward and backward)
@@ -236,7 +240,7 @@ def compile_module(mod: nn.Module, mode: str, log: Log | None = print, *, spec_n
     if mode not in MODES:
         raise ValueError(f"training.compile is {mode!r}: choose one of {', '.join(MODES)}")
     if not isinstance(mod, fx.GraphModule):
-        mod.compile(backend=backend or "inductor")
+        mod.compile(backend=backend or BACKEND)
         if log:
             log(f"compile {mode}: {type(mod).__name__} is not the diagram's graph: compiled whole")
         return mod

@@ -1,0 +1,183 @@
+"""training.compile (issue 47, item 1): whole and blocks train to the eager losses on CPU
+(inductor with the system C compiler), the first compile is recorded and left out of the
+step time, and a block that fails to compile runs eagerly with one line naming it.
+
+Tolerance: inductor on CPU reorders float32 reductions (and fuses the bias add into the
+matmul's epilogue), so the losses are equal to about 1e-6 relative over these steps
+(measured: 4e-7); the tests ask for 1e-4."""
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.compile import compile_graph
+from engine.graph import Graph
+from engine.project import Project, Training, load_project
+from engine.run import prepare_run
+from engine.runtime import compiling
+from engine.runtime.model import build_graph_module
+from engine.runtime.train import run
+from engine.tail import read_metrics
+
+EX = Path(__file__).resolve().parents[2] / "resources" / "examples"
+RTOL = 1e-4
+
+
+def mlp(mode="off", steps=6, **training) -> Project:
+    g = Graph()
+    g.add_node("Input", {"shape": [32]}, id="x")
+    g.add_node("Linear", {"out_features": 32}, id="fc1")
+    g.add_node("ReLU", {}, id="act1")
+    g.add_node("Linear", {"out_features": 32}, id="fc2")
+    g.add_node("Tanh", {}, id="act2")
+    g.add_node("Linear", {"out_features": 4}, id="head")
+    g.add_node("Output", {"loss": "cross_entropy"}, id="out")
+    for a, b in [("x", "fc1"), ("fc1", "act1"), ("act1", "fc2"), ("fc2", "act2"), ("act2", "head"), ("head", "out")]:
+        g.connect(a, "out", b, "in")
+    tr = Training.model_validate({"dataset": {"kind": "synthetic_classification", "n_samples": 256},
+                                  "optimizer": {"name": "adam", "lr": 0.01}, "batch_size": 32, "steps": steps,
+                                  "eval_interval": 3, "checkpoint_interval": 100, "log_interval": 1,
+                                  "compile": mode, **training})
+    return Project(g, name="compiled", training=tr)
+
+
+def train(project: Project, where: Path) -> tuple[list[float], list[dict], str]:
+    rd = prepare_run(project, where)
+    assert run(rd)["state"] == "succeeded"
+    recs = read_metrics(rd / "metrics.jsonl")
+    return [r["loss"] for r in recs if "loss" in r], recs, (rd / "logs" / "rank0.log").read_text()
+
+
+def assert_close(got, want):
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a == pytest.approx(b, rel=RTOL), (got, want)
+
+
+@pytest.fixture(scope="module")
+def eager_losses(tmp_path_factory):
+    return train(mlp("off"), tmp_path_factory.mktemp("eager") / "run")[0]
+
+
+@pytest.mark.parametrize("mode", ["whole", "blocks"])
+def test_compiled_training_gives_the_eager_losses_and_records_its_compile(tmp_path, eager_losses, mode):
+    losses, recs, log = train(mlp(mode), tmp_path / mode)
+    assert_close(losses, eager_losses)
+    compiled = [r for r in recs if r.get("event") == "compiled"]
+    assert len(compiled) == 1 and recs[0] is compiled[0]  # the first record, before any step's
+    rec = compiled[0]
+    assert rec["mode"] == mode and rec["step"] == 0 and rec["seconds"] > 0
+    assert rec["blocks"] == (1 if mode == "whole" else 3)  # fc1..act1, fc2..act2, head
+    assert "eager_blocks" not in rec
+    assert re.search(rf"compile {mode}: .* compiled in [0-9.]+ s.*not counted as step time", log)
+    # the step clock starts after the compile: the first step's time is a step's, not the compile's
+    first = next(r for r in recs if "loss" in r)
+    assert first["step"] == 1
+    step_s = 32 / first["samples_per_s"]
+    assert step_s < rec["seconds"] / 5, (step_s, rec["seconds"])
+
+
+def test_a_run_without_compile_writes_no_compile_record_and_no_field(tmp_path):
+    rd = prepare_run(mlp("off", steps=2), tmp_path / "run")
+    assert "\"compile\"" not in (rd / "run.json").read_text()  # (a runtime from before it reads the file)
+    assert '"compile"' not in (rd / "project.lflow").read_text()  # left out of saved files at its default
+    run(rd)
+    assert not [r for r in read_metrics(rd / "metrics.jsonl") if r.get("event") == "compiled"]
+
+
+def test_compiled_keeps_parameter_names_and_state_dict():
+    spec = compile_graph(mlp().graph).spec
+    eager = build_graph_module(spec, seed=0)
+    gm = compiling.compile_module(build_graph_module(spec, seed=0), "blocks", log=None)
+    assert list(gm.state_dict()) == list(eager.state_dict())
+    assert [n for n, _ in gm.named_parameters()] == [n for n, _ in eager.named_parameters()]
+    names = [r.name for r in compiling.compiled_regions(gm)]
+    assert names == ["fc1..act1", "fc2..act2", "head"]
+    x = torch.randn(8, 32)
+    with torch.no_grad():  # (without gradients the regions run eagerly: evaluation compiles nothing)
+        torch.testing.assert_close(gm(x), eager(x))
+
+
+def test_blocks_follow_the_spec_blocks_where_nodes_name_them():
+    spec = compile_graph(mlp().graph).spec
+    gm = build_graph_module(spec, seed=0)
+    blocks = {"fc1": "h.0", "act1": "h.0", "fc2": "h.1", "act2": "h.1"}
+    nodes = [{**n, "block": blocks[n["id"]]} if n["id"] in blocks else n for n in spec["nodes"]]
+    assert [name for name, _ in compiling.plan_regions(gm, "blocks", nodes)] == ["h.0", "h.1", "head"]
+    scoped = [{**n, "scope": [["h", "ModuleList"], [blocks[n["id"]], "Block"]]} if n["id"] in blocks else n
+              for n in spec["nodes"]]
+    assert [name for name, _ in compiling.plan_regions(gm, "blocks", scoped)] == ["h.0", "h.1", "head"]
+
+
+def test_blocks_of_the_examples_without_block_names():
+    """No block names in the spec (engine/compile.py writes none): cut where one value is live."""
+    want = {"mlp_digits": ["fc1..act1", "fc2..act2", "head"],
+            "cnn_digits": ["conv1..pool1", "conv2..flat", "head"],
+            "resnet_synthetic": ["stem..stem_act", "b1_conv1..b1_act2", "b2_conv1..flat", "head"],
+            "transformer_synthetic": ["embed..pos", "ln1..res1", "ln2..res2", "ln_f..pool", "head"]}
+    for name, regions in want.items():
+        gm = build_graph_module(compile_graph(load_project(EX / f"{name}.lflow").graph).spec, seed=0)
+        assert [r for r, _ in compiling.plan_regions(gm, "blocks")] == regions, name
+
+
+def refuse_tanh(gm, example_inputs):
+    """A backend that cannot compile a graph with tanh in it (what an unsupported op does)."""
+    if any(n.target in (torch.tanh, torch.ops.aten.tanh.default, torch.nn.functional.tanh) or "tanh" in str(n.target)
+           for n in gm.graph.nodes):
+        raise NotImplementedError("no kernel for tanh on this backend\nsecond line of the error")
+    return gm.forward
+
+
+def test_a_block_that_fails_to_compile_runs_eagerly_with_one_line(tmp_path, eager_losses, monkeypatch):
+    monkeypatch.setattr(compiling, "BACKEND", refuse_tanh)
+    losses, recs, log = train(mlp("blocks"), tmp_path / "run")
+    assert_close(losses, eager_losses)
+    lines = [ln for ln in log.splitlines() if "runs eagerly" in ln]
+    assert lines == ["compile: block fc2..act2 runs eagerly: NotImplementedError: no kernel for tanh on this backend"]
+    rec = next(r for r in recs if r.get("event") == "compiled")
+    assert rec["eager_blocks"] == ["fc2..act2"] and rec["blocks"] == 3
+    assert "1 run eagerly" in log
+
+
+def test_whole_falls_back_as_one_block(tmp_path, monkeypatch):
+    monkeypatch.setattr(compiling, "BACKEND", refuse_tanh)
+    _, recs, log = train(mlp("whole", steps=2), tmp_path / "run")
+    assert "compile: block model runs eagerly: NotImplementedError: no kernel for tanh" in log
+    assert next(r for r in recs if r.get("event") == "compiled")["eager_blocks"] == ["model"]
+
+
+def test_grad_accumulation_compiles_and_gives_the_eager_losses(tmp_path):
+    """Micro-batches: the compiled blocks see each one (the warm-up compiles for its shape)."""
+    want = train(mlp("off", steps=3, grad_accumulation=2), tmp_path / "eager")[0]
+    got = train(mlp("blocks", steps=3, grad_accumulation=2), tmp_path / "blocks")[0]
+    assert_close(got, want)
+
+
+def test_bf16_autocast_compiles_under_the_steps_autocast(tmp_path):
+    """placement.mixed_precision bf16: the warm-up compiles in the step's autocast, so the
+    first step does not compile again (its time stays a step's). bf16 rounds differently
+    once inductor fuses (it keeps some intermediates in float32): 2e-2 relative."""
+    def bf16(mode):
+        p = mlp(mode, steps=3)
+        p.placement.mixed_precision = "bf16"
+        return p
+
+    want = train(bf16("off"), tmp_path / "eager")[0]
+    got, recs, _ = train(bf16("blocks"), tmp_path / "blocks")
+    assert got == pytest.approx(want, rel=2e-2)
+    compile_s = next(r for r in recs if r.get("event") == "compiled")["seconds"]
+    assert 32 / recs[1]["samples_per_s"] < compile_s / 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["transformer_synthetic", "resnet_synthetic"])
+def test_examples_train_compiled_to_the_eager_losses(tmp_path, name):
+    losses = {}
+    for mode in ("off", "blocks", "whole"):
+        p = load_project(EX / f"{name}.lflow")
+        p.training.steps, p.training.log_interval, p.training.eval_interval = 4, 1, 4
+        p.training.compile = mode
+        losses[mode] = train(p, tmp_path / mode)[0]
+    assert_close(losses["blocks"], losses["off"])
+    assert_close(losses["whole"], losses["off"])
