@@ -35,6 +35,7 @@ from engine.interop.common import Imported, InteropError, check_imported, make_i
 from engine.interop.module_checks import check_arity as _check_arity, check_outputs as _check_outputs
 from engine.interop.progress import phase
 from engine.interop.prune import drop_dead
+from engine.interop.unused import unused_note
 from engine.interop.samples import embedding_vocab, first_samples, token_samples
 from engine.layout import blocks_from_scopes
 from engine.layers import FieldError, get_layer
@@ -925,6 +926,9 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
     if batch_sym is None:
         reader.notes.append(f"the model fixes its batch size in forward: exported for a batch of {SAMPLE_BATCH}")
     reader.read()
+    note = unused_note(root, ep, samples, strip=f"{root._name}." if isinstance(root, _Root) else "")
+    if note:
+        reader.notes.append(note)  # training-only branches: named, never dropped silently
     if reader.problems:
         raise InteropError(f"cannot import {source}: {len(reader.problems)} call(s) cannot be represented:\n"
                            + "\n".join(f"  - {p}" for p in reader.problems))

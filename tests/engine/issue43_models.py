@@ -226,3 +226,75 @@ class T5Encoder(nn.Module):
         for layer in self.block:  # the first block computes the bias; the others are handed it
             hidden_states, position_bias = layer(hidden_states, position_bias)
         return self.head(self.final_layer_norm(hidden_states).mean(1))
+
+
+# ----- torchvision-style GoogLeNet: auxiliary classifiers that run only in training ---------
+class BasicConv2d(nn.Module):
+    def __init__(self, cin, cout, **kwargs):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, bias=False, **kwargs)
+        self.bn = nn.BatchNorm2d(cout, eps=0.001)
+
+    def forward(self, x):
+        return F.relu(self.bn(self.conv(x)), inplace=True)
+
+
+class Inception(nn.Module):
+    def __init__(self, cin, ch1x1, ch3x3red, ch3x3, ch5x5red, ch5x5, pool_proj):
+        super().__init__()
+        self.branch1 = BasicConv2d(cin, ch1x1, kernel_size=1)
+        self.branch2 = nn.Sequential(BasicConv2d(cin, ch3x3red, kernel_size=1),
+                                     BasicConv2d(ch3x3red, ch3x3, kernel_size=3, padding=1))
+        self.branch3 = nn.Sequential(BasicConv2d(cin, ch5x5red, kernel_size=1),
+                                     BasicConv2d(ch5x5red, ch5x5, kernel_size=3, padding=1))
+        self.branch4 = nn.Sequential(nn.MaxPool2d(kernel_size=3, stride=1, padding=1, ceil_mode=True),
+                                     BasicConv2d(cin, pool_proj, kernel_size=1))
+
+    def forward(self, x):
+        return torch.cat([self.branch1(x), self.branch2(x), self.branch3(x), self.branch4(x)], 1)
+
+
+class InceptionAux(nn.Module):
+    def __init__(self, cin, num_classes):
+        super().__init__()
+        self.conv = BasicConv2d(cin, 16, kernel_size=1)
+        self.fc1 = nn.Linear(16 * 2 * 2, 32)
+        self.fc2 = nn.Linear(32, num_classes)
+
+    def forward(self, x):
+        x = F.adaptive_avg_pool2d(x, (2, 2))
+        x = torch.flatten(self.conv(x), 1)
+        return self.fc2(F.dropout(F.relu(self.fc1(x), inplace=True), 0.7, training=self.training))
+
+
+class GoogLeNet(nn.Module):
+    def __init__(self, num_classes=5, aux_logits=True):
+        super().__init__()
+        self.aux_logits = aux_logits
+        self.conv1 = BasicConv2d(3, 16, kernel_size=3, stride=2, padding=1)
+        self.inception3a = Inception(16, 8, 8, 8, 4, 4, 4)  # -> 24 channels
+        self.inception4a = Inception(24, 8, 8, 8, 4, 4, 4)
+        self.inception4b = Inception(24, 8, 8, 8, 4, 4, 4)
+        self.aux1 = InceptionAux(24, num_classes) if aux_logits else None
+        self.aux2 = InceptionAux(24, num_classes) if aux_logits else None
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(24, num_classes)
+
+    def _forward(self, x):
+        x = self.inception3a(self.conv1(x))
+        x = self.inception4a(x)
+        aux1 = None
+        if self.aux1 is not None and self.training:
+            aux1 = self.aux1(x)
+        x = self.inception4b(x)
+        aux2 = None
+        if self.aux2 is not None and self.training:
+            aux2 = self.aux2(x)
+        x = torch.flatten(self.avgpool(x), 1)
+        return self.fc(x), aux2, aux1
+
+    def forward(self, x):
+        x, aux2, aux1 = self._forward(x)
+        if self.training and self.aux_logits:
+            return x, aux2, aux1  # (torchvision: GoogLeNetOutputs)
+        return x

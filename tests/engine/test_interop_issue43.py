@@ -182,3 +182,23 @@ def test_an_onnx_export_failure_names_the_node_and_operator(tmp_path):
     msg = str(e.value)
     assert "node 'bessel' (Op)" in msg and "bessel_j0" in msg and "has no ONNX translation" in msg, msg
     assert "\n" not in msg and not (tmp_path / "b.onnx").exists()
+
+
+def test_training_only_auxiliary_classifiers_are_named_at_import():
+    from issue43_models import GoogLeNet
+
+    torch.manual_seed(0)
+    model = GoogLeNet().eval()
+    imp = from_module(model, [[3, 16, 16]])
+    aux = sum(p.numel() for m in (model.aux1, model.aux2) for p in m.parameters())
+    total = sum(p.numel() for p in model.parameters())
+    lines = [n for n in imp.notes if "not in the diagram" in n]
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert f"{aux} of the module's {total} parameters" in lines[0]
+    assert "'aux1', 'aux2' run only in training mode" in lines[0]
+    # the parameter count: the diagram's plus the named modules' is the module's
+    assert imp.n_params + aux == total
+    assert model.training is False and not model.aux1.training
+    # without auxiliary classifiers nothing is said
+    assert not [n for n in from_module(GoogLeNet(aux_logits=False).eval(), [[3, 16, 16]]).notes
+                if "not in the diagram" in n]
