@@ -8,8 +8,9 @@
 
 How a block is found. The runtime's model is a flat torch.fx GraphModule (model.py): one
 node per layer of the diagram, named by its id. Where the spec's nodes name their block
-("block", else "group": what an imported model's nodes keep of their module tree), a
-region is a run of consecutive nodes of one block. Where they do not (engine/compile.py
+("block"; or "group"/"scope", what an imported model's nodes keep of their module tree:
+then the outermost list item around them, h.0 or layer1.1), a region is a run of
+consecutive nodes of one block. Where they do not (engine/compile.py
 writes id, type, params and args only), the graph is cut where it narrows to a single
 live value (between two transformer half-blocks, between two residual blocks of a
 ResNet, after each layer of an MLP), and a piece without parameters joins the piece
@@ -52,25 +53,57 @@ Log = Callable[[str], None]
 
 
 # ----- which nodes make a region -----------------------------------------------------
+# get_attr: a checkpointed layer's module, fetched for the checkpoint call (stages.py)
+COMPUTE = ("call_module", "call_function", "call_method", "get_attr")
+
+
 def _compute_nodes(gm: fx.GraphModule) -> list[fx.Node]:
-    return [n for n in gm.graph.nodes if n.op in ("call_module", "call_function", "call_method")]
+    return [n for n in gm.graph.nodes if n.op in COMPUTE]
 
 
 def _has_params(gm: fx.GraphModule, node: fx.Node) -> bool:
-    return node.op == "call_module" and any(True for _ in gm.get_submodule(node.target).parameters())
+    if node.op not in ("call_module", "get_attr"):
+        return False
+    obj = gm.get_submodule(node.target) if node.op == "call_module" else _attr(gm, node.target)
+    return isinstance(obj, nn.Module) and any(True for _ in obj.parameters()) or isinstance(obj, nn.Parameter)
+
+
+def _attr(gm: nn.Module, target: str):
+    for part in target.split("."):
+        gm = getattr(gm, part)
+    return gm
 
 
 def block_of(spec_node: dict) -> str | None:
-    """The block a spec node belongs to, where the spec says: "block", else "group", else
-    the innermost path of its "scope" ([[path, type], ...] from the outside in)."""
-    if spec_node.get("block"):
-        return str(spec_node["block"])
+    """The block a spec node names for itself ("block"), else None."""
+    b = spec_node.get("block")
+    return str(b) if b else None
+
+
+def _paths(spec_node: dict) -> list[str]:
+    """The module paths around a node, from the outside in: its "group" (the editor's
+    block path, "h.0/h.0.attn") or its "scope" ([[path, type], ...] of an imported module)."""
     if spec_node.get("group"):
-        return str(spec_node["group"])
-    scope = spec_node.get("scope")
-    if scope:
-        return str(scope[-1][0])
-    return None
+        return str(spec_node["group"]).split("/")
+    return [str(p[0]) for p in spec_node.get("scope") or [] if p]
+
+
+def spec_blocks(spec_nodes: Iterable[dict]) -> dict[str, str | None]:
+    """Node id -> its block, where the spec says: "block" as written; else the outermost
+    module path around it that is an item of a list (h.0, layer1.1: what repeats, what
+    torchtitan compiles one by one) and holds more than this node."""
+    nodes = [n for n in spec_nodes if isinstance(n, dict) and "id" in n]
+    count: dict[str, int] = {}
+    for n in nodes:
+        for p in set(_paths(n)):
+            count[p] = count.get(p, 0) + 1
+    out: dict[str, str | None] = {}
+    for n in nodes:
+        b = block_of(n)
+        if b is None:
+            b = next((p for p in _paths(n) if p.rpartition(".")[2].isdigit() and count[p] > 1), None)
+        out[str(n["id"])] = b
+    return out
 
 
 def narrow_segments(gm: fx.GraphModule) -> list[list[fx.Node]]:
@@ -83,7 +116,7 @@ def narrow_segments(gm: fx.GraphModule) -> list[list[fx.Node]]:
     pieces: list[list[fx.Node]] = []
     cur: list[fx.Node] = []
     for i, n in enumerate(nodes):
-        if n.op not in ("call_module", "call_function", "call_method"):
+        if n.op not in COMPUTE:
             continue
         cur.append(n)
         live = [m for m in nodes[:i + 1] if last_use[m] > i]
@@ -115,7 +148,7 @@ def plan_regions(gm: fx.GraphModule, mode: str, spec_nodes: Iterable[dict] = ())
         return [(WHOLE, compute)]
     if mode != "blocks":
         raise ValueError(f"training.compile is {mode!r}: choose one of {', '.join(MODES)}")
-    blocks = {str(n["id"]): block_of(n) for n in spec_nodes if isinstance(n, dict) and "id" in n}
+    blocks = spec_blocks(spec_nodes)
     if any(blocks.values()):
         # runs of consecutive nodes of one block; nodes of no block are cut as below
         out: list[tuple[str, list[fx.Node]]] = []

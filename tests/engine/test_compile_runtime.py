@@ -105,9 +105,13 @@ def test_blocks_follow_the_spec_blocks_where_nodes_name_them():
     blocks = {"fc1": "h.0", "act1": "h.0", "fc2": "h.1", "act2": "h.1"}
     nodes = [{**n, "block": blocks[n["id"]]} if n["id"] in blocks else n for n in spec["nodes"]]
     assert [name for name, _ in compiling.plan_regions(gm, "blocks", nodes)] == ["h.0", "h.1", "head"]
-    scoped = [{**n, "scope": [["h", "ModuleList"], [blocks[n["id"]], "Block"]]} if n["id"] in blocks else n
-              for n in spec["nodes"]]
+    # an imported model's module tree: the outermost list item around a node is its block
+    scoped = [{**n, "scope": [["transformer", "GPT"], [blocks[n["id"]], "Block"], [f"{blocks[n['id']]}.{n['id']}", "Linear"]]}
+              if n["id"] in blocks else {**n, "scope": [["lm_head", "Linear"]]} for n in spec["nodes"]]
     assert [name for name, _ in compiling.plan_regions(gm, "blocks", scoped)] == ["h.0", "h.1", "head"]
+    grouped = [{**n, "group": f"{blocks[n['id']]}/{blocks[n['id']]}.mlp"} if n["id"] in blocks else n
+               for n in spec["nodes"]]
+    assert [name for name, _ in compiling.plan_regions(gm, "blocks", grouped)] == ["h.0", "h.1", "head"]
 
 
 def test_blocks_of_the_examples_without_block_names():
@@ -181,3 +185,40 @@ def test_examples_train_compiled_to_the_eager_losses(tmp_path, name):
         losses[mode] = train(p, tmp_path / mode)[0]
     assert_close(losses["blocks"], losses["off"])
     assert_close(losses["whole"], losses["off"])
+
+
+def test_compile_composes_with_activation_checkpointing_and_pipeline_stages():
+    """What parallel.py's parallelize() hands compile_module: a model with checkpointed
+    layers (stages.apply_checkpointing) and a pipeline stage's module; losses equal eager."""
+    from engine.runtime.stages import apply_checkpointing, build_stage_module
+
+    spec = compile_graph(mlp().graph).spec
+
+    def losses(make, steps=3):
+        torch.manual_seed(1)
+        gm = make()
+        opt = torch.optim.SGD(gm.parameters(), lr=0.1)
+        xs, ys = torch.randn(steps, 8, 32), torch.randint(0, 4, (steps, 8))
+        out = []
+        for i in range(steps):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(gm(xs[i]), ys[i])
+            loss.backward()
+            opt.step()
+            out.append(loss.item())
+        return out
+
+    def checkpointed():
+        return apply_checkpointing(build_graph_module(spec, seed=0), {"fc1", "fc2"})
+
+    want = losses(checkpointed)
+    logs = []
+    for mode in ("blocks", "whole"):
+        assert_close(losses(lambda: compiling.compile_module(checkpointed(), mode, log=logs.append)), want)
+    full = build_graph_module(spec, seed=0)
+    ids = [n.name for n in full.graph.nodes if n.op in ("call_module", "call_function")]
+    stage = compiling.compile_module(build_stage_module(full, [ids[:3], ids[3:]], 1, {"head"}), "blocks", log=logs.append)
+    assert [r.name for r in compiling.compiled_regions(stage)] == ["act2..head"]
+    x = torch.randn(8, 32, requires_grad=True)
+    stage(x).sum().backward()
+    assert x.grad is not None and not [r for r in compiling.compiled_regions(stage) if r.failed] and not logs
