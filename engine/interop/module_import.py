@@ -35,6 +35,7 @@ from engine.interop.common import Imported, InteropError, check_imported, make_i
 from engine.interop.module_checks import check_arity as _check_arity, check_outputs as _check_outputs
 from engine.interop.progress import phase
 from engine.interop.prune import drop_dead
+from engine.interop.shared import batch_view, shared_values
 from engine.interop.unused import unused_note
 from engine.interop.samples import embedding_vocab, first_samples, token_samples
 from engine.layout import blocks_from_scopes
@@ -250,6 +251,7 @@ class _Reader:
         self.notes: list[str] = []
         self.pending: list[tuple[str, list[fx.Node]]] = []
         self.dep = self._batch_dependence()
+        self.shared = shared_values(self.gm, self.dep, self.lifted, _stack)
 
     # which values carry the batch
     def _batch_dependence(self) -> set[fx.Node]:
@@ -378,6 +380,11 @@ class _Reader:
         def emit(n: fx.Node) -> str:
             if n in names:
                 return names[n]
+            if n is not root and n in self.shared:  # computed once, one node: read back without its batch
+                inputs.append(n)
+                names[n] = f"{n.name}_in{len(inputs) - 1}"
+                code.append([names[n], "aten.select.int", [{"$": f"in{len(inputs) - 1}"}, 0, 0], {}])
+                return names[n]
             if n is not root and n not in inside and (self.proper(n) or n in self.user_inputs):
                 inputs.append(n)
                 names[n] = f"in{len(inputs) - 1}"
@@ -451,6 +458,9 @@ class _Reader:
                 if n.op == "output":
                     self.outputs(n)
                     continue
+                if n in self.shared:
+                    self.shared_node(n)
+                    continue
                 if n.op != "call_function" or not self.proper(n):
                     continue  # folded into the node that reads it
                 r = regions.get(n)
@@ -498,6 +508,17 @@ class _Reader:
         nid = self.add(kind, params, base, n, inputs)
         for w, key in keys.items():
             self.keep(nid, key, values[w], weights[w]["grad"])
+
+    def shared_node(self, v: fx.Node) -> None:
+        """A value without the batch that several calls read (T5's position bias): one Op
+        node that computes it and hands it on expanded over the batch (a view)."""
+        code, weights, values, inputs = self.program(v)
+        code, inputs = batch_view(code, inputs, v, self.user_inputs[0])
+        stack = _stack(v)
+        nid = self.add("Op", {"inputs": len(inputs), "code": code, "weights": weights, "label": "computed once"},
+                       _given_name(v) or (f"{stack[-1][1]}.{v.name}" if stack else v.name), v, inputs)
+        for w in weights:
+            self.keep(nid, w, values[w], weights[w]["grad"])
 
     def outputs(self, n: fx.Node) -> None:
         outs = n.args[0] if isinstance(n.args[0], (tuple, list)) else [n.args[0]]

@@ -202,3 +202,29 @@ def test_training_only_auxiliary_classifiers_are_named_at_import():
     # without auxiliary classifiers nothing is said
     assert not [n for n in from_module(GoogLeNet(aux_logits=False).eval(), [[3, 16, 16]]).notes
                 if "not in the diagram" in n]
+
+
+def test_a_value_computed_once_and_handed_on_is_one_node_fed_to_its_users(tmp_path):
+    """T5: the first block computes the relative position bias, the others are handed it;
+    the import keeps one node computing it (no per-block copy tied to the same table)."""
+    from engine.planner import make_plan
+
+    model, imp, project = _t5(tmp_path)
+    g = project.graph
+    assert g.ties == {}
+    table = [k for k in imp.state if k.endswith("relative_attention_bias_weight")]
+    assert len(table) == 1  # one node holds the bias table
+    bias = table[0].partition(".")[0]
+    readers = sorted(g.successors(bias))
+    assert len(readers) == 3 and all("scaled_dot_product_attention" in r for r in readers)
+    assert [r.split("_SelfAttention")[0] for r in readers] == ["block_0", "block_1", "block_2"]
+    assert g.nodes[bias].scope[0][0] == "block.0"  # computed where the source computes it
+    result = compile_graph(g)
+    assert result.ok and result.total_params == sum(p.numel() for p in model.parameters())
+    gm = result.build(seed=0)
+    gm.load_state_dict(imp.state)
+    x = torch.randint(0, 32, (5, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(gm.eval()(x), model(x), rtol=1e-5, atol=1e-5)
+    plan = make_plan(project, 2, placement={"pp": 2, "microbatches": 2})  # no tie pins the blocks together
+    assert plan.ok, plan.errors
