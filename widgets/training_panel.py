@@ -68,6 +68,9 @@ HELP = {
     "seed": "seed of the weights' initialisation and the batch order",
     "grad_clip": "clip the gradients' global norm to this value",
     "grad_accumulation": "micro-batches per optimizer step in one process: batch_size must be a multiple",
+    "compile": "torch.compile of the model: off; blocks: one compile per block (regional, as torchtitan\n"
+               "compiles each transformer block); whole: the model at once. The first compile's time is in the\n"
+               "run log and the metrics, not in the step time; a block that fails to compile runs eagerly",
     "mixed_precision": "bf16: compute in bfloat16, keep float32 weights (FSDP casts, otherwise autocast)",
     "sync_batchnorm": "BatchNorm statistics over all data-parallel replicas",
     "reshard_after_forward": "FSDP only (data parallel: fsdp in Devices): free gathered parameters after the forward",
