@@ -34,6 +34,7 @@ from engine.graph import Edge, Graph
 from engine.interop.common import Imported, InteropError, check_imported, make_id, synthetic_training
 from engine.interop.module_checks import check_arity as _check_arity, check_outputs as _check_outputs
 from engine.interop.progress import phase
+from engine.interop.mutations import functional
 from engine.interop.prune import drop_dead
 from engine.interop.shared import batch_view, shared_values
 from engine.interop.unused import unused_note
@@ -938,6 +939,7 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
     root = _Root(make_id(type(module).__name__.lower(), set()), module) if type(module) in MODULES else module
     phase("tracing", "recording its calls (torch.export)")
     ep, batch_sym = _export(root, samples, source)
+    ep = functional(ep)  # in-place writes (a mask filled slice by slice) become values
     users = [n for n in ep.graph_module.graph.nodes
              if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs]
     samples = token_samples(samples, embedding_vocab(ep.graph_module, users), vocab)  # checked on real tokens

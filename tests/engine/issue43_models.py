@@ -298,3 +298,126 @@ class GoogLeNet(nn.Module):
         if self.training and self.aux_logits:
             return x, aux2, aux1  # (torchvision: GoogLeNetOutputs)
         return x
+
+
+# ----- torchvision-style Swin: shifted windows, the attention mask built in forward ------------
+def _get_relative_position_bias(relative_position_bias_table, relative_position_index, window_size):
+    N = window_size[0] * window_size[1]
+    relative_position_bias = relative_position_bias_table[relative_position_index]
+    relative_position_bias = relative_position_bias.view(N, N, -1)
+    return relative_position_bias.permute(2, 0, 1).contiguous().unsqueeze(0)
+
+
+def shifted_window_attention(input, qkv_weight, proj_weight, relative_position_bias, window_size, num_heads,
+                             shift_size, qkv_bias=None, proj_bias=None):
+    B, H, W, C = input.shape
+    # pad feature maps to multiples of window size
+    pad_r = (window_size[1] - W % window_size[1]) % window_size[1]
+    pad_b = (window_size[0] - H % window_size[0]) % window_size[0]
+    x = F.pad(input, (0, 0, 0, pad_r, 0, pad_b))
+    _, pad_H, pad_W, _ = x.shape
+    shift_size = shift_size.copy()
+    # if window size is larger than feature size, there is no need to shift window
+    if window_size[0] >= pad_H:
+        shift_size[0] = 0
+    if window_size[1] >= pad_W:
+        shift_size[1] = 0
+    # cyclic shift
+    if sum(shift_size) > 0:
+        x = torch.roll(x, shifts=(-shift_size[0], -shift_size[1]), dims=(1, 2))
+    # partition windows
+    num_windows = (pad_H // window_size[0]) * (pad_W // window_size[1])
+    x = x.view(B, pad_H // window_size[0], window_size[0], pad_W // window_size[1], window_size[1], C)
+    x = x.permute(0, 1, 3, 2, 4, 5).reshape(B * num_windows, window_size[0] * window_size[1], C)  # B*nW, Ws*Ws, C
+    # multi-head attention
+    qkv = F.linear(x, qkv_weight, qkv_bias)
+    qkv = qkv.reshape(x.size(0), x.size(1), 3, num_heads, C // num_heads).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    q = q * (C // num_heads) ** -0.5
+    attn = q.matmul(k.transpose(-2, -1))
+    attn = attn + relative_position_bias  # add relative position bias
+    if sum(shift_size) > 0:
+        # generate attention mask
+        attn_mask = x.new_zeros((pad_H, pad_W))
+        h_slices = ((0, -window_size[0]), (-window_size[0], -shift_size[0]), (-shift_size[0], None))
+        w_slices = ((0, -window_size[1]), (-window_size[1], -shift_size[1]), (-shift_size[1], None))
+        count = 0
+        for h in h_slices:
+            for w in w_slices:
+                attn_mask[h[0]:h[1], w[0]:w[1]] = count
+                count += 1
+        attn_mask = attn_mask.view(pad_H // window_size[0], window_size[0], pad_W // window_size[1], window_size[1])
+        attn_mask = attn_mask.permute(0, 2, 1, 3).reshape(num_windows, window_size[0] * window_size[1])
+        attn_mask = attn_mask.unsqueeze(1) - attn_mask.unsqueeze(2)
+        attn_mask = attn_mask.masked_fill(attn_mask != 0, float(-100.0)).masked_fill(attn_mask == 0, float(0.0))
+        attn = attn.view(x.size(0) // num_windows, num_windows, num_heads, x.size(1), x.size(1))
+        attn = attn + attn_mask.unsqueeze(1).unsqueeze(0)
+        attn = attn.view(-1, num_heads, x.size(1), x.size(1))
+    attn = F.softmax(attn, dim=-1)
+    x = attn.matmul(v).transpose(1, 2).reshape(x.size(0), x.size(1), C)
+    x = F.linear(x, proj_weight, proj_bias)
+    # reverse windows
+    x = x.view(B, pad_H // window_size[0], pad_W // window_size[1], window_size[0], window_size[1], C)
+    x = x.permute(0, 1, 3, 2, 4, 5).reshape(B, pad_H, pad_W, C)
+    # reverse cyclic shift
+    if sum(shift_size) > 0:
+        x = torch.roll(x, shifts=(shift_size[0], shift_size[1]), dims=(1, 2))
+    # unpad features
+    return x[:, :H, :W, :].contiguous()
+
+
+class ShiftedWindowAttention(nn.Module):
+    def __init__(self, dim, window_size, shift_size, num_heads):
+        super().__init__()
+        self.window_size, self.shift_size, self.num_heads = window_size, shift_size, num_heads
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.proj = nn.Linear(dim, dim)
+        self.relative_position_bias_table = nn.Parameter(
+            torch.zeros((2 * window_size[0] - 1) * (2 * window_size[1] - 1), num_heads))
+        nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
+        coords = torch.stack(torch.meshgrid(torch.arange(window_size[0]), torch.arange(window_size[1]), indexing="ij"))
+        coords_flatten = torch.flatten(coords, 1)  # 2, Wh*Ww
+        relative_coords = coords_flatten[:, :, None] - coords_flatten[:, None, :]  # 2, Wh*Ww, Wh*Ww
+        relative_coords = relative_coords.permute(1, 2, 0).contiguous()  # Wh*Ww, Wh*Ww, 2
+        relative_coords[:, :, 0] += window_size[0] - 1  # shift to start from 0
+        relative_coords[:, :, 1] += window_size[1] - 1
+        relative_coords[:, :, 0] *= 2 * window_size[1] - 1
+        self.register_buffer("relative_position_index", relative_coords.sum(-1).flatten())  # Wh*Ww*Wh*Ww
+
+    def forward(self, x):
+        bias = _get_relative_position_bias(self.relative_position_bias_table, self.relative_position_index,
+                                           self.window_size)
+        return shifted_window_attention(x, self.qkv.weight, self.proj.weight, bias, self.window_size, self.num_heads,
+                                        shift_size=self.shift_size, qkv_bias=self.qkv.bias, proj_bias=self.proj.bias)
+
+
+class SwinTransformerBlock(nn.Module):
+    def __init__(self, dim, num_heads, window_size, shift_size, mlp_ratio=2.0):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = ShiftedWindowAttention(dim, window_size, shift_size, num_heads)
+        self.stochastic_depth = StochasticDepth(0.0, "row")
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, int(dim * mlp_ratio)), nn.GELU(), nn.Linear(int(dim * mlp_ratio), dim))
+
+    def forward(self, x):
+        x = x + self.stochastic_depth(self.attn(self.norm1(x)))
+        return x + self.stochastic_depth(self.mlp(self.norm2(x)))
+
+
+class SwinTransformer(nn.Module):
+    def __init__(self, embed_dim=16, num_heads=2, window_size=(4, 4), num_classes=5):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Sequential(nn.Conv2d(3, embed_dim, kernel_size=4, stride=4), Permute([0, 2, 3, 1]), nn.LayerNorm(embed_dim)),
+            nn.Sequential(*[SwinTransformerBlock(embed_dim, num_heads, list(window_size),
+                                                 [0 if i % 2 == 0 else w // 2 for w in window_size]) for i in range(2)]))
+        self.norm = nn.LayerNorm(embed_dim)
+        self.permute = Permute([0, 3, 1, 2])  # B H W C -> B C H W
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.flatten = nn.Flatten(1)
+        self.head = nn.Linear(embed_dim, num_classes)
+
+    def forward(self, x):
+        x = self.permute(self.norm(self.features(x)))
+        return self.head(self.flatten(self.avgpool(x)))

@@ -228,3 +228,28 @@ def test_a_value_computed_once_and_handed_on_is_one_node_fed_to_its_users(tmp_pa
         torch.testing.assert_close(gm.eval()(x), model(x), rtol=1e-5, atol=1e-5)
     plan = make_plan(project, 2, placement={"pp": 2, "microbatches": 2})  # no tie pins the blocks together
     assert plan.ok, plan.errors
+
+
+def test_shifted_window_attention_with_its_mask_built_in_forward_equals_its_source(tmp_path):
+    """torchvision's Swin fills its attention mask slice by slice (in-place writes whose
+    results nothing reads); the import keeps them, so the mask is not left at zero."""
+    from engine.interop import save_imported
+    from engine.project import load_project
+    from engine.runtime.model import load_weights
+    from issue43_models import SwinTransformer
+
+    torch.manual_seed(0)
+    model = SwinTransformer().eval()
+    imp = from_module(model, [[3, 32, 32]])
+    project = load_project(save_imported(imp, tmp_path / "swin.lflow"))
+    result = compile_graph(project.graph)
+    assert result.ok and result.total_params == sum(p.numel() for p in model.parameters())
+    gm = result.build(seed=1)
+    load_weights(gm, project.resolve_path(project.weights))
+    x = torch.randn(5, 3, 32, 32)  # another batch than the import's
+    with torch.no_grad():
+        want = model(x)
+        torch.testing.assert_close(gm.eval()(x), want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
+        # the mask matters: without the shift's -100 entries the output differs
+        model.features[1][1].attn.shift_size = [0, 0]
+        assert (model(x) - want).abs().max() > 1e-3
