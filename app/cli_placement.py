@@ -3,6 +3,7 @@ same on both), checked and named as flags; the work is layerflow's (layerflow/_p
 from __future__ import annotations
 
 from app.cli_errors import CliError
+from engine.runtime.plan import SCHEDULES
 
 PLACEMENT_FLAGS = ("dp", "tp", "pp", "schedule", "microbatches")
 
@@ -12,7 +13,7 @@ def add_placement_flags(p) -> None:
     p.add_argument("--dp", type=int, help="data-parallel degree")
     p.add_argument("--tp", type=int, help="tensor-parallel degree")
     p.add_argument("--pp", type=int, help="pipeline-parallel degree (stages)")
-    p.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved1f1b"], help="pipeline schedule")
+    p.add_argument("--schedule", choices=list(SCHEDULES), help="pipeline schedule (interleavedzb: interleaved zero bubble)")
     p.add_argument("--microbatches", type=int, help="micro-batches per step (pipelining; default: as the planner "
                                                      "picks, at least one per stage)")
 

@@ -506,8 +506,9 @@ class EditorController(QObject):
         from engine.planner import plan_problems
 
         errors, warnings = plan_problems(self.plan, self.plan_error)
+        said = {w.message for w in warnings}  # (the plan carries them too, when there is one)
         warnings += [CompileError(w, n, "placement", severity="warning")
-                     for n, w in stage_warnings(self.graph, self.project.placement)]
+                     for n, w in stage_warnings(self.graph, self.project.placement) if w not in said]
         return in_user_terms(self.graph, errors), in_user_terms(self.graph, warnings)
 
     def problems(self) -> tuple[list, list]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from engine.compile import CompileResult
 from engine.cost import FLOAT_BYTES, RankLoad, output_bytes, collective_bytes
-from engine.runtime.plan import REPLICATE, Layout, TPEntry, shard
+from engine.runtime.plan import REPLICATE, Layout, TPEntry, shard, stage_rank
 from engine.tp_layout import SEQ
 
 ONEFLOW_BOXING = {"all-reduce": "partial_sum -> broadcast", "all-gather": "split -> broadcast",
@@ -100,7 +100,8 @@ def edge_layouts(compiled: CompileResult, stage: dict[str, int], layout: dict[st
 
 def communication(compiled: CompileResult, stages: list[list[str]], stage: dict[str, int],
                   tp_plan: dict[str, TPEntry], loads: list[RankLoad], *, pp: int, dp: int, tp: int,
-                  microbatches: int, batch_size: int, data_parallel: str, reshard_after_forward: bool) -> list[Comm]:
+                  microbatches: int, batch_size: int, data_parallel: str, reshard_after_forward: bool,
+                  schedule: str = "1f1b") -> list[Comm]:
     """Every transfer the plan implies, with bytes per step."""
     graph, meta, m = compiled.graph, compiled.module, microbatches
     comms: list[Comm] = []
@@ -120,7 +121,7 @@ def communication(compiled: CompileResult, stages: list[list[str]], stage: dict[
     from engine.runtime.tied import stage_spread
 
     for names, held in stage_spread((compiled.spec or {}).get("ties") or {}, stages):
-        ranks = sorted({s % pp for s in held})
+        ranks = sorted({stage_rank(schedule, pp, s) for s in held})
         if len(ranks) > 1:
             node, _, pname = names[0].partition(".")
             numel = meta.get_submodule(node).get_parameter(pname).numel()

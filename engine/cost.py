@@ -19,6 +19,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from engine.runtime.plan import ZERO_BUBBLE, rank_stages
+
 # Bytes per element of a float32 tensor (parameters, grads, optimizer state).
 FLOAT_BYTES = 4
 
@@ -240,27 +242,39 @@ def comm_time(op: str, nbytes: int, n: int, dev: DeviceSpec, messages: int = 1) 
     return collective_bytes(op, nbytes, n) / dev.link_bytes_per_s + messages * steps * dev.latency_s
 
 
-def bubble_fraction(pp: int, m: int, v: int = 1) -> float:
+def bubble_fraction(pp: int, m: int, v: int = 1, schedule: str = "1f1b") -> float:
     """Idle share of a GPipe or 1F1B pipeline: (p-1)/(m+p-1). 1F1B has the same
     bubble as GPipe; it only holds fewer micro-batches' activations. Interleaved
-    1F1B with v stages per rank shrinks it to (p-1)/(v*m+p-1)."""
-    return (pp - 1) / (v * m + pp - 1) if pp > 1 else 0.0
+    1F1B with v stages per rank shrinks it to (p-1)/(v*m+p-1). Zero-bubble schedules
+    fill it with weight-gradient work: a third of it is left (forward, input gradient
+    and weight gradient taking a third each: ZB-H1's (p-1)/(3vm+p-1))."""
+    if pp <= 1:
+        return 0.0
+    return (pp - 1) * drain_factor(schedule, pp, m) / (v * m + pp - 1)
+
+
+def drain_factor(schedule: str, pp: int, m: int) -> float:
+    """The share of the fill-and-drain time a schedule leaves idle (1F1B's is 1)."""
+    if schedule in ZERO_BUBBLE:
+        return 1 / 3
+    return 1.0
 
 
 def step_time(stage_flops: list[float], m: int, dev: DeviceSpec, comm_s: float, v: int = 1,
-              state_bytes: list[float] | None = None) -> dict:
+              state_bytes: list[float] | None = None, drain: float = 1.0) -> dict:
     """Predicted seconds per step, for ranks running in parallel.
 
     compute: pipeline rank r (all its v stages) takes t_r = flops_r / m per micro-batch.
       The slowest rank works through all m; the others add their part of the fill and
       drain, one v-th of their time each: m * max(t) + (sum(t) - max(t)) / v. Equal
       stages give (v*m + p - 1) slots of t/v, i.e. the bubble (p-1)/(v*m+p-1); a light
-      last stage adds only its own share.
+      last stage adds only its own share. drain: the share of that fill and drain a
+      zero-bubble schedule leaves idle (drain_factor).
     update: the optimizer step of the rank with the most state (state_bytes: params +
       grads + optimizer state per pipeline rank), a memory-bound pass.
     comm: communication not overlapped (on CPU, gloo competes with compute for cores)."""
     t = [f / max(1, m) / dev.flops_per_s for f in stage_flops] or [0.0]
-    compute = m * max(t) + (sum(t) - max(t)) / max(1, v)
+    compute = m * max(t) + drain * (sum(t) - max(t)) / max(1, v)
     update = max(state_bytes) / dev.update_bytes_per_s if state_bytes and dev.update_bytes_per_s else 0.0
     return {"compute_s": compute, "update_s": update, "comm_s": comm_s, "step_s": compute + update + comm_s}
 
@@ -354,7 +368,12 @@ def activation_bytes(compiled, ids, layout, tp, local_b, m, pp, s, schedule, ckp
         if lay is not None and lay.is_shard:
             b //= tp
         per_sample += b
-    in_flight = m if (pp == 1 or schedule != "1f1b") else min(m, pp - s)
+    if pp == 1 or schedule in ("gpipe", "interleaved1f1b"):
+        in_flight = m
+    elif schedule == "1f1b":
+        in_flight = min(m, pp - s)
+    else:  # zero bubble holds what 1F1B's first stage holds (ZB-H1's memory, the paper's)
+        in_flight = min(m, pp)
     return per_sample * (local_b // max(1, m)) * in_flight
 
 
@@ -371,7 +390,7 @@ def rank_loads(compiled, stages: list[list[str]], styles: dict[str, str], layout
     local_b = batch_size // max(1, dp)
     loads = []
     for s in range(pp):
-        mine = list(range(s, len(stages), pp))  # this pipeline rank's stages
+        mine = rank_stages(schedule, pp, len(stages), s)  # this pipeline rank's stages
         ids = [n for st in mine for n in stages[st]]
         acts = sum(activation_bytes(compiled, stages[st], layout, tp, local_b, microbatches, pp, st, schedule,
                                     checkpointed) for st in mine)
@@ -402,17 +421,18 @@ def rank_loads(compiled, stages: list[list[str]], styles: dict[str, str], layout
 
 
 def predict(loads: list[RankLoad], comm_s: float, microbatches: int, device: DeviceSpec, pp: int,
-            stages_per_rank: int = 1) -> Prediction:
+            stages_per_rank: int = 1, schedule: str = "1f1b") -> Prediction:
     """The step time (step_time over each pipeline rank's FLOPs and optimizer state) and the peak memory."""
     stage_flops, state = [0.0] * pp, [0] * pp  # per pipeline rank: the most any of its ranks does and holds
     for x in loads:
         stage_flops[x.stage] = max(stage_flops[x.stage], x.flops_per_step)
         state[x.stage] = max(state[x.stage], x.memory.state_bytes)
-    t = step_time(stage_flops, microbatches, device, comm_s, stages_per_rank, state_bytes=state)
+    t = step_time(stage_flops, microbatches, device, comm_s, stages_per_rank, state_bytes=state,
+                  drain=drain_factor(schedule, pp, microbatches))
     return Prediction(t["step_s"], t["compute_s"], t["update_s"], t["comm_s"],
                       max((x.memory.total_bytes for x in loads), default=0))
 
 
 __all__ = ["Memory", "RankLoad", "Prediction", "rank_loads", "predict", "activation_bytes", "chunk_len", "param_shards",
            "DeviceSpec", "local_cpu", "cpu_calibration", "measure_cpu", "cache_dir", "worker_threads",
-           "device_from_name", "collective_bytes", "comm_time", "bubble_fraction", "step_time", "FLOAT_BYTES", "GPUS"]
+           "device_from_name", "collective_bytes", "comm_time", "bubble_fraction", "drain_factor", "step_time", "FLOAT_BYTES", "GPUS"]

@@ -13,6 +13,7 @@ from functools import lru_cache
 from engine.compile import CompileResult
 from engine.cost import FLOAT_BYTES, DeviceSpec
 from engine.project import Placement
+from engine.runtime.plan import LOOPED
 
 
 ELEMENTWISE = {"ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Dropout", "Identity"}  # run on any shard as they are
@@ -189,7 +190,7 @@ def microbatches_for(placement: Placement, batch_size: int) -> int:
         return 1
     if placement.microbatches:
         return placement.microbatches
-    return auto_microbatches(batch_size, dp, pp, 2 * pp if placement.schedule == "interleaved1f1b" else pp)
+    return auto_microbatches(batch_size, dp, pp, 2 * pp if placement.schedule in LOOPED else pp)
 
 
 def cut_stages(compiled: CompileResult, placement: Placement, microbatches: int, batch_size: int, device: DeviceSpec,
@@ -207,15 +208,16 @@ def cut_stages(compiled: CompileResult, placement: Placement, microbatches: int,
     compute = [n for n in compiled.order if graph.nodes[n].type not in ("Input", "Output")]
     given = {n: graph.nodes[n].stage for n in compute if graph.nodes[n].stage is not None}
     n_stages = pp
-    if pp > 1 and placement.schedule == "interleaved1f1b":
+    sched = placement.schedule
+    if pp > 1 and sched in LOOPED:
         n_stages = len(stages) if stages is not None else (max(given.values()) + 1 if given else 2 * pp)
         if n_stages % pp or n_stages < 2 * pp:
-            errors.append(f"placement.schedule interleaved1f1b runs several stages per rank: the number of stages "
+            errors.append(f"placement.schedule {sched} runs several stages per rank: the number of stages "
                           f"must be a multiple of pp={pp} and at least {2 * pp}, but it is {n_stages}; number the "
                           f"nodes' stages 0..{2 * pp - 1} (2 per rank) or choose 1f1b")
         rounds = max(1, m // pp)
         if m % rounds:
-            errors.append(f"placement.schedule interleaved1f1b with pp={pp} needs microbatches divisible by "
+            errors.append(f"placement.schedule {sched} with pp={pp} needs microbatches divisible by "
                           f"microbatches // pp = {rounds}, but microbatches is {m}; set it to a multiple of {pp}")
     too_many = False
     if stages is None:

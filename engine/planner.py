@@ -168,9 +168,10 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
                        optimizer=opt.name, momentum=opt.momentum, checkpointed=set(ckpt))
     errors += check_memory(loads, device)
     comms = communication(compiled, cut.stages, cut.stage_of, tpl.plan, loads, pp=pp, dp=dp, tp=tp, microbatches=m,
-                          batch_size=B, data_parallel=pl.data_parallel, reshard_after_forward=pl.reshard_after_forward)
+                          batch_size=B, data_parallel=pl.data_parallel, reshard_after_forward=pl.reshard_after_forward,
+                          schedule=pl.schedule)
     comm_s = sum(comm_time(c.op, c.bytes_per_step, c.group_size, device, c.messages) for c in comms) / max(1, pp)
-    warnings += schedule_warnings(pl, m)
+    warnings += schedule_warnings(pl, m) + [msg for _, msg in stage_warnings(graph, pl)]
     run = RunPlan(pp=pp, dp=dp, tp=tp, data_parallel=pl.data_parallel if dp > 1 else "none",
                   reshard_after_forward=pl.reshard_after_forward,
                   schedule=pl.schedule if pp > 1 else "none", microbatches=m,
@@ -181,8 +182,8 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
     return Plan(run, errors, warnings, project=project.name, nproc=nproc,
                 batch=Batch(B, B // max(1, dp), B // max(1, dp * m)), stages_per_rank=cut.per_rank,
                 tp_auto=tpl.auto, notes=cut.notes, layouts=edge_layouts(compiled, cut.stage_of, tpl.layout, dp, tp),
-                communication=comms, devices=loads, bubble_fraction=bubble_fraction(pp, m, cut.per_rank),
-                device=device, predicted=predict(loads, comm_s, m, device, pp, cut.per_rank))
+                communication=comms, devices=loads, bubble_fraction=bubble_fraction(pp, m, cut.per_rank, pl.schedule),
+                device=device, predicted=predict(loads, comm_s, m, device, pp, cut.per_rank, pl.schedule))
 
 
 def _placement(project: Project, placement: Placement | dict | None) -> Placement:

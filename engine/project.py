@@ -228,7 +228,8 @@ class Placement(_Strict):
     reshard_after_forward: bool = True  # FSDP2: free gathered params after forward
     # None: as the planner chooses (at least one per pipeline stage, dividing the batch)
     microbatches: int | None = Field(None, ge=1, le=MAX_PROCESSES)
-    schedule: Literal["gpipe", "1f1b", "interleaved1f1b"] = "1f1b"
+    # interleavedzb: interleaved zero bubble (ZB1P; the weight gradient fills the bubble)
+    schedule: Literal["gpipe", "1f1b", "interleaved1f1b", "interleavedzb"] = "1f1b"
     mixed_precision: Literal["none", "bf16"] = "none"
     sync_batchnorm: bool = False
 

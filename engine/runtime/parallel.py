@@ -37,7 +37,7 @@ from . import dist_checkpoint
 from .data import forward, rows, to_device
 from .folder import save_tensors, write_failure
 from .loop import fit
-from .plan import Layout, RunPlan, TPEntry
+from .plan import Layout, RunPlan, TPEntry, rank_stages
 from .records import RankError, RunStatus
 from .spec import RunSpec
 from .stages import apply_checkpointing, build_stage_module, even_stages
@@ -178,11 +178,24 @@ def apply_dp(module: nn.Module, dp_mesh: DeviceMesh, kind: str, reshard_after_fo
 
 
 def local_stages(plan: RunPlan, pp_rank: int) -> list[int]:
-    """The pipeline stages this pp rank runs: its own, or with an interleaved schedule
-    every pp-th one (rank r holds stages r, r+pp, r+2pp...)."""
+    """The pipeline stages this pp rank runs: its own, or with a looped schedule every
+    pp-th one (rank r holds stages r, r+pp, r+2pp...)."""
     if plan.pp == 1:
         return [0]
-    return list(range(pp_rank, len(plan.stages), plan.pp))
+    return rank_stages(plan.schedule, plan.pp, len(plan.stages), pp_rank)
+
+
+def make_schedule(name: str, stages: list, n_stages: int, pp: int, m: int, loss_fn):
+    """torch.distributed.pipelining's schedule of that name over this rank's stages."""
+    from torch.distributed import pipelining as pl
+
+    multi = {"interleaved1f1b": pl.ScheduleInterleaved1F1B, "interleavedzb": pl.ScheduleInterleavedZeroBubble}
+    if name in multi:
+        return multi[name](stages, m, loss_fn=loss_fn)
+    if n_stages != pp:
+        raise ValueError(f"the plan has {n_stages} stages for pp={pp}; one stage per rank needs schedule gpipe or "
+                         f"1f1b, several need {', '.join(multi)}")
+    return (pl.ScheduleGPipe if name == "gpipe" else pl.Schedule1F1B)(stages[0], m, loss_fn=loss_fn)
 
 
 def parallelize(full: nn.Module, plan: RunPlan, mesh: DeviceMesh, device: torch.device,
@@ -307,28 +320,20 @@ class ParallelTrainer(BaseTrainer):
         from .tied import TiedWeights, setup as tied_setup
 
         self.tied = tied_setup(spec.model.get("ties") or {}, plan.stages, dims.pp, dims.dp, dims.tp, self.rank,
-                               self.parts) if dims.pp > 1 else TiedWeights()
+                               self.parts, plan.schedule) if dims.pp > 1 else TiedWeights()
         self.state_model = by_node_id(self.parts) if dims.pp > 1 or plan.checkpoint else self.model
         self.init_optimizer()
         self.schedule = None
-        self.is_first = self.pp_rank == 0  # holds stage 0
-        self.is_last = self.pp_rank == dims.pp - 1  # holds the last stage (also when interleaved)
+        n_stages = len(plan.stages) if dims.pp > 1 else 1
+        self.is_first = 0 in self.stage_ids  # holds stage 0 (it reads the inputs)
+        self.is_last = n_stages - 1 in self.stage_ids  # holds the last stage (the loss)
         if dims.pp > 1:
-            from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                                      ScheduleInterleaved1F1B)
+            from torch.distributed.pipelining import PipelineStage
 
-            name = plan.schedule
-            n_stages = len(plan.stages)
             group = self.mesh["pp"].get_group()
             stages = [PipelineStage(part, i, n_stages, device, group=group) for part, i in zip(self.parts, self.stage_ids)]
             loss_fn = lambda out, y: compute_loss(self.loss_kind, out, y, self.loss_options)  # noqa: E731
-            if name == "interleaved1f1b":
-                self.schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn)
-            elif n_stages != dims.pp:
-                raise ValueError(f"the plan has {n_stages} stages for pp={dims.pp}; one stage per rank needs "
-                                 f"schedule gpipe or 1f1b, several need interleaved1f1b")
-            else:
-                self.schedule = (ScheduleGPipe if name == "gpipe" else Schedule1F1B)(stages[0], m, loss_fn=loss_fn)
+            self.schedule = make_schedule(plan.schedule, stages, n_stages, dims.pp, m, loss_fn)
         self.microbatches = m
         self._shapes_known = False  # see infer_stage_shapes
         # bf16: FSDP2 casts through its MixedPrecisionPolicy; everything else autocasts the forward

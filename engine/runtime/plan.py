@@ -13,7 +13,22 @@ from dataclasses import dataclass, field, fields
 
 PLAN_VERSION = 1  # run.json's plan.version; a newer one is refused with the version it needs
 TP_STYLES = ("replicate", "colwise", "rowwise", "sequence")  # engine/graph.py's node.tp takes these too
-SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb")
+# several stages per pipeline rank, looped: stage s on rank s % pp. (torch 2.13's V-shaped
+# schedules, ZBV and DualPipeV, fail here: in evaluation, and DualPipeV in backward.)
+LOOPED = ("interleaved1f1b", "interleavedzb")
+ZERO_BUBBLE = ("interleavedzb",)  # the weight gradient is split from the input's and fills the bubble
+
+
+def stage_rank(schedule: str, pp: int, s: int) -> int:
+    """The pipeline rank that runs stage s (schedule: for the stage layouts to come; every
+    schedule here loops)."""
+    return s % pp
+
+
+def rank_stages(schedule: str, pp: int, n_stages: int, r: int) -> list[int]:
+    """The stages pipeline rank r runs, in order."""
+    return [s for s in range(n_stages) if stage_rank(schedule, pp, s) == r]
 
 
 class PlanError(ValueError):
@@ -105,7 +120,7 @@ class RunPlan:
     tp: int = 1
     data_parallel: str = "ddp"  # or "fsdp" (FSDP2); "none" when dp is 1
     reshard_after_forward: bool = True  # FSDP2: free gathered parameters after forward
-    schedule: str = "1f1b"  # pipeline schedule: gpipe, 1f1b, interleaved1f1b; "none" when pp is 1
+    schedule: str = "1f1b"  # pipeline schedule: SCHEDULES; "none" when pp is 1
     microbatches: int = 1
     mixed_precision: str = "none"  # or "bf16"
     sync_batchnorm: bool = False

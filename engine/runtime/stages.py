@@ -82,7 +82,13 @@ def build_stage_module(gm: fx.GraphModule, stages: list[list[str]], s: int,
         out = next(n for n in gm.graph.nodes if n.op == "output")
         g.output(fx.map_arg(out.args[0], lambda a: env[a.name]))
     else:
-        outs = [env[v] for v in live[s]]
+        # A value sent on that this stage also uses leaves as a copy: after the input gradient
+        # the pipeline detaches what a stage sent in place, and an op here may have saved that
+        # very tensor for a weight gradient computed later (zero-bubble schedules split them).
+        used_here = {a.name for n in gm.graph.nodes if n.op not in ("placeholder", "output") and where[n.name] == s
+                     for a in n.all_input_nodes}
+        outs = [g.call_method("clone", (env[v],)) if v in used_here or env[v].op == "placeholder" else env[v]
+                for v in live[s]]
         g.output(outs[0] if len(outs) == 1 else tuple(outs))
     return fx.GraphModule(root, g, class_name=f"LayerflowStage{s}")
 

@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .plan import stage_rank
+
 
 def tie_classes(ties: dict[str, str]) -> list[list[str]]:
     """The parameters that are one tensor, as sorted lists of "node.param" names (a tie's
@@ -103,12 +105,12 @@ def find_param(parts: list[nn.Module], name: str) -> nn.Parameter | None:
 
 
 def setup(ties: dict[str, str], stages: list[list[str]], pp: int, dp: int, tp: int, rank: int,
-          parts: list[nn.Module]) -> TiedWeights:
+          parts: list[nn.Module], schedule: str = "1f1b") -> TiedWeights:
     """The tied parameters this rank holds a copy of, each with its group. Every rank calls
     this with the same arguments (new_group is collective), in the same order."""
     out = TiedWeights()
     for names, held in stage_spread(ties, stages):
-        pp_ranks = sorted({s % pp for s in held})  # stage s runs on pipeline rank s % pp
+        pp_ranks = sorted({stage_rank(schedule, pp, s) for s in held})
         if len(pp_ranks) < 2:
             continue  # one rank holds every stage using it (interleaved): one tensor there already
         mine = None

@@ -54,6 +54,8 @@ LAYOUTS_2 = {
     "pp_clip": ("resnet_synthetic+clip", {"pp": 2, "microbatches": 2}, RESNET_2, None),  # norm over stages
     # 4 stages on 2 ranks: rank 0 runs stages 0 and 2, rank 1 stages 1 and 3
     "pp_interleaved": ("resnet_synthetic", {"pp": 2, "schedule": "interleaved1f1b", "microbatches": 4}, RESNET_4, None),
+    # interleaved zero bubble (the weight gradient split from the input's and run in the bubble)
+    "pp_interleaved_zb": ("resnet_synthetic", {"pp": 2, "schedule": "interleavedzb", "microbatches": 4}, RESNET_4, None),
 }
 # recorded every 4 steps (the hot path: losses summed on the device, one collective per record)
 LOG4 = {"pp_clip_log4": ("resnet_synthetic+clip+log4", {"pp": 2, "microbatches": 2}, RESNET_2, None)}
@@ -68,6 +70,8 @@ LAYOUTS_4 = {
     "dp_x_tp": ("transformer_synthetic", {"dp": 2, "tp": 2, "data_parallel": "fsdp"}, None, TRANSFORMER_TP),
     "pp_x_tp_sequence": ("transformer_synthetic", {"pp": 2, "tp": 2, "microbatches": 2}, TRANSFORMER_PP, TRANSFORMER_SP),
     "pp4_1f1b": ("resnet_synthetic", {"pp": 4, "schedule": "1f1b", "microbatches": 4}, RESNET_4, None),
+    # DDP inside a pipeline: the stage's gradients averaged after the schedule (parallel.dp_by_hand)
+    "pp_x_ddp": ("resnet_synthetic", {"pp": 2, "dp": 2, "data_parallel": "ddp", "microbatches": 2}, RESNET_2, None),
 }
 MLP_PP = [["fc1", "act1"], ["fc2", "act2", "head"]]
 

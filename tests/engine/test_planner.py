@@ -148,6 +148,19 @@ def test_interleaved_puts_stage_s_on_rank_s_mod_pp():
     assert len([c for c in plan.doc["communication"] if c["op"] == "send/recv"]) == 3
 
 
+def test_interleaved_zero_bubble_leaves_a_third_of_the_bubble():
+    """ZB-H1: the weight gradient fills the fill-and-drain, a third is left: (p-1)/(3vm+p-1)
+    of the idle share's numerator, on the same stages and ranks as interleaved 1F1B."""
+    place = {"pp": 2, "microbatches": 4}
+    one = make_plan(proj("resnet_synthetic"), 2, placement={**place, "schedule": "interleaved1f1b"})
+    zb = make_plan(proj("resnet_synthetic"), 2, placement={**place, "schedule": "interleavedzb"})
+    assert zb.ok, zb.errors
+    assert [d["stages"] for d in zb.doc["devices"]] == [[0, 2], [1, 3]] and zb.doc["schedule"] == "interleavedzb"
+    assert zb.doc["bubble_fraction"] == pytest.approx((1 / 3) / (2 * 4 + 1))
+    assert zb.predicted.compute_s < one.predicted.compute_s
+    assert zb.predicted.peak_bytes_max <= one.predicted.peak_bytes_max  # at most 1F1B's micro-batches in flight
+
+
 # ----- batch-dependent layers -------------------------------------------------------
 def test_batchnorm_and_dropout_warnings_offer_the_fix():
     p = proj("cnn_digits")  # has BatchNorm2d bn1, batch 64
