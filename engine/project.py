@@ -173,6 +173,10 @@ class Training(_Strict):
     # (val_acc: highest; val_loss, loss: lowest), never the one a run resumed from
     keep_checkpoints: Optional[int] = Field(3, ge=1)
     best_metric: Literal["val_loss", "val_acc", "loss"] = "val_loss"
+    # torch.compile of the model (engine/runtime/compiling.py): off; blocks (one compile per
+    # block, as torchtitan compiles each transformer block); whole. The first compile's time
+    # is logged and left out of the step time; a block that fails to compile runs eagerly
+    compile: Literal["off", "blocks", "whole"] = "off"
 
     def warnings(self) -> list[str]:
         """Settings that are valid but almost surely a mistake (a run with them trains to
@@ -464,6 +468,8 @@ class Project:
             out["keep_checkpoints"] = True
         if self.training.best_metric == "val_loss":
             out["best_metric"] = True
+        if self.training.compile == "off":
+            out["compile"] = True
         if getattr(self.training.dataset, "task", None) == "classify":
             out["dataset"] = {"task"}
         return out
