@@ -207,8 +207,10 @@ class CompiledRegion:
         if self.failed is None and torch.is_grad_enabled():
             try:
                 return self.compiled(*args)
-            except Exception as exc:  # a recompile (new shapes) that fails: this region goes eager
-                self.fall_back(exc)
+            except Exception as exc:
+                if not _compile_error(exc):  # the model's own error (raised eagerly too): not ours to hide
+                    raise
+                self.fall_back(exc)  # a recompile (new shapes) that fails: this region goes eager
         return self.eager(*args)
 
     def fall_back(self, exc: BaseException) -> None:
@@ -218,6 +220,15 @@ class CompiledRegion:
 
     def __repr__(self) -> str:
         return f"CompiledRegion({self.name!r}{', eager: ' + self.failed if self.failed else ''})"
+
+
+def _compile_error(exc: BaseException) -> bool:
+    """An error of torch.compile itself (dynamo, a backend), not of the computation."""
+    try:
+        from torch._dynamo.exc import TorchDynamoException
+    except ImportError:  # (a torch without it: take every error for one)
+        return True
+    return isinstance(exc, TorchDynamoException)
 
 
 def reason_of(exc: BaseException) -> str:
@@ -331,8 +342,14 @@ def warm_up(model: nn.Module, run_forward: Callable[[], object], context: Callab
     try:
         for r in regions:
             r.recording = []
-        with torch.enable_grad(), context():
-            run_forward()
+        try:
+            with torch.enable_grad(), context():
+                run_forward()
+        except Exception as exc:  # the model refuses a batch of zeros: compile at the first step instead
+            if log:
+                log(f"compile {mode}: the warm-up on a batch of zeros failed ({reason_of(exc)}): "
+                    f"the blocks compile at the first step (its time counts as step time)")
+            return None
         recorded = {id(r): r.recording for r in regions}
         for r in regions:
             r.recording = None

@@ -222,3 +222,27 @@ def test_compile_composes_with_activation_checkpointing_and_pipeline_stages():
     x = torch.randn(8, 32, requires_grad=True)
     stage(x).sum().backward()
     assert x.grad is not None and not [r for r in compiling.compiled_regions(stage) if r.failed] and not logs
+
+
+def test_a_compiled_run_stopped_and_resumed_eagerly_and_compiled_goes_on_the_same_trajectory(tmp_path, eager_losses):
+    """Checkpoints of a compiled run hold the eager model's names: it resumes compiled (a
+    second compile record at the step it goes on from) or eagerly, on the same losses."""
+    import json
+
+    for resume_mode in ("blocks", "off"):
+        rd = prepare_run(mlp("blocks"), tmp_path / resume_mode)
+
+        def stop_at_4(step, total, rec):
+            if step == 4:
+                raise KeyboardInterrupt
+
+        assert run(rd, progress=stop_at_4)["state"] == "cancelled"
+        spec = json.loads((rd / "run.json").read_text())
+        spec["training"]["compile"] = resume_mode
+        if resume_mode == "off":
+            del spec["training"]["compile"]
+        (rd / "run.json").write_text(json.dumps(spec))
+        assert run(rd, resume=True)["state"] == "succeeded"
+        recs = read_metrics(rd / "metrics.jsonl")
+        assert_close([r["loss"] for r in recs if "loss" in r], eager_losses)
+        assert [r["step"] for r in recs if r.get("event") == "compiled"] == ([0, 4] if resume_mode == "blocks" else [0])
