@@ -15,7 +15,8 @@ writes id, type, params and args only), the graph is cut where it narrows to a s
 live value (between two transformer half-blocks, between two residual blocks of a
 ResNet, after each layer of an MLP), and a piece without parameters joins the piece
 before it (Linear + ReLU, attention + its residual add), as does the piece after a lone
-layer (Conv2d, then BatchNorm + ReLU + pooling). Each region is outlined into a
+layer (Conv2d, then BatchNorm + ReLU + pooling); pieces that repeat as a group (attention
+half, MLP half, attention half...) make one block per repetition. Each region is outlined into a
 GraphModule of its own that holds the very same layer modules, and the flat graph calls
 it in place of its nodes: parameter names, state_dict and checkpoints are unchanged, so
 a compiled run resumes an eager one and the other way round.
@@ -136,7 +137,53 @@ def narrow_segments(gm: fx.GraphModule) -> list[list[fx.Node]]:
     # a first piece without parameters (a reshape before the first layer) joins the next one
     if len(merged) > 1 and not any(_has_params(gm, n) for n in merged[0]):
         merged[1][:0] = merged.pop(0)
-    return merged
+    return repeated_blocks(gm, merged)
+
+
+MAX_PERIOD = 4  # pieces per repeated block looked for (a transformer block: 2, attention and MLP)
+
+
+def _signature(gm: fx.GraphModule, piece: list[fx.Node]) -> tuple:
+    """What a piece computes, without its names: the op of each node, the layer's class
+    and its parameters' shapes."""
+    sig = []
+    for n in piece:
+        if n.op in ("call_module", "get_attr"):
+            obj = gm.get_submodule(n.target) if n.op == "call_module" else _attr(gm, n.target)
+            shapes = tuple(tuple(p.shape) for p in obj.parameters()) if isinstance(obj, nn.Module) else ()
+            sig.append((n.op, type(obj).__name__, shapes))
+        else:
+            sig.append((n.op, getattr(n.target, "__name__", str(n.target)), len(n.args)))
+    return tuple(sig)
+
+
+def repeated_blocks(gm: fx.GraphModule, pieces: list[list[fx.Node]]) -> list[list[fx.Node]]:
+    """Pieces that repeat as a group (attention half, MLP half, attention half, ...) merged
+    into one block per repetition, the unit torchtitan compiles (fewer, larger regions:
+    each compiled call costs a fixed overhead). A piece that repeats alone stays a block."""
+    sigs = [_signature(gm, p) for p in pieces]
+    out: list[list[fx.Node]] = []
+    i = 0
+    while i < len(pieces):
+        best = None
+        for period in range(2, MAX_PERIOD + 1):
+            unit = sigs[i:i + period]
+            if len(unit) < period or len(set(unit)) == 1:
+                continue
+            reps = 1
+            while sigs[i + reps * period:i + (reps + 1) * period] == unit:
+                reps += 1
+            if reps >= 2 and (best is None or period * reps > best[0] * best[1]):
+                best = (period, reps)
+        if best is None:
+            out.append(pieces[i])
+            i += 1
+            continue
+        period, reps = best
+        for r in range(reps):
+            out.append([n for p in pieces[i + r * period:i + (r + 1) * period] for n in p])
+        i += period * reps
+    return out
 
 
 def plan_regions(gm: fx.GraphModule, mode: str, spec_nodes: Iterable[dict] = ()) -> list[tuple[str, list[fx.Node]]]:

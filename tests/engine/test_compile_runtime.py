@@ -246,3 +246,38 @@ def test_a_compiled_run_stopped_and_resumed_eagerly_and_compiled_goes_on_the_sam
         recs = read_metrics(rd / "metrics.jsonl")
         assert_close([r["loss"] for r in recs if "loss" in r], eager_losses)
         assert [r["step"] for r in recs if r.get("event") == "compiled"] == ([0, 4] if resume_mode == "blocks" else [0])
+
+
+def imported_gpt(tmp_path: Path, blocks: int = 2) -> Project:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from real_models import GPT
+
+    from engine.interop import save_imported
+    from engine.interop.module_import import from_module
+
+    torch.manual_seed(0)
+    imp = from_module(GPT(vocab_size=64, block_size=16, n_layer=blocks, n_head=2, n_embd=32).eval(), [[16]], ["int64"])
+    p = load_project(save_imported(imp, tmp_path / "gpt.lflow"))
+    p.training.batch_size, p.training.steps, p.training.log_interval, p.training.eval_interval = 8, 4, 1, 4
+    return p
+
+
+def test_an_imported_gpts_blocks_are_its_transformer_blocks(tmp_path):
+    """The spec names no blocks; the cuts give attention and MLP halves, which repeat as a
+    pair: one region per transformer block, as torchtitan compiles them."""
+    gm = build_graph_module(compile_graph(imported_gpt(tmp_path, 3).graph).spec, seed=0)
+    names = [r for r, _ in compiling.plan_regions(gm, "blocks")]
+    assert names == ["transformer_wte..add"] + [f"transformer_h_{i}_ln_1..transformer_h_{i}_add_{2 * i + 2}"
+                                                for i in range(3)] + ["transformer_ln_f..lm_head"]
+
+
+@pytest.mark.slow
+def test_an_imported_gpt_trains_compiled_to_the_eager_losses(tmp_path):
+    losses = {}
+    for mode in ("off", "blocks"):
+        p = imported_gpt(tmp_path / mode)
+        p.training.compile = mode
+        losses[mode] = train(p, tmp_path / mode / "run")[0]
+    assert_close(losses["blocks"], losses["off"])
