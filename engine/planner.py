@@ -36,7 +36,7 @@ from engine.cost import (DeviceSpec, Prediction, RankLoad, chunk_len, comm_time,
                          optimizer_slots, predict, rank_loads, bubble_fraction)
 from engine.partition import cut_stages, mesh_ranks, microbatches_for
 from engine.plan_checks import (batch_warnings, check_accumulation, check_memory, check_placement, generic_op_warnings,
-                                schedule_warnings)
+                                schedule_warnings, stage_warnings)
 from engine.project import Placement, Project
 from engine.runtime.plan import PLAN_VERSION, Layout, RunPlan
 from engine.tp_layout import lay_out_tp, tp_layouts  # noqa: F401  (tp_layouts: this module's API too)
