@@ -104,6 +104,17 @@ def test_an_error_names_the_block_the_user_assigned_and_is_not_cut_off(qtbot, w)
     w.scene.clearSelection()
     w.problems._clicked(row)
     assert w.scene.selected_groups() == ["head"]
+    # collapsed, the block's card carries the badge of the layer it hides, its message on hover
+    w.scene.set_collapsed("head", True)
+    w.controller.flush()
+    QApplication.processEvents()
+    card = w.scene.group_items["head"]
+    assert card.badge is not None and card.badge.isVisible() and card.badge.kind == "error"
+    assert "block 'head'" in card.badge.toolTip() or "fc3" in card.badge.toolTip(), card.badge.toolTip()
+    w.scene.set_collapsed("head", False)
+    w.controller.flush()
+    QApplication.processEvents()
+    assert card.badge is None or not card.badge.isVisible()
 
     w.controller.stack.undo()  # mlp back to auto: still wrong, said of head
     w.controller.stack.undo()  # head back to auto

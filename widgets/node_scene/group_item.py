@@ -69,7 +69,22 @@ class GroupItem(QGraphicsItem):
         self._rect = QRectF()
         self.ins: list[tuple[str, str]] = []  # values (node, port) entering the block
         self.outs: list[tuple[str, str]] = []  # values leaving it
+        self.badge = None  # collapsed: the worst problem of the nodes it hides
         scene.addItem(self)
+
+    def set_problems(self, errors: list, warnings: list) -> None:
+        """A collapsed card's badge: the problems of the layers inside it (they are hidden),
+        their messages in its tooltip; none when expanded (the layers show their own)."""
+        from widgets.node_scene.node_item import Badge
+
+        if self.badge is not None:
+            if self.badge.scene() is not None:
+                self.badge.scene().removeItem(self.badge)
+            self.badge = None
+        if self.scene() is not None and self.collapsed and (errors or warnings):
+            self.badge = Badge(self, "error" if errors else "warning")
+            self.badge.setPos(self._rect.right() - 4, self._rect.top())
+            self.badge.setToolTip("\n".join(str(e) for e in (errors or warnings)))
 
     @property
     def collapsed(self) -> bool:
@@ -213,6 +228,9 @@ class GroupItem(QGraphicsItem):
             self.setZValue(-1 + 0.01 * self.depth)
             self.setFlags(QGraphicsItem.GraphicsItemFlag(0))
             self.setToolTip(self.title())  # its whole name where the frame shows it cut
+        if self.badge is not None:
+            self.badge.setVisible(self.collapsed)
+            self.badge.setPos(self._rect.right() - 4, self._rect.top())
         self.update()
 
     def _port_point(self, i: int, is_input: bool) -> QPointF:

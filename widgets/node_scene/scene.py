@@ -397,7 +397,14 @@ class NodeScene(QGraphicsScene):
         for item in self.group_items.values():
             if item.collapsed and item.isVisible():
                 item.update_tip()
+                members = set(item.members())
+                item.set_problems([e for n in members for e in (r.errors_for(n) if r else [])]
+                                  + [p for n in members for p in more.get(n, []) if p.severity == "error"],
+                                  [w for w in (r.warnings if r else []) if w.node in members]
+                                  + [p for n in members for p in more.get(n, []) if p.severity != "error"])
                 item.update()
+            elif item.badge is not None:
+                item.set_problems([], [])
 
     def set_detail_for_zoom(self, zoom: float) -> None:
         """Hide the port items when zoomed far out: thousands fewer items to visit."""
