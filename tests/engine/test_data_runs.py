@@ -61,6 +61,15 @@ def image_project(root: Path, steps=30, **training) -> Project:
     return Project(g, name="images", training=tr)
 
 
+def torchrun_dp2(run_dir: Path, tmp: Path) -> None:
+    """The run trained by the product's distributed trainer on 2 torchrun processes."""
+    jobs = tmp / "jobs.json"
+    jobs.write_text(json.dumps([{"run_dir": str(run_dir)}]))
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        str(WORKER), str(jobs)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
 def losses(rd):
     return {r["step"]: r["loss"] for r in read_metrics(rd / "metrics.jsonl") if "loss" in r}
 
@@ -115,11 +124,7 @@ def test_dp2_on_an_image_folder_equals_one_process(images, tmp_path):
     one = prepare_run(image_project(images, steps=8), tmp_path / "one")
     run(one)
     two = prepare_run(image_project(images, steps=8), tmp_path / "two", placement={"dp": 2})
-    jobs = tmp_path / "jobs.json"
-    jobs.write_text(json.dumps([{"run_dir": str(two)}]))
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        str(WORKER), str(jobs)], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    torchrun_dp2(two, tmp_path)
     a, b = losses(one), losses(two)
     assert sorted(b) == list(range(1, 9))
     for s in a:
@@ -302,11 +307,7 @@ def test_tokens_and_an_attention_mask_feed_two_input_nodes(tmp_path):
     one = prepare_run(Project(masked_graph(), name="masked", training=tr), tmp_path / "one")
     assert run(one)["state"] == "succeeded"
     two = prepare_run(Project(masked_graph(), name="masked", training=tr), tmp_path / "two", placement={"dp": 2})
-    jobs = tmp_path / "jobs.json"
-    jobs.write_text(json.dumps([{"run_dir": str(two)}]))
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        str(WORKER), str(jobs)], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    torchrun_dp2(two, tmp_path)
     a, b = losses(one), losses(two)
     assert sorted(b) == sorted(a) and 6 in a and all(b[s] == pytest.approx(a[s], rel=1e-4) for s in a), (a, b)
 

@@ -7,8 +7,6 @@ Real torchrun processes (gloo), the imported GPT of tests/engine/real_models.py.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,11 +21,10 @@ from engine.runtime.train import run
 from engine.tail import read_metrics
 
 from real_models import GPT
+from test_dist_equivalence import _torchrun as torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("torchrun")]
 
-ROOT = Path(__file__).resolve().parents[2]
-WORKER = ROOT / "tests" / "engine" / "_dist_worker.py"
 STEPS = 6
 RTOL = 1e-4
 
@@ -49,17 +46,6 @@ def gpt_project(tmp: Path, clip: float | None = None):
 
 def losses(rd: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(rd / "metrics.jsonl") if "loss" in r}
-
-
-def torchrun(nproc: int, jobs: list[dict], tmp: Path) -> None:
-    spec = tmp / f"jobs{nproc}.json"
-    spec.write_text(json.dumps(jobs))
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-                        str(WORKER), str(spec)], cwd=ROOT, capture_output=True, text=True, timeout=900)
-    if r.returncode:
-        logs = "\n".join(f"--- {p}\n{p.read_text()[-3000:]}" for j in jobs
-                         for p in sorted(Path(j["run_dir"]).glob("logs/rank*.log")))
-        pytest.fail(f"torchrun failed ({r.returncode}):\n{r.stderr[-4000:]}\n{logs}")
 
 
 def pipelined(tmp: Path, name: str, placement: dict, clip: float | None = None) -> tuple[Path, object]:
