@@ -31,11 +31,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "engine"))  # the GPT of the tests (nanoGPT's architecture)
 
 import torch  # noqa: E402
+from real_models import GPT  # noqa: E402
 
 import layerflow as lf  # noqa: E402
 from engine.interop import save_imported  # noqa: E402
 from engine.interop.module_import import from_module  # noqa: E402
-from real_models import GPT  # noqa: E402
 
 MIB = 2 ** 20
 

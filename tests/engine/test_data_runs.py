@@ -319,9 +319,9 @@ def test_a_users_npz_is_read_in_place_and_split_as_before(tmp_path):
     import torch
 
     from engine.data import load_arrays
+    from engine.runs import confusion_matrix
     from engine.runtime.data import Batches
     from engine.runtime.datasets import StepLoader, open_source
-    from engine.runs import confusion_matrix
 
     rng = np.random.default_rng(0)
     y = rng.integers(0, 3, 90)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from real_models import GPT
+from test_dist_equivalence import _torchrun as torchrun
 
 from engine.interop import save_imported
 from engine.interop.module_import import from_module
@@ -19,9 +21,6 @@ from engine.project import load_project
 from engine.run import prepare_run
 from engine.runtime.train import run
 from engine.tail import read_metrics
-
-from real_models import GPT
-from test_dist_equivalence import _torchrun as torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("torchrun")]
 
