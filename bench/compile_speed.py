@@ -8,6 +8,19 @@ process is the coldest: inductor's imports and the C compiler; later ones hit in
 graph cache on disk).
 
     python bench/compile_speed.py [--steps 200] [--repeats 3] [--threads 1] [--gpt-blocks 4]
+
+Measured on this 2-core machine (1 thread, best of 2, 60 steps, load average about 1;
+torch 2.13 CPU, inductor with gcc), steps/s compiled / eager:
+
+    MLP 256-512x3-10, batch 128         whole 0.97   blocks 0.78
+    ResNet example                      whole 0.86   blocks 0.60
+    GPT 12 blocks 128-wide, T 64, b 16  whole 1.06   blocks 1.03
+
+A compiled call costs about 150 us more than the eager one here (dynamo's guards,
+AOTAutograd's autograd.Function, inductor's wrapper), per block, forward and backward:
+small models on a CPU pay it in every block; blocks of milliseconds (a GPU's) do not
+notice it. First compile of the 12-block GPT with inductor's cache empty: blocks 41 s,
+whole 57 s (identical blocks hit the cache the first one filled).
 """
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import fx, nn
@@ -313,7 +313,7 @@ def _outline(gm: fx.GraphModule, name: str, nodes: list[fx.Node], backend, log: 
         with gm.graph.inserting_after(call):
             for i, o in reversed(list(enumerate(outputs))):
                 gi = gm.graph.call_function(operator.getitem, (call, i))
-                o.replace_all_uses_with(gi, delete_user_cb=lambda u: u not in inside and u is not gi)
+                o.replace_all_uses_with(gi, delete_user_cb=lambda u, gi=gi: u not in inside and u is not gi)
     for n in reversed(nodes):
         gm.graph.erase_node(n)
     return region
@@ -381,7 +381,7 @@ def warm_up(model: nn.Module, run_forward: Callable[[], object], context: Callab
     regions = compiled_regions(model)
     if not regions:
         return None
-    mode = next(getattr(m, "_layerflow_compile")[0] for m in model.modules() if hasattr(m, "_layerflow_compile"))
+    mode = next(m._layerflow_compile[0] for m in model.modules() if hasattr(m, "_layerflow_compile"))
     t0 = time.perf_counter()
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     rng = torch.get_rng_state()
@@ -392,7 +392,7 @@ def warm_up(model: nn.Module, run_forward: Callable[[], object], context: Callab
         try:
             with torch.enable_grad(), context():
                 run_forward()
-        except Exception as exc:  # the model refuses a batch of zeros: compile at the first step instead
+        except Exception as exc:  # noqa: BLE001  (the model refuses a batch of zeros: compile at the first step)
             if log:
                 log(f"compile {mode}: the warm-up on a batch of zeros failed ({reason_of(exc)}): "
                     f"the blocks compile at the first step (its time counts as step time)")
@@ -411,7 +411,7 @@ def warm_up(model: nn.Module, run_forward: Callable[[], object], context: Callab
                     outs = [o for o in _tensors(out) if o.requires_grad]
                 if outs:
                     torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001  (whatever stops a block compiling makes it eager)
                 r.fall_back(exc)
             r.seconds = time.perf_counter() - t
     finally:

@@ -214,7 +214,7 @@ def test_compile_composes_with_activation_checkpointing_and_pipeline_stages():
     want = losses(checkpointed)
     logs = []
     for mode in ("blocks", "whole"):
-        assert_close(losses(lambda: compiling.compile_module(checkpointed(), mode, log=logs.append)), want)
+        assert_close(losses(lambda mode=mode: compiling.compile_module(checkpointed(), mode, log=logs.append)), want)
     full = build_graph_module(spec, seed=0)
     ids = [n.name for n in full.graph.nodes if n.op in ("call_module", "call_function")]
     stage = compiling.compile_module(build_stage_module(full, [ids[:3], ids[3:]], 1, {"head"}), "blocks", log=logs.append)
