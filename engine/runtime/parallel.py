@@ -199,8 +199,10 @@ def make_schedule(name: str, stages: list, n_stages: int, pp: int, m: int, loss_
 
 
 def parallelize(full: nn.Module, plan: RunPlan, mesh: DeviceMesh, device: torch.device,
-                stage_index: int | None = None) -> nn.Module:
-    """One of this rank's stages (the whole model without pipelining), parallelized as the plan says."""
+                stage_index: int | None = None, compile_model=None) -> nn.Module:
+    """One of this rank's stages (the whole model without pipelining), parallelized as the plan
+    says. compile_model (training.compile: BaseTrainer.compile_model) runs after tensor
+    parallelism and activation checkpointing, before FSDP/DDP wrap the module (torchtitan's order)."""
     ckpt = set(plan.checkpoint)
     if plan.pp > 1:
         mod = build_stage_module(full, plan.stages, stage_index, ckpt)
@@ -215,6 +217,8 @@ def parallelize(full: nn.Module, plan: RunPlan, mesh: DeviceMesh, device: torch.
         mod = convert_sync_batchnorm(mod, mesh["dp"].get_group(), device)
     if plan.tp > 1:
         apply_tp(mod, mesh["tp"], plan.tp_plan)
+    if compile_model is not None:
+        mod = compile_model(mod)
     if plan.dp > 1 and not dp_by_hand(plan):
         mod = apply_dp(mod, mesh["dp"], plan.data_parallel, plan.reshard_after_forward, plan.mixed_precision)
     return mod
@@ -314,7 +318,7 @@ class ParallelTrainer(BaseTrainer):
         lo = self.dp_rank * self.local_batch
         self.open_data((lo, lo + self.local_batch), local_world=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
         self.stage_ids = local_stages(plan, self.pp_rank)
-        self.parts = [parallelize(full, plan, self.mesh, device, i) for i in self.stage_ids]
+        self.parts = [parallelize(full, plan, self.mesh, device, i, self.compile_model) for i in self.stage_ids]
         self.model = self.parts[0] if len(self.parts) == 1 else by_node_id(self.parts)
         # a weight tied across stages (embedding and head): a copy on each, gradients summed
         from .tied import TiedWeights, setup as tied_setup

@@ -281,3 +281,27 @@ def test_an_imported_gpt_trains_compiled_to_the_eager_losses(tmp_path):
         p.training.compile = mode
         losses[mode] = train(p, tmp_path / mode / "run")[0]
     assert_close(losses["blocks"], losses["off"])
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("torchrun")
+def test_compiled_under_torchrun_data_parallel_and_pipelined_gives_the_eager_losses(tmp_path, eager_losses):
+    """The distributed trainer compiles each rank's stage after TP and checkpointing and
+    before DDP wraps it (parallel.parallelize): dp=2 (DDP) and pp=2 (1F1B) on real torchrun
+    processes give one eager process's losses."""
+    from engine.planner import make_plan
+    from test_dist_equivalence import _torchrun
+
+    jobs, dirs = [], {}
+    for name, placement in (("dp2", {"dp": 2, "data_parallel": "ddp"}),
+                            ("pp2", {"pp": 2, "microbatches": 2, "schedule": "1f1b"})):
+        p = mlp("whole")
+        plan = make_plan(p, 2, placement=placement)
+        assert plan.ok, plan.errors
+        dirs[name] = prepare_run(p, tmp_path / name, placement=placement, plan=plan.runtime_plan())
+        jobs.append({"run_dir": str(dirs[name])})
+    _torchrun(2, jobs, tmp_path)
+    for name, rd in dirs.items():
+        got = [r["loss"] for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
+        assert_close(got, eager_losses)
+        assert "compile whole: 1 blocks compile at the first step" in (rd / "logs" / "rank1.log").read_text()
