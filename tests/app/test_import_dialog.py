@@ -142,8 +142,10 @@ def test_module_import_runs_off_the_gui_thread_and_opens(qtbot, w, tmp_path):
     qtbot.waitUntil(lambda: w.project.path == target, timeout=120_000)
     tick.stop()
 
-    # the event loop ran all along: the timer ticked while the worker imported
-    assert sum(1 for _, running in ticks if running) >= 5
+    # the event loop ran while the worker imported (an import on the GUI thread ticks never;
+    # how often it ticks depends on the machine's load: torch.export holds the GIL for long
+    # stretches, and on 2 busy cores a tick can wait seconds)
+    assert sum(1 for _, running in ticks if running) >= 1
     assert phases[0] == "loading" and {"tracing", "converting", "checking", "writing"} <= set(phases)
     assert not job.thread.is_alive() or job.thread.join(5) is None
     assert closed(dlg) and w.interop_ui.dialog is None  # closed on success
