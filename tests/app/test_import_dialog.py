@@ -148,7 +148,7 @@ def test_module_import_runs_off_the_gui_thread_and_opens(qtbot, w, tmp_path):
     assert sum(1 for _, running in ticks if running) >= 1
     assert phases[0] == "loading" and {"tracing", "converting", "checking", "writing"} <= set(phases)
     assert not job.thread.is_alive() or job.thread.join(5) is None
-    assert closed(dlg) and w.interop_ui.dialog is None  # closed on success
+    qtbot.waitUntil(lambda: closed(dlg) and w.interop_ui.dialog is None, timeout=10_000)  # closed on success
     assert "Imported resnet.lflow" in w.statusBar().currentMessage()
     assert w.project.weights and (target.parent / w.project.weights).exists()
     n = sum(p.numel() for p in real_models.ResNet50(layers=(1, 2, 3, 1)).parameters())

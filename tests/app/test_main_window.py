@@ -305,10 +305,10 @@ def test_a_collapsed_block_is_one_card_that_moves_its_nodes(qtbot, asked):
     assert card.ins == [("x", "out")] and card.outs == [("res", "out")]  # one value in, one out
     assert not w.scene.edge_items[Edge("ln", "out", "lin", "in")].isVisible()
     ext = w.scene.edge_items[Edge("res", "out", "out", "in")]
-    assert ext.path().elementAt(0).x == pytest.approx(card.sceneBoundingRect().right() - 8, abs=1)
+    assert ext.path().elementAt(0).x == pytest.approx(card.mapRectToScene(card._rect).right(), abs=1)
     before = snapshot(w)
     # drag the card by its title: every node of the block moves, one undo step
-    title = vp_pos(w, card.mapToScene(card.boundingRect().topLeft()) + QPointF(60, 12))
+    title = vp_pos(w, card.mapToScene(card._rect.topLeft()) + QPointF(60, 12))  # (the card, not its far label's room)
     drag(w, title, title + QPoint(0, 100))
     assert [g.nodes[n].pos[1] for n in ("ln", "lin", "res")] == [100.0, 100.0, 100.0]
     assert g.nodes["x"].pos == (0.0, 0.0)
@@ -385,7 +385,7 @@ def test_a_click_on_the_arrow_collapses_and_expands_and_a_copy_keeps_the_state(q
     w.scene.select_nodes(["ln", "lin", "res"])
     w.controller.group_selected("layer")
     frame = w.scene.group_items["layer"]
-    arrow = vp_pos(w, frame.mapToScene(frame.boundingRect().topLeft()) + QPointF(14, 14))
+    arrow = vp_pos(w, frame.mapToScene(frame._rect.topLeft()) + QPointF(14, 14))  # (the frame, not the room its far label takes)
     QTest.mouseClick(w.view.viewport(), Qt.LeftButton, Qt.NoModifier, arrow)
     assert frame.collapsed and not w.scene.node_items["lin"].isVisible()
     arrow = vp_pos(w, frame.mapToScene(frame._rect.topLeft()) + QPointF(8, 10))
