@@ -2,6 +2,7 @@
 Ctrl-C ending every process (torchrun and each worker in its own session)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -109,7 +110,17 @@ def test_ctrl_c_ends_every_process_and_checkpoints(tmp_path):
         time.sleep(0.5)
     assert len(_pids_mentioning(str(out))) >= 3  # torchrun and two workers
     cli.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal delivers
-    _, err = cli.communicate(timeout=120)
+    try:
+        _, err = cli.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # say what the CLI and the ranks were doing, then end them
+        left = {pid: Path(f"/proc/{pid}/status").read_text().split("SigBlk:")[1].split()[0]
+                for pid in _pids_mentioning(str(out)) + [cli.pid] if Path(f"/proc/{pid}/status").exists()}
+        left["pytest"] = Path("/proc/self/status").read_text().split("SigBlk:")[1].split()[0]
+        for pid in _pids_mentioning(str(out)) + [cli.pid]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"the CLI did not end within 120 s of SIGINT; blocked signals per process: {left}; "
+                    f"launcher log: {(out / 'logs' / 'launcher.log').read_text()[-1500:]}")
     assert cli.returncode == 130, err
     time.sleep(0.5)
     assert _pids_mentioning(str(out)) == []
