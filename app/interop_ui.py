@@ -137,6 +137,17 @@ class InteropUI(QObject):
         return self._import_now(req, "Cannot import module")
 
     # ----- export ---------------------------------------------------------------
+    def _which_weights(self, title: str, run, checkpoint):
+        """(run, checkpoint) to export: asked for whichever is not given (no run: the
+        project's own weights or a run's; a run: which of its checkpoints); None: cancelled."""
+        if run is None:
+            return self.ask_weights_source(title)
+        if checkpoint is None:
+            checkpoint = self.ask_checkpoint(run, title)
+            if checkpoint is None:
+                return None
+        return run, checkpoint
+
     def _ask_target(self, title: str, suffix: str, filt: str) -> str | None:
         p = self.window.project
         default = (p.path.with_suffix(suffix) if p.path else p.directory / (p.name + suffix))
@@ -148,15 +159,11 @@ class InteropUI(QObject):
         """Runs on a worker thread (torch's ONNX export takes seconds); returns its future.
         `run`: carry that run's weights at `checkpoint` (asked for when path is not given:
         File > Export offers the project's own weights or a run's)."""
-        if path is None and run is None:
-            source = self.ask_weights_source("Export ONNX")
-            if source is None:
+        if path is None:  # File > Export or a run's menu: which weights
+            chosen = self._which_weights("Export ONNX", run, checkpoint)
+            if chosen is None:
                 return None
-            run, checkpoint = source
-        elif path is None and checkpoint is None:
-            checkpoint = self.ask_checkpoint(run, "Export ONNX")
-            if checkpoint is None:
-                return None
+            run, checkpoint = chosen
         path = path or self._ask_target("Export ONNX", ".onnx", "ONNX models (*.onnx)")
         if not path:
             return None
@@ -176,15 +183,11 @@ class InteropUI(QObject):
                          checkpoint: str | None = None) -> Path | None:
         """A PyTorch script; with `run`, it starts from that run's weights (asked for as
         export_onnx_to asks)."""
-        if path is None and run is None:
-            source = self.ask_weights_source("Export PyTorch script")
-            if source is None:
+        if path is None:  # File > Export or a run's menu: which weights
+            chosen = self._which_weights("Export PyTorch script", run, checkpoint)
+            if chosen is None:
                 return None
-            run, checkpoint = source
-        elif path is None and checkpoint is None:
-            checkpoint = self.ask_checkpoint(run, "Export PyTorch script")
-            if checkpoint is None:
-                return None
+            run, checkpoint = chosen
         path = path or self._ask_target("Export PyTorch script", ".py", "Python scripts (*.py)")
         if not path:
             return None

@@ -112,13 +112,7 @@ def gpt_last_logits():
 
     class GPTLast(GPT):
         def forward(self, idx, targets=None):
-            b, t = idx.size()
-            assert t <= self.block_size, f"Cannot forward sequence of length {t}, block size is only {self.block_size}"
-            pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
-            x = self.transformer.wte(idx) + self.transformer.wpe(pos)
-            for block in self.transformer.h:
-                x = block(x)
-            x = self.transformer.ln_f(x)
+            x = self.trunk(idx)
             if targets is not None:
                 logits = self.lm_head(x)
                 return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)

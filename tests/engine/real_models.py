@@ -473,7 +473,8 @@ class GPT(nn.Module):
             if pn.endswith("c_proj.weight"):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
 
-    def forward(self, idx, targets=None):
+    def trunk(self, idx):
+        """The final hidden states (nanoGPT's forward up to lm_head)."""
         device = idx.device
         b, t = idx.size()
         assert t <= self.block_size, f"Cannot forward sequence of length {t}, block size is only {self.block_size}"
@@ -481,7 +482,10 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for block in self.transformer.h:
             x = block(x)
-        x = self.transformer.ln_f(x)
+        return self.transformer.ln_f(x)
+
+    def forward(self, idx, targets=None):
+        x = self.trunk(idx)
         if targets is not None:
             logits = self.lm_head(x)
             return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
