@@ -234,7 +234,8 @@ class Placement(_Strict):
     microbatches: int | None = Field(None, ge=1, le=MAX_PROCESSES)
     # interleavedzb: interleaved zero bubble (ZB1P; the weight gradient fills the bubble)
     schedule: Literal["gpipe", "1f1b", "interleaved1f1b", "interleavedzb"] = "1f1b"
-    mixed_precision: Literal["none", "bf16"] = "none"
+    # float8: torchao's float8 training (GPUs of compute capability 8.9+; refused elsewhere with the reason)
+    mixed_precision: Literal["none", "bf16", "float8"] = "none"
     sync_batchnorm: bool = False
 
     @model_validator(mode="after")

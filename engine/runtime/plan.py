@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, fields
 PLAN_VERSION = 1  # run.json's plan.version; a newer one is refused with the version it needs
 TP_STYLES = ("replicate", "colwise", "rowwise", "sequence")  # engine/graph.py's node.tp takes these too
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb")
+# float8: torchao's float8 training of the Linear layers (GPUs of compute capability 8.9+)
+MIXED_PRECISION = ("none", "bf16", "float8")
 # several stages per pipeline rank, looped: stage s on rank s % pp. (torch 2.13's V-shaped
 # schedules, ZBV and DualPipeV, fail here: in evaluation, and DualPipeV in backward.)
 LOOPED = ("interleaved1f1b", "interleavedzb")
@@ -122,7 +124,7 @@ class RunPlan:
     reshard_after_forward: bool = True  # FSDP2: free gathered parameters after forward
     schedule: str = "1f1b"  # pipeline schedule: SCHEDULES; "none" when pp is 1
     microbatches: int = 1
-    mixed_precision: str = "none"  # or "bf16"
+    mixed_precision: str = "none"  # MIXED_PRECISION
     sync_batchnorm: bool = False
     stages: list[list[str]] = field(default_factory=list)  # node ids per pipeline stage
     tp_plan: dict[str, TPEntry] = field(default_factory=dict)  # node id -> its tensor-parallel entry
@@ -192,7 +194,7 @@ class RunPlan:
                    data_parallel=choice("data_parallel", ("ddp", "fsdp", "none"), "ddp"),
                    reshard_after_forward=flag("reshard_after_forward", True),
                    schedule=choice("schedule", (*SCHEDULES, "none"), "1f1b"), microbatches=integer("microbatches"),
-                   mixed_precision=choice("mixed_precision", ("none", "bf16"), "none"),
+                   mixed_precision=choice("mixed_precision", MIXED_PRECISION, "none"),
                    sync_batchnorm=flag("sync_batchnorm", False),
                    stages=[ids(s, f"stages[{i}]") for i, s in enumerate(stages)],
                    tp_plan={n: TPEntry.from_json(e, f"{where}.tp_plan.{n}") for n, e in tp_plan.items()},

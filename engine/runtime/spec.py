@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .plan import PlanError, RunPlan
+from .plan import MIXED_PRECISION, PlanError, RunPlan
 
 SPEC_VERSION = 2  # run.json's "version"; a newer one is refused with the version it needs
 SPEC_FILE = "run.json"
@@ -352,7 +352,7 @@ def _plan_of_placement(pl: dict, where: str) -> RunPlan:
                    reshard_after_forward=bool(pl.get("reshard_after_forward", True)),
                    schedule=_str(pl, "schedule", where, "1f1b", ("gpipe", "1f1b", "interleaved1f1b", "none")),
                    microbatches=_int(pl, "microbatches", where, None, 1, optional=True) or pp,
-                   mixed_precision=_str(pl, "mixed_precision", where, "none", ("none", "bf16")),
+                   mixed_precision=_str(pl, "mixed_precision", where, "none", MIXED_PRECISION),
                    sync_batchnorm=bool(pl.get("sync_batchnorm", False)))
 
 
