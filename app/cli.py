@@ -14,7 +14,8 @@ import argparse
 import os
 import sys
 
-from app import cli_core, cli_data, cli_diff, cli_dist, cli_gui, cli_interop, cli_model, cli_remote
+from app import (cli_core, cli_data, cli_diff, cli_dist, cli_gui, cli_interop, cli_model, cli_remote, cli_sweep,
+                 cli_track)
 from app.cli_errors import CliError
 from engine.errors import LayerflowError
 
@@ -26,6 +27,8 @@ COMMAND_MODULES = [
     cli_remote,  # cluster, deploy, jobs, status, logs, cancel, fetch
     cli_dist,  # plan (distributed placement, --auto)
     cli_diff,  # diff, merge, resolve, git-setup
+    cli_sweep,  # sweep (many runs queued), runs (a table of runs)
+    cli_track,  # TensorBoard / MLflow copies of runs
     cli_gui,  # (bare) editor, open, screenshot
 ]
 
