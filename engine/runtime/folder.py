@@ -5,6 +5,8 @@ weights.pt); every rank of the run adds:
     status.json                 records.RunStatus: state, step, error (rank 0)
     metrics.jsonl               MetricsWriter: one JSON record a line, flushed at once (rank 0)
     logs/rank{R}.metrics.jsonl  RankMetrics: each rank's own step time and loss (distributed runs)
+    logs/rank{R}.system.jsonl   sysmetrics.SystemSampler: each rank's CPU, memory (and GPU) every few seconds
+    events.out.tfevents.*       tensorboard.TensorBoardLog: the records as TensorBoard scalars, the settings as hparams (rank 0)
     checkpoints/step_N/         one checkpoint (dist_checkpoint.py's format)
     checkpoints/latest          the name of the newest whole one
     checkpoints/best            the name of the best one by training.best_metric (CheckpointPolicy)
@@ -28,6 +30,7 @@ from pathlib import Path
 import torch
 
 from .records import DISK_FULL, RunStatus, write_text_atomic
+from .sysmetrics import SystemSampler
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"  # checkpoints/latest: the name of the newest whole checkpoint
@@ -218,14 +221,17 @@ class RunFolder:
         self.status = RunStatus("running", 0, total_steps, os.getpid(), time.time())
         self.metrics: MetricsWriter | None = None
         self.rank_metrics: RankMetrics | None = None
+        self.sampler: SystemSampler | None = None  # this rank's system metrics (open starts it, close stops it)
+        self.sinks: list = []  # more writers of the records (the TensorBoard log): write(rec), close()
         self.started = False
         self.t0 = time.perf_counter()
         self.lock = RunLock(self.path).acquire() if writer else None  # one writer per run folder
 
-    def open(self, resumed: dict | None = None) -> int:
+    def open(self, resumed: dict | None = None, device=None) -> int:
         """Begin writing; returns the step the run starts from. `resumed`: the extra state
         of the checkpoint it goes on from: the clock goes on from its elapsed time, and
-        metrics.jsonl is cut back to its offset (the lines after it are of steps that run again)."""
+        metrics.jsonl is cut back to its offset (the lines after it are of steps that run again).
+        The system sampler starts (`device`: the rank's, for its GPU numbers)."""
         start = int(resumed["step"]) if resumed else 0
         self.t0 = time.perf_counter() - (float(resumed.get("elapsed", 0.0)) if resumed else 0.0)
         if self.writer:
@@ -233,6 +239,8 @@ class RunFolder:
             self.metrics = MetricsWriter(self.path / "metrics.jsonl", truncate_at=cut)
         if self.rank is not None:
             self.rank_metrics = RankMetrics(self.path, self.rank, start if resumed else None)
+        self.sampler = SystemSampler(self.path, self.rank or 0, self.elapsed, lambda: self.status.step,
+                                     device).start(start if resumed else None)
         self.started = True
         self.set_status(step=start)
         return start
@@ -246,6 +254,8 @@ class RunFolder:
         """A metrics.jsonl record (the writer's; the other ranks write none)."""
         if self.metrics:
             self.metrics.write(rec)
+            for sink in self.sinks:
+                sink.write(rec)
 
     def write_rank(self, step: int, t: float, step_s: float, samples: int, loss: float | None) -> None:
         if self.rank_metrics:
@@ -302,6 +312,13 @@ class RunFolder:
                 _say(log, f"cancelled at step {step}")
             if self.rank_metrics:
                 self.rank_metrics.close()
+            if self.sampler:
+                self.sampler.stop()
+            for sink in self.sinks:
+                try:
+                    sink.close()
+                except Exception:  # noqa: BLE001 - an optional copy of the records must not hide how the run ended
+                    pass
             if self.metrics:
                 try:
                     self.metrics.write({"event": "end", "state": state, "step": step, "time": round(self.elapsed(), 4)})

@@ -18,6 +18,10 @@ What it writes is folder.py's RunFolder:
                    "seconds": ...}; a last line {"event": "end", "state": ...}
   status.json      {state: running|succeeded|failed|cancelled, step, total_steps, ...}
   logs/rank0.log   progress and, on failure, the traceback
+  logs/rankR.system.jsonl  each rank's CPU %, memory (and GPU) every few seconds, from a
+                   thread of its own (sysmetrics.py; the steps do nothing for it)
+  events.out.tfevents.*    the records as TensorBoard scalars and the settings as hparams
+                   (rank 0; tensorboard.py, when the tensorboard package is installed)
   checkpoints/     step_N/ per checkpoint, and `latest` naming the newest
   model.pt         the final weights (state_dict)
 
@@ -47,6 +51,7 @@ from .folder import (  # noqa: F401
 from .steps import (  # noqa: F401
     compute_loss, correct_count, lr_lambda, make_optimizer, peak_mem_mb, rng_state, seed_all, set_rng_state,
 )
+from .tensorboard import TensorBoardLog
 
 ProgressFn = Callable[[int, int, dict], None]
 
@@ -63,7 +68,12 @@ def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: Progres
     state, start, step = "running", 0, 0
     with StopSignal() as stop:
         try:
-            start = step = folder.open(checkpoints.load_latest(log) if resume else None)
+            start = step = folder.open(checkpoints.load_latest(log) if resume else None,
+                                       device=getattr(trainer, "device", None))
+            if folder.writer:  # (rank 0) the records as TensorBoard scalars too, where it is installed
+                tb = TensorBoardLog.open(folder.path, trainer.spec.to_json(), start, log)
+                if tb is not None:
+                    folder.sinks.append(tb)
             # training.compile: the first compile happens here, before the step clock starts
             compiled = trainer.warm_up(start, log) if hasattr(trainer, "warm_up") else None
             if compiled:

@@ -177,6 +177,42 @@ class RankError:
             return None
 
 
+# ----- a run's settings, flat (TensorBoard's hparams, MLflow's params) ------------------
+SETTING_SECTIONS = ("training", "plan")
+SETTING_SKIP = {"training.dataset", "plan.mesh", "plan.stages", "plan.tp_plan", "plan.version", "plan.checkpoint"}
+
+
+def run_settings(run_json: dict) -> dict[str, str | int | float | bool]:
+    """The settings a run was made with (its run.json), flat and scalar: the training
+    settings (training.optimizer.lr, training.batch_size, ...), the layout (plan.pp,
+    plan.dp, plan.tp, plan.schedule, plan.microbatches, ...), the step count, loss and
+    the project's name. Short lists read as text ("[0.9, 0.999]"); None values and the
+    bulky parts (the stages' node lists, the mesh) are left out."""
+    out: dict[str, str | int | float | bool] = {}
+
+    def walk(prefix: str, v) -> None:
+        if prefix in SETTING_SKIP or v is None:
+            return
+        if isinstance(v, dict):
+            for k in sorted(v):
+                walk(f"{prefix}.{k}", v[k])
+        elif isinstance(v, (bool, int, str)) or (isinstance(v, float) and math.isfinite(v)):
+            out[prefix] = v
+        elif isinstance(v, (list, tuple)) and len(v) <= 8 and all(isinstance(x, (bool, int, float, str)) for x in v):
+            out[prefix] = json.dumps(list(v))
+
+    if not isinstance(run_json, dict):
+        return out
+    for section in SETTING_SECTIONS:
+        if isinstance(run_json.get(section), dict):
+            walk(section, run_json[section])
+    for k in ("name", "total_steps", "loss"):
+        v = run_json.get(k)
+        if isinstance(v, (str, int, float)) and not isinstance(v, bool):
+            out[k] = v
+    return out
+
+
 __all__ = [
     "ENDED_STATES",
     "FINAL_STATES",
@@ -186,5 +222,6 @@ __all__ = [
     "RankError",
     "RunStatus",
     "epoch_seconds",
+    "run_settings",
     "write_text_atomic",
 ]
