@@ -42,10 +42,12 @@ class Trainer(BaseTrainer):
             raise ValueError(f"training.batch_size {self.batch_size} is not divisible by training.grad_accumulation "
                              f"{self.accumulate}; change one of them")
         # plan.mixed_precision bf16: the forward and the loss autocast (weights, gradients and
-        # the optimizer stay float32), as the distributed trainer does without FSDP
-        self.autocast = self.autocast_for(spec.plan.mixed_precision == "bf16")
-        # training.compile: in place (the optimizer's parameters and the checkpoints' names stay)
-        self.model = self.compile_model(self.model)
+        # the optimizer stay float32), as the distributed trainer does without FSDP; float8: the
+        # same, with the Linear layers' matmuls in float8 (torchao: float8.py)
+        self.autocast = self.autocast_for(spec.plan.mixed_precision in ("bf16", "float8"))
+        # float8, then training.compile: in place (the optimizer's parameters and the
+        # checkpoints' names stay)
+        self.model = self.convert_model(self.model)
 
     def warm_up_inputs(self):
         from .compiling import zeros_like_inputs

@@ -8,6 +8,8 @@ parallel.ParallelTrainer (one rank of several) are BaseTrainers.
     optimizer, schedule   of the spec's OptimizerSpec and ScheduleSpec (steps.py)
     checkpoints           dist_checkpoint.py's one format, read by its one safe loader
 
+    float8                placement.mixed_precision float8 (float8.py): refused at start where it
+                          cannot run; the Linear layers converted by convert_model
     compilation           training.compile (compiling.py): the model compiled in place, its
                           first compile done by warm_up before the loop's clock starts
 
@@ -52,6 +54,10 @@ class BaseTrainer:
         self.loss_options = spec.loss_options
         self.grad_clip = tr.grad_clip
         self.plan = spec.plan
+        if self.plan.mixed_precision == "float8":  # refused now, in one line, where it cannot run
+            from . import float8
+
+            float8.check(device, tp=self.plan.tp, emulate=float8.emulated())
 
     def eval_record(self, sums) -> dict:
         """The validation record of summed eval_sums (steps.py): val_loss, val_acc,
@@ -73,12 +79,26 @@ class BaseTrainer:
             load_weights(gm, str(self.run_dir / self.spec.weights))
         return gm
 
-    def compile_model(self, model: nn.Module) -> nn.Module:
-        """`model` compiled in place as training.compile says (off: as it is): its parameter
-        names, state_dict and checkpoints stay those of the eager model."""
+    def convert_model(self, model: nn.Module, log=None) -> nn.Module:
+        """What runs after tensor parallelism and before FSDP/DDP (parallel.parallelize's
+        hook; the single-process trainer calls it on its whole model): float8's Linear
+        layers (placement.mixed_precision float8), then training.compile. In place: the
+        parameters, their names, state_dict and checkpoints stay those of the eager model."""
+        if self.plan.mixed_precision == "float8":
+            from . import float8
+
+            float8.convert(model, emulate=float8.emulated(), log=log or self._note)
         from .compiling import compile_module
 
         return compile_module(model, self.spec.training.compile, log=None, spec_nodes=self.spec.model["nodes"])
+
+    def compile_model(self, model: nn.Module) -> nn.Module:
+        """parallelize()'s hook (the name it was given for training.compile): convert_model."""
+        return self.convert_model(model)
+
+    def _note(self, msg: str) -> None:
+        """A line for the run log from before fit's log exists: kept, and written by warm_up."""
+        self.notes = [*getattr(self, "notes", []), msg]
 
     def warm_up_inputs(self):
         """A batch of this rank's micro-batch shapes (zeros) for warm_up's compile; None:
@@ -88,14 +108,22 @@ class BaseTrainer:
     def warm_up(self, step: int, log=print) -> dict | None:
         """The first compile of a compiled model, before the loop's step clock starts
         (compiling.warm_up): its metrics record {"event": "compiled", "seconds", ...}, or
-        None (nothing compiled). Training state is left as it was."""
+        None (nothing compiled). Training state is left as it was. Distributed, every rank
+        does it together (warm_up_step): the record's seconds are the slowest rank's."""
+        for msg in getattr(self, "notes", []):  # (what convert_model said before the log existed)
+            log(msg)
+        self.notes = []
         from .compiling import compiled_regions, warm_up
 
-        regions = compiled_regions(self.model)
-        if not regions:
+        if self.spec.training.compile in (None, "off"):
             return None
+        regions = [r for m in getattr(self, "parts", [self.model]) for r in compiled_regions(m)]
         for r in regions:  # (a block that falls back later says so in the same log)
             r.log = log
+        if self.distributed:  # (every rank, even one without regions: the step has collectives)
+            return self.warm_up_step(step, regions, log)
+        if not regions:
+            return None
         x = self.warm_up_inputs()
         if x is None:
             log(f"compile {self.spec.training.compile}: {len(regions)} blocks compile at the first step")
@@ -104,6 +132,76 @@ class BaseTrainer:
 
         return warm_up(self.model, lambda: forward(self.model, x), getattr(self, "autocast", contextlib.nullcontext),
                        log)
+
+    def warm_up_step(self, step: int, regions: list, log=print) -> dict | None:
+        """The distributed warm-up: one training step of every rank together (the schedule,
+        DDP's or FSDP's collectives, as the real ones) on the first validation batch, with
+        the optimizer and the learning-rate schedule held still; then buffers, random
+        streams and gradients are put back. A rank's stage only compiles inside the
+        pipeline's schedule, so the step is the one way to reach every region."""
+        import time
+
+        import torch.distributed as dist
+
+        from .data import rows
+
+        mode = self.spec.training.compile
+        batch = next(iter(self.data.val_batches(self.local_batch)), None)
+        if batch is None:
+            log(f"compile {mode}: no validation batch to warm up on: the blocks compile at the first step")
+            return None
+        x, y = batch
+        k = rows(x)
+        if k < self.local_batch:  # (a small validation set: repeat its rows up to the step's shapes)
+            reps = -(-self.local_batch // k)
+            x = ({n: v.repeat(reps, *[1] * (v.dim() - 1))[:self.local_batch] for n, v in x.items()}
+                 if isinstance(x, dict) else x.repeat(reps, *[1] * (x.dim() - 1))[:self.local_batch])
+            y = y.repeat(reps, *[1] * (y.dim() - 1))[:self.local_batch]
+        modules = list(getattr(self, "parts", [self.model]))
+        buffers = [(b, b.detach().clone()) for m in modules for b in m.buffers()]
+        rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        batches, t0 = self.batches, time.perf_counter()
+
+        class _One:  # the warm-up batch at any step
+            skipped = 0
+
+            def batch(self, _step):
+                return x, y
+
+        self.batches = _One()
+        held = [(o, o.__dict__.get("step")) for o in (self.opt, self.sched)]  # (a scheduler wraps opt.step)
+        self.opt.step = self.sched.step = lambda *a, **k: None
+        try:
+            self.train_step(step)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        finally:
+            self.batches = batches
+            for o, own in held:
+                if own is None:
+                    del o.step
+                else:
+                    o.step = own
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+            torch.set_rng_state(rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state_all(cuda_rng)
+            for m in modules:
+                m.zero_grad(set_to_none=True)
+        seconds = torch.tensor(time.perf_counter() - t0, dtype=torch.float64, device=self.device)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        seconds = float(seconds.item())
+        failed = [r.name for r in regions if r.failed]
+        rec = {"event": "compiled", "mode": mode, "seconds": round(seconds, 3), "blocks": len(regions)}
+        if failed:
+            rec["eager_blocks"] = failed
+        fell = f"; {len(failed)} run eagerly" if failed else ""
+        log(f"compile {mode}: {len(regions)} blocks on this rank compiled in {seconds:.2f} s (the slowest rank; "
+            f"a warm-up step on a validation batch){fell}; not counted as step time")
+        return rec
 
     def skipped_samples(self) -> int:
         """Corrupt samples replaced so far (all ranks' when distributed: a collective)."""
