@@ -1,4 +1,4 @@
-"""User settings (recent files, theme, window layout) and the autosave folder.
+"""User settings (recent files, theme, window layout, the MLflow tracking URI) and the autosave folder.
 
 Stored in an INI file in Layerflow's config folder (the same one remote/cluster.py
 uses): $LAYERFLOW_CONFIG_DIR when set (tests point it at a temporary folder so they
@@ -58,6 +58,18 @@ class Settings:
 
     def autosave_seconds(self) -> int:
         return int(self.qs.value("autosave_seconds", 30))
+
+    def mlflow_uri(self) -> str | None:
+        """The MLflow tracking URI runs are logged to (`layerflow track uri`), or None."""
+        v = self.qs.value("mlflow_uri", "")
+        return v.strip() if isinstance(v, str) and v.strip() else None
+
+    def set_mlflow_uri(self, uri: str | None) -> None:
+        if uri:
+            self.qs.setValue("mlflow_uri", uri)
+        else:
+            self.qs.remove("mlflow_uri")
+        self.qs.sync()
 
     def value(self, key: str, default=None):
         return self.qs.value(key, default)

@@ -213,6 +213,29 @@ def run_settings(run_json: dict) -> dict[str, str | int | float | bool]:
     return out
 
 
+NOT_SCALARS = frozenset(("step", "epoch", "time", "steps", "rank", "event", "seconds", "blocks"))
+
+
+def record_scalars(rec: dict) -> dict[str, float]:
+    """The numbers of one metrics.jsonl record as other tools' scalars, by name: a step
+    record's loss, lr, samples_per_s, peak_mem_mb...; an evaluation record's val_* only
+    (its lr repeats the step record's); the first compile's seconds as compile_seconds;
+    nothing of other events. Finite numbers only."""
+    if rec.get("event") is not None:
+        s = rec.get("seconds")
+        ok = rec.get("event") == "compiled" and isinstance(s, (int, float)) and not isinstance(s, bool)
+        return {"compile_seconds": float(s)} if ok and math.isfinite(s) else {}
+    evaluation = any(k.startswith("val_") for k in rec)
+    out = {}
+    for k, v in rec.items():
+        if k in NOT_SCALARS or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            continue
+        if evaluation and not k.startswith("val_"):
+            continue
+        out[k] = float(v)
+    return out
+
+
 __all__ = [
     "ENDED_STATES",
     "FINAL_STATES",
@@ -222,6 +245,7 @@ __all__ = [
     "RankError",
     "RunStatus",
     "epoch_seconds",
+    "record_scalars",
     "run_settings",
     "write_text_atomic",
 ]

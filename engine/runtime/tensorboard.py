@@ -3,8 +3,8 @@
 (events.out.tfevents.*; TensorBoard names the run after the folder, and a cluster run
 brings them back with the folder).
 
-    scalars   every number of every metrics.jsonl record, under its own key (loss,
-              val_loss, val_acc, lr, samples_per_s, peak_mem_mb, ...) at its step;
+    scalars   the numbers of the metrics.jsonl records (records.record_scalars: loss,
+              val_loss, val_acc, lr, samples_per_s, peak_mem_mb, ...) at their step;
               the first compile's seconds as compile_seconds
     hparams   the run's settings (records.run_settings: training.optimizer.lr,
               plan.dp, ...), through tensorboard.plugins.hparams, so the HPARAMS tab
@@ -22,10 +22,9 @@ import math
 import os
 from pathlib import Path
 
-from .records import run_settings
+from .records import record_scalars, run_settings
 
 ENV = "LAYERFLOW_TENSORBOARD"  # 0: no event files
-NOT_SCALARS = {"step", "epoch", "time", "steps", "rank"}
 HPARAM_METRICS = ("loss", "val_loss", "val_acc")  # the HPARAMS tab's metric columns (scalar tags)
 MISSING = ("TensorBoard files not written: the tensorboard package is not installed "
            "(pip install 'layerflow[tensorboard]'); training goes on")
@@ -74,15 +73,8 @@ class TensorBoardLog:
         step = rec.get("step")
         if type(step) is not int:
             return
-        if rec.get("event") == "compiled" and isinstance(rec.get("seconds"), (int, float)):
-            self.writer.add_scalar("compile_seconds", float(rec["seconds"]), step)
-            return
-        if "event" in rec:
-            return
-        for k, v in rec.items():
-            if k in NOT_SCALARS or isinstance(v, bool) or not isinstance(v, (int, float)):
-                continue
-            self.writer.add_scalar(k, float(v), step)
+        for k, v in record_scalars(rec).items():
+            self.writer.add_scalar(k, v, step)
 
     def close(self) -> None:
         try:
