@@ -250,7 +250,14 @@ def compile_graph(graph: Graph) -> CompileResult:
             failed.add(nid)
             continue
         info.params = p
-        spec_nodes.append({"id": nid, "type": node.type, "params": p, "args": srcs})
+        sn = {"id": nid, "type": node.type, "params": p, "args": srcs}
+        # the editor's block ("h.0/h.0.attn") and an imported node's module tree: where
+        # training.compile's blocks mode cuts its regions (engine/runtime/compiling.py)
+        if node.group:
+            sn["group"] = node.group
+        if node.scope:
+            sn["scope"] = [list(s) for s in node.scope]
+        spec_nodes.append(sn)
         if spec.kind == "input":
             info.out = TensorInfo(tuple(p["shape"]), p["dtype"])
             dtype = getattr(torch, p["dtype"])
