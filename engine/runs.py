@@ -127,6 +127,8 @@ class RunSummary:
     best_val_acc: float | None = None
     error: str | None = None
     task: str | None = None  # classification | regression
+    stopped_early: str | None = None  # the sweep's stop rule that ended it (engine/sweep.py)
+    sweep: str | None = None  # the sweep id it belongs to (its sweep.json)
 
     @property
     def best_metric(self) -> tuple[str, float] | None:
@@ -178,12 +180,16 @@ def summarize_run(path: str | os.PathLike, records: list[dict] | None = None) ->
         duration = times[-1] - times[0]
     data = info.get("data") if isinstance(info.get("data"), dict) else {}
     err = status.error
+    early = status.extra.get("stopped_early")
+    tag = _read_json(p / "sweep.json")
     return RunSummary(
         path=p, name=str(info.get("name") or p.name), state=state, step=step, total_steps=total,
         started=started, ended=ended, duration=duration,
         best_val_loss=min(val_loss) if val_loss else None,
         best_val_acc=max(val_acc) if val_acc else None,
         error=str(err) if err else None, task=data.get("task"),
+        stopped_early=str(early) if early else None,
+        sweep=str(tag["sweep"]) if tag.get("sweep") else None,
     )
 
 
@@ -195,6 +201,155 @@ def list_runs(directory: str | os.PathLike) -> list[RunSummary]:
     runs = [summarize_run(p) for p in d.iterdir() if is_run_dir(p)]
     runs.sort(key=lambda r: (r.started or r.path.stat().st_mtime, r.path.name), reverse=True)
     return runs
+
+
+# ----- the runs table: settings as columns, final and best metrics ---------------------
+# (column, where in run.json) of the settings a table shows: what a sweep varies
+SETTING_COLUMNS = (
+    ("optimizer", ("training", "optimizer", "name")), ("lr", ("training", "optimizer", "lr")),
+    ("batch_size", ("training", "batch_size")), ("seed", ("training", "seed")),
+    ("compile", ("training", "compile")), ("pp", ("plan", "pp")), ("dp", ("plan", "dp")), ("tp", ("plan", "tp")),
+    ("schedule", ("plan", "schedule")), ("microbatches", ("plan", "microbatches")),
+    ("mixed_precision", ("plan", "mixed_precision")),
+)
+METRIC_COLUMNS = ("final_loss", "best_loss", "final_val_loss", "best_val_loss", "best_val_acc", "samples_per_s",
+                  "peak_mem_mb", "predicted_step_s", "measured_step_s", "step_time_ratio")
+LOWER_IS_BETTER = {"final_loss", "best_loss", "final_val_loss", "best_val_loss", "peak_mem_mb", "measured_step_s",
+                   "predicted_step_s", "duration"}
+
+
+def _dig(d, path):
+    for k in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def shown_state(s: RunSummary) -> str:
+    """The state as the runs table says it: `stopped early: <rule>` for a run a sweep ended."""
+    return f"stopped early: {s.stopped_early}" if s.stopped_early and s.state != "succeeded" else s.state
+
+
+def run_row(path: str | os.PathLike) -> dict:
+    """One run as a row of the runs table: name, state, sweep, its settings (SETTING_COLUMNS,
+    and the point its sweep varied), final and best metrics, throughput (median samples/s),
+    peak memory (MB, the largest rank's), the plan's predicted step time against the measured
+    one (the global batch over the median samples/s) and their ratio (measured / predicted)."""
+    p = Path(path)
+    records = read_metrics(p / "metrics.jsonl")
+    s = summarize_run(p, records)
+    info = _read_json(p / "run.json")
+    tag = _read_json(p / "sweep.json")
+    settings = {name: _dig(info, where) for name, where in SETTING_COLUMNS}
+    point = tag.get("point") if isinstance(tag.get("point"), dict) else {}
+    for k, v in point.items():  # a swept setting not among the usual columns gets its own
+        short = k.rsplit(".", 1)[-1]
+        if short not in settings or settings[short] is None:
+            settings[short] = v
+    train = [r for r in records if isinstance(r.get("step"), int) and _finite(r.get("loss")) is not None]
+    losses = [float(r["loss"]) for r in train]
+    vloss = [v for v in (_finite(r.get("val_loss")) for r in records) if v is not None]
+    rates = sorted(v for v in (_finite(r.get("samples_per_s")) for r in train[3:] or train) if v is not None and v > 0)
+    rate = rates[len(rates) // 2] if rates else None
+    mems = [v for v in (_finite(r.get("peak_mem_mb")) for r in records) if v is not None]
+    per_rank = peak_memory_per_rank(p)
+    peak = max(per_rank) if per_rank else (max(mems) if mems else None)
+    batch = _dig(info, ("training", "batch_size"))
+    measured = batch / rate if rate and isinstance(batch, (int, float)) else None
+    predicted = _finite(_dig(info, ("predicted", "step_s")))
+    metrics = {
+        "final_loss": losses[-1] if losses else None, "best_loss": min(losses) if losses else None,
+        "final_val_loss": vloss[-1] if vloss else None, "best_val_loss": s.best_val_loss,
+        "best_val_acc": s.best_val_acc, "samples_per_s": rate, "peak_mem_mb": peak,
+        "predicted_step_s": predicted, "measured_step_s": measured,
+        "step_time_ratio": measured / predicted if measured and predicted else None,
+    }
+    return {"name": s.name if s.name != "run" else p.name, "run": p.name, "path": str(p), "state": shown_state(s),
+            "sweep": s.sweep, "index": tag.get("index"), "step": s.step, "total_steps": s.total_steps,
+            "duration": s.duration, "started": s.started, "settings": settings, "point": point, **metrics}
+
+
+def runs_table(directory: str | os.PathLike, *, sweep: str | None = None) -> list[dict]:
+    """run_row of every run folder under `directory` (a project's runs dir), newest first;
+    `sweep`: only that sweep's runs, in queue order."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    rows = [run_row(p) for p in d.iterdir() if is_run_dir(p)]
+    if sweep is not None:
+        rows = sorted((r for r in rows if r["sweep"] == sweep), key=lambda r: (r["index"] is None, r["index"] or 0))
+    else:
+        rows.sort(key=lambda r: (r["started"] or 0, r["run"]), reverse=True)
+    return rows
+
+
+def row_value(row: dict, key: str):
+    """A column of a row by name: a metric, a field, or a setting (lr, dp, ...)."""
+    if key in row and key not in ("settings", "point"):
+        return row[key]
+    if key in row.get("settings", {}):
+        return row["settings"][key]
+    short = key.rsplit(".", 1)[-1]
+    return row.get("settings", {}).get(short, row.get("point", {}).get(key))
+
+
+_FILTER = re.compile(r"^\s*(?P<key>[\w.]+)\s*(?P<op><=|>=|!=|==|=|<|>|~)\s*(?P<value>.*?)\s*$")
+
+
+def filter_rows(rows: list[dict], filters: list[str]) -> list[dict]:
+    """Rows passing every filter: `KEY=VALUE`, `KEY!=VALUE`, `KEY<X`, `KEY<=X`, `KEY>X`, `KEY>=X`
+    (numbers), `KEY~TEXT` (contains); KEY is a column (lr, dp, state, best_val_acc, ...).
+    ValueError names a filter that cannot be read."""
+    tests = []
+    for f in filters:
+        m = _FILTER.match(f)
+        if not m:
+            raise ValueError(f"--filter {f!r}: write KEY=VALUE, KEY<NUMBER, KEY>NUMBER or KEY~TEXT (e.g. dp=2, lr<0.01)")
+        key, op, want = m["key"], m["op"], m["value"]
+        if op in ("<", "<=", ">", ">="):
+            try:
+                float(want)
+            except ValueError:
+                raise ValueError(f"--filter {f!r}: {op} compares numbers; {want!r} is not one") from None
+        tests.append((key, op, want))
+
+    def ok(row, key, op, want) -> bool:
+        v = row_value(row, key)
+        if op == "~":
+            return v is not None and want.lower() in str(v).lower()
+        if op in ("=", "==", "!="):
+            try:
+                same = v is not None and float(v) == float(want)
+            except (TypeError, ValueError):
+                same = str(v) == want
+            return same if op != "!=" else not same
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            return False
+        w = float(want)
+        return {"<": v < w, "<=": v <= w, ">": v > w, ">=": v >= w}[op]
+
+    return [r for r in rows if all(ok(r, *t) for t in tests)]
+
+
+def sort_rows(rows: list[dict], key: str, descending: bool | None = None) -> list[dict]:
+    """Rows by a column, best first by default (lowest loss, highest accuracy); rows
+    without the value last."""
+    if descending is None:
+        descending = key not in LOWER_IS_BETTER
+    have = [r for r in rows if isinstance(row_value(r, key), (int, float, str))]
+    rest = [r for r in rows if r not in have]
+    try:
+        have.sort(key=lambda r: row_value(r, key), reverse=descending)
+    except TypeError:
+        have.sort(key=lambda r: str(row_value(r, key)), reverse=descending)
+    return have + rest
+
+
+def best_row(rows: list[dict], metric: str) -> dict | None:
+    """The best run by `metric` (lowest for a loss, a time or memory; highest otherwise)."""
+    have = [r for r in rows if isinstance(row_value(r, metric), (int, float))]
+    return sort_rows(have, metric)[0] if have else None
 
 
 def delete_run(path: str | os.PathLike, *, within: str | os.PathLike | None = None) -> None:
