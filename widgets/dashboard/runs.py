@@ -67,6 +67,11 @@ class Run:
         self.series: dict[str, Series] = {}
         self.peaks: pg.ScatterPlotItem | None = None  # final peak memory per rank
         self.peak_values: list[float] = []
+        # the first compile (metrics record {"event": "compiled", "seconds", "step", "time"}):
+        # (seconds, step, time relative to t0), shown as a label and a line, not as a step time
+        self.compiled: tuple[float, float, float] | None = None
+        self.compile_line: pg.InfiniteLine | None = None
+        self.compile_dirty = False
 
 
 def ingest(run: Run, table: dict | None, records: list[dict], smoothing: float) -> None:
@@ -86,6 +91,9 @@ def ingest(run: Run, table: dict | None, records: list[dict], smoothing: float) 
         step = r.get("step")
         if type(step) is not int and type(step) is not float:
             continue  # event lines (start/end) carry no point
+        if r.get("event") == "compiled":
+            _compiled(run, r, step)
+            continue
         t = r.get("time")
         if (type(t) is float or type(t) is int) and math.isfinite(t):
             if run.t0 is None:
@@ -117,6 +125,18 @@ def ingest(run: Run, table: dict | None, records: list[dict], smoothing: float) 
         if spec.smooth and smoothing > 0:  # kept only while it is shown
             s.smoothed.extend(ema(ys, smoothing, prev))
         s.dirty = True
+
+
+def _compiled(run: Run, r: dict, step: float) -> None:
+    """The run's first compile record (a resumed compiled run has more: the first is kept)."""
+    sec, t = r.get("seconds"), r.get("time")
+    if run.compiled is not None or type(sec) not in (int, float) or not math.isfinite(sec):
+        return
+    t = float(t) if type(t) in (int, float) and math.isfinite(t) else None
+    if t is not None and run.t0 is None:
+        run.t0 = t
+    run.compiled = (float(sec), float(step), (t - run.t0) if t is not None else run.t_last)
+    run.compile_dirty = True
 
 
 def ingest_columns(run: Run, table: dict[str, np.ndarray], cols: dict) -> None:

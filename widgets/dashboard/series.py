@@ -33,6 +33,16 @@ PLOTS = [
 ]
 
 
+# The System tab: each rank's own process, sampled every few seconds
+# (engine/runtime/sysmetrics.py, logs/rankR.system.jsonl; SystemTail's keys).
+SYSTEM_PLOTS = [
+    PlotSpec("cpu", "CPU per rank", "% of a core", legend_at_bottom=True),
+    PlotSpec("rss", "Memory (RSS) per rank", "MB", legend_at_bottom=True),
+    PlotSpec("gpu_util", "GPU utilisation per rank", "%", legend_at_bottom=True),
+    PlotSpec("gpu_mem", "GPU memory per rank", "MB", legend_at_bottom=True),
+]
+SYSTEM_IDS = {p.id for p in SYSTEM_PLOTS}
+
 LOG_PLOTS = {p.id for p in PLOTS if p.log_able}
 
 
@@ -66,6 +76,11 @@ _PER_RANK_PLOT = {"step_ms": ("step_time", "rank {}"), "samples_per_s": ("throug
                   "loss": ("loss", "rank {} (its replica)")}
 
 
+SYSTEM = re.compile(r"^(?P<what>cpu_pct|rss_mb|gpu_util_pct|gpu_mem_mb|gpu_max_mb)_rank(?P<rank>\d+)$")
+_SYSTEM_PLOT = {"cpu_pct": ("cpu", "rank {}"), "rss_mb": ("rss", "rank {}"), "gpu_util_pct": ("gpu_util", "rank {}"),
+                "gpu_mem_mb": ("gpu_mem", "rank {}"), "gpu_max_mb": ("gpu_mem", "rank {} peak")}
+
+
 _SPEC_CACHE: dict[str, SeriesSpec | None] = {}
 _RANK_CACHE: dict[tuple[str, int], SeriesSpec] = {}
 
@@ -77,7 +92,11 @@ def spec_for(key: str) -> SeriesSpec | None:
     except KeyError:
         pass
     spec = _STATIC.get(key)
-    if spec is None and (m := PER_RANK.match(key)):
+    if spec is None and (m := SYSTEM.match(key)):
+        plot, label = _SYSTEM_PLOT[m.group("what")]
+        r = int(m.group("rank"))
+        spec = SeriesSpec(key, plot, label.format(r), rank=r)
+    elif spec is None and (m := PER_RANK.match(key)):
         plot, label = _PER_RANK_PLOT[m.group("what")]
         r = int(m.group("rank"))
         spec = SeriesSpec(key, plot, label.format(r), smooth=plot != "step_time", rank=r)

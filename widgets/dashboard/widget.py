@@ -1,4 +1,5 @@
-"""The live training dashboard: loss, accuracy, learning rate, throughput, peak memory.
+"""The live training dashboard: loss, accuracy, learning rate, throughput, peak memory
+(the Training tab), and each rank's CPU, memory and GPU over time (the System tab).
 
 Follows pyqtgraph's scrollingPlots example (DESIGN.md): one PlotDataItem per
 (run, series), fed from growable float64 buffers (buffers.py), and setData only
@@ -16,6 +17,10 @@ set_records) are read here. This widget only displays.
 Several runs can be overlaid: colour per run, line style per series (solid = train,
 dashed with dots = validation), a checkable run list to show/hide each. Which plot
 a record key feeds is series.py's; the axes and painting caches are axis.py's.
+The System tab's plots take the per-rank keys of engine/runtime/sysmetrics.py's
+SystemTail (cpu_pct_rank0, rss_mb_rank1, ...), appended like any other records. A
+compiled run's first compile time (its {"event": "compiled"} record) shows in the bar
+and as a dashed line on the throughput plot, never as a step time.
 """
 from __future__ import annotations
 
@@ -36,7 +41,7 @@ from .confusion import ConfusionMatrixWidget
 from .fit import add_legend_row, fit_legend, keep_fitted, set_legend_name, set_title
 from .runs import Run, Series, ingest
 from .segments import Segments
-from .series import LOG_PLOTS, PER_RANK, PLOTS, short_labels
+from .series import LOG_PLOTS, PER_RANK, PLOTS, SYSTEM_PLOTS, short_labels
 
 # Colour per run: a palette that stays readable on light and dark backgrounds.
 RUN_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -159,6 +164,11 @@ class Dashboard(QtWidgets.QWidget):
         bar.addSpacing(8)
         bar.addWidget(self.log_check)
         bar.addWidget(self.legend_check)
+        # the first compile's time (training.compile): what it cost before the first step
+        self.compile_label = QtWidgets.QLabel("")
+        self.compile_label.setToolTip("torch.compile's first compile, before the step clock started")
+        self.compile_label.setVisible(False)
+        bar.addWidget(self.compile_label)
         bar.addWidget(self.readout, 1)
         bar.addWidget(self.reset_button)
         bar.addWidget(self.export_button)
@@ -169,11 +179,12 @@ class Dashboard(QtWidgets.QWidget):
         grid.setContentsMargins(0, 0, 0, 0)
         grid.setSpacing(4)
         self._columns = 0  # as laid out by _reflow
-        self.plots: dict[str, pg.PlotWidget] = {}
+        self.plots: dict[str, pg.PlotWidget] = {}  # the Training tab's (the grid that reflows)
+        self.system_plots: dict[str, pg.PlotWidget] = {}  # the System tab's: each rank's CPU, memory, GPU
         self._vlines: dict[str, pg.InfiniteLine] = {}
         first = None
         shared_ticks: dict = {}
-        for i, spec in enumerate(PLOTS):
+        for i, spec in enumerate([*PLOTS, *SYSTEM_PLOTS]):
             pw = pg.PlotWidget(background=bg, axisItems={k: GridAxis(k, bg, shared_ticks) for k in ("left", "bottom")})
             pi = pw.getPlotItem()
             set_title(pi, spec.title, fg, self.TITLE_H)
@@ -215,7 +226,7 @@ class Dashboard(QtWidgets.QWidget):
             pw.scene().sigMouseMoved.connect(lambda pos, pid=spec.id: self._mouse_moved(pid, pos))
             pw.setMinimumSize(self.MIN_PLOT_W, self.MIN_PLOT_H)
             keep_fitted(pi)
-            self.plots[spec.id] = pw
+            (self.plots if i < len(PLOTS) else self.system_plots)[spec.id] = pw
         self.confusion = ConfusionMatrixWidget(background=bg, foreground=fg)
         self.confusion.setMinimumSize(self.MIN_PLOT_W, self.MIN_PLOT_H)
         self.plots_scroll = QtWidgets.QScrollArea()
@@ -245,9 +256,25 @@ class Dashboard(QtWidgets.QWidget):
         side_w.setFixedWidth(self.SIDE_W)
         side_w.setVisible(False)  # one run: its name is the dock's business, the legends say the rest
 
+        self.system_area = QtWidgets.QWidget()
+        sys_grid = QtWidgets.QGridLayout(self.system_area)
+        sys_grid.setContentsMargins(0, 0, 0, 0)
+        sys_grid.setSpacing(4)
+        for i, pw in enumerate(self.system_plots.values()):
+            sys_grid.addWidget(pw, i // 2, i % 2)
+        self.system_note = QtWidgets.QLabel("No system metrics yet: each rank samples its CPU and memory "
+                                            "every few seconds (logs/rankN.system.jsonl)")
+        self.system_note.setStyleSheet("color: palette(mid);")
+        sys_grid.addWidget(self.system_note, 2, 0, 1, 2)
+        self.tabs = QtWidgets.QTabWidget()
+        self.tabs.setDocumentMode(True)
+        self.tabs.addTab(self.plots_scroll, "Training")
+        self.tabs.addTab(self.system_area, "System")
+        self.tabs.currentChanged.connect(lambda _: self.flush())
+
         body = QtWidgets.QHBoxLayout()
         body.setContentsMargins(0, 0, 0, 0)
-        body.addWidget(self.plots_scroll, 1)
+        body.addWidget(self.tabs, 1)
         body.addWidget(side_w)
 
         lay = QtWidgets.QVBoxLayout(self)
@@ -279,6 +306,17 @@ class Dashboard(QtWidgets.QWidget):
     def columns(self) -> int:
         return self._columns
 
+    def _pw(self, plot_id: str) -> pg.PlotWidget:
+        pw = self.plots.get(plot_id)
+        return pw if pw is not None else self.system_plots[plot_id]
+
+    def _all_plots(self) -> dict[str, pg.PlotWidget]:
+        return {**self.plots, **self.system_plots}
+
+    def show_system(self, shown: bool = True) -> None:
+        """The System tab (each rank's CPU and memory), or the Training one."""
+        self.tabs.setCurrentIndex(1 if shown else 0)
+
     def eventFilter(self, obj, event) -> bool:
         if event.type() == QtCore.QEvent.Resize and obj is self.plots_scroll.viewport():
             self._reflow()
@@ -289,7 +327,7 @@ class Dashboard(QtWidgets.QWidget):
         if self.legend_check.isChecked() != shown:
             self.legend_check.setChecked(shown)  # (calls back here)
             return
-        for pw in self.plots.values():
+        for pw in self._all_plots().values():
             pi = pw.getPlotItem()
             pi.legend_shown = shown
             fit_legend(pi)
@@ -336,7 +374,7 @@ class Dashboard(QtWidgets.QWidget):
                 item.setText(run.short)
                 item.setToolTip(f"{run.label}\n{run.key}" if run.label != run.key else run.key)
         self.side.setVisible(many)
-        for pw in self.plots.values():
+        for pw in self._all_plots().values():
             pi = pw.getPlotItem()
             if pi.legend is None:
                 continue
@@ -358,23 +396,27 @@ class Dashboard(QtWidgets.QWidget):
             return
         for s in run.series.values():
             if s.curve is not None:
-                self.plots[s.spec.plot].getPlotItem().removeItem(s.curve)
+                self._pw(s.spec.plot).getPlotItem().removeItem(s.curve)
             if s.segments is not None:
-                self.plots[s.spec.plot].getPlotItem().vb.removeItem(s.segments)
+                self._pw(s.spec.plot).getPlotItem().vb.removeItem(s.segments)
         if run.peaks is not None:
             self.plots["memory"].getPlotItem().removeItem(run.peaks)
+        if run.compile_line is not None:
+            self.plots["throughput"].getPlotItem().removeItem(run.compile_line)
         for i in range(self.run_list.count()):
             if self.run_list.item(i).data(Qt.UserRole) == key:
                 self.run_list.takeItem(i)
                 break
         self._relabel()
-        self._fit(self.plots)
+        self._compile_text()
+        self._fit(self._all_plots())
 
     def clear(self) -> None:
         for key in list(self._runs):
             self.remove_run(key)
         self.set_confusion(None)
         self.readout.setText(" ")
+        self.system_note.setVisible(True)
         self._x_lim, self._y_lim = None, {}
         self._refit.clear()
 
@@ -475,13 +517,16 @@ class Dashboard(QtWidgets.QWidget):
                 s.curve.setVisible(visible)
         if run.peaks is not None:
             run.peaks.setVisible(visible)
+        if run.compile_line is not None:
+            run.compile_line.setVisible(visible)
+        self._compile_text()
         for i in range(self.run_list.count()):
             item = self.run_list.item(i)
             if item.data(Qt.UserRole) == key:
                 state = Qt.Checked if visible else Qt.Unchecked
                 if item.checkState() != state:
                     item.setCheckState(state)
-        self._fit(self.plots)  # the ranges of what is still shown
+        self._fit(self._all_plots())  # the ranges of what is still shown
         self.run_visibility_changed.emit(key, visible)
 
     def is_run_visible(self, key: str) -> bool:
@@ -502,9 +547,11 @@ class Dashboard(QtWidgets.QWidget):
         i = self.x_combo.findData(mode)
         if self.x_combo.currentIndex() != i:
             self.x_combo.setCurrentIndex(i)
-        for pw in self.plots.values():
+        for pw in self._all_plots().values():
             pw.getPlotItem().setLabel("bottom", "step" if mode == "step" else "wall time (s)")
         self._mark_all_dirty()
+        for run in self._runs.values():
+            run.compile_dirty = run.compiled is not None  # its line moves to the other x
         self.flush()
         self.auto_range()
 
@@ -554,7 +601,7 @@ class Dashboard(QtWidgets.QWidget):
         self._x_lim, self._y_lim = None, {}
         self._refit.clear()
         self._mark_all_dirty()
-        self._fit(self.plots)
+        self._fit(self._all_plots())
 
     def _stop_following(self, *_) -> None:
         self._follow = False
@@ -605,7 +652,7 @@ class Dashboard(QtWidgets.QWidget):
         plot_id = s.spec.plot
         g = geometry.get(plot_id)
         if g is None:
-            pw = self.plots[plot_id]
+            pw = self._pw(plot_id)
             vb = pw.getPlotItem().vb
             dpr = pw.devicePixelRatioF()
             (x0, x1), (y0, y1) = vb.viewRange()
@@ -662,7 +709,7 @@ class Dashboard(QtWidgets.QWidget):
         curve.setClipToView(True)
         curve.setDownsampling(auto=True, method="peak")
         curve.setVisible(run.visible)
-        pi = self.plots[spec.plot].getPlotItem()
+        pi = self._pw(spec.plot).getPlotItem()
         pi.addItem(curve)
         if pi.legend is not None:
             cache_painting(pi.legend)  # its new entry
@@ -724,7 +771,7 @@ class Dashboard(QtWidgets.QWidget):
                     if s.segments is None:
                         s.segments = Segments(s.thin_pen or s.pen)
                         s.segments.setVisible(s.curve.isVisible())
-                        self.plots[s.spec.plot].getPlotItem().vb.addItem(s.segments)
+                        self._pw(s.spec.plot).getPlotItem().vb.addItem(s.segments)
                     s.segments.set_columns(*env)
                     if s.raw:  # the curve stays for its legend entry and visibility, empty
                         s.curve.setData([], [])
@@ -735,6 +782,46 @@ class Dashboard(QtWidgets.QWidget):
                     s.curve.setData(*(b.view() for b in self._buffers(s)))
                     s.raw = True
                 s.dirty = False
+        if any(run.compile_dirty for run in self._runs.values()):
+            self._show_compiles()
+        if not self.system_note.isHidden() and any(s.spec.plot in self.system_plots
+                                                for run in self._runs.values() for s in run.series.values()):
+            self.system_note.setVisible(False)
+
+    def _show_compiles(self) -> None:
+        """Each run's first compile: its seconds in the bar's label and a dashed line on
+        the throughput plot where the steps began (the compile is not a step's time)."""
+        pi = self.plots["throughput"].getPlotItem()
+        for run in self._runs.values():
+            if not run.compile_dirty or run.compiled is None:
+                continue
+            run.compile_dirty = False
+            seconds, step, t = run.compiled
+            if run.compile_line is None:
+                run.compile_line = pg.InfiniteLine(angle=90, movable=False,
+                                                   pen=pg.mkPen(run.color, width=1, style=Qt.DashLine),
+                                                   label=f"compiled {seconds:.1f} s",
+                                                   labelOpts={"position": 0.9, "color": run.color})
+                run.compile_line.setToolTip(f"{run.label}: the first compile took {seconds:.2f} s")
+                pi.addItem(run.compile_line, ignoreBounds=True)
+            run.compile_line.setPos(step if self._x_mode == "step" else t)
+            run.compile_line.setVisible(run.visible)
+        self._compile_text()
+
+    def _compile_text(self) -> None:
+        runs = [r for r in self._runs.values() if r.compiled is not None and r.visible]
+        if not runs:
+            self.compile_label.setVisible(False)
+            return
+        many = len(self._runs) > 1
+        self.compile_label.setText("compile " + ", ".join(
+            (f"{r.short} " if many else "") + f"{r.compiled[0]:.1f} s" for r in runs))
+        self.compile_label.setVisible(True)
+
+    def compile_seconds(self, key: str) -> float | None:
+        """The run's first compile time, as shown (None: it compiled nothing)."""
+        c = self._runs[key].compiled
+        return c[0] if c else None
 
     def _fit(self, plot_ids, moves: int | None = None, x_alone: bool = False) -> bool:
         """While following: x (all plots are linked) to the data of every visible series,
@@ -788,7 +875,7 @@ class Dashboard(QtWidgets.QWidget):
                     lo, hi = min(lo, *run.peak_values), max(hi, *run.peak_values)
         if not (math.isfinite(lo) and math.isfinite(hi)):
             return None
-        vb = self.plots[plot_id].getPlotItem().vb
+        vb = self._pw(plot_id).getPlotItem().vb
         current = self._y_lim.get(plot_id)
         if self._log_y and plot_id in LOG_PLOTS:
             if lo <= 0:  # no log of it: pyqtgraph's auto-range, over the positive values
@@ -809,7 +896,7 @@ class Dashboard(QtWidgets.QWidget):
 
     # ----- crosshair ----------------------------------------------------------------
     def _mouse_moved(self, plot_id: str, pos) -> None:
-        vb = self.plots[plot_id].getPlotItem().vb
+        vb = self._pw(plot_id).getPlotItem().vb
         if not vb.sceneBoundingRect().contains(pos):
             return
         self.show_crosshair(vb.mapSceneToView(pos).x())
