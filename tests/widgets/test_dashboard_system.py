@@ -23,10 +23,9 @@ def dash(qtbot):
 def write_system(run_dir, ranks=2, n=6):
     (run_dir / "logs").mkdir(parents=True)
     for r in range(ranks):
-        with open(run_dir / "logs" / f"rank{r}.system.jsonl", "w") as f:
-            for i in range(n):
-                f.write(json.dumps({"step": 10 * i, "time": 5.0 * i, "rank": r, "cpu_pct": 90.0 + r + i,
-                                    "rss_mb": 300.0 + 10 * r + i}) + "\n")
+        (run_dir / "logs" / f"rank{r}.system.jsonl").write_text("".join(
+            json.dumps({"step": 10 * i, "time": 5.0 * i, "rank": r, "cpu_pct": 90.0 + r + i,
+                        "rss_mb": 300.0 + 10 * r + i}) + "\n" for i in range(n)))
 
 
 def test_system_tab_plots_each_rank(dash, tmp_path):
@@ -42,7 +41,7 @@ def test_system_tab_plots_each_rank(dash, tmp_path):
         assert list(x) == [0, 10, 20, 30, 40, 50] and list(y) == [90.0 + r + i for i in range(6)]
         curve = dash.curve("r", f"rss_mb_rank{r}")
         assert curve in dash.system_plots["rss"].getPlotItem().items
-        cx, cy = curve.getOriginalDataset()
+        _, cy = curve.getOriginalDataset()
         assert np.allclose(cy, [300.0 + 10 * r + i for i in range(6)])
     names = [lb.full for _, lb in dash.system_plots["cpu"].getPlotItem().legend.items]
     assert sorted(names) == ["rank 0", "rank 1"]
