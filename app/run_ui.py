@@ -18,6 +18,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QProgressBar, QSystemTr
 from app.run_controller import RunController, _fmt_eta
 from engine.runs import confusion_matrix, delete_run, list_runs, peak_memory_per_rank, runs_dir, summarize_run
 from engine.runtime.records import RESUMABLE_STATES, RunStatus
+from engine.runtime.sysmetrics import SystemTail
 from engine.tail import MetricsTail, RankMetricsTail, parse_jsonl
 from widgets.dashboard import Dashboard
 from widgets.run_toolbar import RunToolbar
@@ -47,6 +48,10 @@ class RunUI(QObject):
         # another window or of the CLI) are followed by byte offset, like the live run.
         self._followed: dict[str, MetricsTail] = {}
         self._rank_tails: dict[str, RankMetricsTail] = {}  # per-rank numbers of the runs shown
+        self._system_tails: dict[str, SystemTail] = {}  # each rank's CPU and memory samples (the System tab)
+        self.mlflow = None  # engine.tracking.MlflowFollower of the live run, when a tracking URI is set
+        self.mlflow_error: str | None = None
+        self._mlflow_last = None  # the follower of the last run, finishing its last copy
         self._bottom_h: int | None = None  # the bottom area's height before the Dashboard took it
         self._watched_bars: list = []
         self.log_viewers: list = []
@@ -193,6 +198,9 @@ class RunUI(QObject):
 
     def shutdown(self) -> None:
         self._follow_timer.stop()
+        if self.mlflow is not None:
+            self.mlflow.stop(timeout=5.0)
+            self.mlflow = None
         self.controller.shutdown()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -210,6 +218,8 @@ class RunUI(QObject):
         self.dashboard.clear()
         self.dashboard.add_run(run_dir, Path(run_dir).name)
         self._rank_tails = {run_dir: RankMetricsTail(run_dir)}
+        self._system_tails = {run_dir: SystemTail(run_dir)}
+        self._start_mlflow(run_dir)
         self.toolbar.set_running(True)
         self.progress.setRange(0, 0)  # busy until the first step arrives
         self.progress.setFormat("starting…")
@@ -220,7 +230,7 @@ class RunUI(QObject):
     def _on_lines(self, run_dir: str, data: bytes) -> None:
         first = not self.dashboard.has_records(run_dir)
         self.dashboard.append_data(run_dir, data)
-        self.dashboard.append(run_dir, self._rank_records(run_dir))
+        self._append_side(run_dir)
         if first:
             self.refresh()  # the folder became a run: list it
 
@@ -231,11 +241,40 @@ class RunUI(QObject):
             self.progress.setFormat(f"step {step}/{total} · ETA {_fmt_eta(eta)}" if math.isfinite(eta)
                                     else f"step {step}/{total}")
 
+    def _start_mlflow(self, run_dir: str) -> None:
+        """The live run copied to MLflow as it trains, when a tracking URI is set
+        ($MLFLOW_TRACKING_URI, or the user setting `layerflow track uri` saves); a
+        store that cannot be used is said in the status bar, and the run goes on."""
+        self._stop_mlflow()
+        from engine.tracking import MlflowFollower, TrackingError, resolve_uri
+
+        uri = resolve_uri()
+        if uri is None:
+            try:
+                from app.settings import Settings
+
+                uri = Settings().mlflow_uri()
+            except Exception:  # noqa: BLE001 - no settings file: no MLflow
+                uri = None
+        if not uri:
+            return
+        try:
+            self.mlflow = MlflowFollower(run_dir, uri).start()
+        except TrackingError as exc:
+            self.mlflow_error = str(exc)
+            self._message(f"Not logged to MLflow: {exc}", 20000)
+
+    def _stop_mlflow(self) -> None:
+        if self.mlflow is not None:
+            follower, self.mlflow = self.mlflow, None
+            self._pool.submit(follower.stop)  # its last copy, off the GUI thread
+            self._mlflow_last = follower
+
     def _on_finished(self, run_dir: str, state: str) -> None:
         self.progress.setVisible(False)
-        last = self._rank_records(run_dir)  # the ranks' last lines, flushed as they ended
-        if last and run_dir in self.dashboard.run_keys():
-            self.dashboard.append(run_dir, last)
+        self._stop_mlflow()
+        if run_dir in self.dashboard.run_keys():
+            self._append_side(run_dir)  # the ranks' last lines, flushed as they ended
         self.refresh()
         name = Path(run_dir).name
         s = summarize_run(run_dir) if Path(run_dir).exists() else None
@@ -330,6 +369,7 @@ class RunUI(QObject):
                 self.dashboard.remove_run(key)
         self._followed.clear()
         self._rank_tails = {k: t for k, t in self._rank_tails.items() if k == live}
+        self._system_tails = {k: t for k, t in self._system_tails.items() if k == live}
         for p in paths:
             p = str(Path(p))
             if p == live:
@@ -337,8 +377,9 @@ class RunUI(QObject):
             tail = MetricsTail(Path(p) / "metrics.jsonl")
             data = tail.poll_data(max_bytes=None)  # all of it, parsed in the dashboard's parse process
             self._rank_tails[p] = RankMetricsTail(p)
+            self._system_tails[p] = SystemTail(p)
             self.dashboard.set_data(p, data, label=Path(p).name)
-            self.dashboard.append(p, self._rank_records(p))
+            self._append_side(p)
             self._show_rank_peaks(p)
             if not self._has_ended(p, data):
                 self._followed[p] = tail
@@ -366,7 +407,7 @@ class RunUI(QObject):
             data = tail.poll_data()
             if data:
                 self.dashboard.append_data(key, data)
-                self.dashboard.append(key, self._rank_records(key))
+                self._append_side(key)
             elif self._has_ended(key, b""):  # nothing new and the run is over
                 del self._followed[key]
         if not self._followed:
@@ -385,6 +426,17 @@ class RunUI(QObject):
         """New per-rank step time, throughput and loss of a multi-process run shown here."""
         tail = self._rank_tails.get(run_dir)
         return tail.poll_records() if tail is not None else []
+
+    def _append_side(self, run_dir: str) -> None:
+        """The per-rank records of a run shown here, and every rank's new system samples
+        (the dashboard's System tab: plotted, not among the run's metrics records)."""
+        ranks = self._rank_records(run_dir)
+        if ranks:
+            self.dashboard.append(run_dir, ranks)
+        tail = self._system_tails.get(run_dir)
+        samples = tail.poll_records() if tail is not None else []
+        if samples:
+            self.dashboard.append(run_dir, samples, keep=False)
 
     def _show_rank_peaks(self, run_dir: str) -> None:
         peaks = peak_memory_per_rank(run_dir)

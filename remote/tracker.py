@@ -2,8 +2,9 @@
 
 One `poll()` asks every node for its status (one command each, with a timeout:
 our own liveness check, since paramiko's keepalive never declares a dead peer),
-then reads metrics.jsonl and the logs from their byte offsets over SFTP and appends
-the complete lines to the job's local mirror (JobDB.mirror_dir). The mirror's size
+then reads metrics.jsonl, the logs and each rank's system samples (logs/rankR.system.jsonl)
+from their byte offsets over SFTP and appends the complete lines to the job's local
+mirror (JobDB.mirror_dir), which the dashboard reads like a local run folder. The mirror's size
 *is* the offset, so after a cut link, a crashed app or a restart the next read
 starts exactly after the last line kept: nothing lost, nothing repeated. Several
 trackers of one job (the GUI, and `status` in a terminal) share the mirror under a
@@ -18,6 +19,7 @@ node, waits, KILLs, and checks that nothing is left. `fetch()` downloads results
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import threading
@@ -38,6 +40,9 @@ from remote.ssh import Connection, SSHError, quote
 
 MetricsFn = Callable[[list[dict]], None]
 LogFn = Callable[[str, list[str]], None]  # (log name, new lines)
+SystemFn = Callable[[str, list[dict]], None]  # (file name, new samples of its rank)
+SYSTEM_SUFFIX = ".system.jsonl"  # logs/rankR.system.jsonl: a rank's CPU/memory samples (engine/runtime/sysmetrics.py)
+SYSTEM_LIST_S = 5.0  # how often a node's logs/ is listed for them (when its jobctl does not report their sizes)
 
 
 class CancelError(LayerflowError, RuntimeError):
@@ -76,12 +81,14 @@ class Tracker:
     def __init__(self, job_id: str, db: JobDB | None = None, *, accept: Iterable[str] = (),
                  on_metrics: MetricsFn | None = None, on_log: LogFn | None = None,
                  on_state: Callable[[Job], None] | None = None, lost_after: float = 120.0,
-                 status_timeout: float = 20.0, replay: bool = False):
+                 status_timeout: float = 20.0, replay: bool = False, on_system: SystemFn | None = None):
         self.db = db or JobDB()
         self.job = self.db.get(job_id)
         self.cluster = self.job.cluster_profile()
         self.accept = list(accept)
         self.on_metrics, self.on_log, self.on_state = on_metrics, on_log, on_state
+        self.on_system = on_system
+        self._system_listed: dict[int, float] = {}  # node -> when its system files were last listed
         self.lost_after, self.status_timeout = lost_after, status_timeout
         self.mirror = self.db.mirror_dir(self.job.id)
         self.mirror.mkdir(parents=True, exist_ok=True)
@@ -205,8 +212,25 @@ class Tracker:
         if (job.state, job.error, job.extra.get("slurm")) != old and self.on_state:
             self.on_state(job)
 
+    def _system_sizes(self, i: int) -> dict[str, int]:
+        """The sizes of node i's system-metrics files (run/logs/rankR.system.jsonl), listed
+        over SFTP every SYSTEM_LIST_S seconds; {} between listings (a stale size must never
+        read as a file that shrank). A jobctl that reports them itself spares the listing."""
+        now = time.monotonic()
+        if now - self._system_listed.get(i, -math.inf) < SYSTEM_LIST_S:
+            return {}
+        self._system_listed[i] = now
+        try:
+            entries = self.conn(i).listdir(f"{self.job.nodes[i].jobdir}/run/logs")
+        except (OSError, SSHError):  # no logs/ yet
+            return {}
+        return {f"run/logs/{e.filename}": int(e.st_size) for e in entries
+                if e.filename.endswith(SYSTEM_SUFFIX) and e.st_size is not None}
+
     def _stream(self, i: int) -> None:
-        sizes = self.nodes[i].info.get("sizes", {})
+        sizes = dict(self.nodes[i].info.get("sizes", {}))
+        if not any(rel.endswith(SYSTEM_SUFFIX) for rel in sizes):
+            sizes.update(self._system_sizes(i))
         if self.job.metrics_node is None and "run/metrics.jsonl" in sizes:
             self.job.metrics_node = i
             self.db.save(self.job)
@@ -294,6 +318,9 @@ class Tracker:
                     self.job.step = max([self.job.step or 0, *steps])
                 if self.on_metrics and recs:
                     self.on_metrics(recs)
+            elif path.name.endswith(SYSTEM_SUFFIX):
+                if self.on_system and lines:
+                    self.on_system(path.name, parse_jsonl(lines))
             elif self.on_log and lines:
                 self.on_log(path.name, [ln.decode("utf-8", "replace") for ln in lines])
 

@@ -204,3 +204,38 @@ def test_run_restarted_on_the_node_rewrites_metrics(sshd_pair, tmp_path, config_
     mirror = JobDB().mirror_dir(job.id) / "metrics.jsonl"
     assert mirror.read_bytes() == remote.read_bytes()
     assert [(r["step"], r["try"]) for r in got] == [(s, 0) for s in range(1, 11)] + [(s, 1) for s in range(3, 12)]
+
+
+def test_system_samples_of_every_node_are_mirrored(sshd_pair, tmp_path, config_dir):
+    """Each rank's logs/rankR.system.jsonl (its CPU and memory samples) comes back into the
+    mirror's logs/ by byte offset, half lines waiting, for the dashboard's System tab; the
+    samples go to on_system, never to the log callback."""
+    from engine.runtime.sysmetrics import SystemTail
+
+    job = fake_job(sshd_pair, tmp_path, nodes=2)
+    for i, n in enumerate(job.nodes):
+        d = Path(n.jobdir)
+        (d / f"node{i}.pid").write_text("999999")
+        (d / "run" / "logs").mkdir()
+        (d / "run" / "logs" / f"rank{i}.system.jsonl").write_bytes(
+            json.dumps({"step": 5, "time": 1.0, "rank": i, "cpu_pct": 99.0, "rss_mb": 300.0 + i}).encode()
+            + b'\n{"step": 10, "ti')
+    (Path(job.nodes[0].jobdir) / "run" / "metrics.jsonl").write_text('{"step": 5, "loss": 1.0}\n')
+    (Path(job.nodes[0].jobdir) / "run" / "logs" / "rank0.log").write_text("step 5\n")
+    system, logs = [], []
+    with Tracker(job.id, on_system=lambda name, recs: system.append((name, recs)),
+                 on_log=lambda name, lines: logs.append(name)) as tr:
+        tr.poll()
+        mirror = tr.mirror
+        assert sorted(n for n, _ in system) == ["rank0.system.jsonl", "rank1.system.jsonl"]
+        assert logs == ["rank0.log"]
+        recs = SystemTail(mirror).poll_records()
+        assert sorted((r["step"], k, v) for r in recs for k, v in r.items() if k.startswith("rss")) == \
+            [(5, "rss_mb_rank0", 300.0), (5, "rss_mb_rank1", 301.0)]
+        with open(Path(job.nodes[1].jobdir) / "run" / "logs" / "rank1.system.jsonl", "ab") as f:
+            f.write(b'me": 2.0, "rank": 1, "cpu_pct": 50.0, "rss_mb": 310.0}\n')
+        tr._system_listed.clear()  # (listed every few seconds: now)
+        tr.poll()
+        assert [(r["step"], r["rss_mb_rank1"]) for r in SystemTail(mirror).poll_records()[-1:]] == [(10, 310.0)]
+        assert system[-1] == ("rank1.system.jsonl", [{"step": 10, "time": 2.0, "rank": 1, "cpu_pct": 50.0,
+                                                      "rss_mb": 310.0}])

@@ -430,14 +430,15 @@ class Dashboard(QtWidgets.QWidget):
     def has_records(self, key: str) -> bool:
         return key in self._runs and any(self._runs[key].kept)
 
-    def append(self, key: str, records: list[dict], lines: list[bytes] | None = None) -> None:
+    def append(self, key: str, records: list[dict], lines: list[bytes] | None = None, keep: bool = True) -> None:
         """New metrics records of a run (plotted at the next timer tick). `lines`: the
         lines of metrics.jsonl they were read from (engine/tail.py), kept instead of the
         dicts: a third of their memory. Three runs of a million records held as dicts
         took 1.5 GB here, and growing that much memory made single updates take 100 ms
-        and more."""
+        and more. `keep=False`: plotted only, not among the run's `records` (the
+        System tab's samples, which are not metrics.jsonl's)."""
         run = self._run(key)
-        if records:
+        if records and keep:
             run.kept.append(b"\n".join(lines) if lines is not None else list(records))
         if run.in_flight:  # after the run's lines still being parsed, in their order
             run.in_flight += 1
