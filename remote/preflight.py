@@ -65,6 +65,11 @@ def parse_nvidia_smi(text: str) -> tuple[list[GPU], list[str]]:
     return gpus, warnings
 
 
+# Optional packages a run uses on a node when they are there (each run says so in its log
+# when one is missing, and trains on): reported, never a failure.
+OPTIONAL = {"tensorboard": "TensorBoard event files in the run folder",
+            "nvidia-ml-py": "GPU utilisation in the system metrics (NVML)"}
+
 # One command per host; each section is labelled so a missing tool only blanks its section.
 PROBE = r"""
 echo "@@python"; {py} -c 'import json, os, platform
@@ -76,6 +81,13 @@ except Exception as e:
     t = {{"torch": None, "torch_error": "%s: %s" % (type(e).__name__, e)}}
 t.update(python=platform.python_version(), cpus=os.cpu_count(), hostname=platform.node(),
          mem_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+opt = {{}}
+for name in {optional}:
+    try:
+        opt[name] = metadata.version(name)
+    except Exception:
+        opt[name] = None
+t["optional"] = opt
 print(json.dumps(t))' 2>&1
 echo "@@nvidia"; if command -v nvidia-smi >/dev/null 2>&1; then {nvq} 2>&1; fi
 echo "@@disk"; mkdir -p {wd} && df -Pk {wd} | tail -n 1
@@ -97,8 +109,15 @@ class HostReport:
     free_disk_gb: float | None = None
     rdzv_ok: bool | None = None
     warnings: list[str] = field(default_factory=list)
+    optional: dict[str, str | None] = field(default_factory=dict)  # OPTIONAL's packages: version, or None when missing
     unknown_key: str | None = None  # the fingerprint to show the user when the host key is not known yet
     unknown_key_type: str | None = None
+
+    def optional_text(self) -> str:
+        """The optional packages as the table shows them: "tensorboard 2.21.0" or "no tensorboard"
+        (NVML's only on a host with GPUs)."""
+        shown = [(k, v) for k, v in self.optional.items() if k != "nvidia-ml-py" or self.gpus]
+        return ", ".join(f"{k} {v}" if v else f"no {k}" for k, v in shown) or "-"
 
     def fail(self, why: str) -> "HostReport":
         self.ok, self.error = False, self.error or why
@@ -122,11 +141,12 @@ class PreflightReport:
         return {"ok": self.ok, "hosts": [asdict(h) for h in self.hosts], "notes": list(self.notes)}
 
     def table(self) -> str:
-        head = ["host", "ok", "python", "torch", "cpus", "gpus", "free disk", "rendezvous", "problem"]
+        head = ["host", "ok", "python", "torch", "optional", "cpus", "gpus", "free disk", "rendezvous", "problem"]
         rows = []
         for h in self.hosts:
             gpus = ", ".join(f"{g.index}:{g.name} {g.memory_total_mb or 0:.0f}MiB" for g in h.gpus) or "-"
-            rows.append([h.host, "yes" if h.ok else "NO", h.python or "-", h.torch or "-", str(h.cpus or "-"), gpus,
+            rows.append([h.host, "yes" if h.ok else "NO", h.python or "-", h.torch or "-", h.optional_text(),
+                         str(h.cpus or "-"), gpus,
                          f"{h.free_disk_gb:.1f} GB" if h.free_disk_gb is not None else "-",
                          {True: "ok", False: "FAILED", None: "-"}[h.rdzv_ok], h.error or ""])
         w = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
@@ -151,7 +171,8 @@ def probe_host(conn: Connection, cluster: Cluster, timeout: float) -> HostReport
     rep = HostReport(conn.label)
     try:
         wd = conn.abspath(cluster.workdir)
-        res = conn.run(PROBE.format(py=quote(cluster.python), nvq=NVIDIA_QUERY, wd=quote(wd)),
+        res = conn.run(PROBE.format(py=quote(cluster.python), nvq=NVIDIA_QUERY, wd=quote(wd),
+                                    optional=repr(tuple(OPTIONAL)).replace("'", '"')),
                        timeout=timeout, check=False)
     except UnknownHostKey as exc:
         rep.unknown_key, rep.unknown_key_type = exc.fingerprint, exc.key_type
@@ -167,6 +188,8 @@ def probe_host(conn: Connection, cluster: Cluster, timeout: float) -> HostReport
                         f" (set the cluster's python to an interpreter that has torch)")
     rep.python, rep.torch, rep.cuda = info.get("python"), info.get("torch"), info.get("cuda")
     rep.cpus, rep.hostname, rep.mem_bytes = info.get("cpus"), info.get("hostname"), info.get("mem_bytes")
+    if isinstance(info.get("optional"), dict):
+        rep.optional = {k: v if isinstance(v, str) else None for k, v in info["optional"].items() if k in OPTIONAL}
     if not rep.torch:
         return rep.fail(f"torch is not importable by {cluster.python} ({info.get('torch_error')})")
     rep.gpus, rep.warnings = parse_nvidia_smi("\n".join(parts.get("nvidia", [])))

@@ -3,6 +3,8 @@
 memory.used,utilization.gpu --format=csv,noheader,nounits` prints on real machines)."""
 from __future__ import annotations
 
+import platform
+
 from remote.cluster import parse_cluster
 from remote.preflight import check_devices, device_spec, parse_nvidia_smi, preflight
 
@@ -69,6 +71,19 @@ def test_preflight_two_hosts(sshd_pair, tmp_path):
     assert cpu.name == "cpu" and 0 < cpu.memory_bytes <= min(h.mem_bytes for h in rep.hosts) // 2
     table = rep.table()
     assert "127.0.0.2" in table and "127.0.0.3" in table and "NO" not in table
+    # optional packages reported, never a failure: TensorBoard's version or its absence
+    from importlib import metadata
+
+    try:
+        here = metadata.version("tensorboard")
+    except metadata.PackageNotFoundError:
+        here = None
+    for h in rep.hosts:
+        assert set(h.optional) == {"tensorboard", "nvidia-ml-py"}
+        if h.python == platform.python_version():  # (the test hosts run this interpreter)
+            assert h.optional["tensorboard"] == here
+        assert (f"tensorboard {here}" if here else "no tensorboard") in h.optional_text()
+        assert "nvidia-ml-py" not in h.optional_text()  # no GPUs here
 
 
 def test_preflight_names_the_failing_host(sshd_pair, tmp_path):
