@@ -38,6 +38,8 @@ DEFAULT_RECIPE = "tensorwise"
 MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (8.9) and Hopper (9.0) on
 ALIGN = 16  # float8 matmuls need both dimensions divisible by 16
 FIX = "use bf16"
+TP_PROBLEM = ("placement.mixed_precision float8: tp={tp}: float8 with tensor parallelism is not supported here — "
+              "set tp to 1 (use dp/fsdp or pp) or " + FIX)
 
 # GPU names (as torch.cuda.get_device_name and engine/cost.py's GPUS write them) -> compute
 # capability, for the planner, which knows a cluster's device names but not their capability.
@@ -114,9 +116,16 @@ def device_problem(device: torch.device, *, tp: int = 1, emulate: bool = False) 
         problem = float8_problem(f"{device.type}:{idx} ({torch.cuda.get_device_name(idx)})",
                                  torch.cuda.get_device_capability(idx), has_torchao())
     if problem is None and tp > 1:
-        problem = (f"placement.mixed_precision float8: tp={tp}: float8 with tensor parallelism is not supported "
-                   f"here — set tp to 1 (use dp/fsdp or pp) or {FIX}")
+        problem = TP_PROBLEM.format(tp=tp)
     return problem
+
+
+def plan_problem(device_name: str, tp: int = 1) -> str | None:
+    """The planner's check (engine/plan_checks.py), from a cluster's device name alone:
+    float8_problem with the capability read from the name, torchao taken as present (the
+    machine that plans is not the one that trains: the run checks it at start), and tp."""
+    problem = float8_problem(device_name, None, True)
+    return problem or (TP_PROBLEM.format(tp=tp) if tp > 1 else None)
 
 
 def check(device: torch.device, *, tp: int = 1, emulate: bool = False) -> None:

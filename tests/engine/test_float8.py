@@ -35,6 +35,13 @@ def test_refusal_lines_name_the_device_and_the_reason():
     assert float8_problem("some-new-gpu", None, True) is None  # (unknown name: the run checks again)
     missing = float8_problem("h100-80gb", None, False)
     assert "torchao is not installed" in missing and "pip install torchao" in missing
+    # the planner's check: the device's name, torchao taken as present, tp
+    assert float8.plan_problem("h100-80gb") is None
+    assert float8.plan_problem("a100-80gb") == float8_problem("a100-80gb", None, True)
+    assert float8.plan_problem("h100-80gb", tp=2).startswith("placement.mixed_precision float8: tp=2: ")
+    from engine.cost import local_cpu
+
+    assert float8.plan_problem(local_cpu(1).name).startswith(f"placement.mixed_precision float8: {local_cpu(1).name} ")
     # the device this process trains on
     assert float8.device_problem(torch.device("cpu")) == cpu
     with pytest.raises(ValueError, match=r"^placement.mixed_precision float8: cpu has no float8 matmul"):
