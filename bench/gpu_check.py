@@ -19,8 +19,18 @@ On one GPU (bench/gpu_check_single.py):
 With two GPUs or more, also the NCCL checks: DDP (dp=2), tensor parallel (tp=2) and a
 1F1B pipeline (pp=2) against the single-GPU losses and bench/dist_overhead.py's
 hand-written torch.distributed script. With one GPU they are skipped (NCCL needs a GPU
-per rank), and the table says so. The runtime does not offer torch.compile, so there is
-no compiled row.
+per rank), and the table says so.
+
+Issue 47's rows (a second table; --no-variants skips them):
+  - training.compile off / blocks / whole on a 4-block GPT (bf16 on a GPU): ms/step, the
+    speedup over eager, the losses against eager, the first compile's seconds;
+  - placement.mixed_precision bf16 against float8 (torchao, tensorwise), eager and with
+    blocks compiled; where float8 cannot run (compute capability below 8.9, no torchao)
+    its rows say "refused: " and the run's own one-line reason;
+  - each pipeline schedule (gpipe, 1f1b, interleaved1f1b, interleavedzb) at pp=2 under
+    torchrun against one process: on GPUs 0 and 1 with NCCL where there are two, else on
+    the CPU with gloo (the runtime puts rank r on GPU r; NCCL needs a GPU per rank).
+On an H100 they add about 3 minutes (the compiles take most of it).
 """
 from __future__ import annotations
 
@@ -121,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=4096, help="NCCL checks: the MLP's width")
     ap.add_argument("--batch", type=int, default=512, help="NCCL checks: the batch")
     ap.add_argument("--no-examples", action="store_true", help="skip the bundled examples")
+    ap.add_argument("--no-variants", action="store_true",
+                    help="skip issue 47's rows (compile modes, pipeline schedules, float8 against bf16)")
     args = ap.parse_args(argv)
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not args.cpu_smoke and n == 0:
@@ -142,8 +154,20 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lf_gpu_check_") as tmpdir:
         rows = single.run_single(Path(tmpdir), device, spec, args.cpu_smoke, steps, examples)
+        variants, sched, sched_head = [], [], ""
+        if not args.no_variants:
+            variants = single.compile_and_float8_rows(Path(tmpdir), device, spec, args.cpu_smoke, steps)
+            sched_head, sched = single.schedule_rows(Path(tmpdir), n, args.cpu_smoke, steps)
     lines += single.format_rows(rows)
     problems = [p for r in rows for p in r.problems]
+    if variants:
+        lines.append("compile modes, then float8 against bf16, on one device (speedup and loss diff against the "
+                     "section's first row)")
+        lines += single.format_variants(variants)
+    if sched:
+        lines.append(sched_head)
+        lines += single.format_variants(sched)
+    problems += [p for r in variants + sched for p in r.problems]
     timed = [r for r in rows if r.section in ("single", "example") and r.pred_ms and r.step_ms == r.step_ms]
     if timed:
         lines.append("predicted / measured step time: " + ", ".join(

@@ -77,8 +77,10 @@ def check_losses(row: Row) -> None:
 
 
 # ----- Layerflow's side --------------------------------------------------------------
-def layerflow(project, tmp: Path, tag: str, device: torch.device, spec, steps: int, precision: str) -> tuple[Row, Path]:
-    """Train `project` with the runtime in this process; the row and the run folder."""
+def layerflow(project, tmp: Path, tag: str, device: torch.device, spec, steps: int, precision: str,
+              compile_mode: str = "off") -> tuple[Row, Path]:
+    """Train `project` with the runtime in this process; the row and the run folder.
+    `precision`: fp32, bf16 or float8 (placement.mixed_precision); `compile_mode`: training.compile."""
     from engine.compile import compile_graph
     from engine.planner import make_plan
     from engine.run import prepare_run
@@ -86,8 +88,9 @@ def layerflow(project, tmp: Path, tag: str, device: torch.device, spec, steps: i
     from engine.tail import read_metrics
 
     project = project.copy()
-    project.placement.mixed_precision = "bf16" if precision == "bf16" else "none"
+    project.placement.mixed_precision = precision if precision in ("bf16", "float8") else "none"
     tr = project.training
+    tr.compile = compile_mode
     tr.log_interval, tr.eval_interval, tr.checkpoint_interval = LOG, 10**9, 10**9
     plan = make_plan(project, 1, device=spec)
     mem = plan.doc["devices"][0]["memory"] if plan.ok else {}
@@ -276,4 +279,188 @@ def format_rows(rows: list[Row]) -> list[str]:
         out.append(f"{r.section:<8} {r.name:<22} {r.precision:<5} {f(r.step_ms, '8.2f'):>8} {f(r.tflops, '8.2f'):>8} "
                    f"{f(r.ratio, '7.3f'):>7} {f(r.match, '9.1e'):>9} {f(r.pred_ms, '8.2f'):>8} "
                    f"{f(r.peak_mib, '9.0f'):>9} {pred:>44}")
+    return out
+
+
+# ----- issue 47's rows: compile modes, pipeline schedules, float8 -----------------------
+VARIANT_STEPS = 30  # steps of each run below on a GPU (timed after the first LOG)
+SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb")
+
+
+@dataclass
+class Variant:
+    """One run of a setting against its section's first row (the baseline)."""
+    section: str
+    config: str
+    precision: str
+    step_ms: float
+    speedup: float | None = None  # the baseline's ms/step over this one's
+    match: float | None = None  # max relative difference of the logged losses against the baseline's
+    note: str = ""
+    problems: list = field(default_factory=list)
+
+
+def variant_gpt(smoke: bool) -> dict:
+    """A GPT whose widths are multiples of 16 (float8 converts its Linears; the head stays):
+    4 blocks of 512 on a GPU (compiles in about a minute), 2 of 32 in the smoke."""
+    from real_models import GPT
+
+    if smoke:
+        return dict(name="gpt", make=lambda: GPT(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32),
+                    shape=[16], dtype="int64", batch=8, samples=64)
+    return dict(name="gpt-4x512", make=lambda: GPT(vocab_size=8192, block_size=256, n_layer=4, n_head=8, n_embd=512),
+                shape=[256], dtype="int64", batch=32, samples=128)
+
+
+def _compile_note(rd: Path) -> str:
+    rec = next((r for r in map(json.loads, (rd / "metrics.jsonl").read_text().splitlines())
+                if r.get("event") == "compiled"), None)
+    if rec is None:
+        return ""
+    eager = f", {len(rec['eager_blocks'])} eager" if rec.get("eager_blocks") else ""
+    return f"compiled {rec['blocks']} block(s) in {rec['seconds']:.1f} s{eager}"
+
+
+def _against(row: Row, base: Row | None, section: str, config: str, note: str, tol: float) -> Variant:
+    v = Variant(section, config, row.precision, row.step_ms, note=note, problems=list(row.problems))
+    if base is not None and row is not base:
+        v.speedup = base.step_ms / row.step_ms if row.step_ms == row.step_ms else None
+        v.match = rel_diff(row.losses, base.losses)
+        if not v.match <= tol:
+            v.problems.append(f"{section} {config}: losses differ from {base.name}'s baseline by {v.match:.2e} "
+                              f"(more than {tol:g})")
+    return v
+
+
+def compile_and_float8_rows(tmp: Path, device: torch.device, spec, smoke: bool, steps: int) -> list[Variant]:
+    """training.compile off / blocks / whole, then placement.mixed_precision bf16 against
+    float8 (eager and with blocks compiled, what makes float8 pay), on one GPT. Where
+    float8 cannot run the row says "refused: <the run's own line>"; in the CPU smoke it
+    runs emulated (torchao's float8 casts, high-precision matmuls) when torchao is there."""
+    import os
+
+    from engine.runtime import float8
+
+    steps = steps if smoke else min(steps, VARIANT_STEPS)
+    arch = variant_gpt(smoke)
+    _, project = imported(arch, tmp)
+    prec = "fp32" if smoke else "bf16"
+    out: list[Variant] = []
+    base = None
+    for mode in ("off", "blocks", "whole"):
+        row, rd = layerflow(project, tmp, f"v_compile_{mode}", device, spec, steps, prec, mode)
+        base = base or row
+        # inductor reorders reductions (float32: ~1e-6); in bf16 it keeps some intermediates in float32
+        out.append(_against(row, base, "compile", f"{arch['name']} {mode}", _compile_note(rd),
+                            1e-3 if prec == "fp32" else 5e-2))
+    emulate = smoke and float8.has_torchao()
+    problem = None if emulate else float8.device_problem(device)
+    row, _ = layerflow(project, tmp, "v_bf16", device, spec, steps, "bf16")
+    base = row
+    out.append(_against(row, base, "float8", f"{arch['name']} bf16", "the baseline", 0))
+    for mode in ("off", "blocks"):
+        config = f"{arch['name']} float8{' + blocks' if mode != 'off' else ''}"
+        if problem:
+            out.append(Variant("float8", config, "float8", math.nan, note=f"refused: {problem}"))
+            continue
+        if emulate:
+            os.environ[float8.EMULATE_ENV] = "1"
+        try:
+            row, rd = layerflow(project, tmp, f"v_float8_{mode}", device, spec, steps, "float8", mode)
+        finally:
+            os.environ.pop(float8.EMULATE_ENV, None)
+        note = "emulated on the CPU (no speed)" if emulate else float8.DEFAULT_RECIPE
+        extra = _compile_note(rd)
+        # float8 (e4m3, 3 mantissa bits) against bf16: the trajectories stay within 10% over these steps
+        out.append(_against(row, base, "float8", config, f"{note}{'; ' + extra if extra else ''}", 0.1))
+    return out
+
+
+def schedule_project(hidden: int, batch: int, steps: int):
+    """An MLP of 4 Linear layers (the planner cuts it into 2 stages, or 4 for the interleaved
+    schedules), no BatchNorm or Dropout: a pipeline gives one process's losses."""
+    from engine.graph import Graph
+    from engine.project import Optimizer, Project, SyntheticClassification, Training
+
+    g = Graph()
+    g.add_node("Input", {"shape": [64]}, id="x")
+    prev = "x"
+    for i in range(1, 5):
+        g.add_node("Linear", {"out_features": hidden if i < 4 else 10}, id=f"fc{i}")
+        g.connect(prev, "out", f"fc{i}", "in")
+        prev = f"fc{i}"
+        if i < 4:
+            g.add_node("ReLU", {}, id=f"act{i}")
+            g.connect(prev, "out", f"act{i}", "in")
+            prev = f"act{i}"
+    g.add_node("Output", {"loss": "cross_entropy"}, id="out")
+    g.connect(prev, "out", "out", "in")
+    tr = Training(dataset=SyntheticClassification(kind="synthetic_classification", n_samples=batch * 8, n_features=64,
+                                                   n_classes=10, noise=4.0),
+                  batch_size=batch, steps=steps, eval_interval=10**9, checkpoint_interval=10**9, log_interval=LOG,
+                  optimizer=Optimizer(name="adam", lr=1e-3))
+    return Project(g, name="sched_mlp", training=tr)
+
+
+def schedule_rows(tmp: Path, n_gpus: int, smoke: bool, steps: int) -> tuple[str, list[Variant]]:
+    """Each pipeline schedule at pp=2 (torchrun, 2 processes) against one process on the
+    same device kind: losses (they must agree) and ms/step over 1F1B's. With 2 GPUs or
+    more the ranks use NCCL on GPUs 0 and 1; with one GPU or none they run on the CPU with
+    gloo (the runtime puts rank r on GPU r, and NCCL needs a GPU per rank), which still
+    checks each schedule's path and measures its bubble against 1F1B's."""
+    from engine.planner import make_plan
+    from engine.run import prepare_run
+    from engine.tail import read_metrics
+    from remote.launch_local import launch_local
+
+    on_gpu = n_gpus >= 2
+    env = None if on_gpu else {"CUDA_VISIBLE_DEVICES": ""}
+    hidden, batch = (64, 16) if smoke else (1024, 256)
+    steps = steps if smoke else min(steps, VARIANT_STEPS)
+    where = "GPUs 0-1, nccl" if on_gpu else "CPU, gloo"
+
+    def launch(tag: str, nproc: int, placement: dict | None) -> Row:
+        proj = schedule_project(hidden, batch, steps)
+        kw = {}
+        if placement:
+            plan = make_plan(proj, nproc, placement=placement)
+            if not plan.ok:
+                return Row("schedule", tag, "fp32", math.nan, problems=[f"pp=2 {tag}: not planned: {plan.errors[0]}"])
+            kw = dict(placement=placement, plan=plan.runtime_plan())
+        rd = prepare_run(proj, tmp / f"sched_{tag}", **kw)
+        job = launch_local(rd, nproc, env=env, torchrun=nproc > 1)
+        if job.wait(timeout=300) != 0:
+            return Row("schedule", tag, "fp32", math.nan, problems=[f"pp=2 {tag}: {job.describe_failure()}"])
+        recs = [r for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
+        timed = [batch / r["samples_per_s"] for r in recs if r["step"] > LOG]
+        row = Row("schedule", tag, "fp32", statistics_median(timed) * 1e3 if timed else math.nan,
+                  losses=[r["loss"] for r in recs])
+        check_losses(row)
+        return row
+
+    single = launch("one process", 1, None)
+    out = [_against(single, None, "schedule", "1 process", "the losses' reference", 0)]
+    rows = {s: launch(s, 2, {"pp": 2, "schedule": s, "microbatches": 4}) for s in SCHEDULES}
+    for s, row in rows.items():
+        v = _against(row, single, "schedule", f"pp2 {s}", "", 1e-3)
+        v.speedup = rows["1f1b"].step_ms / row.step_ms if row.step_ms == row.step_ms else None
+        out.append(v)
+    return f"pipeline schedules at pp=2 ({where}): MLP 64-{hidden}x3-10, batch {batch}, 4 micro-batches, " \
+           f"{steps} steps; speedup against 1f1b, loss diff against one process", out
+
+
+def statistics_median(values: list[float]) -> float:
+    import statistics
+
+    return statistics.median(values)
+
+
+def format_variants(rows: list[Variant]) -> list[str]:
+    def f(v, fmt):
+        return "" if v is None or v != v else format(v, fmt)
+
+    out = [f"{'section':<8} {'config':<28} {'prec':<6} {'ms/step':>8} {'speedup':>7} {'loss diff':>9}  note"]
+    for r in rows:
+        out.append(f"{r.section:<8} {r.config:<28} {r.precision:<6} {f(r.step_ms, '8.2f'):>8} {f(r.speedup, '7.3f'):>7} "
+                   f"{f(r.match, '9.1e'):>9}  {r.note}")
     return out

@@ -1,8 +1,9 @@
 """bench/gpu_check.py, the script a session with a GPU runs first, cannot rot while no
 GPU is lent: its --cpu-smoke form runs every one-device check (the real ResNet-50 and
 GPT layouts, tiny; Layerflow's runtime against the hand loop in fp32 and bf16; the
-runtime's DDP and FSDP2 wrapping at world size 1; the bundled examples) on the CPU,
-and without a GPU the plain form says so in one line."""
+runtime's DDP and FSDP2 wrapping at world size 1; the bundled examples; issue 47's
+compile modes, float8 (emulated) against bf16 and pipeline schedules) on the CPU, and
+without a GPU the plain form says so in one line."""
 import os
 import re
 import subprocess
@@ -46,6 +47,28 @@ def test_the_cpu_smoke_runs_every_one_device_check_and_writes_its_table(tmp_path
     assert examples == {p.stem for p in (ROOT / "resources" / "examples").glob("*.lflow")}
     assert re.search(r"predicted / measured step time: resnet50 fp32 [0-9.]+", table)
     assert "NCCL multi-rank checks: not run" in table and "PROBLEM" not in table
+    # issue 47's rows: compile modes, float8 against bf16, each pipeline schedule at pp=2
+    var = {}
+    for line in table.splitlines():
+        cells = line.split()
+        if cells and cells[0] in ("compile", "float8", "schedule"):
+            config = line[9:37].strip()  # (the config column: "gpt float8 + blocks", "pp2 1f1b")
+            var[(cells[0], config.removeprefix("pp2 "))] = line
+    for mode in ("off", "blocks", "whole"):
+        assert ("compile", f"gpt {mode}") in var, var.keys()
+    assert re.search(r"compiled 4 block\(s\) in [0-9.]+ s", var[("compile", "gpt blocks")])
+    assert "compiled 1 block(s)" in var[("compile", "gpt whole")]
+    f8 = [var[("float8", "gpt float8")], var[("float8", "gpt float8 + blocks")]]
+    assert len(f8) == 2
+    from engine.runtime import float8
+
+    for line in f8:  # emulated where torchao is installed, else the run's own refusal line
+        assert ("emulated on the CPU" in line) if float8.has_torchao() else ("refused: placement.mixed_precision "
+                                                                            "float8: torchao is not installed" in line)
+    for s in ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb"):
+        cells = var[("schedule", s)][37:].split()
+        assert float(cells[1]) > 0 and float(cells[3]) < 1e-3  # ms/step; the losses are one process's
+    assert "pipeline schedules at pp=2 (CPU, gloo)" in table
 
 
 def test_without_a_gpu_it_says_so_in_one_line():
