@@ -121,3 +121,17 @@ def test_without_tensorboard_one_log_line_and_the_run_trains_on(tmp_path, monkey
     assert not list(rd.glob("events.out.tfevents.*"))
     log = (rd / "logs" / "rank0.log").read_text()
     assert log.count("tensorboard package is not installed") == 1
+
+
+def test_record_scalars():
+    from engine.runtime.records import record_scalars
+
+    assert record_scalars({"step": 5, "epoch": 0, "time": 1.0, "loss": 0.5, "lr": 0.01, "samples_per_s": 100,
+                           "peak_mem_mb": 12.5, "steps": 5}) == {"loss": 0.5, "lr": 0.01, "samples_per_s": 100.0,
+                                                                 "peak_mem_mb": 12.5}
+    assert record_scalars({"step": 10, "time": 2.0, "lr": 0.01, "val_loss": 0.4, "val_acc": 0.9}) == \
+        {"val_loss": 0.4, "val_acc": 0.9}  # the evaluation's lr repeats its step's
+    assert record_scalars({"step": 0, "event": "compiled", "mode": "blocks", "seconds": 12.5, "blocks": 3}) == \
+        {"compile_seconds": 12.5}
+    assert record_scalars({"event": "end", "state": "succeeded", "step": 10}) == {}
+    assert record_scalars({"step": 1, "loss": float("nan"), "flag": True}) == {}
