@@ -58,6 +58,26 @@ def mlflow_uri(explicit: str | None = None) -> str | None:
     return resolve_uri(explicit) or saved_uri()
 
 
+def start_mlflow(run_dir, explicit: str | None = None, interval: float = 5.0):
+    """`train`'s hook (--mlflow URI): the run folder copied to MLflow as it trains, when a
+    tracking URI is set (--mlflow, $MLFLOW_TRACKING_URI, or the saved one); a started
+    engine.tracking.MlflowFollower (stop() it when training ends: its last copy), or None.
+    A URI that cannot be used is one CliError line, before any training starts."""
+    import sys
+
+    from engine.tracking import MlflowFollower, TrackingError
+
+    uri = mlflow_uri(explicit)
+    if not uri:
+        return None
+    try:
+        follower = MlflowFollower(run_dir, uri, interval=interval).start()
+    except TrackingError as exc:
+        raise CliError(str(exc)) from None
+    print(f"MLflow: logging to {uri}", file=sys.stderr)
+    return follower
+
+
 def cmd_mlflow(args) -> int:
     from engine.runtime.records import RunStatus
     from engine.tracking import MlflowSync

@@ -102,3 +102,27 @@ def test_cli_track_mlflow(finished_run, tmp_path):
     bad = subprocess.run([sys.executable, "main.py", "track", "mlflow", str(tmp_path), "--uri", uri],
                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert bad.returncode != 0 and "not a run folder" in bad.stderr
+
+
+def test_train_hook_start_mlflow(tmp_path, monkeypatch):
+    """app/cli_track.start_mlflow, what `train --mlflow URI` calls around its training."""
+    from mlflow.tracking import MlflowClient
+
+    from app.cli_errors import CliError
+    from app.cli_track import start_mlflow
+
+    monkeypatch.setenv(PERIOD_ENV, "0")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(tmp_path / "cfg"))
+    rd = prepare_run(small_project(40), tmp_path / "run")
+    assert start_mlflow(rd) is None  # no URI anywhere: no MLflow
+    with pytest.raises(CliError, match="file store is deprecated"):
+        start_mlflow(rd, str(tmp_path / "mlruns"))
+    uri = f"sqlite:///{tmp_path / 'hook.db'}"
+    follower = start_mlflow(rd, uri, interval=0.1)
+    try:
+        assert run(rd)["state"] == "succeeded"
+    finally:
+        follower.stop()
+    run_id = MlflowSync(rd, uri).run_id
+    assert MlflowClient(tracking_uri=uri).get_run(run_id).info.status == "FINISHED"
