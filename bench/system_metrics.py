@@ -21,12 +21,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.project import load_project  # noqa: E402
-from engine.run import prepare_run  # noqa: E402
-from engine.runtime.sysmetrics import PERIOD_ENV, read_system  # noqa: E402
-from engine.runtime.tensorboard import ENV as TB_ENV  # noqa: E402
-from engine.runtime.train import run  # noqa: E402
-from engine.tail import read_metrics  # noqa: E402
+from engine.project import load_project
+from engine.run import prepare_run
+from engine.runtime.sysmetrics import PERIOD_ENV, read_system
+from engine.runtime.tensorboard import ENV as TB_ENV
+from engine.runtime.train import run
+from engine.tail import read_metrics
 
 CASES = [  # (name, sampler period, TensorBoard files)
     ("sampler off", "0", "0"),
