@@ -135,11 +135,12 @@ def check(device: torch.device, *, tp: int = 1, emulate: bool = False) -> None:
         raise ValueError(problem)
 
 
-def eligible(module: nn.Module) -> list[str]:
+def eligible(module: nn.Module, head: str | None = None) -> list[str]:
     """The names of the Linear layers float8 converts: dims divisible by ALIGN, and not
-    the last Linear of the model (its head)."""
+    the model's head: `head` where the caller knows it (a pipeline stage holds part of the
+    model: its own last Linear is not the head), else the module's last Linear."""
     linears = [(name, m) for name, m in module.named_modules() if type(m) is nn.Linear]
-    last = linears[-1][0] if linears else None
+    last = head if head is not None else (linears[-1][0] if linears else None)
     return [name for name, m in linears
             if name != last and m.in_features % ALIGN == 0 and m.out_features % ALIGN == 0]
 
@@ -177,12 +178,12 @@ def config(recipe: str = DEFAULT_RECIPE, *, emulate: bool = False):
     return cfg
 
 
-def convert(module: nn.Module, *, recipe: str = DEFAULT_RECIPE, emulate: bool = False,
+def convert(module: nn.Module, *, recipe: str = DEFAULT_RECIPE, emulate: bool = False, head: str | None = None,
             log: Callable[[str], None] | None = None) -> list[str]:
-    """`module`'s eligible Linear layers swapped in place for torchao's Float8Linear
-    (same parameters, same names: checkpoints are those of the bf16 model). Returns the
-    converted layers' names."""
-    names = eligible(module)
+    """`module`'s eligible Linear layers (`head`: see eligible) swapped in place for
+    torchao's Float8Linear (same parameters, same names: checkpoints are those of the bf16
+    model). Returns the converted layers' names."""
+    names = eligible(module, head)
     if names:
         _, convert_to_float8_training = _quiet_import()
         keep = set(names)
@@ -199,3 +200,9 @@ def convert(module: nn.Module, *, recipe: str = DEFAULT_RECIPE, emulate: bool = 
 def converted(module: nn.Module) -> list[str]:
     """The names of the layers of `module` that are torchao Float8Linear."""
     return [n for n, m in module.named_modules() if type(m).__name__ == "Float8Linear"]
+
+
+def head_of(spec_nodes) -> str | None:
+    """The model's head: the last Linear node of the run spec (its nodes are in
+    topological order), or None."""
+    return next((str(n["id"]) for n in reversed(list(spec_nodes)) if n.get("type") == "Linear"), None)

@@ -87,7 +87,8 @@ class BaseTrainer:
         if self.plan.mixed_precision == "float8":
             from . import float8
 
-            float8.convert(model, emulate=float8.emulated(), log=log or self._note)
+            float8.convert(model, emulate=float8.emulated(), head=float8.head_of(self.spec.model["nodes"]),
+                           log=log or self._note)
         from .compiling import compile_module
 
         return compile_module(model, self.spec.training.compile, log=None, spec_nodes=self.spec.model["nodes"])
