@@ -24,8 +24,8 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 PERIOD_ENV = "LAYERFLOW_SYSTEM_PERIOD"  # seconds between samples; 0 turns the sampler off
 DEFAULT_PERIOD_S = 5.0
@@ -56,11 +56,11 @@ def rss_mb() -> float | None:
     """Resident memory of this process now, in MB (the peak where /proc is missing)."""
     try:
         with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"VmRSS:"):
-                    return int(line.split()[1]) / 1024.0  # kB
+            now = next((int(ln.split()[1]) / 1024.0 for ln in f if ln.startswith(b"VmRSS:")), None)  # kB
     except (OSError, ValueError, IndexError):
-        pass
+        now = None
+    if now is not None:
+        return now
     try:
         import resource
 
@@ -84,9 +84,11 @@ def gpu_sample(device) -> dict:
     except (RuntimeError, AssertionError):
         return {}
     try:
-        out["gpu_util_pct"] = float(torch.cuda.utilization(device))  # NVML (pynvml), optional
+        util = float(torch.cuda.utilization(device))  # NVML (pynvml), optional
     except Exception:  # noqa: BLE001 - no pynvml, no NVML: memory only
-        pass
+        util = None
+    if util is not None:
+        out["gpu_util_pct"] = util
     return out
 
 
@@ -135,7 +137,7 @@ class SystemSampler:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if resume_step is not None and self.path.exists():
                 _trim(self.path, resume_step)
-            self._f = open(self.path, "a" if resume_step is not None else "w")
+            self._f = open(self.path, "a" if resume_step is not None else "w")  # noqa: SIM115 - open until stop()
         except OSError:
             return self  # no room for samples: train on without them
         self._last = (time.perf_counter(), cpu_seconds())
@@ -239,4 +241,28 @@ def read_system(run_dir: str | os.PathLike) -> dict[int, list[dict]]:
                 continue
             if isinstance(r, dict) and type(r.get("rank")) is int:
                 out.setdefault(r["rank"], []).append(r)
+    return out
+
+
+def system_summary(run_dir: str | os.PathLike) -> dict[str, float]:
+    """A run's system metrics in a few numbers (a runs table's columns): the mean CPU % and
+    GPU utilisation over its ranks' samples, the peak RSS and GPU memory of any rank; only
+    those it has samples of."""
+    cpu, rss, util, gmem = [], [], [], []
+    for samples in read_system(run_dir).values():
+        for s in samples:
+            for key, into in (("cpu_pct", cpu), ("rss_mb", rss), ("gpu_util_pct", util), ("gpu_max_mb", gmem),
+                              ("gpu_mem_mb", gmem)):
+                v = s.get(key)
+                if type(v) in (int, float):
+                    into.append(float(v))
+    out = {}
+    if cpu:
+        out["cpu_pct_mean"] = round(sum(cpu) / len(cpu), 1)
+    if rss:
+        out["rss_mb_peak"] = max(rss)
+    if util:
+        out["gpu_util_pct_mean"] = round(sum(util) / len(util), 1)
+    if gmem:
+        out["gpu_mem_mb_peak"] = max(gmem)
     return out

@@ -12,7 +12,7 @@ from engine.graph import Graph
 from engine.project import Project, Training
 from engine.run import prepare_run
 from engine.runtime.records import run_settings
-from engine.runtime.sysmetrics import PERIOD_ENV, SystemTail, read_system
+from engine.runtime.sysmetrics import PERIOD_ENV, SystemTail, read_system, system_summary
 from engine.runtime.train import run
 from engine.tail import read_metrics
 
@@ -50,6 +50,11 @@ def test_system_metrics_sampled_by_a_thread(tmp_path, monkeypatch):
     recs = tail.poll_records()
     assert len(recs) == len(samples) and {"cpu_pct_rank0", "rss_mb_rank0"} <= set(recs[0])
     assert tail.poll_records() == []
+    # a runs table's columns
+    summary = system_summary(rd)
+    assert summary["rss_mb_peak"] == max(s["rss_mb"] for s in samples)
+    assert summary["cpu_pct_mean"] == pytest.approx(sum(s["cpu_pct"] for s in samples) / len(samples), abs=0.06)
+    assert "gpu_util_pct_mean" not in summary
 
 
 def test_system_sampler_off(tmp_path, monkeypatch):
