@@ -80,3 +80,17 @@ def test_first_compile_is_a_label_and_a_line(dash):
     assert not line.isVisible() and not dash.compile_label.isVisible()
     dash.remove_run("r")
     assert line not in dash.plots["throughput"].getPlotItem().items
+
+
+def test_first_compile_read_from_a_metrics_file(dash):
+    """The lines of a compiled run's metrics.jsonl, parsed in the parse process as a
+    finished run opened from the history is: the compile record reaches the label too."""
+    lines = [{"step": 0, "time": 40.0, "event": "compiled", "mode": "whole", "seconds": 38.5, "blocks": 1},
+             *({"step": s, "epoch": 0, "time": 40.0 + 0.01 * s, "loss": 1.0 / s, "lr": 0.01, "samples_per_s": 900.0}
+               for s in range(1, 201)),
+             {"event": "end", "state": "succeeded", "step": 200, "time": 42.0}]
+    dash.set_data("old", "\n".join(json.dumps(r) for r in lines).encode(), label="old")
+    dash.wait_parsed()
+    dash.flush()
+    assert dash.compile_seconds("old") == pytest.approx(38.5) and dash.compile_label.text() == "compile 38.5 s"
+    assert len(dash.series_data("old", "loss")[0]) == 200
