@@ -57,7 +57,12 @@ class TensorBoardLog:
                 pass
             return None
         # (TensorBoard drops the events at and after purge_step: the checkpoint's own step was logged before it)
-        writer = SummaryWriter(log_dir=str(run_dir), purge_step=start + 1 if start > 0 else None, flush_secs=flush_secs)
+        try:
+            writer = SummaryWriter(log_dir=str(run_dir), purge_step=start + 1 if start > 0 else None,
+                                   flush_secs=flush_secs)
+        except OSError as exc:  # (the run folder's disk: metrics.jsonl says the same, and fails the run if it must)
+            log(f"TensorBoard files not written: {exc}; training goes on")
+            return None
         settings = run_settings(run_json)
         # The hparams summaries go into this same folder (SummaryWriter.add_hparams would
         # make a sub-folder, a second run in TensorBoard's list): the session start with
