@@ -30,6 +30,13 @@ MISSING = ("TensorBoard files not written: the tensorboard package is not instal
            "(pip install 'layerflow[tensorboard]'); training goes on")
 
 
+def _say(log, msg: str) -> None:
+    try:
+        log(msg)
+    except OSError:  # the log is on a full disk
+        pass
+
+
 def enabled() -> bool:
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
@@ -51,17 +58,18 @@ class TensorBoardLog:
             from torch.utils.tensorboard import SummaryWriter
             from torch.utils.tensorboard.summary import hparams
         except ImportError:
-            try:
-                log(MISSING)
-            except OSError:
-                pass
+            _say(log, MISSING)
+            return None
+        except Exception as exc:  # noqa: BLE001 - a tensorboard that does not import here (protobuf versions)
+            _say(log, f"TensorBoard files not written: importing it failed ({type(exc).__name__}: {exc}); "
+                      "training goes on")
             return None
         # (TensorBoard drops the events at and after purge_step: the checkpoint's own step was logged before it)
         try:
             writer = SummaryWriter(log_dir=str(run_dir), purge_step=start + 1 if start > 0 else None,
                                    flush_secs=flush_secs)
         except OSError as exc:  # (the run folder's disk: metrics.jsonl says the same, and fails the run if it must)
-            log(f"TensorBoard files not written: {exc}; training goes on")
+            _say(log, f"TensorBoard files not written: {exc}; training goes on")
             return None
         settings = run_settings(run_json)
         # The hparams summaries go into this same folder (SummaryWriter.add_hparams would
