@@ -134,6 +134,9 @@ class EditorWindow(QMainWindow):
 
         self.data_ui, self.data_panel, self.data_dock = data_ui.install(self)
         self.install_parts()
+        from app import sweep_ui  # the Sweep dock (a queue of runs) and the Runs Table dock (engine/sweep.py)
+
+        self.sweep_ui = sweep_ui.install(self)
         self.run_toolbar.setVisible(bool(self.run_toolbar.actions()))
         self._fill_run_menu()
         if not isinstance(state, QByteArray):
@@ -317,7 +320,12 @@ class EditorWindow(QMainWindow):
         acts = [a for a in self.run_toolbar.actions() if not isinstance(a, QWidgetAction)]
         for a in acts:
             self.run_menu.addSeparator() if a.isSeparator() else self.run_menu.addAction(a)
-        self.run_menu.menuAction().setVisible(any(not a.isSeparator() for a in acts))
+        sweep = getattr(self, "sweep_ui", None)  # Sweep…, Runs Table
+        if sweep is not None:
+            self.run_menu.addSeparator()
+            for a in sweep.actions:
+                self.run_menu.addAction(a)
+        self.run_menu.menuAction().setVisible(any(not a.isSeparator() for a in self.run_menu.actions()))
 
     def _fill_recent(self) -> None:
         self.recent_menu.clear()
@@ -916,6 +924,7 @@ class EditorWindow(QMainWindow):
         self.settings.set_value("window_state", self.saveState())
         self._autosave_timer.stop()
         self._remove_autosave()
+        self.sweep_ui.shutdown()  # a sweep's runs stop with the window (they would, their parent gone)
         self.project.graph.unsubscribe(self._on_graph_event)
         try:
             self.scene.selectionChanged.disconnect(self._on_selection)
