@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_sweep(args) -> int:
     from engine.project import load_project
-    from engine.sweep import SweepRunner, load_sweep
+    from engine.sweep import load_sweep
+    from remote.sweep_queue import SweepRunner
 
     project = load_project(args.project)
     sweep = load_sweep(args.sweep)  # SweepError names the key

@@ -23,7 +23,8 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit,
 
 from engine.errors import LayerflowError
 from engine.runs import runs_dir as project_runs_dir, runs_table
-from engine.sweep import SweepRunner, load_sweep
+from engine.sweep import load_sweep
+from remote.sweep_queue import SweepRunner
 from widgets.parallel_coords import ParallelCoords
 from widgets.runs_table import RunsTable
 

@@ -12,7 +12,8 @@ import pytest
 from engine.project import load_project
 from engine.runs import filter_rows, run_row, runs_table, sort_rows
 from engine.runtime.records import RunStatus
-from engine.sweep import Sweep, SweepError, SweepRunner, check_sweep, load_sweep
+from engine.sweep import Sweep, SweepError, check_sweep, load_sweep
+from remote.sweep_queue import SweepRunner
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "resources" / "examples" / "mlp_digits.lflow"
 
