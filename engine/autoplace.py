@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.compile import CompileResult, compile_graph
-from engine.cost import DeviceSpec, local_cpu, optimizer_slots
+from engine.cost import GPUS, DeviceSpec, local_cpu, optimizer_slots
 from engine.partition import (  # noqa: F401  (PAIRS, block_tp, megatron_pairs, auto_microbatches: this module's API too)
     PAIRS, _microbatches, auto_microbatches, auto_tp_styles, balanced_stages, block_tp, megatron_pairs,
     replica_bytes, sequence_norms,
@@ -75,6 +75,8 @@ def auto_place(project: Project, nproc: int, device: DeviceSpec | None = None,
             kind = "fsdp" if tp > 1 or replica_bytes(compiled, slots, tp) > device.memory_bytes // 2 else "ddp"
             fields = {"pp": pp, "dp": dp, "tp": tp, "microbatches": m, "schedule": "1f1b", "data_parallel": kind,
                       "reshard_after_forward": pp == 1}
+            if device.name in GPUS and project.placement.mixed_precision == "none":
+                fields["mixed_precision"] = "bf16"  # GPUs: bf16 is the recommendation (float8 stays the user's choice)
             try:
                 pl = project.placement.derive(**fields)  # the rest (precision, sync_batchnorm) as the project has it
                 stages = balanced_stages(compiled, pp, device, dp=dp, tp=tp, microbatches=m, batch_size=B,
@@ -89,7 +91,17 @@ def auto_place(project: Project, nproc: int, device: DeviceSpec | None = None,
                 if not plan.ok:
                     plan, chosen = None, styles
             plan = plan or make_plan(project, nproc, device, compiled, placement=pl, stages=stages, styles=styles)
+            if not plan.ok and kind == "ddp" and dp > 1:  # does not fit even with checkpointing: FSDP2 shards, and offloads
+                fsdp_pl = pl.derive(data_parallel="fsdp")
+                alt = make_plan(project, nproc, device, compiled, placement=fsdp_pl, stages=stages, styles=styles)
+                if alt.ok:
+                    plan, pl, kind = alt, fsdp_pl, "fsdp"
+                    fields = {**fields, "data_parallel": "fsdp"}
             pred = plan.predicted
+            ms = plan.memory_savings
+            if ms is not None and ms.chosen:
+                c["memory_savings"] = {"checkpoint": len(ms.checkpoint), "cpu_offload": ms.cpu_offload,
+                                       "extra_s": ms.extra_s}
             c.update(microbatches=m, data_parallel=kind, step_s=pred.step_s if pred else None,
                      peak_bytes=pred.peak_bytes_max if pred else None, feasible=plan.ok, bubble=plan.bubble_fraction)
             if tp > 1:
@@ -114,6 +126,9 @@ def _reasons(compiled: CompileResult, pl: Placement, styles: dict[str, str], pla
     reasons = [f"chose pp={pl.pp} x dp={pl.dp} x tp={pl.tp} ({pl.data_parallel}, {pl.microbatches} "
                f"micro-batches): predicted {c['step_s'] * 1e3:.2f} ms/step, at most "
                f"{gib(c['peak_bytes'])} of {gib(device.memory_bytes)} per device"]
+    if device.name in GPUS and pl.mixed_precision == "bf16":
+        reasons.append(f"bf16 mixed precision: {device.name}'s tensor cores run bf16 at full rate; weights, "
+                       f"gradients and the optimizer stay float32")
     if pl.pp == 1:
         reasons.append("no pipeline: each rank holds its whole replica within memory, and a pipeline would idle "
                        "(p-1)/(m+p-1) of every step in its bubble")
@@ -123,8 +138,12 @@ def _reasons(compiled: CompileResult, pl: Placement, styles: dict[str, str], pla
     if seq:
         reasons.append(f"sequence parallelism on {', '.join(seq)}: each rank keeps 1/{pl.tp} of their tokens' "
                        f"activations; a reduce-scatter and an all-gather replace each all-reduce")
-    if pl.data_parallel == "fsdp":
+    ms = plan.memory_savings
+    if pl.data_parallel == "fsdp" and not (ms and ms.cpu_offload):
         reasons.append("FSDP2: a full replica's parameters, gradients and optimizer state take more than half the device")
+    if ms is not None and ms.chosen:
+        reasons.append(f"memory savings chosen by the planner (the layout does not fit {gib(device.memory_bytes)} "
+                       f"without them): {ms.describe()}")
     for other in sorted((x for x in cands if x is not c), key=lambda x: (not x["feasible"], x.get("step_s") or 0))[:5]:
         if other["feasible"]:
             reasons.append(f"pp={other['pp']} x dp={other['dp']} x tp={other['tp']}: {other['step_s'] * 1e3:.2f} ms/step")

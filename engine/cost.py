@@ -35,6 +35,8 @@ class DeviceSpec:
     # bytes of parameters + gradients + optimizer state one rank's optimizer step gets
     # through per second (a memory-bound pass); None: the step is not modelled
     update_bytes_per_s: float | None = None
+    # host <-> device copies (FSDP2's CPU offload): PCIe on a GPU, a memory copy on a CPU
+    host_bytes_per_s: float = 25e9
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -189,7 +191,8 @@ def local_cpu(nproc: int = 1, threads: int | None = None) -> DeviceSpec:
     cal = cpu_calibration(threads)
     share = min(1.0, _cores() / (max(1, nproc) * threads))
     return DeviceSpec("cpu", _meminfo_bytes() // max(1, nproc), flops_per_s=cal["flops_per_s"] * share,
-                      link_bytes_per_s=0.5e9, latency_s=60e-6, update_bytes_per_s=cal["update_bytes_per_s"] * share)
+                      link_bytes_per_s=0.5e9, latency_s=60e-6, update_bytes_per_s=cal["update_bytes_per_s"] * share,
+                      host_bytes_per_s=cal["update_bytes_per_s"] * share)
 
 
 def optimizer_slots(name: str, momentum: float = 0.0) -> int:
@@ -204,10 +207,11 @@ def optimizer_slots(name: str, momentum: float = 0.0) -> int:
 # name -> memory, dense bf16/tf32 FLOP/s at a realistic 40% of peak, NVLink/PCIe bandwidth, latency, and
 # the optimizer step's rate: fused Adam moves 28 bytes per 16 of state, at ~70% of HBM bandwidth (~0.4 x HBM)
 GPUS = {
-    "a100-80gb": DeviceSpec("a100-80gb", 80 * 2**30, 0.4 * 312e12, 200e9, 10e-6, 0.4 * 2.0e12),
-    "h100-80gb": DeviceSpec("h100-80gb", 80 * 2**30, 0.4 * 989e12, 300e9, 10e-6, 0.4 * 3.35e12),
-    "h200": DeviceSpec("h200", 141 * 2**30, 0.4 * 989e12, 300e9, 10e-6, 0.4 * 4.8e12),
-    "rtx4090": DeviceSpec("rtx4090", 24 * 2**30, 0.4 * 165e12, 25e9, 15e-6, 0.4 * 1.0e12),
+# host link: PCIe 4.0 x16 (A100, RTX 4090) or 5.0 x16 (H100, H200) at ~80% of its 32 / 64 GB/s
+    "a100-80gb": DeviceSpec("a100-80gb", 80 * 2**30, 0.4 * 312e12, 200e9, 10e-6, 0.4 * 2.0e12, 25e9),
+    "h100-80gb": DeviceSpec("h100-80gb", 80 * 2**30, 0.4 * 989e12, 300e9, 10e-6, 0.4 * 3.35e12, 50e9),
+    "h200": DeviceSpec("h200", 141 * 2**30, 0.4 * 989e12, 300e9, 10e-6, 0.4 * 4.8e12, 50e9),
+    "rtx4090": DeviceSpec("rtx4090", 24 * 2**30, 0.4 * 165e12, 25e9, 15e-6, 0.4 * 1.0e12, 25e9),
 }
 
 
@@ -288,6 +292,7 @@ class Memory:
     grads_bytes: int
     optimizer_bytes: int
     activations_bytes: int
+    offloaded: bool = False  # FSDP2's CPU offload: parameters, gradients, optimizer state in host memory
 
     @property
     def state_bytes(self) -> int:
@@ -295,11 +300,17 @@ class Memory:
         return self.params_bytes + self.grads_bytes + self.optimizer_bytes
 
     @property
+    def host_bytes(self) -> int:
+        """What the rank keeps in host memory instead of on its device (CPU offload)."""
+        return self.state_bytes if self.offloaded else 0
+
+    @property
     def total_bytes(self) -> int:
-        return self.state_bytes + self.activations_bytes
+        """What the device holds: activations, and the state unless it is offloaded."""
+        return self.state_bytes - self.host_bytes + self.activations_bytes
 
     def to_json(self) -> dict:
-        return {**asdict(self), "total_bytes": self.total_bytes}
+        return {**asdict(self), "host_bytes": self.host_bytes, "total_bytes": self.total_bytes}
 
 
 @dataclass
@@ -379,10 +390,13 @@ def activation_bytes(compiled, ids, layout, tp, local_b, m, pp, s, schedule, ckp
 
 def rank_loads(compiled, stages: list[list[str]], styles: dict[str, str], layout: dict, *, pp: int, dp: int,
                tp: int, microbatches: int, batch_size: int, schedule: str, fsdp: bool, optimizer: str,
-               momentum: float = 0.0, checkpointed: frozenset | set = frozenset()) -> list[RankLoad]:
+               momentum: float = 0.0, checkpointed: frozenset | set = frozenset(),
+               cpu_offload: bool = False) -> list[RankLoad]:
     """Every rank's memory and FLOPs per step, in rank order (rank = (s*dp + d)*tp + t, as
     runtime/parallel.py's init_device_mesh lays them out). stages: node ids per stage (stage
-    s runs on pipeline rank s % pp); styles: node -> tp style; layout: node -> output Layout."""
+    s runs on pipeline rank s % pp); styles: node -> tp style; layout: node -> output Layout.
+    A checkpointed node costs its forward once more (4 x forward instead of 3 x);
+    cpu_offload moves the state (parameters, gradients, optimizer) to host memory."""
     from engine.layers import get_layer
 
     graph, meta = compiled.graph, compiled.module
@@ -394,7 +408,8 @@ def rank_loads(compiled, stages: list[list[str]], styles: dict[str, str], layout
         ids = [n for st in mine for n in stages[st]]
         acts = sum(activation_bytes(compiled, stages[st], layout, tp, local_b, microbatches, pp, st, schedule,
                                     checkpointed) for st in mine)
-        flops = 3.0 * sum(compiled.nodes[n].flops / (tp if n in styles else 1) for n in ids) * local_b
+        flops = sum((4.0 if n in checkpointed else 3.0) * compiled.nodes[n].flops / (tp if n in styles else 1)
+                    for n in ids) * local_b
         for d in range(dp):
             for t in range(tp):
                 params = tensors = 0
@@ -415,14 +430,24 @@ def rank_loads(compiled, stages: list[list[str]], styles: dict[str, str], layout
                         params += math.prod(shape)
                         tensors += 1
                 mem = Memory(params * FLOAT_BYTES, params * FLOAT_BYTES,
-                             slots * params * FLOAT_BYTES + (tensors * 4 if optimizer != "sgd" else 0), acts)
+                             slots * params * FLOAT_BYTES + (tensors * 4 if optimizer != "sgd" else 0), acts,
+                             offloaded=cpu_offload)
                 loads.append(RankLoad((s * dp + d) * tp + t, s, mine, d, t, mem, flops, params))
     return loads
 
 
+def offload_time(loads: list[RankLoad], device: DeviceSpec) -> float:
+    """Seconds per step FSDP2's CPU offload adds: each offloaded rank copies its parameter
+    shards to the device and its gradient shards back, over the host link (the most any rank moves)."""
+    return max(((x.memory.params_bytes + x.memory.grads_bytes) / device.host_bytes_per_s
+                for x in loads if x.memory.offloaded), default=0.0)
+
+
 def predict(loads: list[RankLoad], comm_s: float, microbatches: int, device: DeviceSpec, pp: int,
             stages_per_rank: int = 1, schedule: str = "1f1b") -> Prediction:
-    """The step time (step_time over each pipeline rank's FLOPs and optimizer state) and the peak memory."""
+    """The step time (step_time over each pipeline rank's FLOPs and optimizer state, plus the
+    host copies of CPU offload, counted with communication) and the peak memory."""
+    comm_s = comm_s + offload_time(loads, device)
     stage_flops, state = [0.0] * pp, [0] * pp  # per pipeline rank: the most any of its ranks does and holds
     for x in loads:
         stage_flops[x.stage] = max(stage_flops[x.stage], x.flops_per_step)
@@ -433,6 +458,6 @@ def predict(loads: list[RankLoad], comm_s: float, microbatches: int, device: Dev
                       max((x.memory.total_bytes for x in loads), default=0))
 
 
-__all__ = ["Memory", "RankLoad", "Prediction", "rank_loads", "predict", "activation_bytes", "chunk_len", "param_shards",
+__all__ = ["Memory", "RankLoad", "Prediction", "rank_loads", "predict", "offload_time", "activation_bytes", "chunk_len", "param_shards",
            "DeviceSpec", "local_cpu", "cpu_calibration", "measure_cpu", "cache_dir", "worker_threads",
            "device_from_name", "collective_bytes", "comm_time", "bubble_fraction", "drain_factor", "step_time", "FLOAT_BYTES", "GPUS"]

@@ -81,15 +81,33 @@ def batch_warnings(compiled: CompileResult, placement: Placement, *, microbatche
     return warnings
 
 
-def check_memory(loads: list[RankLoad], device: DeviceSpec) -> list[str]:
-    """The first rank that does not fit its device, with what it holds."""
+def check_float8(placement: Placement, device: DeviceSpec) -> list[str]:
+    """placement.mixed_precision float8 on the plan's device: one error naming the device
+    where it cannot run (engine/runtime/float8.py plan_problem: the CPU, a GPU below compute
+    capability 8.9, tensor parallelism). Under emulation (LAYERFLOW_FLOAT8_EMULATE=1, the
+    CPU tests and dry runs) the device is not asked; tp still is."""
+    if placement.mixed_precision != "float8":
+        return []
+    from engine.runtime.float8 import TP_PROBLEM, emulated, plan_problem
+
+    if emulated():
+        return [TP_PROBLEM.format(tp=placement.tp)] if placement.tp > 1 else []
+    problem = plan_problem(device.name, placement.tp)
+    return [problem] if problem else []
+
+
+def check_memory(loads: list[RankLoad], device: DeviceSpec, savings=None) -> list[str]:
+    """The first rank that does not fit its device, with what it holds (and what the
+    planner's memory savings, engine/planner.py MemorySavings, already turned on)."""
     for x in loads:
         mem = x.memory
         if mem.total_bytes > device.memory_bytes:
+            tried = f" even with {savings.describe()}" if savings is not None and savings.chosen else ""
+            where = " (held in host memory: CPU offload)" if mem.offloaded else ""
             return [f"rank {x.rank} (stage {x.stage}) needs {gib(mem.total_bytes)} (parameters "
                     f"{gib(mem.params_bytes)}, gradients {gib(mem.grads_bytes)}, optimizer "
-                    f"{gib(mem.optimizer_bytes)}, activations {gib(mem.activations_bytes)}) but a "
-                    f"{device.name} device has {gib(device.memory_bytes)}; raise pp or tp, use "
+                    f"{gib(mem.optimizer_bytes)}{where}, activations {gib(mem.activations_bytes)}) but a "
+                    f"{device.name} device has {gib(device.memory_bytes)}{tried}; raise pp or tp, use "
                     f"data_parallel fsdp, or raise microbatches"]
     return []
 

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 
 from engine.comms import Comm, EdgeLayout, communication, edge_layouts, sbp  # noqa: F401  (sbp: this module's API too)
 from engine.compile import CompileError, CompileResult, compile_graph
-from engine.cost import (DeviceSpec, Prediction, RankLoad, chunk_len, comm_time, local_cpu,  # noqa: F401  (chunk_len too)
-                         optimizer_slots, predict, rank_loads, bubble_fraction)
+from engine.cost import (DeviceSpec, Prediction, RankLoad, activation_bytes, chunk_len, comm_time,  # noqa: F401
+                         local_cpu, offload_time, optimizer_slots, predict, rank_loads, bubble_fraction)
 from engine.partition import cut_stages, mesh_ranks, microbatches_for
-from engine.plan_checks import (batch_warnings, check_accumulation, check_memory, check_placement, generic_op_warnings,
-                                schedule_warnings, stage_warnings)
+from engine.plan_checks import (batch_warnings, check_accumulation, check_float8, check_memory, check_placement,
+                                generic_op_warnings, schedule_warnings, stage_warnings)
 from engine.project import Placement, Project
 from engine.runtime.plan import PLAN_VERSION, Layout, RunPlan
 from engine.tp_layout import lay_out_tp, tp_layouts  # noqa: F401  (tp_layouts: this module's API too)
@@ -56,6 +56,47 @@ class Batch:
 
     def to_json(self) -> dict:
         return {"global": self.global_, "per_replica": self.per_replica, "per_microbatch": self.per_microbatch}
+
+
+@dataclass
+class MemorySavings:
+    """What the planner turned on because the layout did not fit the device (placement
+    memory_savings "auto"), and what it costs per step. `checkpoint` holds the nodes the
+    planner chose; `user_checkpoint` the nodes whose own checkpoint flag is set (always on)."""
+    checkpoint: list[str] = field(default_factory=list)
+    user_checkpoint: list[str] = field(default_factory=list)
+    cpu_offload: bool = False
+    recompute_flops: float = 0.0  # extra FLOPs per step on the rank that recomputes most (planner's nodes)
+    recompute_s: float = 0.0
+    offload_s: float = 0.0  # host <-> device copies of parameters and gradients per step
+    freed_bytes: int = 0  # device bytes the choice frees on the fullest rank
+    fits: bool = True
+
+    @property
+    def chosen(self) -> bool:
+        return bool(self.checkpoint or self.cpu_offload)
+
+    @property
+    def extra_s(self) -> float:
+        return self.recompute_s + self.offload_s
+
+    def describe(self) -> str:
+        parts = []
+        if self.checkpoint:
+            names = ", ".join(self.checkpoint[:SHOW_NODES]) + (f", ... ({len(self.checkpoint) - SHOW_NODES} more)"
+                                                               if len(self.checkpoint) > SHOW_NODES else "")
+            parts.append(f"activation checkpointing on {len(self.checkpoint)} node(s) ({names}): recomputes "
+                         f"{self.recompute_flops / 1e9:.3f} GFLOP/step, +{self.recompute_s * 1e3:.2f} ms/step")
+        if self.cpu_offload:
+            parts.append(f"FSDP CPU offload of parameters, gradients and optimizer state: host copies "
+                         f"+{self.offload_s * 1e3:.2f} ms/step")
+        return "; ".join(parts)
+
+    def to_json(self) -> dict:
+        return {"checkpoint": list(self.checkpoint), "user_checkpoint": list(self.user_checkpoint),
+                "cpu_offload": self.cpu_offload, "recompute_flops": self.recompute_flops,
+                "recompute_s": self.recompute_s, "offload_s": self.offload_s, "extra_s": self.extra_s,
+                "freed_bytes": self.freed_bytes, "fits": self.fits}
 
 
 @dataclass
@@ -81,6 +122,7 @@ class Plan:
     device: DeviceSpec | None = None
     predicted: Prediction | None = None
     calibration: dict | None = None  # engine/calibration.py: the run whose pace corrected `predicted`
+    memory_savings: MemorySavings | None = None  # what the planner turned on to fit the device (None: nothing)
 
     def __str__(self) -> str:
         return format_plan(self)
@@ -104,7 +146,8 @@ class Plan:
                                   "microbatches", "mixed_precision", "sync_batchnorm")},
              "batch": self.batch.to_json() if self.batch else None, "stages": r["stages"],
              "stages_per_rank": self.stages_per_rank, "tp_plan": r["tp_plan"], "tp_auto": list(self.tp_auto),
-             "notes": list(self.notes), "checkpoint": r["checkpoint"],
+             "notes": list(self.notes), "checkpoint": r["checkpoint"], "cpu_offload": r["cpu_offload"],
+             "memory_savings": self.memory_savings.to_json() if self.memory_savings else None,
              "layouts": [x.to_json() for x in self.layouts], "communication": [c.to_json() for c in self.communication],
              "devices": [x.to_json() for x in self.devices], "bubble_fraction": self.bubble_fraction,
              "device": self.device.to_dict() if self.device else None,
@@ -162,11 +205,24 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
     errors += tpl.errors
     warnings = tpl.warnings + batch_warnings(compiled, pl, microbatches=m, batch_size=B) + generic_op_warnings(compiled, tp)
     compute = [n for n in compiled.order if graph.nodes[n].type not in ("Input", "Output")]
-    ckpt = [n for n in compute if graph.nodes[n].checkpoint]
-    loads = rank_loads(compiled, cut.stages, tpl.styles, tpl.layout, pp=pp, dp=dp, tp=tp, microbatches=m,
-                       batch_size=B, schedule=pl.schedule, fsdp=pl.data_parallel == "fsdp" and dp > 1,
-                       optimizer=opt.name, momentum=opt.momentum, checkpointed=set(ckpt))
-    errors += check_memory(loads, device)
+    fsdp = pl.data_parallel == "fsdp" and dp > 1
+
+    def loads_for(ckpt: set, offload: bool) -> list[RankLoad]:
+        return rank_loads(compiled, cut.stages, tpl.styles, tpl.layout, pp=pp, dp=dp, tp=tp, microbatches=m,
+                          batch_size=B, schedule=pl.schedule, fsdp=fsdp, optimizer=opt.name, momentum=opt.momentum,
+                          checkpointed=ckpt, cpu_offload=offload)
+
+    user_ckpt = [n for n in compute if graph.nodes[n].checkpoint]  # the user's: always on
+    loads = loads_for(set(user_ckpt), False)
+    savings = None
+    if pl.memory_savings == "auto" and not errors and check_memory(loads, device):
+        savings, loads = choose_memory_savings(compiled, cut.stages, tpl.layout, loads, loads_for, device, pp=pp,
+                                               tp=tp, microbatches=m, batch_size=B, dp=dp, schedule=pl.schedule,
+                                               user_ckpt=user_ckpt, can_offload=fsdp)
+    chosen = set(savings.checkpoint) if savings else set()
+    ckpt = [n for n in compute if n in chosen or n in user_ckpt]
+    errors += check_memory(loads, device, savings)
+    errors += check_float8(pl, device)
     comms = communication(compiled, cut.stages, cut.stage_of, tpl.plan, loads, pp=pp, dp=dp, tp=tp, microbatches=m,
                           batch_size=B, data_parallel=pl.data_parallel, reshard_after_forward=pl.reshard_after_forward,
                           schedule=pl.schedule)
@@ -177,13 +233,76 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
                   schedule=pl.schedule if pp > 1 else "none", microbatches=m,
                   mixed_precision=pl.mixed_precision, sync_batchnorm=pl.sync_batchnorm,
                   stages=cut.stages, tp_plan=tpl.plan, checkpoint=ckpt,
+                  cpu_offload=bool(savings and savings.cpu_offload),
                   mesh={"dims": ["pp", "dp", "tp"], "shape": [pp, dp, tp], **{k: v for k, v in mesh_ranks(pp, dp, tp).items()
                                                                              if k != "coords"}})
     return Plan(run, errors, warnings, project=project.name, nproc=nproc,
                 batch=Batch(B, B // max(1, dp), B // max(1, dp * m)), stages_per_rank=cut.per_rank,
                 tp_auto=tpl.auto, notes=cut.notes, layouts=edge_layouts(compiled, cut.stage_of, tpl.layout, dp, tp),
                 communication=comms, devices=loads, bubble_fraction=bubble_fraction(pp, m, cut.per_rank, pl.schedule),
-                device=device, predicted=predict(loads, comm_s, m, device, pp, cut.per_rank, pl.schedule))
+                device=device, predicted=predict(loads, comm_s, m, device, pp, cut.per_rank, pl.schedule),
+                memory_savings=savings)
+
+
+def choose_memory_savings(compiled: CompileResult, stages: list[list[str]], layout: dict, loads: list[RankLoad],
+                          loads_for, device: DeviceSpec, *, pp: int, dp: int, tp: int, microbatches: int,
+                          batch_size: int, schedule: str, user_ckpt: list[str],
+                          can_offload: bool) -> tuple[MemorySavings, list[RankLoad]]:
+    """Selective activation checkpointing, then FSDP2's CPU offload, until every rank fits.
+    Per pipeline rank over the device's memory: its layers (modules: the runtime checkpoints
+    those) in order of activation bytes freed per recomputed FLOP, most first, taken until the
+    excess is covered (activation_bytes is a sum over nodes, so the freed bytes add up). If
+    checkpointing everything is not enough and the data axis is FSDP's, the state moves to
+    host memory and the checkpointed nodes are chosen again against that smaller excess.
+    Returns the savings and the loads with them."""
+    from engine.layers import get_layer
+    from engine.runtime.plan import rank_stages
+
+    graph = compiled.graph
+    modules = dict(compiled.module.named_children())
+    local_b = batch_size // max(1, dp)
+    cap = device.memory_bytes
+
+    def pick(base: list[RankLoad]) -> tuple[list[str], bool]:
+        chosen: list[str] = []
+        ok = True
+        for s in range(pp):
+            excess = max(x.memory.total_bytes for x in base if x.stage == s) - cap
+            if excess <= 0:
+                continue
+            cands = []
+            for st in rank_stages(schedule, pp, len(stages), s):
+                for n in stages[st]:
+                    kind = get_layer(graph.nodes[n].type)
+                    if n in user_ckpt or n not in modules or kind is None or kind.kind == "function":
+                        continue
+                    freed = activation_bytes(compiled, [n], layout, tp, local_b, microbatches, pp, st, schedule, set())
+                    if freed > 0:
+                        cands.append((freed / max(1.0, compiled.nodes[n].flops), freed, n))
+            for _, freed, n in sorted(cands, key=lambda c: -c[0]):
+                if excess <= 0:
+                    break
+                chosen.append(n)
+                excess -= freed
+            ok = ok and excess <= 0
+        return chosen, ok
+
+    before = max(x.memory.total_bytes for x in loads)
+    chosen, ok = pick(loads)
+    offload = False
+    if not ok and can_offload:
+        offload = True
+        base = loads_for(set(user_ckpt), True)
+        chosen, ok = pick(base)
+    new = loads_for(set(user_ckpt) | set(chosen), offload)
+    order = {n: i for i, n in enumerate(compiled.order)}
+    chosen.sort(key=order.get)
+    flops = max((sum(compiled.nodes[n].flops for st in rank_stages(schedule, pp, len(stages), s) for n in stages[st]
+                     if n in chosen) * local_b for s in range(pp)), default=0.0)
+    sav = MemorySavings(chosen, list(user_ckpt), offload, recompute_flops=flops, recompute_s=flops / device.flops_per_s,
+                        offload_s=offload_time(new, device), freed_bytes=before - max(x.memory.total_bytes for x in new),
+                        fits=all(x.memory.total_bytes <= cap for x in new))
+    return sav, new
 
 
 def _placement(project: Project, placement: Placement | dict | None) -> Placement:
@@ -307,10 +426,18 @@ def format_plan(plan: Plan) -> str:
             lines.append(f"calibrated step: {p.calibrated_step_s * 1e3:.2f} ms: the model's figure x{cal['ratio']:.2f}, "
                          f"as run {cal['run']}'s first steps measured ({cal['measured_step_s'] * 1e3:.2f} ms a step "
                          f"where {cal['predicted_step_s'] * 1e3:.2f} ms was predicted)")
+    ms = plan.memory_savings
+    if ms is not None and ms.chosen:
+        lines.append(f"memory savings chosen by the planner (the layout did not fit {plan.device.name}'s "
+                     f"{_gib(plan.device.memory_bytes)}; placement.memory_savings off turns them off): {ms.describe()}; "
+                     f"frees {_gib(ms.freed_bytes)} on the fullest rank, +{ms.extra_s * 1e3:.2f} ms/step in all")
+    user = [n for n in (r.checkpoint if r is not None else []) if not (ms and n in ms.checkpoint)]
+    if user:
+        lines.append(f"activation checkpointing set on the nodes (always): {', '.join(user)}")
     lines += [f"note: {n}" for n in plan.notes]
     lines += [f"warning: {w}" for w, _ in grouped(plan.warnings)]
     lines += [f"error: {e}" for e in plan.errors]
     return "\n".join(lines)
 
 
-__all__ = ["Plan", "Batch", "make_plan", "format_plan", "plan_problems", "chunk_len", "mesh_ranks", "oneflow_name", "tp_layouts"]
+__all__ = ["Plan", "Batch", "MemorySavings", "choose_memory_savings", "make_plan", "format_plan", "plan_problems", "chunk_len", "mesh_ranks", "oneflow_name", "tp_layouts"]

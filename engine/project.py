@@ -237,6 +237,10 @@ class Placement(_Strict):
     # float8: torchao's float8 training (GPUs of compute capability 8.9+; refused elsewhere with the reason)
     mixed_precision: Literal["none", "bf16", "float8"] = "none"
     sync_batchnorm: bool = False
+    # auto: where a layout does not fit the device, the planner turns on activation checkpointing
+    # (the nodes that free most memory per recomputed FLOP), then FSDP2's CPU offload; off: never.
+    # A node's own `checkpoint: true` always checkpoints it, either way.
+    memory_savings: Literal["auto", "off"] = "auto"
 
     @model_validator(mode="after")
     def _world(self) -> "Placement":

@@ -44,6 +44,10 @@ from .stages import apply_checkpointing, build_stage_module, even_stages
 from .steps import compute_loss, eval_sums, peak_mem_mb, seed_all
 from .trainer import BaseTrainer
 
+# the mixed_precision values whose weights compute in bf16: float8 converts most Linear
+# layers (float8.py) and leaves the rest, the head and the norms, to bf16 as bf16 does
+BF16_MODES = ("bf16", "float8")
+
 
 # ----- the mesh ---------------------------------------------------------------
 @dataclass(frozen=True)
@@ -128,7 +132,8 @@ def apply_tp(module: nn.Module, tp_mesh: DeviceMesh, tp_plan: dict[str, TPEntry]
 
 
 # ----- data parallel ------------------------------------------------------------
-def float32_norm_units(module: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool) -> set[int]:
+def float32_norm_units(module: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool,
+                       offload_policy=None) -> set[int]:
     """Under FSDP's bf16 policy every BatchNorm (at any depth) becomes an FSDP unit of its
     own that keeps float32: its running statistics are float32 and torch's batch_norm
     takes no bf16 weights beside them. The unit casts its input up and its output back
@@ -140,19 +145,28 @@ def float32_norm_units(module: nn.Module, dp_mesh: DeviceMesh, reshard_after_for
     for sub in module.modules():
         if sub is not module and isinstance(sub, nn.modules.batchnorm._BatchNorm) \
                 and any(True for _ in sub.parameters(recurse=False)):
-            fully_shard(sub, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=keep)
+            fully_shard(sub, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=keep,
+                        **({"offload_policy": offload_policy} if offload_policy is not None else {}))
             units.add(id(sub))
     return units
 
 
 def apply_dp(module: nn.Module, dp_mesh: DeviceMesh, kind: str, reshard_after_forward: bool = True,
-             mixed_precision: str = "none") -> nn.Module:
+             mixed_precision: str = "none", cpu_offload: bool = False) -> nn.Module:
+    """DDP, or FSDP2 with one unit per layer; cpu_offload (FSDP2 only): the sharded
+    parameters, their gradients and the optimizer state live in host memory, copied to
+    the device for each unit's all-gather and back after its reduce-scatter."""
+    if cpu_offload and kind != "fsdp":
+        raise ValueError(f"cpu_offload needs data_parallel fsdp, not '{kind}'")
     if kind == "fsdp":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if mixed_precision == "bf16" else MixedPrecisionPolicy()
-        norms = float32_norm_units(module, dp_mesh, reshard_after_forward) if mixed_precision == "bf16" else set()
+            if mixed_precision in BF16_MODES else MixedPrecisionPolicy()
+        # pinned host memory only where there is a GPU to copy to (pinning needs CUDA)
+        offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy()
+        norms = float32_norm_units(module, dp_mesh, reshard_after_forward, offload) \
+            if mixed_precision in BF16_MODES else set()
         # One FSDP unit per layer: its parameters are gathered just before it runs
         # and freed after, so only one layer is ever whole at a time.
         # A parameter shared by two layers (tied weights) is sharded once, by the root.
@@ -163,8 +177,10 @@ def apply_dp(module: nn.Module, dp_mesh: DeviceMesh, kind: str, reshard_after_fo
         for child in module.children():
             ps = list(child.parameters())
             if id(child) not in norms and ps and all(owners[id(p)] == 1 for p in ps):
-                fully_shard(child, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
-        fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+                fully_shard(child, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp,
+                            offload_policy=offload)
+        fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp,
+                    offload_policy=offload)
         return module
     if kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -220,7 +236,8 @@ def parallelize(full: nn.Module, plan: RunPlan, mesh: DeviceMesh, device: torch.
     if compile_model is not None:
         mod = compile_model(mod)
     if plan.dp > 1 and not dp_by_hand(plan):
-        mod = apply_dp(mod, mesh["dp"], plan.data_parallel, plan.reshard_after_forward, plan.mixed_precision)
+        mod = apply_dp(mod, mesh["dp"], plan.data_parallel, plan.reshard_after_forward, plan.mixed_precision,
+                       plan.cpu_offload)
     return mod
 
 
@@ -340,8 +357,9 @@ class ParallelTrainer(BaseTrainer):
             self.schedule = make_schedule(plan.schedule, stages, n_stages, dims.pp, m, loss_fn)
         self.microbatches = m
         self._shapes_known = False  # see infer_stage_shapes
-        # bf16: FSDP2 casts through its MixedPrecisionPolicy; everything else autocasts the forward
-        self.autocast = self.autocast_for(plan.mixed_precision == "bf16"
+        # bf16 (and float8, whose unconverted layers run in bf16): FSDP2 casts through its
+        # MixedPrecisionPolicy; everything else autocasts the forward
+        self.autocast = self.autocast_for(plan.mixed_precision in BF16_MODES
                                           and not (dims.dp > 1 and plan.data_parallel == "fsdp"))
 
     # ---- one step ----

@@ -129,6 +129,7 @@ class RunPlan:
     stages: list[list[str]] = field(default_factory=list)  # node ids per pipeline stage
     tp_plan: dict[str, TPEntry] = field(default_factory=dict)  # node id -> its tensor-parallel entry
     checkpoint: list[str] = field(default_factory=list)  # node ids whose activations are recomputed
+    cpu_offload: bool = False  # FSDP2: sharded parameters, gradients and optimizer state kept in host memory
     mesh: dict | None = None  # the ranks of each mesh axis, as the planner laid them out (shown, not read)
     version: int = PLAN_VERSION
 
@@ -198,7 +199,11 @@ class RunPlan:
                    sync_batchnorm=flag("sync_batchnorm", False),
                    stages=[ids(s, f"stages[{i}]") for i, s in enumerate(stages)],
                    tp_plan={n: TPEntry.from_json(e, f"{where}.tp_plan.{n}") for n, e in tp_plan.items()},
-                   checkpoint=ids(d.get("checkpoint") or [], "checkpoint"), mesh=mesh, version=version)
+                   checkpoint=ids(d.get("checkpoint") or [], "checkpoint"),
+                   cpu_offload=flag("cpu_offload", False), mesh=mesh, version=version)
+        if plan.cpu_offload and plan.data_parallel != "fsdp":
+            raise PlanError(f"{where}.cpu_offload: true needs data_parallel fsdp (FSDP2 offloads its shards), "
+                            f"not {plan.data_parallel!r}")
         if plan.pp > 1 and len(plan.stages) < plan.pp:
             raise PlanError(f"{where}.stages: {len(plan.stages)} stage(s) for pp={plan.pp}")
         return plan

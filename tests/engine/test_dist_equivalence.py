@@ -14,6 +14,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -182,6 +183,19 @@ def _launch_all(tmp_path_factory):
     jobs2.append({"run_dir": str(tmp / "resume_from_single"), "copy_from": {"src": str(tmp / "ref_mlp_digits"), "step": 10},
                   "plan": mlp_fsdp.runtime_plan(), "resume": True})
     out["resume_from_single"] = ("mlp_digits", tmp / "resume_from_single", mlp_fsdp)
+    # the planner's own memory savings (issue 47): a device that holds not half of dp=2 FSDP's state
+    # (so the state goes to the host) and a byte less than the activations left then (so the planner
+    # checkpoints a layer too); the run trains as one process does
+    fsdp2 = {"dp": 2, "data_parallel": "fsdp"}
+    tiny = replace(mlp_fsdp.device, memory_bytes=mlp_fsdp.devices[0].memory.state_bytes // 2)
+    offloaded = make_plan(_project("mlp_digits"), 2, tiny, placement=fsdp2)
+    tiny = replace(tiny, memory_bytes=max(x.memory.total_bytes for x in offloaded.devices) - 1)
+    saved = make_plan(_project("mlp_digits"), 2, tiny, placement=fsdp2)
+    assert saved.ok and saved.run.cpu_offload and saved.run.checkpoint, saved.errors
+    d = prepare_run(_project("mlp_digits"), tmp / "planned_savings", steps=STEPS, placement=fsdp2,
+                    plan=saved.runtime_plan())
+    jobs2.append({"run_dir": str(d)})
+    out["planned_savings"] = ("mlp_digits", d, saved)
     _torchrun(2, jobs2, tmp)
     jobs4 = []
     for name, layout in LAYOUTS_4.items():
@@ -192,7 +206,7 @@ def _launch_all(tmp_path_factory):
     return refs, out, tmp
 
 
-@pytest.mark.parametrize("name", [*LAYOUTS_2, *LAYOUTS_4])
+@pytest.mark.parametrize("name", [*LAYOUTS_2, *LAYOUTS_4, "planned_savings"])
 def test_losses_match_single_process(runs, name):
     refs, out, _ = runs
     example, run_dir, _ = out[name]
@@ -222,7 +236,8 @@ def test_records_every_few_steps_hold_the_mean_of_those_steps(runs, name):
         last = r["step"]
 
 
-@pytest.mark.parametrize("name", [*LAYOUTS_2, *LAYOUTS_4, *BF16, "resume_pp", "resume_tp", "resume_from_single"])
+@pytest.mark.parametrize("name", [*LAYOUTS_2, *LAYOUTS_4, *BF16, "resume_pp", "resume_tp", "resume_from_single",
+                                  "planned_savings"])
 def test_predicted_memory_is_what_ranks_allocate(runs, name):
     _, out, _ = runs
     _, run_dir, plan = out[name]

@@ -8,6 +8,7 @@ neighbours, ~6% rounding at worst, dynamic per-tensor scale); over a few steps o
 MLP the losses stay within 5% of float32's (measured: under 1%)."""
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,8 @@ from torch import nn
 
 from engine.runtime import float8
 from engine.runtime.float8 import float8_problem
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "resources" / "examples"
 
 needs_torchao = pytest.mark.skipif(not float8.has_torchao(),
                                    reason="torchao is not installed (the float8 extra: pip install torchao)")
@@ -213,3 +216,41 @@ def test_float8_under_torchrun_converts_each_ranks_stage_before_ddp(tmp_path, mo
             assert all("2 Linear layers in float8; 1 stay in bf16 (head" in log for log in logs), logs
         else:  # the stages: the head is the model's, not a stage's last Linear
             assert sum(int(re.search(r"(\d+) Linear layers in float8", log).group(1)) for log in logs) == 2, logs
+
+
+def test_the_planner_refuses_float8_where_the_device_cannot_run_it(monkeypatch):
+    """The plan says it before a run starts: the error names the device (engine/plan_checks.py)."""
+    from dataclasses import replace
+
+    from engine.cost import GPUS
+    from engine.planner import make_plan
+    from engine.project import load_project
+
+    monkeypatch.delenv(float8.EMULATE_ENV, raising=False)
+    p = load_project(EXAMPLES / "mlp_digits.lflow")
+    f8 = {"dp": 2, "mixed_precision": "float8"}
+    a100 = make_plan(p, 2, GPUS["a100-80gb"], placement=f8)
+    assert not a100.ok and any("a100-80gb" in e and "compute capability 8.0" in e for e in a100.errors), a100.errors
+    cpu = make_plan(p, 2, placement=f8)
+    assert not cpu.ok and any(e.startswith("placement.mixed_precision float8: cpu") for e in cpu.errors)
+    h100 = make_plan(p, 2, GPUS["h100-80gb"], placement=f8)
+    assert h100.ok, h100.errors
+    tp = make_plan(p, 2, GPUS["h100-80gb"], placement={"tp": 2, "mixed_precision": "float8"})
+    assert any("tp=2" in e for e in tp.errors)
+    monkeypatch.setenv(float8.EMULATE_ENV, "1")  # emulated: the CPU plans it (the tests' runs)
+    assert make_plan(p, 2, placement=f8).ok
+    assert make_plan(p, 2, replace(GPUS["h100-80gb"]), placement={"dp": 2}).ok  # bf16 and none: never asked
+
+
+def test_auto_placement_recommends_bf16_on_gpus_and_keeps_the_users_choice():
+    from engine.autoplace import auto_place
+    from engine.cost import GPUS
+    from engine.project import load_project
+
+    p = load_project(EXAMPLES / "mlp_digits.lflow")
+    a = auto_place(p, 2, GPUS["h100-80gb"])
+    assert a.placement["mixed_precision"] == "bf16" and a.plan.run.mixed_precision == "bf16"
+    assert any(r.startswith("bf16 mixed precision") for r in a.reasons)
+    assert "mixed_precision" not in auto_place(p, 2).placement  # the CPU: as the project has it
+    p.placement.mixed_precision = "float8"
+    assert "mixed_precision" not in auto_place(p, 2, GPUS["h100-80gb"]).placement
