@@ -34,6 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nproc", type=int, help="processes on this machine (default: dp*tp*pp of the placement)")
     p.add_argument("--init-from", metavar="RUN_DIR[:WHICH]", help="fine-tune: start from this run's weights "
                    "(WHICH: final, latest, best or step_N; default final, else latest)")
+    p.add_argument("--mlflow", metavar="URI", help="also log the run to this MLflow tracking URI as it trains "
+                   "(a server or sqlite:///path.db; default $MLFLOW_TRACKING_URI, or `layerflow track uri`)")
     add_placement_flags(p)
     p.set_defaults(func=cmd_train)
 
@@ -79,6 +81,13 @@ def cmd_train(args) -> int:
     from layerflow._prepare import prepare_resume, prepare_training
 
     check_counts(args, "nproc", "steps", "accumulate")
+    if getattr(args, "mlflow", None):  # a URI that cannot be used: one line before a run folder is made
+        from engine.tracking import TrackingError, check_uri
+
+        try:
+            check_uri(args.mlflow)
+        except TrackingError as exc:
+            raise CliError(str(exc)) from None
     if not args.resume and not args.project:
         raise CliError("train: give a project (.lflow), or --resume RUN_DIR")
     if args.resume:
@@ -103,9 +112,16 @@ def cmd_train(args) -> int:
     for w in prep.warnings + [w for w in project.training.warnings() if w not in prep.warnings]:
         print(f"warning: {w}", file=sys.stderr)
     print(f"run folder: {prep.run_dir}", file=sys.stderr)
-    if prep.nproc > 1:
-        return _train_multi(prep.run_dir, prep.nproc, resume=prep.resume)
-    return _train_single(prep.run_dir, resume=prep.resume)
+    from app.cli_track import start_mlflow
+
+    follower = start_mlflow(prep.run_dir, getattr(args, "mlflow", None))  # None: no tracking URI set
+    try:
+        if prep.nproc > 1:
+            return _train_multi(prep.run_dir, prep.nproc, resume=prep.resume)
+        return _train_single(prep.run_dir, resume=prep.resume)
+    finally:
+        if follower is not None:
+            follower.stop()  # its last copy: the final metrics and the run's end state
 
 
 def _train_single(run_dir, resume: bool) -> int:

@@ -73,7 +73,7 @@ def sizes(jobdir: str, node: int, outs: tuple[str, ...] | None = None) -> dict:
     logs = os.path.join(jobdir, "run", "logs")
     try:
         for name in sorted(os.listdir(logs)):
-            if name.endswith(".log"):
+            if name.endswith((".log", ".system.jsonl")):  # rank logs and each rank's system samples
                 out[f"run/logs/{name}"] = os.path.getsize(os.path.join(logs, name))
     except OSError:
         pass

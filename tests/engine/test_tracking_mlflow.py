@@ -126,3 +126,31 @@ def test_train_hook_start_mlflow(tmp_path, monkeypatch):
         follower.stop()
     run_id = MlflowSync(rd, uri).run_id
     assert MlflowClient(tracking_uri=uri).get_run(run_id).info.status == "FINISHED"
+
+
+def test_train_command_logs_to_mlflow(tmp_path):
+    """`layerflow train PROJECT --mlflow URI`: the run is in the store, finished, with every loss."""
+    import os
+
+    from mlflow.tracking import MlflowClient
+
+    from engine.project import save_project
+
+    save_project(small_project(30), tmp_path / "p.lflow")
+    uri = f"sqlite:///{tmp_path / 'train.db'}"
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update({PERIOD_ENV: "0", "LAYERFLOW_CONFIG_DIR": str(tmp_path / "cfg")})
+    out = subprocess.run([sys.executable, "main.py", "train", str(tmp_path / "p.lflow"), "--out", str(tmp_path / "run"),
+                          "--mlflow", uri], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert out.returncode == 0, out.stderr
+    assert f"MLflow: logging to {uri}" in out.stderr
+    rd = tmp_path / "run"
+    run_id = MlflowSync(rd, uri).run_id
+    client = MlflowClient(tracking_uri=uri)
+    assert client.get_run(run_id).info.status == "FINISHED"
+    want = sorted((r["step"], r["loss"]) for r in read_metrics(rd / "metrics.jsonl") if "loss" in r)
+    assert [s for s, _ in history(client, run_id, "loss")] == [s for s, _ in want]
+    bad = subprocess.run([sys.executable, "main.py", "train", str(tmp_path / "p.lflow"), "--mlflow",
+                          str(tmp_path / "mlruns")], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env,
+                         check=False)
+    assert bad.returncode != 0 and "file store is deprecated" in bad.stderr and "Traceback" not in bad.stderr
