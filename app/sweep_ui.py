@@ -134,6 +134,9 @@ class SweepUI(QObject):
         self.compare = RunsCompare()
         self.dock = window.add_dock("Sweep", self.panel, Qt.RightDockWidgetArea)
         self.runs_table_dock = window.add_dock("Runs Table", self.compare, Qt.BottomDockWidgetArea)
+        # a tab of the bottom area (Problems, Summary, Dashboard), not a second row beside it:
+        # the area keeps one height, which the dashboard gives back when the user leaves it
+        window.tabifyDockWidget(window.problems_dock, self.runs_table_dock)
         for d in (self.dock, self.runs_table_dock):
             d.hide()  # shown from Panels, Run ▸ Sweep… or when a sweep starts
         self.runner: SweepRunner | None = None

@@ -76,9 +76,13 @@ def test_every_toolbar_action_is_in_a_menu_at_1440(win):
                 assert key(a) in in_menus, f"toolbar action {a.text()!r} is in no menu"
             if not shown:
                 overflowed.append(a.text())
-    # the Run menu is the run toolbar's own actions, in its order, with their shortcuts
-    run_menu = [a for a in w.run_menu.actions() if not a.isSeparator()]
-    assert [a.text() for a in run_menu] == ["Run", "Stop", "Resume", "Logs", "Clusters…", "Deploy…"]
+    # the Run menu is the run toolbar's own actions, in its order, with their shortcuts;
+    # then the sweep's (Sweep…, Runs Table), which have no button
+    everything = [a for a in w.run_menu.actions() if not a.isSeparator()]
+    assert [a.text() for a in everything] == ["Run", "Stop", "Resume", "Logs", "Clusters…", "Deploy…",
+                                              "S&weep…", "Runs &Table"]
+    assert everything[6:] == w.sweep_ui.actions
+    run_menu = everything[:6]
     tb = w.run_ui.toolbar
     assert run_menu[:4] == [tb.run_action, tb.stop_action, tb.resume_action, tb.logs_action]
     assert all(a in w.run_toolbar.actions() for a in run_menu)

@@ -269,7 +269,14 @@ class Dashboard(QtWidgets.QWidget):
         self.tabs = QtWidgets.QTabWidget()
         self.tabs.setDocumentMode(True)
         self.tabs.addTab(self.plots_scroll, "Training")
-        self.tabs.addTab(self.system_area, "System")
+        # scrolled as the Training tab is: the plots' own minimum height must not hold the
+        # bottom dock area tall once the user turns to another of its tabs
+        self.system_scroll = QtWidgets.QScrollArea()
+        self.system_scroll.setWidget(self.system_area)
+        self.system_scroll.setWidgetResizable(True)
+        self.system_scroll.setFrameShape(QtWidgets.QFrame.NoFrame)
+        self.system_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.tabs.addTab(self.system_scroll, "System")
         self.tabs.currentChanged.connect(lambda _: self.flush())
 
         body = QtWidgets.QHBoxLayout()
