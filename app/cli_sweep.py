@@ -110,8 +110,9 @@ def cmd_runs(args) -> int:
         return 0
     settings = [k for k in rows[0]["settings"] if any(r["settings"].get(k) not in (None, "") for r in rows)
                 and len({json.dumps(r["settings"].get(k), default=str) for r in rows}) > 1] or ["lr", "dp"]
+    system = [c for c in ("cpu_pct_mean", "rss_mb_peak", "gpu_util_pct_mean") if any(r.get(c) is not None for r in rows)]
     cols = ["run", "state", *settings, "final_loss", "best_val_loss", "best_val_acc", "samples_per_s",
-            "peak_mem_mb", "predicted_step_s", "measured_step_s"]
+            "peak_mem_mb", "predicted_step_s", "measured_step_s", *system]
     table = [cols] + [[_fmt(_value(r, c)) for c in cols] for r in rows]
     print(_table(table))
     return 0

@@ -213,7 +213,9 @@ SETTING_COLUMNS = (
     ("mixed_precision", ("plan", "mixed_precision")),
 )
 METRIC_COLUMNS = ("final_loss", "best_loss", "final_val_loss", "best_val_loss", "best_val_acc", "samples_per_s",
-                  "peak_mem_mb", "predicted_step_s", "measured_step_s", "step_time_ratio")
+                  "peak_mem_mb", "predicted_step_s", "measured_step_s", "step_time_ratio",
+                  # from the ranks' system samples (engine/runtime/sysmetrics.py system_summary)
+                  "cpu_pct_mean", "rss_mb_peak", "gpu_util_pct_mean", "gpu_mem_mb_peak")
 LOWER_IS_BETTER = {"final_loss", "best_loss", "final_val_loss", "best_val_loss", "peak_mem_mb", "measured_step_s",
                    "predicted_step_s", "duration"}
 
@@ -235,7 +237,9 @@ def run_row(path: str | os.PathLike) -> dict:
     """One run as a row of the runs table: name, state, sweep, its settings (SETTING_COLUMNS,
     and the point its sweep varied), final and best metrics, throughput (median samples/s),
     peak memory (MB, the largest rank's), the plan's predicted step time against the measured
-    one (the global batch over the median samples/s) and their ratio (measured / predicted)."""
+    one (the global batch over the median samples/s) and their ratio (measured / predicted),
+    and the system samples' summary (mean CPU %, peak RSS; GPU utilisation and memory)."""
+    from engine.runtime.sysmetrics import system_summary
     p = Path(path)
     records = read_metrics(p / "metrics.jsonl")
     s = summarize_run(p, records)
@@ -264,6 +268,8 @@ def run_row(path: str | os.PathLike) -> dict:
         "best_val_acc": s.best_val_acc, "samples_per_s": rate, "peak_mem_mb": peak,
         "predicted_step_s": predicted, "measured_step_s": measured,
         "step_time_ratio": measured / predicted if measured and predicted else None,
+        **{k: None for k in ("cpu_pct_mean", "rss_mb_peak", "gpu_util_pct_mean", "gpu_mem_mb_peak")},
+        **system_summary(p),
     }
     return {"name": s.name if s.name != "run" else p.name, "run": p.name, "path": str(p), "state": shown_state(s),
             "sweep": s.sweep, "index": tag.get("index"), "step": s.step, "total_steps": s.total_steps,

@@ -19,7 +19,8 @@ PATH = Qt.UserRole + 2
 HEADERS = {"final_loss": "final loss", "best_loss": "best loss", "final_val_loss": "final val loss",
            "best_val_loss": "best val loss", "best_val_acc": "best val acc", "samples_per_s": "samples/s",
            "peak_mem_mb": "peak MB", "predicted_step_s": "predicted step s", "measured_step_s": "measured step s",
-           "step_time_ratio": "measured/predicted"}
+           "step_time_ratio": "measured/predicted", "cpu_pct_mean": "mean CPU %", "rss_mb_peak": "peak RSS MB",
+           "gpu_util_pct_mean": "mean GPU %", "gpu_mem_mb_peak": "peak GPU MB"}
 
 
 def _text(v) -> str:

@@ -164,3 +164,10 @@ def test_run_row_of_a_folder_without_a_sweep(tmp_path):
     row = run_row(d)
     assert row["final_loss"] == 1.5 and row["best_loss"] == 1.0 and row["samples_per_s"] == 200.0
     assert row["peak_mem_mb"] == 12 and row["sweep"] is None and row["measured_step_s"] is None
+    assert row["cpu_pct_mean"] is None and row["rss_mb_peak"] is None  # no system samples: empty columns
+    (d / "logs").mkdir()
+    (d / "logs" / "rank0.system.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"rank": 0, "t": 1.0, "cpu_pct": 50.0, "rss_mb": 100.0}, {"rank": 0, "t": 6.0, "cpu_pct": 100.0, "rss_mb": 140.0}]))
+    (d / "logs" / "rank1.system.jsonl").write_text(json.dumps({"rank": 1, "t": 1.0, "cpu_pct": 90.0, "rss_mb": 120.0}))
+    row = run_row(d)
+    assert row["cpu_pct_mean"] == 80.0 and row["rss_mb_peak"] == 140.0 and row["gpu_util_pct_mean"] is None
