@@ -15,7 +15,9 @@
 `Project.load(path)`, `.from_module(model, input_shape=...)` and `.from_onnx(path)` open
 existing models; `.validate()`, `.autoplace(devices=N)`, `.deploy(cluster)` (a `Job` with
 `status()`, `metrics(follow=True)`, `cancel()`, `fetch()`), `.export_onnx()`,
-`.export_script()`, `.save()` and `.diff(other)` do what the commands of the same names do.
+`.export_script()`, `.save()`, `.diff(other)` and `.sweep(sweep)` (a queue of runs over a
+grid or a random sample of settings; returns the runs-table rows) do what the commands of
+the same names do.
 Every error is a `LayerflowError` whose message names the node, field or host at fault.
 
 Data sets read in place (folders of images, token files, Parquet, arrays, tar shards):
@@ -39,6 +41,7 @@ from engine.interop.common import InteropError
 from engine.planner import Plan
 from engine.run import RunError
 from engine.runtime.records import RunStatus
+from engine.sweep import SweepError
 from layerflow.data import DataError, DataReport, DataUse, Packed, inspect, pack
 from layerflow.project import Project, Summary, load
 from layerflow.runs import Job, Run, RunFailed, cluster_jobs
@@ -65,6 +68,7 @@ __all__ = [
            "RunStatus",
            "Status",
            "Summary",
+           "SweepError",
            "cluster_jobs",
            "inspect",
            "load",

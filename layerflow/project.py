@@ -433,6 +433,24 @@ class Project:
         prep = prepare_training(self._runnable(), nproc=nproc, steps=steps, seed=seed, out=out, placement=placement)
         return start(prep)
 
+    def sweep(self, sweep, *, parallel: int | None = None, cluster: str | None = None,
+              runs_dir: str | os.PathLike | None = None, on_event=None) -> list[dict]:
+        """Run a sweep (a dict, or a sweep file's path; the format is engine/sweep.py's, as
+        `layerflow sweep` reads it): every point is checked first (a SweepError naming the
+        key), then the queue runs, `parallel` at once on this machine (default: as the cores
+        allow) or one job per run on `cluster`, and stops runs early by its rules. Blocks
+        until the queue ends; returns its runs as runs-table rows (settings, final and best
+        metrics, throughput, peak memory, predicted and measured step time), in queue order.
+        on_event(kind, run) follows it ("started", "progress", "finished")."""
+        from engine.runs import runs_table
+        from engine.sweep import load_sweep
+        from remote.sweep_queue import SweepRunner
+
+        runner = SweepRunner(self._runnable(), load_sweep(sweep), parallel=parallel, cluster=cluster,
+                             runs_dir=runs_dir)
+        runner.run(on_event)
+        return runs_table(runner.runs_dir, sweep=runner.id)
+
     def deploy(self, cluster: str, *, steps: int | None = None, name: str | None = None,
                out: str | os.PathLike | None = None, accept_host_key: Iterable[str] = (),
                remote_data: str | None = None, progress=None, on_preflight=None, on_prepared=None) -> Job:

@@ -191,3 +191,18 @@ def test_the_cli_prints_the_apis_errors(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "summary", str(bad)], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.strip() == f"error: {err.value}"
+
+
+@pytest.mark.slow
+def test_a_sweep_from_the_api_returns_its_runs(tmp_path):
+    p = _mlp()
+    p.save(tmp_path / "api.lflow")
+    seen = []
+    rows = p.sweep({"parameters": {"training.optimizer.lr": [0.001, 0.05]}, "steps": 6}, parallel=2,
+                   on_event=lambda kind, run: seen.append((kind, run.index)))
+    assert [r["settings"]["lr"] for r in rows] == [0.001, 0.05] and [r["index"] for r in rows] == [0, 1]
+    assert all(r["state"] == "succeeded" and r["step"] == 6 and r["final_loss"] is not None for r in rows)
+    assert all(Path(r["path"]).parent == tmp_path / "runs" for r in rows)
+    assert {("finished", 0), ("finished", 1), ("started", 0), ("started", 1)} <= set(seen)
+    with pytest.raises(lf.SweepError, match="training.no_such"):
+        p.sweep({"parameters": {"training.no_such": [1]}})
