@@ -366,13 +366,42 @@ def output_bytes(compiled, n: str) -> int:
     return info.nbytes() if info else 0
 
 
+def top_blocks(graph) -> dict[str, str | None]:
+    """node id -> its top-level block (None: in none), as the runtime reads it from the run spec."""
+    return {n: (node.group.split("/")[0] if node.group else None) for n, node in graph.nodes.items()}
+
+
+def kept_outputs(compiled, ids, ckpt) -> set[str]:
+    """The nodes of `ids` whose outputs autograd keeps for backward: all but those inside a
+    checkpointed region (engine/runtime/stages.py checkpoint_regions, the runtime's own
+    cut); a region keeps the outputs it hands to a node after it. So a layer checkpointed
+    alone keeps its output (the next layer holds it), and a block frees its inside."""
+    if not ckpt:
+        return set(ids)
+    from engine.runtime.stages import checkpoint_regions
+
+    graph = compiled.graph
+    pos = {n: i for i, n in enumerate(compiled.order)}
+    calls = sorted((n for n in ids if graph.nodes[n].type not in ("Input", "Output")), key=lambda n: pos.get(n, 0))
+    regions = checkpoint_regions(calls, ckpt, top_blocks(graph))
+    if not regions:
+        return set(ids)
+    region_of = {n: i for i, r in enumerate(regions) for n in r}
+    succ: dict[str, list[str]] = {}
+    for e in graph.edges:
+        if e.src in region_of:
+            succ.setdefault(e.src, []).append(e.dst)
+    return {n for n in ids if n not in region_of or any(region_of.get(d) != region_of[n] for d in succ.get(n, ()))}
+
+
 def activation_bytes(compiled, ids, layout, tp, local_b, m, pp, s, schedule, ckpt) -> int:
-    """Estimate: every layer's output is kept for backward (checkpointed ones are
-    recomputed), for as many micro-batches as the schedule holds at once: all m
-    under GPipe, at most pp - s under 1F1B. layout: node -> its output's Layout on tp."""
+    """Estimate: every layer's output is kept for backward but those recomputed inside a
+    checkpointed region (kept_outputs), for as many micro-batches as the schedule holds at
+    once: all m under GPipe, at most pp - s under 1F1B. layout: node -> its output's Layout on tp."""
     per_sample = 0
+    kept = kept_outputs(compiled, ids, ckpt)
     for n in ids:
-        if n in ckpt:
+        if n not in kept:
             continue
         b = output_bytes(compiled, n)
         lay = layout.get(n)
@@ -458,6 +487,6 @@ def predict(loads: list[RankLoad], comm_s: float, microbatches: int, device: Dev
                       max((x.memory.total_bytes for x in loads), default=0))
 
 
-__all__ = ["Memory", "RankLoad", "Prediction", "rank_loads", "predict", "offload_time", "activation_bytes", "chunk_len", "param_shards",
+__all__ = ["Memory", "RankLoad", "Prediction", "rank_loads", "predict", "offload_time", "activation_bytes", "kept_outputs", "top_blocks", "chunk_len", "param_shards",
            "DeviceSpec", "local_cpu", "cpu_calibration", "measure_cpu", "cache_dir", "worker_threads",
            "device_from_name", "collective_bytes", "comm_time", "bubble_fraction", "drain_factor", "step_time", "FLOAT_BYTES", "GPUS"]

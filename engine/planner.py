@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from engine.comms import Comm, EdgeLayout, communication, edge_layouts, sbp  # noqa: F401  (sbp: this module's API too)
 from engine.compile import CompileError, CompileResult, compile_graph
 from engine.cost import (DeviceSpec, Prediction, RankLoad, activation_bytes, chunk_len, comm_time,  # noqa: F401
-                         local_cpu, offload_time, optimizer_slots, predict, rank_loads, bubble_fraction)
+                         local_cpu, offload_time, optimizer_slots, predict, rank_loads, bubble_fraction, top_blocks)
 from engine.partition import cut_stages, mesh_ranks, microbatches_for
 from engine.plan_checks import (batch_warnings, check_accumulation, check_float8, check_memory, check_placement,
                                 generic_op_warnings, schedule_warnings, stage_warnings)
@@ -71,6 +71,7 @@ class MemorySavings:
     offload_s: float = 0.0  # host <-> device copies of parameters and gradients per step
     freed_bytes: int = 0  # device bytes the choice frees on the fullest rank
     fits: bool = True
+    units: list[str] = field(default_factory=list)  # the regions chosen: a block's name, or "first..last" node
 
     @property
     def chosen(self) -> bool:
@@ -83,9 +84,11 @@ class MemorySavings:
     def describe(self) -> str:
         parts = []
         if self.checkpoint:
-            names = ", ".join(self.checkpoint[:SHOW_NODES]) + (f", ... ({len(self.checkpoint) - SHOW_NODES} more)"
-                                                               if len(self.checkpoint) > SHOW_NODES else "")
-            parts.append(f"activation checkpointing on {len(self.checkpoint)} node(s) ({names}): recomputes "
+            what = self.units or self.checkpoint
+            names = ", ".join(what[:SHOW_NODES]) + (f", ... ({len(what) - SHOW_NODES} more)"
+                                                    if len(what) > SHOW_NODES else "")
+            count = f"{len(self.units)} region(s)" if self.units else f"{len(self.checkpoint)} node(s)"
+            parts.append(f"activation checkpointing on {count} ({names}): recomputes "
                          f"{self.recompute_flops / 1e9:.3f} GFLOP/step, +{self.recompute_s * 1e3:.2f} ms/step")
         if self.cpu_offload:
             parts.append(f"FSDP CPU offload of parameters, gradients and optimizer state: host copies "
@@ -96,7 +99,7 @@ class MemorySavings:
         return {"checkpoint": list(self.checkpoint), "user_checkpoint": list(self.user_checkpoint),
                 "cpu_offload": self.cpu_offload, "recompute_flops": self.recompute_flops,
                 "recompute_s": self.recompute_s, "offload_s": self.offload_s, "extra_s": self.extra_s,
-                "freed_bytes": self.freed_bytes, "fits": self.fits}
+                "freed_bytes": self.freed_bytes, "fits": self.fits, "units": list(self.units)}
 
 
 @dataclass
@@ -244,64 +247,97 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
                 memory_savings=savings)
 
 
+# layers never put in a planner-chosen region: a recomputed BatchNorm would update its running
+# statistics twice per step (a node's own checkpoint flag is the user's choice, and taken as is)
+NO_RECOMPUTE = ("BatchNorm1d", "BatchNorm2d")
+
+
+def checkpoint_units(compiled: CompileResult, ids: list[str]) -> list[list[str]]:
+    """What the planner may checkpoint in one stage, each as one region: every top-level
+    block's nodes (a transformer block, a residual block), and every run of nodes outside
+    any block, in graph order (engine/runtime/stages.py checkpoint_regions cuts the same)."""
+    graph = compiled.graph
+    blocks = top_blocks(graph)
+    pos = {n: i for i, n in enumerate(compiled.order)}
+    units: list[list[str]] = []
+    prev: object = object()
+    for n in sorted(ids, key=lambda n: pos.get(n, 0)):
+        if graph.nodes[n].type in ("Input", "Output"):
+            continue
+        b = blocks.get(n)
+        if units and b == prev:
+            units[-1].append(n)
+        else:
+            units.append([n])
+        prev = b
+    return [u for u in units if not any(graph.nodes[n].type in NO_RECOMPUTE for n in u)]
+
+
 def choose_memory_savings(compiled: CompileResult, stages: list[list[str]], layout: dict, loads: list[RankLoad],
                           loads_for, device: DeviceSpec, *, pp: int, dp: int, tp: int, microbatches: int,
                           batch_size: int, schedule: str, user_ckpt: list[str],
                           can_offload: bool) -> tuple[MemorySavings, list[RankLoad]]:
     """Selective activation checkpointing, then FSDP2's CPU offload, until every rank fits.
-    Per pipeline rank over the device's memory: its layers (modules: the runtime checkpoints
-    those) in order of activation bytes freed per recomputed FLOP, most first, taken until the
-    excess is covered (activation_bytes is a sum over nodes, so the freed bytes add up). If
-    checkpointing everything is not enough and the data axis is FSDP's, the state moves to
-    host memory and the checkpointed nodes are chosen again against that smaller excess.
+    Per pipeline rank over the device's memory: its checkpoint units (checkpoint_units: a
+    block, or a run of layers outside blocks, recomputed as one region) in order of
+    activation bytes freed per recomputed FLOP, most first, taken until the excess is
+    covered (units never share a region, so the bytes they free add up). If checkpointing
+    every unit is not enough and the data axis is FSDP's, the state moves to host memory
+    and the units are chosen again against that smaller excess.
     Returns the savings and the loads with them."""
-    from engine.layers import get_layer
     from engine.runtime.plan import rank_stages
 
-    graph = compiled.graph
-    modules = dict(compiled.module.named_children())
     local_b = batch_size // max(1, dp)
     cap = device.memory_bytes
+    base_ckpt = set(user_ckpt)
 
-    def pick(base: list[RankLoad]) -> tuple[list[str], bool]:
+    def acts(st: int, ckpt: set) -> int:
+        return activation_bytes(compiled, stages[st], layout, tp, local_b, microbatches, pp, st, schedule, ckpt)
+
+    labels: dict[str, str] = {}  # a unit's first node -> its label
+    blocks = top_blocks(compiled.graph)
+
+    def pick(base: list[RankLoad]) -> list[str]:
         chosen: list[str] = []
-        ok = True
+        labels.clear()
         for s in range(pp):
             excess = max(x.memory.total_bytes for x in base if x.stage == s) - cap
             if excess <= 0:
                 continue
             cands = []
             for st in rank_stages(schedule, pp, len(stages), s):
-                for n in stages[st]:
-                    kind = get_layer(graph.nodes[n].type)
-                    if n in user_ckpt or n not in modules or kind is None or kind.kind == "function":
-                        continue
-                    freed = activation_bytes(compiled, [n], layout, tp, local_b, microbatches, pp, st, schedule, set())
+                before = acts(st, base_ckpt)
+                for unit in checkpoint_units(compiled, stages[st]):
+                    freed = before - acts(st, base_ckpt | set(unit))
                     if freed > 0:
-                        cands.append((freed / max(1.0, compiled.nodes[n].flops), freed, n))
-            for _, freed, n in sorted(cands, key=lambda c: -c[0]):
+                        flops = sum(compiled.nodes[n].flops for n in unit)
+                        cands.append((freed / max(1.0, flops), freed, unit))
+            for _, freed, unit in sorted(cands, key=lambda c: -c[0]):
                 if excess <= 0:
                     break
-                chosen.append(n)
+                chosen += [n for n in unit if n not in base_ckpt]
+                labels[unit[0]] = blocks.get(unit[0]) or (unit[0] if len(unit) == 1 else f"{unit[0]}..{unit[-1]}")
                 excess -= freed
-            ok = ok and excess <= 0
-        return chosen, ok
+        return chosen
+
+    def fits(ls: list[RankLoad]) -> bool:
+        return all(x.memory.total_bytes <= cap for x in ls)
 
     before = max(x.memory.total_bytes for x in loads)
-    chosen, ok = pick(loads)
+    chosen = pick(loads)
     offload = False
-    if not ok and can_offload:
+    new = loads_for(base_ckpt | set(chosen), offload)
+    if not fits(new) and can_offload:
         offload = True
-        base = loads_for(set(user_ckpt), True)
-        chosen, ok = pick(base)
-    new = loads_for(set(user_ckpt) | set(chosen), offload)
+        chosen = pick(loads_for(base_ckpt, True))
+        new = loads_for(base_ckpt | set(chosen), offload)
     order = {n: i for i, n in enumerate(compiled.order)}
-    chosen.sort(key=order.get)
+    chosen = sorted(set(chosen), key=order.get)
     flops = max((sum(compiled.nodes[n].flops for st in rank_stages(schedule, pp, len(stages), s) for n in stages[st]
                      if n in chosen) * local_b for s in range(pp)), default=0.0)
     sav = MemorySavings(chosen, list(user_ckpt), offload, recompute_flops=flops, recompute_s=flops / device.flops_per_s,
                         offload_s=offload_time(new, device), freed_bytes=before - max(x.memory.total_bytes for x in new),
-                        fits=all(x.memory.total_bytes <= cap for x in new))
+                        fits=fits(new), units=[labels[n] for n in sorted(labels, key=order.get)])
     return sav, new
 
 

@@ -40,7 +40,7 @@ from .loop import fit
 from .plan import Layout, RunPlan, TPEntry, rank_stages
 from .records import RankError, RunStatus
 from .spec import RunSpec
-from .stages import apply_checkpointing, build_stage_module, even_stages
+from .stages import apply_checkpointing, build_stage_module, even_stages, top_blocks
 from .steps import compute_loss, eval_sums, peak_mem_mb, seed_all
 from .trainer import BaseTrainer
 
@@ -215,15 +215,16 @@ def make_schedule(name: str, stages: list, n_stages: int, pp: int, m: int, loss_
 
 
 def parallelize(full: nn.Module, plan: RunPlan, mesh: DeviceMesh, device: torch.device,
-                stage_index: int | None = None, compile_model=None) -> nn.Module:
+                stage_index: int | None = None, compile_model=None,
+                blocks: dict[str, str | None] | None = None) -> nn.Module:
     """One of this rank's stages (the whole model without pipelining), parallelized as the plan
     says. compile_model (training.compile: BaseTrainer.compile_model) runs after tensor
     parallelism and activation checkpointing, before FSDP/DDP wrap the module (torchtitan's order)."""
     ckpt = set(plan.checkpoint)
     if plan.pp > 1:
-        mod = build_stage_module(full, plan.stages, stage_index, ckpt)
+        mod = build_stage_module(full, plan.stages, stage_index, ckpt, blocks)
     else:
-        mod = apply_checkpointing(full, ckpt)
+        mod = apply_checkpointing(full, ckpt, blocks)
     mod.to(device).train()
     if plan.sync_batchnorm and plan.dp > 1:
         # batch statistics over the whole data-parallel batch (torch's SyncBatchNorm on GPUs,
@@ -335,7 +336,8 @@ class ParallelTrainer(BaseTrainer):
         lo = self.dp_rank * self.local_batch
         self.open_data((lo, lo + self.local_batch), local_world=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
         self.stage_ids = local_stages(plan, self.pp_rank)
-        self.parts = [parallelize(full, plan, self.mesh, device, i, self.compile_model) for i in self.stage_ids]
+        blocks = top_blocks(spec.model["nodes"])  # checkpointing's regions end where a block does
+        self.parts = [parallelize(full, plan, self.mesh, device, i, self.compile_model, blocks) for i in self.stage_ids]
         self.model = self.parts[0] if len(self.parts) == 1 else by_node_id(self.parts)
         # a weight tied across stages (embedding and head): a copy on each, gradients summed
         from .tied import TiedWeights, setup as tied_setup

@@ -12,6 +12,8 @@ full model's keys (a checkpoint written under one cut loads under another).
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import fx, nn
 from torch.utils.checkpoint import checkpoint as _checkpoint
@@ -50,12 +52,88 @@ def live_across(gm: fx.GraphModule, stages: list[list[str]]) -> list[list[str]]:
     return [[v for v in order if where[v] <= s < last_use.get(v, -1)] for s in range(last)]
 
 
+BLOCK_SEP = "/"  # engine/graph.py's: a node's group "h.0/h.0.attn" is inside the top-level block "h.0"
+
+
+def top_blocks(spec_nodes: list[dict]) -> dict[str, str | None]:
+    """node id -> the top-level block (editor block, imported module) it is in; None: none.
+    From the run spec's model nodes (engine/compile.py writes their `group`)."""
+    return {n["id"]: (n["group"].split(BLOCK_SEP)[0] if n.get("group") else None) for n in spec_nodes}
+
+
+def checkpoint_regions(order: list[str], checkpointed, blocks: dict[str, str | None] | None = None) -> list[list[str]]:
+    """Activation checkpointing's regions: the runs of consecutive checkpointed nodes in
+    `order`, cut where the top-level block changes. A region is recomputed as one piece in
+    backward: autograd keeps only its inputs and the outputs used after it, none of the
+    values inside (one layer checkpointed alone saves nothing: the next layer keeps its
+    output anyway). A block per region, as torchtitan checkpoints each transformer block,
+    bounds what one recomputation holds at once. The planner (engine/cost.py) and the
+    runtime cut them with this one function, so the plan's memory is what runs."""
+    blocks = blocks or {}
+    regions: list[list[str]] = []
+    prev = None
+    for n in order:
+        if n not in checkpointed:
+            prev = None
+            continue
+        key = ("block", blocks.get(n))
+        if prev is not None and key == prev:
+            regions[-1].append(n)
+        else:
+            regions.append([n])
+        prev = key
+    return regions
+
+
+class _Region(nn.Module):
+    """A checkpointed region of a stage: its fx graph (sharing the stage's layer objects,
+    held outside the module tree so parameters keep their names) run under
+    torch.utils.checkpoint. Holds no parameters of its own."""
+
+    def __init__(self, region: fx.GraphModule, names: list[str]):
+        super().__init__()
+        object.__setattr__(self, "region", region)  # not a submodule: the stage root owns its layers
+        self.names = names
+
+    def forward(self, *args):
+        return _checkpoint(self.region, *args, use_reentrant=False)
+
+    def extra_repr(self) -> str:
+        return f"checkpointed: {', '.join(self.names)}"
+
+
+def _region_module(gm: fx.GraphModule, nodes: list[fx.Node]) -> tuple[fx.GraphModule, list[fx.Node], list[fx.Node]]:
+    """The fx GraphModule of a region (its layers are gm's own objects), its inputs (values
+    made before it) and its outputs (its values used after it), in graph order."""
+    inside = {n.name for n in nodes}
+    inputs: list[fx.Node] = []
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a.name not in inside and a not in inputs:
+                inputs.append(a)
+    outputs = [n for n in nodes if any(u.name not in inside for u in n.users)]
+    rg = fx.Graph()
+    env = {a.name: rg.placeholder(a.name) for a in inputs}
+    for n in nodes:
+        env[n.name] = rg.node_copy(n, lambda a: env[a.name])
+    rg.output(tuple(env[o.name] for o in outputs))
+    return fx.GraphModule(gm, rg, class_name="LayerflowCheckpointed"), inputs, outputs
+
+
 def build_stage_module(gm: fx.GraphModule, stages: list[list[str]], s: int,
-                       checkpointed: set[str] | frozenset = frozenset()) -> fx.GraphModule:
+                       checkpointed: set[str] | frozenset = frozenset(),
+                       blocks: dict[str, str | None] | None = None) -> fx.GraphModule:
     """The fx GraphModule of stage s. Its submodules are the full model's own
-    objects (shared, not copied)."""
+    objects (shared, not copied). `checkpointed` nodes are recomputed in backward, in the
+    regions checkpoint_regions cuts (`blocks`: node -> top-level block, top_blocks)."""
     where = stage_of(gm, stages)
     live = live_across(gm, stages)
+    by_name = {n.name: n for n in gm.graph.nodes}
+    order = [n.name for n in gm.graph.nodes if n.op in ("call_module", "call_function", "call_method")
+             and where[n.name] == s]
+    regions = [r for r in checkpoint_regions(order, checkpointed, blocks)
+               if not (len(r) == 1 and by_name[r[0]].op == "call_module")]  # one layer: checkpointed in place
+    region_of = {n: i for i, r in enumerate(regions) for n in r}
     g = fx.Graph()
     env: dict[str, fx.Node] = {}
     if s == 0:
@@ -70,6 +148,17 @@ def build_stage_module(gm: fx.GraphModule, stages: list[list[str]], s: int,
             continue
         if n.op == "call_module":
             root.add_module(n.target, gm.get_submodule(n.target))
+        if n.name in region_of:
+            i = region_of[n.name]
+            if n.name == regions[i][0]:  # the region runs where its first node did (its inputs are made by then)
+                rgm, inputs, outputs = _region_module(gm, [by_name[x] for x in regions[i]])
+                name = f"checkpointed_{i}"
+                root.add_module(name, _Region(rgm, regions[i]))
+                call = g.call_module(name, tuple(env[a.name] for a in inputs))
+                for j, o in enumerate(outputs):
+                    env[o.name] = g.call_function(operator.getitem, (call, j))
+            continue
+        if n.op == "call_module":
             if n.name in checkpointed:
                 # Recompute this layer's activations in backward instead of keeping them.
                 mod = g.get_attr(n.target)
@@ -90,15 +179,20 @@ def build_stage_module(gm: fx.GraphModule, stages: list[list[str]], s: int,
         outs = [g.call_method("clone", (env[v],)) if v in used_here or env[v].op == "placeholder" else env[v]
                 for v in live[s]]
         g.output(outs[0] if len(outs) == 1 else tuple(outs))
-    return fx.GraphModule(root, g, class_name=f"LayerflowStage{s}")
+    stage = fx.GraphModule(root, g, class_name=f"LayerflowStage{s}")
+    for name, mod in root.named_children():  # the layers only a region calls: the stage still owns
+        if not hasattr(stage, name):        # them (its parameters, state_dict keys, FSDP units)
+            stage.add_module(name, mod)
+    return stage
 
 
-def apply_checkpointing(gm: fx.GraphModule, nodes: set[str]) -> fx.GraphModule:
+def apply_checkpointing(gm: fx.GraphModule, nodes: set[str],
+                        blocks: dict[str, str | None] | None = None) -> fx.GraphModule:
     """The whole model (no pipeline) with activation checkpointing on `nodes`."""
     if not nodes:
         return gm
     ids = [n.name for n in gm.graph.nodes if n.op in ("call_module", "call_function", "call_method")]
-    return build_stage_module(gm, [ids], 0, nodes)
+    return build_stage_module(gm, [ids], 0, nodes, blocks)
 
 
 def even_stages(gm: fx.GraphModule, pp: int) -> list[list[str]]:
@@ -124,4 +218,5 @@ def even_stages(gm: fx.GraphModule, pp: int) -> list[list[str]]:
     return stages
 
 
-__all__ = ["build_stage_module", "live_across", "stage_of", "even_stages", "apply_checkpointing"]
+__all__ = ["build_stage_module", "live_across", "stage_of", "even_stages", "apply_checkpointing", "checkpoint_regions",
+           "top_blocks"]

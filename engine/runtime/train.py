@@ -19,6 +19,7 @@ from .folder import RunBusy, RunLock, latest_checkpoint, save_tensors, write_fai
 from .loop import ProgressFn, fit
 from .records import OK_STATES
 from .spec import RunSpec
+from .stages import apply_checkpointing, top_blocks
 from .steps import compute_loss, eval_sums, lr_lambda, seed_all  # noqa: F401  (lr_lambda: importers')
 from .trainer import BaseTrainer
 
@@ -34,7 +35,10 @@ class Trainer(BaseTrainer):
 
     def __init__(self, run_dir: Path, spec: RunSpec, device: torch.device):
         super().__init__(run_dir, spec, device)
-        self.model = self.state_model = self.build_model().to(device).train()
+        # activation checkpointing as the plan says (the node flags, the planner's choice),
+        # in the regions the distributed runtime cuts (stages.checkpoint_regions)
+        model = apply_checkpointing(self.build_model(), set(spec.plan.checkpoint), top_blocks(spec.model["nodes"]))
+        self.model = self.state_model = model.to(device).train()
         self.init_optimizer()
         self.open_data()
         self.accumulate = spec.training.grad_accumulation

@@ -70,7 +70,8 @@ def main() -> None:
 
         def record(name):
             def hook(mod, args, out):  # returns None: the output is left as it is
-                shapes.setdefault(name, list(_local(out).shape))
+                if hasattr(out, "shape"):  # (a checkpointed region hands on a tuple: its layers are not timed apart)
+                    shapes.setdefault(name, list(_local(out).shape))
             return hook
         hooks = [m.register_forward_hook(record(name)) for name, m in by_node_id(trainer.parts).named_children()]
         trainer.train_step(0)  # one more step, so gradients are held right now
