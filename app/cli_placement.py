@@ -13,7 +13,7 @@ def add_placement_flags(p) -> None:
     p.add_argument("--dp", type=int, help="data-parallel degree")
     p.add_argument("--tp", type=int, help="tensor-parallel degree")
     p.add_argument("--pp", type=int, help="pipeline-parallel degree (stages)")
-    p.add_argument("--schedule", choices=list(SCHEDULES), help="pipeline schedule (interleavedzb: interleaved zero bubble)")
+    p.add_argument("--schedule", choices=list(SCHEDULES), help="pipeline schedule (interleavedzb: interleaved zero bubble; zbv, dualpipev: V-shaped, two stages per rank)")
     p.add_argument("--microbatches", type=int, help="micro-batches per step (pipelining; default: as the planner "
                                                      "picks, at least one per stage)")
 

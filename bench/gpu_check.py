@@ -27,7 +27,7 @@ Issue 47's rows (a second table; --no-variants skips them):
   - placement.mixed_precision bf16 against float8 (torchao, tensorwise), eager and with
     blocks compiled; where float8 cannot run (compute capability below 8.9, no torchao)
     its rows say "refused: " and the run's own one-line reason;
-  - each pipeline schedule (gpipe, 1f1b, interleaved1f1b, interleavedzb) at pp=2 under
+  - each pipeline schedule (gpipe, 1f1b, interleaved1f1b, interleavedzb, zbv, dualpipev) at pp=2 under
     torchrun against one process: on GPUs 0 and 1 with NCCL where there are two, else on
     the CPU with gloo (the runtime puts rank r on GPU r; NCCL needs a GPU per rank).
 On an H100 they should add about 3 to 4 minutes (estimated, not yet measured on a GPU: the

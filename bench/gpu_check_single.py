@@ -284,7 +284,7 @@ def format_rows(rows: list[Row]) -> list[str]:
 
 # ----- issue 47's rows: compile modes, pipeline schedules, float8 -----------------------
 VARIANT_STEPS = 30  # steps of each run below on a GPU (timed after the first LOG)
-SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb")
+SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev")  # runtime/plan.py's
 
 
 @dataclass

@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from engine.runtime.plan import ZERO_BUBBLE, rank_stages
+from engine.runtime.plan import V_SHAPED, ZERO_BUBBLE, rank_stages
 
 # Bytes per element of a float32 tensor (parameters, grads, optimizer state).
 FLOAT_BYTES = 4
@@ -251,7 +251,10 @@ def bubble_fraction(pp: int, m: int, v: int = 1, schedule: str = "1f1b") -> floa
     bubble as GPipe; it only holds fewer micro-batches' activations. Interleaved
     1F1B with v stages per rank shrinks it to (p-1)/(v*m+p-1). Zero-bubble schedules
     fill it with weight-gradient work: a third of it is left (forward, input gradient
-    and weight gradient taking a third each: ZB-H1's (p-1)/(3vm+p-1))."""
+    and weight gradient taking a third each: ZB-H1's (p-1)/(3vm+p-1)). The V-shaped ones
+    (ZB-V, DualPipeV; v=2) leave none once there are 2p micro-batches: ZB-V's bubble is
+    (p-1)(T_F+T_B-2T_W), zero when the three are equal (Qi et al., Zero Bubble Pipeline
+    Parallelism, sec. 6), DualPipe's (p/2-1)(T_F&B+T_B-3T_W) likewise."""
     if pp <= 1:
         return 0.0
     return (pp - 1) * drain_factor(schedule, pp, m) / (v * m + pp - 1)
@@ -259,6 +262,8 @@ def bubble_fraction(pp: int, m: int, v: int = 1, schedule: str = "1f1b") -> floa
 
 def drain_factor(schedule: str, pp: int, m: int) -> float:
     """The share of the fill-and-drain time a schedule leaves idle (1F1B's is 1)."""
+    if schedule in V_SHAPED and m >= 2 * pp:
+        return 0.0
     if schedule in ZERO_BUBBLE:
         return 1 / 3
     return 1.0
@@ -397,7 +402,9 @@ def kept_outputs(compiled, ids, ckpt) -> set[str]:
 def activation_bytes(compiled, ids, layout, tp, local_b, m, pp, s, schedule, ckpt) -> int:
     """Estimate: every layer's output is kept for backward but those recomputed inside a
     checkpointed region (kept_outputs), for as many micro-batches as the schedule holds at
-    once: all m under GPipe, at most pp - s under 1F1B. layout: node -> its output's Layout on tp."""
+    once: all m under GPipe, at most pp - s under 1F1B, pp per stage under ZB-H1 and ZB-V
+    (over a rank's two V stages, the paper's p M_B), pp + 1 under DualPipeV.
+    layout: node -> its output's Layout on tp."""
     per_sample = 0
     kept = kept_outputs(compiled, ids, ckpt)
     for n in ids:
@@ -412,7 +419,9 @@ def activation_bytes(compiled, ids, layout, tp, local_b, m, pp, s, schedule, ckp
         in_flight = m
     elif schedule == "1f1b":
         in_flight = min(m, pp - s)
-    else:  # zero bubble holds what 1F1B's first stage holds (ZB-H1's memory, the paper's)
+    elif schedule == "dualpipev":  # one micro-batch more than 1F1B (DualPipe's PP+1)
+        in_flight = min(m, pp + 1)
+    else:  # zero bubble holds what 1F1B's first stage holds (ZB-H1's and ZB-V's memory, the paper's)
         in_flight = min(m, pp)
     return per_sample * (local_b // max(1, m)) * in_flight
 

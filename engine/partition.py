@@ -13,7 +13,7 @@ from functools import lru_cache
 from engine.compile import CompileResult
 from engine.cost import FLOAT_BYTES, DeviceSpec
 from engine.project import Placement
-from engine.runtime.plan import LOOPED
+from engine.runtime.plan import LOOPED, MULTI_STAGE, V_SHAPED
 
 
 ELEMENTWISE = {"ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Dropout", "Identity"}  # run on any shard as they are
@@ -190,7 +190,7 @@ def microbatches_for(placement: Placement, batch_size: int) -> int:
         return 1
     if placement.microbatches:
         return placement.microbatches
-    return auto_microbatches(batch_size, dp, pp, 2 * pp if placement.schedule in LOOPED else pp)
+    return auto_microbatches(batch_size, dp, pp, 2 * pp if placement.schedule in MULTI_STAGE else pp)
 
 
 def cut_stages(compiled: CompileResult, placement: Placement, microbatches: int, batch_size: int, device: DeviceSpec,
@@ -215,6 +215,16 @@ def cut_stages(compiled: CompileResult, placement: Placement, microbatches: int,
             errors.append(f"placement.schedule {sched} runs several stages per rank: the number of stages "
                           f"must be a multiple of pp={pp} and at least {2 * pp}, but it is {n_stages}; number the "
                           f"nodes' stages 0..{2 * pp - 1} (2 per rank) or choose 1f1b")
+    if pp > 1 and sched in V_SHAPED:  # exactly two stages per rank, in a V
+        n_stages = len(stages) if stages is not None else (max(given.values()) + 1 if given else 2 * pp)
+        if n_stages != 2 * pp:
+            errors.append(f"placement.schedule {sched} runs two stages per rank in a V (rank r holds stages r and "
+                          f"{2 * pp - 1}-r): it needs exactly {2 * pp} stages for pp={pp}, but there are {n_stages}; "
+                          f"number the nodes' stages 0..{2 * pp - 1} or choose 1f1b")
+        if m < 2 * pp:
+            errors.append(f"placement.schedule {sched} with pp={pp} needs at least {2 * pp} micro-batches (one per "
+                          f"stage), but microbatches is {m}; set placement.microbatches to {2 * pp} or more")
+    if pp > 1 and sched in LOOPED:
         rounds = max(1, m // pp)
         if m % rounds:
             errors.append(f"placement.schedule {sched} with pp={pp} needs microbatches divisible by "

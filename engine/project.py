@@ -232,8 +232,9 @@ class Placement(_Strict):
     reshard_after_forward: bool = True  # FSDP2: free gathered params after forward
     # None: as the planner chooses (at least one per pipeline stage, dividing the batch)
     microbatches: int | None = Field(None, ge=1, le=MAX_PROCESSES)
-    # interleavedzb: interleaved zero bubble (ZB1P; the weight gradient fills the bubble)
-    schedule: Literal["gpipe", "1f1b", "interleaved1f1b", "interleavedzb"] = "1f1b"
+    # interleavedzb: interleaved zero bubble (ZB1P; the weight gradient fills the bubble);
+    # zbv, dualpipev: V-shaped, two stages per rank (rank r holds stages r and 2pp-1-r)
+    schedule: Literal["gpipe", "1f1b", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev"] = "1f1b"
     # float8: torchao's float8 training (GPUs of compute capability 8.9+; refused elsewhere with the reason)
     mixed_precision: Literal["none", "bf16", "float8"] = "none"
     sync_batchnorm: bool = False

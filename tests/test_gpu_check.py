@@ -67,7 +67,7 @@ def test_the_cpu_smoke_runs_every_one_device_check_and_writes_its_table(tmp_path
             assert "emulated on the CPU" in line, line
         else:
             assert "refused: placement.mixed_precision float8: cpu has no float8 matmul" in line, line
-    for s in ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb"):
+    for s in ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev"):
         cells = var[("schedule", s)][37:].split()
         assert float(cells[1]) > 0 and float(cells[3]) < 1e-3  # ms/step; the losses are one process's
     assert "pipeline schedules at pp=2 (CPU, gloo)" in table

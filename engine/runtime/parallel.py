@@ -37,7 +37,7 @@ from . import dist_checkpoint
 from .data import forward, rows, to_device
 from .folder import save_tensors, write_failure
 from .loop import fit
-from .plan import Layout, RunPlan, TPEntry, rank_stages
+from .plan import V_SHAPED, Layout, RunPlan, TPEntry, rank_stages, stage_rank
 from .records import RankError, RunStatus
 from .spec import RunSpec
 from .stages import apply_checkpointing, build_stage_module, even_stages, top_blocks
@@ -201,17 +201,45 @@ def local_stages(plan: RunPlan, pp_rank: int) -> list[int]:
     return rank_stages(plan.schedule, plan.pp, len(plan.stages), pp_rank)
 
 
+MULTI_SCHEDULES = {"interleaved1f1b": "ScheduleInterleaved1F1B", "interleavedzb": "ScheduleInterleavedZeroBubble",
+                   "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+
+
 def make_schedule(name: str, stages: list, n_stages: int, pp: int, m: int, loss_fn):
     """torch.distributed.pipelining's schedule of that name over this rank's stages."""
     from torch.distributed import pipelining as pl
 
-    multi = {"interleaved1f1b": pl.ScheduleInterleaved1F1B, "interleavedzb": pl.ScheduleInterleavedZeroBubble}
-    if name in multi:
-        return multi[name](stages, m, loss_fn=loss_fn)
+    if name in V_SHAPED and n_stages != 2 * pp:
+        raise ValueError(f"the plan has {n_stages} stages for pp={pp}; schedule {name} runs exactly two per rank "
+                         f"({2 * pp} stages)")
+    if name in MULTI_SCHEDULES:
+        return getattr(pl, MULTI_SCHEDULES[name])(stages, m, loss_fn=loss_fn)
     if n_stages != pp:
         raise ValueError(f"the plan has {n_stages} stages for pp={pp}; one stage per rank needs schedule gpipe or "
-                         f"1f1b, several need {', '.join(multi)}")
+                         f"1f1b, several need {', '.join(MULTI_SCHEDULES)}")
     return (pl.ScheduleGPipe if name == "gpipe" else pl.Schedule1F1B)(stages[0], m, loss_fn=loss_fn)
+
+
+def forward_only_schedule(name: str, stages: list, n_stages: int, pp: int, m: int):
+    """A forward-only schedule over the same stages, for evaluation, where the schedule's own
+    eval() cannot run: torch 2.13's V-shaped schedules (ZBV, DualPipeV) keep their backward
+    actions in eval() and fail on them. Every rank runs its stages in order, all m micro-batches
+    each (GPipe's forward), lowered with torch's own pass that adds the sends and receives.
+    Uses the schedule runtime's internals (_PipelineScheduleRuntime, _Action): torch has no
+    public way to give a schedule its own action list without its backward."""
+    from torch.distributed.pipelining import schedules as S
+
+    ev = S._PipelineScheduleRuntime(stages, m)  # (its constructor gives the stages a looped mapping)
+    mapping = {s: stage_rank(name, pp, s) for s in range(n_stages)}
+    ev.stage_index_to_group_rank = mapping
+    for st in stages:
+        st.stage_index_to_group_rank = mapping
+    fwd = S._ComputationType.FORWARD
+    actions = {r: S._add_unshard_reshard([S._Action(s, fwd, k) for s in rank_stages(name, pp, n_stages, r)
+                                          for k in range(m)]) for r in range(pp)}
+    ev.pipeline_order_with_comms = S._add_send_recv(actions, stage_to_rank=mapping.__getitem__,
+                                                    num_stages=n_stages)
+    return ev
 
 
 def parallelize(full: nn.Module, plan: RunPlan, mesh: DeviceMesh, device: torch.device,
@@ -346,7 +374,7 @@ class ParallelTrainer(BaseTrainer):
                                self.parts, plan.schedule) if dims.pp > 1 else TiedWeights()
         self.state_model = by_node_id(self.parts) if dims.pp > 1 or plan.checkpoint else self.model
         self.init_optimizer()
-        self.schedule = None
+        self.schedule = self.eval_schedule = None
         n_stages = len(plan.stages) if dims.pp > 1 else 1
         self.is_first = 0 in self.stage_ids  # holds stage 0 (it reads the inputs)
         self.is_last = n_stages - 1 in self.stage_ids  # holds the last stage (the loss)
@@ -357,6 +385,8 @@ class ParallelTrainer(BaseTrainer):
             stages = [PipelineStage(part, i, n_stages, device, group=group) for part, i in zip(self.parts, self.stage_ids)]
             loss_fn = lambda out, y: compute_loss(self.loss_kind, out, y, self.loss_options)  # noqa: E731
             self.schedule = make_schedule(plan.schedule, stages, n_stages, dims.pp, m, loss_fn)
+            if plan.schedule in V_SHAPED:
+                self.eval_schedule = forward_only_schedule(plan.schedule, stages, n_stages, dims.pp, m)
         self.microbatches = m
         self._shapes_known = False  # see infer_stage_shapes
         # bf16 (and float8, whose unconverted layers run in bf16): FSDP2 casts through its
@@ -469,6 +499,8 @@ class ParallelTrainer(BaseTrainer):
             x, y = to_device(x, self.device), y.to(self.device)
             if self.schedule is None:
                 out = forward(self.model, x)
+            elif self.eval_schedule is not None:  # (forward only: no loss, no targets)
+                out = self.eval_schedule.step(*((x,) if self.is_first else ()))
             else:  # the last stage computes the schedule's loss too, so it needs targets
                 args = (x,) if self.is_first else ()
                 out = self.schedule.eval(*args, target=y if self.is_last else None)
@@ -476,11 +508,25 @@ class ParallelTrainer(BaseTrainer):
             if out is not None and (self.schedule is None or self.is_last):
                 sums = [a + b for a, b in zip(sums, eval_sums(self.loss_kind, out[:k], y, self.loss_options))]
         self.model.train()
+        if self.schedule is not None:
+            self.after_pipeline_eval()
         # every replica evaluated the whole set: take one replica's numbers
         mine = self.is_last and self.tp_rank == 0 and self.dp_rank == 0
         t = torch.tensor(sums if mine else [0.0] * 5, dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
         return self.eval_record(t.tolist())
+
+    def after_pipeline_eval(self) -> None:
+        """Evaluation set the stages up for forward only (receive buffers without gradients):
+        the training schedule sets them up again at its next step, which runs every stage
+        once in training mode; the next step therefore goes through infer_stage_shapes,
+        which undoes what that run changes (BatchNorm statistics, random streams). A separate
+        forward-only schedule shares the stages without knowing of the other's set-up, so
+        both forget theirs (their private flags: torch has no public reset)."""
+        self._shapes_known = False
+        if self.eval_schedule is not None:
+            for sched in (self.schedule, self.eval_schedule):
+                sched._stages_forward_initialized = sched._stages_backward_initialized = False
 
     def peak_mem_per_rank(self) -> list[float]:
         t = torch.zeros(dist.get_world_size(), dtype=torch.float64, device=self.device)

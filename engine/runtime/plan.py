@@ -13,18 +13,24 @@ from dataclasses import dataclass, field, fields
 
 PLAN_VERSION = 1  # run.json's plan.version; a newer one is refused with the version it needs
 TP_STYLES = ("replicate", "colwise", "rowwise", "sequence")  # engine/graph.py's node.tp takes these too
-SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb")
+SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev")
 # float8: torchao's float8 training of the Linear layers (GPUs of compute capability 8.9+)
 MIXED_PRECISION = ("none", "bf16", "float8")
-# several stages per pipeline rank, looped: stage s on rank s % pp. (torch 2.13's V-shaped
-# schedules, ZBV and DualPipeV, fail here: in evaluation, and DualPipeV in backward.)
+# several stages per pipeline rank, looped: stage s on rank s % pp
 LOOPED = ("interleaved1f1b", "interleavedzb")
-ZERO_BUBBLE = ("interleavedzb",)  # the weight gradient is split from the input's and fills the bubble
+# two stages per pipeline rank in a V: rank r runs stages r and 2pp-1-r, so the first and
+# the last stage share rank 0 (torch's ScheduleZBVZeroBubble and ScheduleDualPipeV)
+V_SHAPED = ("zbv", "dualpipev")
+MULTI_STAGE = LOOPED + V_SHAPED  # schedules that run more than one stage per rank
+# the weight gradient is split from the input's and fills the bubble
+ZERO_BUBBLE = ("interleavedzb", "zbv", "dualpipev")
 
 
 def stage_rank(schedule: str, pp: int, s: int) -> int:
-    """The pipeline rank that runs stage s (schedule: for the stage layouts to come; every
-    schedule here loops)."""
+    """The pipeline rank that runs stage s: looped (s % pp) or, for a V-shaped schedule,
+    down the ranks and back up (stage s < pp on rank s, stage s >= pp on rank 2pp-1-s)."""
+    if schedule in V_SHAPED and s >= pp:
+        return 2 * pp - 1 - s
     return s % pp
 
 

@@ -57,7 +57,12 @@ LAYOUTS_2 = {
     "pp_interleaved": ("resnet_synthetic", {"pp": 2, "schedule": "interleaved1f1b", "microbatches": 4}, RESNET_4, None),
     # interleaved zero bubble (the weight gradient split from the input's and run in the bubble)
     "pp_interleaved_zb": ("resnet_synthetic", {"pp": 2, "schedule": "interleavedzb", "microbatches": 4}, RESNET_4, None),
+    # V-shaped: rank 0 runs stages 0 and 3 (the first and the last), rank 1 stages 1 and 2;
+    # evaluated every 5 steps (a forward-only schedule of their own), training on after each
+    "pp_zbv": ("resnet_synthetic+eval5", {"pp": 2, "schedule": "zbv", "microbatches": 4}, RESNET_4, None),
+    "pp_dualpipev": ("resnet_synthetic+eval5", {"pp": 2, "schedule": "dualpipev", "microbatches": 4}, RESNET_4, None),
 }
+EVAL5 = ("pp_zbv", "pp_dualpipev")
 # recorded every 4 steps (the hot path: losses summed on the device, one collective per record)
 LOG4 = {"pp_clip_log4": ("resnet_synthetic+clip+log4", {"pp": 2, "microbatches": 2}, RESNET_2, None)}
 BF16 = {"fsdp_bf16": ("mlp_digits", {"dp": 2, "data_parallel": "fsdp", "mixed_precision": "bf16"}, None, None),
@@ -79,13 +84,14 @@ MLP_PP = [["fc1", "act1"], ["fc2", "act2", "head"]]
 
 def _project(example: str):
     """An example; "NAME+clip" adds gradient clipping tight enough to act on every step,
-    "+log4" records the loss every 4 steps (else every step, to compare step by step)."""
+    "+log4" records the loss every 4 steps (else every step, to compare step by step),
+    "+eval5" evaluates every 5 steps (else at the end)."""
     example, *flags = example.split("+")
     p = load_project(EXAMPLES / f"{example}.lflow")
     if "clip" in flags:
         p.training.grad_clip = 0.05
     p.training.checkpoint_interval = 10
-    p.training.eval_interval = STEPS
+    p.training.eval_interval = 5 if "eval5" in flags else STEPS
     p.training.log_interval = 4 if "log4" in flags else 1
     return p
 
@@ -157,10 +163,11 @@ def _launch_all(tmp_path_factory):
 
     refs = {}
     for example in ("mlp_digits", "resnet_synthetic", "transformer_synthetic", "mlp_digits+clip",
-                    "resnet_synthetic+clip"):
+                    "resnet_synthetic+clip", "resnet_synthetic+eval5"):
         d = prepare_run(_project(example), tmp / f"ref_{example.replace('+', '_')}", steps=STEPS)
         run(d)
         refs[example] = losses(d)
+        refs.setdefault("eval_dirs", {})[example] = str(d)
     out = {}
     jobs2 = []
     for name, layout in {**LAYOUTS_2, **BF16, **LOG4}.items():
@@ -216,6 +223,27 @@ def test_losses_match_single_process(runs, name):
         assert got[step] == pytest.approx(want[step], rel=RTOL), f"{name} step {step}"
     assert json.loads((run_dir / "status.json").read_text())["state"] == "succeeded"
     assert (run_dir / "model.pt").exists()
+
+
+def _evals(run_dir: Path) -> dict[int, dict]:
+    recs = (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
+    return {r["step"]: r for r in recs if "val_loss" in r}
+
+
+@pytest.mark.parametrize("name", EVAL5)
+def test_pipeline_evaluates_as_one_process_does(runs, name):
+    """Evaluation every 5 steps through the pipeline (the V-shaped schedules' own
+    forward-only schedule) gives the single process's validation metrics, and training
+    after each evaluation goes on as it would have (test_losses_match_single_process)."""
+    refs, out, _ = runs
+    example, run_dir, _ = out[name]
+    want = _evals(Path(refs["eval_dirs"][example]))
+    got = _evals(run_dir)
+    assert sorted(got) == sorted(want) == [5, 10, 15, 20]
+    for step, rec in want.items():
+        for key in ("val_loss", "val_acc"):
+            if key in rec:
+                assert got[step][key] == pytest.approx(rec[key], rel=RTOL), f"{name} step {step} {key}"
 
 
 @pytest.mark.parametrize("name", list(LOG4))

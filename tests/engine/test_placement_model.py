@@ -10,8 +10,8 @@ from engine.project import MAX_PROCESSES, Placement, PlacementError, ProjectErro
 def test_derive_validates_and_names_the_field_and_the_limit():
     p = Placement()
     assert p.derive(dp=4, tp=2).world == 8 and p.world == 1  # a copy; the original is left alone
-    with pytest.raises(PlacementError, match=r"^placement\.schedule: must be 'gpipe', '1f1b', 'interleaved1f1b' or "
-                                             r"'interleavedzb', not 'nonsense'$") as exc:
+    with pytest.raises(PlacementError, match=r"^placement\.schedule: must be 'gpipe', '1f1b', 'interleaved1f1b', "
+                                             r"'interleavedzb', 'zbv' or 'dualpipev', not 'nonsense'$") as exc:
         p.derive(schedule="nonsense")
     assert exc.value.field == "placement.schedule"
     with pytest.raises(PlacementError, match=rf"^placement\.dp: must be less than or equal to {MAX_PROCESSES}, "
@@ -57,7 +57,7 @@ def test_model_copy_with_update_validates_too():
 
 def test_bounds_and_choices_come_from_the_fields():
     assert Placement.bounds("pp") == (1, MAX_PROCESSES) and Placement.bounds("microbatches") == (1, MAX_PROCESSES)
-    assert Placement.choices("schedule") == ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb")
+    assert Placement.choices("schedule") == ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev")
     assert Placement.choices("data_parallel") == ("ddp", "fsdp")
 
 

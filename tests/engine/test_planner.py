@@ -161,6 +161,33 @@ def test_interleaved_zero_bubble_leaves_a_third_of_the_bubble():
     assert zb.predicted.peak_bytes_max <= one.predicted.peak_bytes_max  # at most 1F1B's micro-batches in flight
 
 
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_v_shaped_schedules_put_first_and_last_stage_on_rank_0(schedule):
+    """ZB-V and DualPipeV: two stages per rank in a V (rank r holds r and 2p-1-r), no bubble
+    left with 2p micro-batches or more (the papers' balanced case), 1F1B's activations in
+    flight (DualPipeV one micro-batch more); fewer stages or micro-batches are refused
+    with the number to set."""
+    place = {"pp": 2, "microbatches": 4, "schedule": schedule}
+    v = make_plan(proj("resnet_synthetic"), 2, placement=place)
+    assert v.ok, v.errors
+    assert [d["stages"] for d in v.doc["devices"]] == [[0, 3], [1, 2]] and v.doc["stages_per_rank"] == 2
+    assert v.doc["bubble_fraction"] == 0.0
+    loop = make_plan(proj("resnet_synthetic"), 2, placement={**place, "schedule": "interleaved1f1b"})
+    assert v.predicted.compute_s < loop.predicted.compute_s
+    zb = make_plan(proj("resnet_synthetic"), 2, placement={**place, "schedule": "interleavedzb"})
+    acts = [d.memory.activations_bytes for d in v.devices]
+    if schedule == "zbv":  # p micro-batches of every stage, as ZB-H1 holds
+        assert sum(acts) == sum(d.memory.activations_bytes for d in zb.devices)
+    else:
+        assert sum(acts) > sum(d.memory.activations_bytes for d in zb.devices)
+    one_error(make_plan(proj("resnet_synthetic"), 2, placement={**place, "microbatches": 2}),
+              f"placement.schedule {schedule} with pp=2 needs at least 4 micro-batches", "set placement.microbatches to 4")
+    cut3 = [["stem", "stem_act", "b1_conv1", "b1_act1"], ["b1_conv2", "b1_add", "b1_act2", "b2_conv1", "b2_act1"],
+            ["b2_conv2", "b2_add", "b2_act2", "gap", "flat", "head"]]
+    three = make_plan(proj("resnet_synthetic"), 2, placement=place, stages=cut3)
+    assert any("exactly 4 stages for pp=2, but there are 3" in e for e in three.errors), three.errors
+
+
 # ----- batch-dependent layers -------------------------------------------------------
 def test_batchnorm_and_dropout_warnings_offer_the_fix():
     p = proj("cnn_digits")  # has BatchNorm2d bn1, batch 64
