@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -107,10 +108,36 @@ class _ClusterHandle:
 
     def poll(self) -> bool:
         self.record = self.tracker.poll()
+        self.sync()
         return self.record.done
+
+    def sync(self) -> None:
+        """The job's mirror (metrics, status, rank logs and system samples, as the tracker
+        streams them) into the local run folder, so the runs table, `runs` and the dashboard
+        read a cluster run as they read a local one: appended files grow by what is new,
+        status.json is replaced when it changed."""
+        from engine.files import atomic_write
+
+        src = self.db.mirror_dir(self.job_id)
+        for p in [src / "metrics.jsonl", src / "status.json", *sorted((src / "logs").glob("*"))]:
+            if not p.is_file():
+                continue
+            dst = self.run_dir / p.relative_to(src)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if p.name == "status.json":
+                data = p.read_bytes()
+                if not dst.exists() or dst.read_bytes() != data:
+                    atomic_write(dst, data)
+                continue
+            have = dst.stat().st_size if dst.exists() else 0
+            if p.stat().st_size > have:
+                with open(p, "rb") as f, open(dst, "ab") as out:
+                    f.seek(have)
+                    shutil.copyfileobj(f, out)
 
     def request_stop(self, grace: float) -> None:
         self.record = self.tracker.cancel(grace)
+        self.sync()
 
     def kill(self) -> None:
         self.request_stop(0)
