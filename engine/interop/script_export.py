@@ -583,8 +583,9 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
         NOTES"""''').replace("NOTES", notes)  # after dedent: notes start at column 0
     stages = pl.pop("stages", None)
     if pl["pp"] > 1 and pl["schedule"] not in ("gpipe", "1f1b"):
-        raise InteropError(f"placement.schedule '{pl['schedule']}' needs several stages per rank; the script "
-                           "(like the runtime) builds gpipe or 1f1b")
+        raise InteropError(f"placement.schedule '{pl['schedule']}' runs several stages per rank; the exported "
+                           "script builds one stage per rank (gpipe or 1f1b): set placement.schedule to one of them "
+                           "to export (Layerflow's runtime runs every schedule)")
     if pl["dp"] < 2 and pl["pp"] == 1 and pl["tp"] == 1:  # a single-device plan: still runnable under torchrun as dp=WORLD_SIZE
         plan_line = f'PLAN = {dict(pl, dp=0)!r}\nPLAN["dp"] = int(os.environ.get("WORLD_SIZE", "1"))'
     else:
