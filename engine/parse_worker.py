@@ -126,13 +126,17 @@ class ParseWorker:
         """Chunks submitted whose results have not been taken."""
         return len(self._sent) + len(self._done)
 
-    def ready(self, timeout: float = 0.0) -> list[tuple[object, tuple]]:
+    def ready(self, timeout: float = 0.0, budget_s: float | None = None) -> list[tuple[object, tuple]]:
         """Results ready now (waiting up to `timeout` seconds for the first), oldest first:
-        (tag, (table or None, records)). A process that has not answered the oldest
-        chunk in STUCK_S seconds is given up (see _give_up)."""
+        (tag, (table or None, records)); with `budget_s`, no more once that long was spent
+        taking them (the rest stay in the pipe for the next call). A process that has not
+        answered the oldest chunk in STUCK_S seconds is given up (see _give_up)."""
         out = []
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
         while self._sent and not self._failed:
+            if out and budget_s is not None and time.monotonic() - start > budget_s:
+                return out
             tag, _, result, stuck_at = self._sent[0]
             if result is None:
                 try:
@@ -192,8 +196,14 @@ class ParseWorker:
 
 def serve(inp: Connection, out: Connection) -> None:
     """The process: a thread reads requests as they come (so the GUI's writes never
-    wait on a parse), this one parses them in order and answers."""
+    wait on a parse), this one parses them in order, and a third writes the answers.
+    An answer larger than the pipe (10,000 records are 560 kB of columns; a pipe holds
+    64 kB) is written only as the GUI reads it, at its next timer tick: parsing
+    and answering in one thread parsed one chunk a tick (50 runs opened together took
+    5 s to arrive, where their parse takes 1); with the writer apart, the parse runs
+    ahead and a tick takes every answer ready."""
     requests: queue.Queue = queue.Queue()
+    answers: queue.Queue = queue.Queue()
 
     def read():
         try:
@@ -202,12 +212,22 @@ def serve(inp: Connection, out: Connection) -> None:
         except (EOFError, OSError):
             requests.put(None)
 
-    threading.Thread(target=read, daemon=True).start()
-    while (msg := requests.get()) is not None:  # the bytes of one chunk
+    def write():
         try:
-            out.send_bytes(pickle.dumps(_parse(msg), protocol=pickle.HIGHEST_PROTOCOL))
+            while (blob := answers.get()) is not None:
+                out.send_bytes(blob)
         except OSError:  # the app is gone
+            pass
+
+    threading.Thread(target=read, daemon=True).start()
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    while (msg := requests.get()) is not None:  # the bytes of one chunk
+        answers.put(pickle.dumps(_parse(msg), protocol=pickle.HIGHEST_PROTOCOL))
+        if not writer.is_alive():  # the app is gone
             return
+    answers.put(None)
+    writer.join()
 
 
 if __name__ == "__main__":

@@ -140,6 +140,35 @@ def test_overlay_two_runs_show_hide_and_crosshair(dash, tmp_path):
     assert dash.run_keys() == ["runs/b"] and ca.scene() is None
 
 
+def test_many_runs_drop_the_legends_and_markers_and_get_them_back(dash, tmp_path):
+    """More runs than LEGEND_RUNS: the legends go (the run list names the runs), curves
+    are 1 pixel wide, validation curves without markers; back at LEGEND_RUNS runs the
+    legends return with an entry for every curve, made while they were off too."""
+    n = dash.LEGEND_RUNS + 2
+    recs = read_metrics(write_metrics(tmp_path / "m.jsonl"))
+    for i in range(n):
+        dash.set_records(f"runs/r{i}", recs, label=f"r{i}")
+    loss = dash.plots["loss"].getPlotItem()
+    assert not dash.legends_shown() and not dash.legend_check.isChecked() and not loss.legend.isVisible()
+    assert len(loss.legend.items) == 2 * dash.LEGEND_RUNS  # (train and val) of the runs before the crowd only
+    last = f"runs/r{n - 1}"
+    assert dash.curve(last, "loss").opts["pen"].widthF() == 1
+    assert dash.curve(last, "val_loss").opts["symbol"] is None
+    assert dash.run_list.count() == n
+    few = f"runs/r{0}"  # made before the crowd: as one run's are
+    assert dash.curve(few, "loss").opts["pen"].widthF() == 2 and dash.curve(few, "val_loss").opts["symbol"] == "o"
+    dash.remove_run(last)
+    assert not dash.legends_shown()  # LEGEND_RUNS + 1 still
+    dash.remove_run(f"runs/r{n - 2}")
+    assert dash.legends_shown()
+    names = [lb.full for _, lb in loss.legend.items]
+    assert len(names) == 2 * dash.LEGEND_RUNS and "r0: train" in names and f"r{n - 3}: val" in names, names
+    dash.set_legends_shown(False)  # the user's choice stays when runs come and go
+    dash.set_records("runs/extra", recs, label="extra")
+    dash.remove_run("runs/extra")
+    assert not dash.legends_shown()
+
+
 @pytest.mark.parametrize("kept", ["dicts", "lines"])
 def test_csv_export_equals_metrics_jsonl(dash, tmp_path, kept):
     path = write_metrics(tmp_path / "metrics.jsonl", n=25)

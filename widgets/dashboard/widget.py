@@ -25,6 +25,7 @@ and as a dashed line on the throughput plot, never as a step time.
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -76,7 +77,12 @@ class Dashboard(QtWidgets.QWidget):
     """Plots of one or more runs' metrics, updated live."""
 
     UPDATE_MS = 100  # 10 updates a second
-    NEW_CURVES_PER_TICK = 1
+    NEW_CURVES_PER_TICK = 1  # at least, a tick; more while NEW_CURVE_BUDGET_S lasts
+    NEW_CURVE_BUDGET_S = 0.02
+    # More runs than this and the legends go (the run list beside the plots names the runs
+    # and their colours): 50 runs made 50 entries a plot, each costing its curve 4 ms more
+    # to make, and unreadable. They come back once there are this many again.
+    LEGEND_RUNS = 8
     RANGE_MOVES_PER_TICK = 1  # y ranges (see _fit): each laid out again costs a repaint 1.7 ms
     COLUMNS = 4  # at most: 6 plots and the confusion matrix in two rows
     # Each plot at least this big (pixels): the columns follow the width (4 down to 1),
@@ -89,6 +95,7 @@ class Dashboard(QtWidgets.QWidget):
     def __init__(self, parent=None, smoothing: float = 0.0):
         super().__init__(parent)
         self._runs: dict[str, Run] = {}
+        self._legends_auto_off = False  # the legends were hidden by add_run (LEGEND_RUNS), not the user
         self._x_mode = "step"
         self._smoothing = 0.0
         self._log_y = False
@@ -334,10 +341,19 @@ class Dashboard(QtWidgets.QWidget):
         if self.legend_check.isChecked() != shown:
             self.legend_check.setChecked(shown)  # (calls back here)
             return
+        self._legends_auto_off = False  # (add_run sets it again when it was the one hiding them)
+        if shown:  # curves made while the legends were off get their entries now
+            for run in self._runs.values():
+                for sr in run.series.values():
+                    if sr.curve is not None and not getattr(sr.curve, "in_legend", False):
+                        self._legend_entry(self._pw(sr.spec.plot).getPlotItem(), sr.curve, run, sr.spec, fit=False)
         for pw in self._all_plots().values():
             pi = pw.getPlotItem()
             pi.legend_shown = shown
             fit_legend(pi)
+
+    def legends_shown(self) -> bool:
+        return self.legend_check.isChecked()
 
     # ----- runs -----------------------------------------------------------------
     def run_keys(self) -> list[str]:
@@ -361,6 +377,9 @@ class Dashboard(QtWidgets.QWidget):
         item.setIcon(QtGui.QIcon(pix))
         self.run_list.addItem(item)
         self._relabel()
+        if len(self._runs) > self.LEGEND_RUNS and self.legends_shown():
+            self.set_legends_shown(False)
+            self._legends_auto_off = True
 
     def run_label(self, key: str) -> str:
         """What the plots call a run: with several, the shortest tail of its name that tells
@@ -416,6 +435,8 @@ class Dashboard(QtWidgets.QWidget):
                 break
         self._relabel()
         self._compile_text()
+        if self._legends_auto_off and len(self._runs) <= self.LEGEND_RUNS:
+            self.set_legends_shown(True)
         self._fit(self._all_plots())
 
     def clear(self) -> None:
@@ -470,11 +491,15 @@ class Dashboard(QtWidgets.QWidget):
         run.in_flight += 1
         self._parser.submit(run, data)
 
+    TAKE_BUDGET_S = 0.015  # a tick takes the parse process's answers for this long at most
+
     def _take_parsed(self, timeout: float = 0.0) -> None:
         """Plot what the parse process has answered (the timer calls this, shown or not:
-        the answers wait in a pipe); `timeout`: wait for the first that long."""
+        the answers wait in a pipe); `timeout`: wait for the first that long. At most
+        TAKE_BUDGET_S of answers a call: 50 runs opened at once arrive over a few ticks
+        instead of holding one for 80 ms."""
         if self._parser is not None and self._parser.pending():
-            self._apply(self._parser.ready(timeout))
+            self._apply(self._parser.ready(timeout, self.TAKE_BUDGET_S))
 
     def wait_parsed(self, timeout: float = 30.0) -> None:
         """Plot everything given to append_data so far (for tests and exports: the
@@ -643,6 +668,13 @@ class Dashboard(QtWidgets.QWidget):
         follows (setXLink)."""
         return self._follow or self.plots[PLOTS[0].id].getPlotItem().vb.autoRangeEnabled()[0]
 
+    def _crowded(self) -> bool:
+        """More runs than LEGEND_RUNS overlaid: their curves are made 1 pixel wide, validation
+        curves without markers, envelopes of one segment a pixel column. 50 runs' curves
+        repainted took 38 ms an update here (2-pixel lines drawn as two, a marker item per
+        validation curve); a plot of 50 curves shows no more with them."""
+        return len(self._runs) > self.LEGEND_RUNS
+
     def _envelope(self, s: Series, geometry: dict, shapes: dict) -> tuple | None:
         """What the series shows while the plots follow their data (the live case)
         and it has two values per pixel or more: its envelope (`envelope_parts`) in
@@ -668,7 +700,8 @@ class Dashboard(QtWidgets.QWidget):
                                      (y1 - y0) / max(vb.height() * dpr, 1.0), self._log_y and plot_id in LOG_PLOTS)
         columns, px, py, log = g
         width = s.pen.widthF()
-        parts = envelope_parts(*self._buffers(s), int(columns * 2 / max(width, 1.0)), shapes)
+        per_px = 1 if self._crowded() else 2  # (many runs overlaid: one segment a pixel column is plenty)
+        parts = envelope_parts(*self._buffers(s), int(columns * per_px / max(width, 1.0)), shapes)
         if parts is None:
             return None
         x0, y0, x1, y1 = parts
@@ -700,13 +733,14 @@ class Dashboard(QtWidgets.QWidget):
         spec = s.spec
         style = Qt.DashLine if spec.eval else RANK_STYLES[spec.rank % len(RANK_STYLES)]
         per_rank = PER_RANK.match(spec.key) is not None and spec.plot != "step_time"  # beside the run's own curve
-        pen = pg.mkPen(run.color, width=1 if per_rank else 2 if not spec.eval else 1.5, style=style)
+        crowded = self._crowded()  # many runs overlaid: thin lines, no markers (each costs its repaint)
+        pen = pg.mkPen(run.color, width=1 if per_rank or crowded else 2 if not spec.eval else 1.5, style=style)
         kw = {}
-        if spec.eval:
+        if spec.eval and not crowded:
             kw = {"symbol": "o", "symbolSize": 5, "symbolBrush": run.color, "symbolPen": None}
-        name = self._series_name(run, spec)
-        # Only finite values reach the buffers, so pyqtgraph may skip its own scan.
-        curve = pg.PlotDataItem(pen=pen, name=name, skipFiniteCheck=True, **kw)
+        # Only finite values reach the buffers, so pyqtgraph may skip its own scan. (No name:
+        # its legend entry is _legend_entry's, made only while the legends are shown.)
+        curve = pg.PlotDataItem(pen=pen, skipFiniteCheck=True, **kw)
         curve.run, curve.series = run, s  # its legend entry follows the run's label (_relabel)
         curve.legend_pen = s.pen = pen  # the legend shows it whichever item draws (LegendSample)
         s.thin_pen = None
@@ -719,15 +753,22 @@ class Dashboard(QtWidgets.QWidget):
         curve.setVisible(run.visible)
         pi = self._pw(spec.plot).getPlotItem()
         pi.addItem(curve)
-        if pi.legend is not None:
-            cache_painting(pi.legend)  # its new entry
-            sample = next((smp for smp, _ in pi.legend.items if smp.item is curve), None)
-            if sample is not None:  # a cached sample shows the curve hidden or not: repaint it then
-                curve.visibleChanged.connect(sample.update)
-                label = next(lb for smp, lb in pi.legend.items if smp is sample)
-                label.setToolTip(f"{run.label}: {spec.label}")
-            fit_legend(pi)
+        if self.legends_shown():
+            self._legend_entry(pi, curve, run, spec)
         return curve
+
+    def _legend_entry(self, pi: pg.PlotItem, curve: pg.PlotDataItem, run: Run, spec, fit: bool = True) -> None:
+        """The curve's entry in its plot's legend."""
+        if pi.legend is None:
+            return
+        pi.legend.addItem(curve, self._series_name(run, spec))
+        curve.in_legend = True
+        cache_painting(pi.legend)  # its new entry
+        sample, label = pi.legend.items[-1]
+        curve.visibleChanged.connect(sample.update)  # a cached sample shows the curve hidden or not
+        label.setToolTip(f"{run.label}: {spec.label}")
+        if fit:
+            fit_legend(pi)
 
     def _tick(self) -> None:
         """The timer: new points reach the curves while they can be seen; a hidden
@@ -744,10 +785,11 @@ class Dashboard(QtWidgets.QWidget):
     @QtCore.Slot()
     def flush(self, new_curves: int | None = None) -> None:
         """Push changed series to their curves (the timer calls this 10 times a second).
-        At most `new_curves` curves are made (default: all), the rest at the next call:
-        a new curve and its legend entry cost pyqtgraph about 6 ms here, so three runs
-        of five series appearing together would hold one update for 90 ms; one a tick
-        keeps the updates that make them near the others (all 15 shown within 1.5 s).
+        At least `new_curves` curves are made (default: all), more while NEW_CURVE_BUDGET_S
+        of the call lasts, the rest at the next call: a new curve and its legend entry cost
+        pyqtgraph about 6 ms here (2 ms without the entry), so three runs of five series
+        appearing together would hold one update for 90 ms, and 50 runs opened from the
+        runs table for 1.8 s; a few a tick keeps each update near the others.
         Called with `new_curves` (the timer), the y ranges move a few a call (see _fit),
         and a call that moves x does only that: moving x lays out the axes again and
         repaints them, and every envelope is rebuilt for it; the new points are drawn
@@ -763,6 +805,7 @@ class Dashboard(QtWidgets.QWidget):
             self._x_was_alone = True
             return  # the series stay dirty
         self._x_was_alone = False
+        t_start = time.perf_counter()
         live, geometry, shapes = self._live(), {}, {}
         for run in self._runs.values():
             for s in run.series.values():
@@ -770,7 +813,7 @@ class Dashboard(QtWidgets.QWidget):
                     continue
                 if s.curve is None:
                     if new_curves is not None:
-                        if new_curves <= 0:
+                        if new_curves <= 0 and time.perf_counter() - t_start > self.NEW_CURVE_BUDGET_S:
                             continue  # stays dirty: the next tick
                         new_curves -= 1
                     s.curve = self._make_curve(run, s)
