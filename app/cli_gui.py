@@ -64,7 +64,10 @@ def _start_path(path: str | None) -> str | None:
 
 def _run_window(project_path: str | None) -> int:
     app = _app()
+    from app import gc_guard
     from app.window import MainWindow
+
+    gc_guard.install(app)  # garbage collected from the event loop, at safe points
 
     path = _start_path(project_path)
     w = MainWindow()  # offers to recover a crashed session's work first

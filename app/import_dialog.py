@@ -182,7 +182,9 @@ class ImportJob:
         self.cancelled = threading.Event()
         self.started = time.monotonic()
         out = req.output
-        from engine.interop.common import weights_name
+        from engine.interop.common import settle_torch_trace, weights_name
+
+        settle_torch_trace()  # (on the GUI thread, before torch.export runs on the import's)
 
         # files this import would create (removed again when it is cancelled after writing them)
         self._new = [p for p in (out, out.parent / weights_name(out)) if not p.exists()]

@@ -35,6 +35,9 @@ class InteropUI(QObject):
     def __init__(self, window):
         super().__init__(window)
         self.window = window
+        from engine.interop.common import settle_torch_trace
+
+        settle_torch_trace()  # (before any export runs on the pool's thread)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="export")
         self._pending: list[tuple[concurrent.futures.Future, Callable]] = []
         self._timer = QTimer(self, interval=100, timeout=self._poll)

@@ -23,6 +23,22 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
+def _collect_garbage_between_tests():
+    """No automatic garbage collection during a test; a full one after it, once its
+    widgets are closed (this fixture is torn down after pytest-qt's). A collection that
+    started inside a Qt call deleted an earlier test's dead window there: a deadlock in
+    QObject::disconnect, or a segfault (app/gc_guard.py, which the app itself uses)."""
+    import gc
+
+    was = gc.isenabled()
+    gc.disable()
+    yield
+    gc.collect()
+    if was:
+        gc.enable()
+
+
+@pytest.fixture(autouse=True)
 def _no_question_blocks_the_suite(monkeypatch):
     """A main window closed by pytest-qt's teardown with unsaved changes asks
     'Save the changes?' in a modal box that nobody answers: the worker would hang

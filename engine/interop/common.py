@@ -46,6 +46,20 @@ class Imported:
         return compile_graph(self.project.graph).total_params
 
 
+def settle_torch_trace() -> None:
+    """Call on the GUI thread before torch.export or the ONNX exporter run on a worker thread.
+    torch installs its structured-trace handler (LazyTraceHandler) in every process; with
+    no trace directory (TORCH_TRACE unset) it removes itself at its first record, but until
+    then each structured record captures and symbolizes the caller's stack. The first
+    export of the process doing that on a worker thread while the GUI thread collected
+    garbage crashed the app (a segfault in the Model menu's ONNX export, tests/app/
+    test_run_model_ui.py, about one full test run in two). One record here, without the
+    stack, lets the handler go first; a set TORCH_TRACE keeps it (then tracing was asked for)."""
+    from torch._logging import trace_structured
+
+    trace_structured("layerflow_start", suppress_context=True, expect_trace_id=False)
+
+
 def weights_name(project_path: str | Path) -> str:
     """NAME.weights.pt beside NAME.lflow (relative, so the pair moves together)."""
     p = Path(project_path)

@@ -75,6 +75,34 @@ def outputs(project, state):
         return gm.eval()(torch.as_tensor(X)).numpy()
 
 
+def test_the_window_settles_torchs_trace_handler_before_exports_run_on_a_thread(tmp_path):
+    """With torch's lazy structured-trace handler still installed, the first export on the
+    worker thread captured and symbolized stacks there while the GUI thread collected
+    garbage: a segfault now and then. The window lets it go first (engine/interop/common.py).
+    In a process of its own: an earlier test here may have let it go already."""
+    import os
+    import subprocess
+    import sys
+
+    code = """if True:
+        from PySide6.QtWidgets import QApplication
+        from torch._logging._internal import trace_log
+        app = QApplication([])
+        lazy = lambda: [h for h in trace_log.handlers if type(h).__name__ == 'LazyTraceHandler']
+        assert lazy(), 'torch no longer installs it: this test and settle_torch_trace can go'
+        from app.settings import Settings
+        from app.window import MainWindow
+        from engine.project import Project
+        w = MainWindow(Project(), settings=Settings(%r), recover=False)
+        print('left', len(lazy()))
+    """ % str(tmp_path / "home")
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_TRACE"}
+    r = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "left 0"
+
+
 def test_model_menu_exports_the_runs_weights(qtbot, window, project_with_run, tmp_path, monkeypatch):
     import onnxruntime as ort
 
