@@ -88,16 +88,19 @@ class SweepPanel(QWidget):
 
 
 class RunsCompare(QWidget):
-    """The runs table above the parallel-coordinates plot."""
+    """The runs table beside the parallel-coordinates plot (the dock sits in the wide,
+    short bottom area: stacked, each had a strip of it)."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
         self.table = RunsTable()
         self.plot = ParallelCoords()
         self.refresh_button = QPushButton("Refresh")
-        split = QSplitter(Qt.Vertical)
+        split = QSplitter(Qt.Horizontal)
         split.addWidget(self.table)
         split.addWidget(self.plot)
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 2)
         lay = QVBoxLayout(self)
         top = QHBoxLayout()
         top.addWidget(self.refresh_button)
@@ -163,10 +166,18 @@ class SweepUI(QObject):
         self.dock.show()
         self.dock.raise_()
 
+    RUNS_TABLE_SHARE = 0.45  # of the window's height, at least, when the table is shown
+
     def show_runs(self) -> None:
+        """The Runs Table dock shown and raised, tall enough for its rows and the
+        parallel-coordinates plot (the bottom area is a strip under the canvas otherwise:
+        one row and a squashed plot)."""
         self.refresh_runs()
         self.runs_table_dock.show()
         self.runs_table_dock.raise_()
+        want = int(self.window.height() * self.RUNS_TABLE_SHARE)
+        if self.runs_table_dock.height() < want:
+            self.window.resizeDocks([self.runs_table_dock], [want], Qt.Vertical)
 
     def load(self, path: str | None = None) -> bool:
         if path is None:
