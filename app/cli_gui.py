@@ -72,6 +72,9 @@ def _run_window(project_path: str | None) -> int:
     path = _start_path(project_path)
     w = MainWindow()  # offers to recover a crashed session's work first
     w.show()
+    # the bottom area opens on Problems (raised before the window was shown, the last dock
+    # tabbed in, Changes, showed instead)
+    w.problems_dock.raise_()
     if path and not w.is_dirty():
         # as File > Open does: a file that cannot be read is a message in the window, and a
         # project that names its own code asks before that code runs
