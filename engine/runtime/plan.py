@@ -35,8 +35,12 @@ def stage_rank(schedule: str, pp: int, s: int) -> int:
 
 
 def rank_stages(schedule: str, pp: int, n_stages: int, r: int) -> list[int]:
-    """The stages pipeline rank r runs, in order."""
-    return [s for s in range(n_stages) if stage_rank(schedule, pp, s) == r]
+    """The stages pipeline rank r runs, in order: the s with stage_rank(s) == r, found
+    without looking at every stage (the planner asks it of each of pp ranks, and a
+    placement of 65,536 ranks must be answered, if only with an error)."""
+    if schedule in V_SHAPED:
+        return sorted(s for s in {r, 2 * pp - 1 - r} if 0 <= s < n_stages and stage_rank(schedule, pp, s) == r)
+    return list(range(r, n_stages, pp))
 
 
 class PlanError(ValueError):

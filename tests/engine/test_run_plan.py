@@ -57,3 +57,18 @@ def test_an_older_plan_without_a_version_still_reads():
            "predicted": {"step_s": 0.01}}
     plan = RunPlan.from_json(old)
     assert (plan.dp, plan.data_parallel, plan.version) == (2, "fsdp", 1)
+
+
+def test_each_rank_runs_the_stages_its_schedule_gives_it():
+    """rank_stages answers without scanning every stage, and agrees with stage_rank: looped
+    schedules put stage s on rank s % pp, the V-shaped ones go down the ranks and back up."""
+    from engine.runtime.plan import SCHEDULES, rank_stages, stage_rank
+
+    for schedule in SCHEDULES:
+        for pp in (1, 2, 3, 4):
+            for n in (pp, 2 * pp, 3 * pp):
+                for r in range(pp):
+                    assert rank_stages(schedule, pp, n, r) == [s for s in range(n) if stage_rank(schedule, pp, s) == r]
+    assert rank_stages("zbv", 4, 8, 0) == [0, 7] and rank_stages("zbv", 4, 8, 3) == [3, 4]
+    assert rank_stages("interleaved1f1b", 4, 8, 0) == [0, 4]
+    assert rank_stages("1f1b", 65_536, 65_536, 65_535) == [65_535]
