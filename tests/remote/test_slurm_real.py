@@ -302,3 +302,28 @@ def test_a_token_file_goes_up_once_to_the_login_node_and_slurm_trains_on_it(slur
             job = tr.follow(interval=0.5)
         assert job.state == "succeeded", job.error
         assert len(losses(Path(job.nodes[0].jobdir) / "run" / "metrics.jsonl")) == 20
+
+
+def test_a_sweep_submits_one_slurm_job_per_run_and_scancels_the_one_a_rule_stops(slurm_env, tmp_path, config_dir):
+    """A sweep on a Slurm cluster (remote/sweep_queue.py over deploy and the tracker): one
+    sbatch job per point, both followed to their ends; the point whose lr breaks the rule
+    is cancelled through Slurm (no job, no step, no process left), the other succeeds and
+    its mirrored metrics fill its row of the runs table."""
+    import layerflow as lf
+    from engine.runs import row_value
+
+    add_profile(slurm_env, tmp_path, nproc_per_node=1)
+    p = lf.Project.load(project(tmp_path, dp=1, steps=3000, log_interval=10))
+    sweep = {"name": "hpc-lrs", "parameters": {"training.optimizer.lr": [0.001, 0.005]}, "steps": 3000,
+             "stop": {"rules": [{"metric": "lr", "above": 0.002, "at_step": 20}]}}
+    rows = p.sweep(sweep, cluster="hpc")
+    assert [row_value(r, "lr") for r in rows] == [0.001, 0.005], rows
+    done, stopped = rows
+    assert done["state"] == "succeeded" and done["step"] == 3000 and done["final_loss"] is not None, done
+    assert stopped["state"].startswith("stopped early: lr above 0.002 at step 20"), stopped
+    jobs = sorted((j for j in JobDB().list() if j.name.startswith("hpc-lrs")), key=lambda j: j.name)
+    assert [j.state for j in jobs] == ["succeeded", "cancelled"], [(j.name, j.state) for j in jobs]
+    assert len({j.extra["slurm_id"] for j in jobs}) == 2  # a Slurm job each
+    for j in jobs:
+        assert j.extra["slurm_id"] not in slurm_env.cluster.jobs()
+        assert job_processes(j.token) == []
