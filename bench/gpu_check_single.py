@@ -284,7 +284,6 @@ def format_rows(rows: list[Row]) -> list[str]:
 
 # ----- issue 47's rows: compile modes, pipeline schedules, float8 -----------------------
 VARIANT_STEPS = 30  # steps of each run below on a GPU (timed after the first LOG)
-SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev")  # runtime/plan.py's
 
 
 @dataclass
@@ -440,6 +439,8 @@ def schedule_rows(tmp: Path, n_gpus: int, smoke: bool, steps: int) -> tuple[str,
 
     single = launch("one process", 1, None)
     out = [_against(single, None, "schedule", "1 process", "the losses' reference", 0)]
+    from engine.runtime.plan import SCHEDULES
+
     rows = {s: launch(s, 2, {"pp": 2, "schedule": s, "microbatches": 4}) for s in SCHEDULES}
     for s, row in rows.items():
         v = _against(row, single, "schedule", f"pp2 {s}", "", 1e-3)

@@ -33,7 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev")
+from engine.runtime.plan import SCHEDULES  # noqa: E402  (the standard library only)
+
 WIDTH, ROWS = 16, 4  # rows per micro-batch: the tensors are tiny, the sleeps are the work
 
 

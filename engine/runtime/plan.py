@@ -39,7 +39,7 @@ def rank_stages(schedule: str, pp: int, n_stages: int, r: int) -> list[int]:
     without looking at every stage (the planner asks it of each of pp ranks, and a
     placement of 65,536 ranks must be answered, if only with an error)."""
     if schedule in V_SHAPED:
-        return sorted(s for s in {r, 2 * pp - 1 - r} if 0 <= s < n_stages and stage_rank(schedule, pp, s) == r)
+        return sorted(s for s in {r, 2 * pp - 1 - r} if s < n_stages)
     return list(range(r, n_stages, pp))
 
 
