@@ -14,12 +14,12 @@ from PySide6.QtCore import QMimeData, QObject, QPointF, QRunnable, QThreadPool, 
 from PySide6.QtGui import QUndoStack
 from PySide6.QtWidgets import QApplication
 
-from app import commands as C
-from engine.compile import CompileError, compile_graph
-from engine.editing import EditError, plan_group, plan_paste, plan_repeat, plan_ungroup
-from engine.graph import Edge, GraphError
-from engine.layers import get_layer
-from engine.layout import lay_out, layered_layout, view_layout
+from app import undo_commands as C
+from engine.diagram.compile import CompileError, compile_graph
+from engine.diagram.editing import EditError, plan_group, plan_paste, plan_repeat, plan_ungroup
+from engine.diagram.graph import Edge, GraphError
+from engine.diagram.catalog import get_layer
+from engine.diagram.layout import lay_out, layered_layout, view_layout
 from engine.project import Project
 from widgets.node_scene import NodeScene
 
@@ -32,7 +32,7 @@ SYNTHETIC_SAMPLE = 4096  # samples made of a bigger one (its split sizes are com
 
 
 def plan_notes(plan, graph=None) -> tuple[dict[Edge, str], list[tuple[str, int, str]], list[str]]:
-    """(edge labels, device memory rows, text lines) from an engine.planner.Plan.
+    """(edge labels, device memory rows, text lines) from an engine.planning.planner.Plan.
 
     Edges show what the plan inserts on them: a tensor-parallel piece's layout
     (tp Shard(d)), send/recv where they cross a stage cut, and each collective on
@@ -72,7 +72,7 @@ def plan_notes(plan, graph=None) -> tuple[dict[Edge, str], list[tuple[str, int, 
     for dv in plan.devices:
         rows.append((f"rank {dv.rank} (dp {dv.dp_rank}, tp {dv.tp_rank})", dv.memory.total_bytes, f"stage {dv.stage}"))
     try:
-        from engine.planner import format_plan
+        from engine.planning.planner import format_plan
 
         lines = format_plan(plan).splitlines()
     except Exception:  # noqa: BLE001 - a plan we cannot format is shown by its errors
@@ -81,10 +81,10 @@ def plan_notes(plan, graph=None) -> tuple[dict[Edge, str], list[tuple[str, int, 
 
 
 def _plan(project: Project, result, devices=None):
-    """(plan, error) of engine/planner.py; (None, None) while the diagram does not compile.
-    devices: (nproc, engine.cost.DeviceSpec) of real devices (a cluster's), or None
+    """(plan, error) of engine/planning/planner.py; (None, None) while the diagram does not compile.
+    devices: (nproc, engine.planning.cost.DeviceSpec) of real devices (a cluster's), or None
     for this machine."""
-    from engine.planner import make_plan
+    from engine.planning.planner import make_plan
 
     if not result.ok:
         return None, None
@@ -93,7 +93,7 @@ def _plan(project: Project, result, devices=None):
             plan = make_plan(project, devices[0], devices[1], compiled=result)
         else:
             plan = make_plan(project, compiled=result)  # reuse this compile
-        from engine import calibration
+        from engine.runs import calibration
 
         calibration.apply(plan, project)  # corrected by what the newest run of this layout measured
         return plan, None
@@ -123,7 +123,7 @@ def user_block(graph, nid: str, message: str) -> str | None:
     one): the outermost block around it whose members all have that assignment (a block
     assigned as one), else the card that shows it (its outermost collapsed block). None for
     problems of what nobody assigned (BatchNorm under dp, say): those stay the node's."""
-    from engine.graph import block_path
+    from engine.diagram.graph import block_path
 
     node = graph.nodes.get(nid)
     if node is None or not node.group:
@@ -150,7 +150,7 @@ def in_user_terms(graph, problems: list) -> list:
     """Placement problems on nodes inside blocks, said of the block: "block 'head': ...
     (inside: fc3 (Linear), act2 (ReLU))". Each node keeps its own problem (its badge);
     those of one block that say the same thing share one text (one row in Problems)."""
-    from engine.graph import block_name
+    from engine.diagram.graph import block_name
 
     keyed: list[tuple[object, str | None, str, str]] = []  # (problem, block, headline, detail)
     for p in problems:
@@ -208,7 +208,7 @@ class _DataSignals(QObject):
 
 
 class _DescribeJob(QRunnable):
-    """A data set described off the GUI thread: engine.data.describe_source for a set read
+    """A data set described off the GUI thread: engine.data.describe.describe_source for a set read
     in place (it lists the set's files, a folder of a million images takes a while, and
     reads one sample); `load` for one made whole (a generated set, digits, the user's .npz
     or .csv: made or read here, as the run does)."""
@@ -218,7 +218,7 @@ class _DescribeJob(QRunnable):
         self.key, self.settings, self.signals, self.load = key, settings, signals, load
 
     def run(self) -> None:
-        from engine.data import describe_source
+        from engine.data.describe import describe_source
 
         try:
             out = self.load() if self.load is not None else describe_source(self.settings, with_fingerprint=False)
@@ -228,14 +228,14 @@ class _DescribeJob(QRunnable):
 
 
 def made_source(project: Project):
-    """(cache key, loader) of a data set the run describes with engine.data.describe
+    """(cache key, loader) of a data set the run describes with engine.data.describe.describe
     beyond describe_source (generated, digits, a .csv made whole; an .npz scanned in place):
-    the loader returns the engine.data.DataInfo the run would check, without arrays (the
+    the loader returns the engine.data.describe.DataInfo the run would check, without arrays (the
     cache keeps no copy of the data). The file's consent and existence are checked here, at
     once (ProjectError names the field); the key holds the file's size and time, so a file
     written again is read again."""
     from engine import trust
-    from engine.data import describe, synthetic_bytes
+    from engine.data.describe import describe, synthetic_bytes
     from engine.project import ProjectError
 
     d = project.training.dataset
@@ -271,16 +271,16 @@ def data_key(settings: dict) -> str:
 
 
 def data_problems(result, info, batch_size: int | None = None) -> list:
-    """engine.run.check_data's lines (and build_run's batch against the training set) as
+    """engine.runs.build.check_data's lines (and build_run's batch against the training set) as
     problems on the nodes they name (field 'training.dataset'); a data set that cannot be
     read is one problem of its own, on the Input node it would feed."""
-    from engine.compile import CompileError
-    from engine.planner import _NODE_RE
+    from engine.diagram.compile import CompileError
+    from engine.planning.planner import _NODE_RE
 
     if isinstance(info, BaseException):
         inputs = (result.spec or {}).get("inputs") or [None]
         return [CompileError(str(info), inputs[0] if len(inputs) == 1 else None, "training.dataset")]
-    from engine.run import check_data
+    from engine.runs.build import check_data
 
     out = []
     for msg in check_data(result, info):
@@ -311,7 +311,7 @@ class EditorController(QObject):
         self.plan = None
         self.plan_error: str | None = None
         self.plan_info = ({}, [], [])
-        self.placement_errors: list = []  # the plan's problems (engine.planner.plan_problems)
+        self.placement_errors: list = []  # the plan's problems (engine.planning.planner.plan_problems)
         self.placement_warnings: list = []
         self.devices = None  # (nproc, DeviceSpec) of a cluster's real devices; None: this machine
         self._timer = QTimer(self, singleShot=True, interval=COMPILE_DELAY_MS, timeout=self._recompile)
@@ -418,7 +418,7 @@ class EditorController(QObject):
     def data_settings(self) -> dict | None:
         """training.dataset as the runtime reads it (path absolute), for a set read in
         place; None for generated sets. A ProjectError (no such path) is raised."""
-        from engine.data import source_settings
+        from engine.data.describe import source_settings
 
         return source_settings(self.project)
 
@@ -439,12 +439,12 @@ class EditorController(QObject):
         self._data_current_changed(data_key(settings))
 
     def _data_problems(self) -> list:
-        """What the run would refuse about the data set (engine/run.py build_run), from its
+        """What the run would refuse about the data set (engine/runs/build.py build_run), from its
         cached description; an undescribed set is described on the worker first (problems
         follow when it is done)."""
         if self.result is None or not self.result.ok or self.result.spec is None:
             return []  # the compiler's errors first
-        from engine.data_sources import IN_PLACE_KINDS
+        from engine.data.sources import IN_PLACE_KINDS
         from engine.project import ProjectError
 
         batch = self.project.training.batch_size
@@ -472,7 +472,7 @@ class EditorController(QObject):
 
     def _data_key(self) -> str | None:
         """The cache key of the project's data set now (None: it cannot be read)."""
-        from engine.data_sources import IN_PLACE_KINDS
+        from engine.data.sources import IN_PLACE_KINDS
 
         try:
             if self.project.training.dataset.kind in IN_PLACE_KINDS:
@@ -502,8 +502,8 @@ class EditorController(QObject):
     def _placement_problems(self):
         if self.result is None or not self.result.ok:
             return [], []  # no plan of a diagram that does not compile: its errors come first
-        from engine.plan_checks import stage_warnings
-        from engine.planner import plan_problems
+        from engine.planning.checks import stage_warnings
+        from engine.planning.planner import plan_problems
 
         errors, warnings = plan_problems(self.plan, self.plan_error)
         said = {w.message for w in warnings}  # (the plan carries them too, when there is one)
@@ -561,7 +561,7 @@ class EditorController(QObject):
             pos = (pos.x(), pos.y())
         pos = (round(pos[0] / 20) * 20.0, round(pos[1] / 20) * 20.0) if self.scene.snap else pos
         if node_type == "Input" and params is None and not any(n.type == "Input" for n in self.graph.nodes.values()):
-            from engine.data import sample_shape
+            from engine.data.describe import sample_shape
 
             fits = sample_shape(self.project.training.dataset)  # the first Input takes the data set's sample
             if fits:
@@ -608,7 +608,7 @@ class EditorController(QObject):
             self.push(C.SetParam(self.graph, node_id, key, value))
 
     def rename(self, old: str, new: str) -> bool:
-        from engine.editing import check_rename
+        from engine.diagram.editing import check_rename
 
         try:
             check_rename(self.graph, old, new)  # the model's one id rule (keywords refused too)
@@ -628,7 +628,7 @@ class EditorController(QObject):
     def set_tp(self, node_ids: list[str], style: str | None) -> str:
         """A tensor-parallel style for these nodes (a block's: what it holds), one undo
         step; what could not take it, said in one line (empty when all did)."""
-        from engine.autoplace import PAIRS, block_tp
+        from engine.planning.autoplace import PAIRS, block_tp
 
         self.flush()
         if self.result is None or not self.result.ok:
@@ -660,7 +660,7 @@ class EditorController(QObject):
 
     def choose_dataset(self, dataset, info=None, settings: dict | None = None) -> bool:
         """Use this data set (an engine.project Dataset model), one undo step; with its
-        description (engine.data.DataInfo), the Input node(s) take the data's shape
+        description (engine.data.describe.DataInfo), the Input node(s) take the data's shape
         and dtype in the same step. Returns whether anything changed."""
         training = self.project.training.model_copy(update={"dataset": dataset})
         fits = self.input_fixes(info) if info is not None and not isinstance(info, BaseException) else {}
@@ -788,7 +788,7 @@ class EditorController(QObject):
         return self.insert_subgraph(self.graph.subgraph_dict(ids), None, "Duplicate") if ids else []
 
     def insert_subgraph(self, sub: dict, at: QPointF | None, text: str, offset=(40.0, 40.0)) -> list[str]:
-        """Insert copies with fresh names (engine/editing.py plans them); one undo step."""
+        """Insert copies with fresh names (engine/diagram/editing.py plans them); one undo step."""
         try:
             paste = plan_paste(self.graph, sub, offset=offset, at=(at.x(), at.y()) if at is not None else None)
         except EditError as exc:
@@ -831,7 +831,7 @@ class EditorController(QObject):
         return self.graph.block_members(group)
 
     def repeat_block(self, group: str, times: int) -> bool:
-        """Stack `times` copies of a block in a chain (engine.editing.plan_repeat), one undo step."""
+        """Stack `times` copies of a block in a chain (engine.diagram.editing.plan_repeat), one undo step."""
         if times < 2 or not self.members(group):
             return False
         try:
@@ -866,7 +866,7 @@ class EditorController(QObject):
 
     def toggle_fold(self, name: str) -> bool:
         """Fold the run of repeats a block belongs to into one card, or unfold it."""
-        from engine.layout import repeated_runs
+        from engine.diagram.layout import repeated_runs
 
         run = repeated_runs(self.graph).get(name)
         if run is None:
@@ -877,7 +877,7 @@ class EditorController(QObject):
     def reveal(self, target: str) -> None:
         """Open what hides a node or block (collapsed blocks around it, a folded run of
         repeats it is in), outside in, so the canvas shows it: one undo step."""
-        from engine.graph import block_path
+        from engine.diagram.graph import block_path
 
         def hiding():
             if target in self.graph.nodes:

@@ -3,9 +3,9 @@ is one undo step (controller.choose_dataset) in which the Input node takes the d
 shape and dtype; the panel shows the project's data set as it is (undo, redo and the
 Training form's edits included).
 
-Nothing is read on the GUI thread: a worker describes the set (engine.data.describe_source:
+Nothing is read on the GUI thread: a worker describes the set (engine.data.describe.describe_source:
 split sizes, one sample; handed to the controller, which checks it against the diagram,
-engine.run.check_data) and then inspects it (engine.data_inspect.inspect_source: classes,
+engine.runs.build.check_data) and then inspects it (engine.data.inspection.inspect_source: classes,
 examples, the loader's samples/s). Each request has a generation number: a result for a
 selection that is no longer the current one is dropped.
 """
@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, Signal
 
 from app.controller import data_key
-from engine.data_sources import IN_PLACE_KINDS
+from engine.data.sources import IN_PLACE_KINDS
 from engine.project import ProjectError, Training
 from widgets.data_panel import DataPanel, guess_kind
 
@@ -37,8 +37,8 @@ class _InspectJob(QRunnable):
         self.gen, self.settings, self.signals, self.current = gen, settings, signals, current
 
     def run(self) -> None:
-        from engine.data import describe_source
-        from engine.data_inspect import inspect_source
+        from engine.data.describe import describe_source
+        from engine.data.inspection import inspect_source
 
         if self.current() != self.gen:
             return  # another selection came before this one started

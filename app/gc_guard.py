@@ -11,7 +11,7 @@ worker thread ran torch.export). So the GUI process turns automatic collection o
 a timer collects instead, generation by generation as the thresholds say, from the
 event loop itself (the recipe calibre and other PyQt applications use).
 
-    install(app)     # once, with the QApplication (app/cli_gui.py)
+    install(app)     # once, with the QApplication (app/cli/gui_cmds.py)
 
 The test suite does the same per test (tests/conftest.py): no automatic collection
 during a test, a full one after its widgets are gone.

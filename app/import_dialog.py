@@ -146,7 +146,7 @@ def run_import(req: Request) -> tuple[Path, list[str]]:
     """Import, lay out and write (this thread); (project path, notes). Reports its phases
     to the callback of progress.reporting, which may stop it by raising."""
     from engine.interop import import_module, import_onnx, save_imported
-    from engine.layout import set_direction
+    from engine.diagram.layout import set_direction
 
     name = req.output.name[: -len(SUFFIX)] if req.output.name.endswith(SUFFIX) else req.output.stem
     if req.kind == "onnx":
@@ -182,7 +182,8 @@ class ImportJob:
         self.cancelled = threading.Event()
         self.started = time.monotonic()
         out = req.output
-        from engine.interop.common import settle_torch_trace, weights_name
+        from engine.interop.common import settle_torch_trace
+        from engine.project import weights_name
 
         settle_torch_trace()  # (on the GUI thread, before torch.export runs on the import's)
 

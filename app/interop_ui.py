@@ -22,7 +22,8 @@ from PySide6.QtCore import QEvent, QObject, Qt, QTimer
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 
-from engine.interop import InteropError, export_onnx, export_script, run_weights
+from engine.interop import InteropError, export_onnx, export_script
+from engine.runs import weights as run_weights
 
 
 def _onnx_paths(mime) -> list[str]:
@@ -206,7 +207,7 @@ class InteropUI(QObject):
     INITIAL = "The project's own weights"
 
     def _runs_with_weights(self) -> list[Path]:
-        from engine.runs import list_runs, runs_dir
+        from engine.runs.history import list_runs, runs_dir
 
         p = self.window.project
         return [r.path for r in list_runs(runs_dir(p.directory))
@@ -274,7 +275,7 @@ class InteropUI(QObject):
 
                     w.project._read_digest = (os.path.realpath(w.project.path), _digest(raw))
             else:
-                from engine.interop.common import weights_name
+                from engine.project import weights_name
                 from engine.project import atomic_write
 
                 name, _ = run_weights.checkpoint_path(run, checkpoint)

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDockWidget, QFileD
                                QWidget)
 
 from remote.jobs import JobDB
-from remote.launch_slurm import state_text
+from remote.launch.slurm import state_text
 from remote.tracker import Follower, Tracker
 
 COLUMNS = ("job", "name", "cluster", "state", "step", "started", "owner")
@@ -86,7 +86,7 @@ class JobsController(QObject):
         """Prepare the run folder, preflight, upload and launch, off the GUI thread."""
         from remote.cluster import ClusterStore
         from remote.launch import deploy
-        from remote.launch_ssh import prepare
+        from remote.launch.ssh_torchrun import prepare
 
         project = project.copy()  # a snapshot taken here: the user may keep editing meanwhile
 

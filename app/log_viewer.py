@@ -8,7 +8,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtGui import QFontDatabase, QTextCursor
 from PySide6.QtWidgets import QCheckBox, QComboBox, QDialog, QHBoxLayout, QLabel, QPlainTextEdit, QVBoxLayout
 
-from engine.tail import FileTail
+from engine.runs.tail import FileTail
 
 MAX_LINES = 20_000  # what the view keeps of a long log (the file keeps everything)
 

@@ -134,7 +134,7 @@ class EditorWindow(QMainWindow):
 
         self.data_ui, self.data_panel, self.data_dock = data_ui.install(self)
         self.install_parts()
-        from app import sweep_ui  # the Sweep dock (a queue of runs) and the Runs Table dock (engine/sweep.py)
+        from app import sweep_ui  # the Sweep dock (a queue of runs) and the Runs Table dock (engine/runs/sweep.py)
 
         self.sweep_ui = sweep_ui.install(self)
         self.run_toolbar.setVisible(bool(self.run_toolbar.actions()))
@@ -363,7 +363,7 @@ class EditorWindow(QMainWindow):
         """A drop, a Tab search, or a wire dropped on empty canvas (then connect it)."""
         c = self.controller
         pending, self.view.pending_port = self.view.pending_port, None
-        from engine.graph import ports_of
+        from engine.diagram.graph import ports_of
 
         if pending is None:
             selected = self.scene.selected_ids()
@@ -452,7 +452,7 @@ class EditorWindow(QMainWindow):
 
     def find(self) -> None:
         """Ctrl+F: the find box, its list filled with every node and block name."""
-        from engine.graph import block_name
+        from engine.diagram.graph import block_name
 
         names = sorted(self.project.graph.nodes) + sorted(self.project.graph.blocks(), key=block_name)
         self._find_model.setStringList(names)
@@ -460,7 +460,7 @@ class EditorWindow(QMainWindow):
         self.find_box.selectAll()
 
     def _found(self, text: str = "") -> None:
-        from engine.graph import block_name
+        from engine.diagram.graph import block_name
 
         text = (text or self.find_box.text()).strip()
         g = self.project.graph
@@ -476,7 +476,7 @@ class EditorWindow(QMainWindow):
 
     def _update_crumbs(self) -> None:
         """Where the selection sits in the nested blocks: model › layer3 › layer3.1."""
-        from engine.graph import block_name, block_path
+        from engine.diagram.graph import block_name, block_path
 
         ids = self.scene.selected_ids()
         groups = self.scene.selected_groups()
@@ -507,7 +507,7 @@ class EditorWindow(QMainWindow):
         if not self.scene.selected_ids():
             self.statusBar().showMessage("Select the nodes to group first", 5000)
             return
-        from engine.editing import fresh_id
+        from engine.diagram.editing import fresh_id
 
         default = fresh_id("block", {n.group for n in self.project.graph.nodes.values() if n.group})
         name, ok = QInputDialog.getText(self, "Group into block", "Block name:", text=default)
@@ -665,7 +665,7 @@ class EditorWindow(QMainWindow):
     def _example_copy(path: Path) -> tuple[Path, str]:
         """A bundled example opens as the user's own copy (saves and runs never touch the
         installed package): made in their projects folder the first time, reopened after."""
-        from engine.runs import INSTALLED_EXAMPLES, user_projects_home
+        from engine.runs.history import INSTALLED_EXAMPLES, user_projects_home
 
         if path.resolve().parent != INSTALLED_EXAMPLES:
             return path, ""
@@ -718,7 +718,7 @@ class EditorWindow(QMainWindow):
         last = self.settings.last_project()
         if last and Path(last).parent.is_dir():
             return Path(last).parent
-        from engine.runs import user_projects_home
+        from engine.runs.history import user_projects_home
 
         mine = user_projects_home()
         return mine if mine.is_dir() else Path.home()

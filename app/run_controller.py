@@ -1,16 +1,16 @@
 """Start, watch and stop training runs from the GUI.
 
 A run is what the CLI's `train` and the Python API's `Project.train` start: the run
-folder prepared by layerflow/_prepare.py (in a worker thread, so the window keeps
-drawing while the data is made), then remote/launch_local.py `launch_local` (the
+folder prepared by layerflow/prepare.py (in a worker thread, so the window keeps
+drawing while the data is made), then remote/launch/local.py `launch_local` (the
 trainer itself for one process, torchrun for several), followed as a `LocalJob`.
 Stop asks it to end after the current step (SIGTERM to its group: the trainer, or
 torchrun, which passes it to its workers; each checkpoints and the run is marked
 cancelled), then SIGKILLs, after a grace period, the group and every descendant seen:
-the LocalJob's ProcessTree (remote/procs.py), escalated from the poll so the GUI
+the LocalJob's ProcessTree (remote/launch/procs.py), escalated from the poll so the GUI
 thread never waits. One job model and one stop path for the GUI, the CLI and the API.
 Nothing runs in the GUI thread but a 5 Hz poll: the preparation's future, the
-processes' exit and the new lines of metrics.jsonl (engine/tail.py, by byte offset),
+processes' exit and the new lines of metrics.jsonl (engine/runs/tail.py, by byte offset),
 handed to the dashboard as read: it parses them in a process of its own.
 """
 from __future__ import annotations
@@ -26,24 +26,24 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from engine.errors import LayerflowError
-from engine.runs import failure_report
+from engine.runs.history import failure_report
 from engine.runtime.records import FINAL_STATES, RunStatus
 from engine.runtime.spec import RunSpec, SpecError
-from engine.tail import MetricsTail, parse_jsonl
-from remote import procs
-from remote.launch_local import LocalJob, launch_local
-from remote.procs import group_pids  # noqa: F401  (used by tests)
+from engine.runs.tail import MetricsTail, parse_jsonl
+from remote.launch import procs
+from remote.launch.local import LocalJob, launch_local
+from remote.launch.procs import group_pids  # noqa: F401  (used by tests)
 from widgets.runs_panel import fmt_duration
 
 
 def placement_for_processes(placement, nproc: int):
-    """The placement a run on `nproc` processes trains with, by the rule engine/run.py's
+    """The placement a run on `nproc` processes trains with, by the rule engine/runs/build.py's
     build_run applies to `nproc`: pipeline (pp) and tensor (tp) degrees kept, data
     parallel over the rest (dp = nproc / (pp x tp); a one-process placement becomes dp =
     nproc, as `train --nproc N` makes it). The window shows and plans this placement, so
     the toolbar's count, the Devices panel, the plan and the run agree. RunError (one
     line) when nproc is no multiple of pp x tp or the placement refuses the count."""
-    from engine.run import RunError, derived_placement
+    from engine.runs.build import RunError, derived_placement
 
     if type(nproc) is not int or nproc < 1:
         raise RunError(f"processes must be a whole number of at least 1, not {nproc!r}")
@@ -116,7 +116,7 @@ class RunController(QObject):
     reset = Signal(str)  # run_dir: forget its records, they come again from the start
     progress = Signal(str, int, int, float)  # run_dir, step, total_steps (0: unknown), eta seconds (nan)
     finished = Signal(str, str)  # run_dir, state: succeeded | failed | cancelled
-    failed = Signal(str, dict)  # run_dir, engine.runs.failure_report(...) (+ "message")
+    failed = Signal(str, dict)  # run_dir, engine.runs.history.failure_report(...) (+ "message")
 
     POLL_MS = 200
 
@@ -141,9 +141,9 @@ class RunController(QObject):
         now) in a new run folder; returns the folder. The folder is prepared in the
         background; a project the preparation refuses ends as a failed run that names
         what is wrong, and leaves no folder. init_from=(run folder, checkpoint or None):
-        fine-tuning, the run starts from that run's weights (engine/interop/run_weights.py)."""
-        from engine.run import new_run_dir
-        from layerflow._prepare import prepare_training
+        fine-tuning, the run starts from that run's weights (engine/runs/weights.py)."""
+        from engine.runs.build import new_run_dir
+        from layerflow.prepare import prepare_training
 
         self._refuse_if_running()
         run_dir = new_run_dir(project, Path(runs_dir) if runs_dir else None)
@@ -154,7 +154,7 @@ class RunController(QObject):
         def prepare():
             if init_from is None:
                 return prepare_training(copy, nproc=n, steps=steps, out=run_dir)
-            from engine.interop import run_weights
+            from engine.runs import weights as run_weights
 
             src, checkpoint = init_from
             with run_weights.init_from(copy, src, checkpoint) as begin:
@@ -166,7 +166,7 @@ class RunController(QObject):
 
     def resume(self, run_dir: str | Path, *, nproc: int = 1, node_ids=()) -> Path:
         """Continue a stopped run from its latest checkpoint."""
-        from layerflow._prepare import prepare_resume
+        from layerflow.prepare import prepare_resume
 
         self._refuse_if_running()
         run_dir = Path(run_dir)

@@ -16,10 +16,10 @@ from PySide6.QtCore import QEvent, QObject, Qt, QTimer
 from PySide6.QtWidgets import QApplication, QMessageBox, QProgressBar, QSystemTrayIcon, QVBoxLayout, QWidget
 
 from app.run_controller import RunController, _fmt_eta
-from engine.runs import confusion_matrix, delete_run, list_runs, peak_memory_per_rank, runs_dir, summarize_run
+from engine.runs.history import confusion_matrix, delete_run, list_runs, peak_memory_per_rank, runs_dir, summarize_run
 from engine.runtime.records import RESUMABLE_STATES, RunStatus
 from engine.runtime.sysmetrics import SystemTail
-from engine.tail import MetricsTail, RankMetricsTail, parse_jsonl
+from engine.runs.tail import MetricsTail, RankMetricsTail, parse_jsonl
 from widgets.dashboard import Dashboard
 from widgets.run_toolbar import RunToolbar
 from widgets.runs_panel import RunsPanel
@@ -49,7 +49,7 @@ class RunUI(QObject):
         self._followed: dict[str, MetricsTail] = {}
         self._rank_tails: dict[str, RankMetricsTail] = {}  # per-rank numbers of the runs shown
         self._system_tails: dict[str, SystemTail] = {}  # each rank's CPU and memory samples (the System tab)
-        self.mlflow = None  # engine.tracking.MlflowFollower of the live run, when a tracking URI is set
+        self.mlflow = None  # engine.runs.tracking.MlflowFollower of the live run, when a tracking URI is set
         self.mlflow_error: str | None = None
         self._mlflow_last = None  # the follower of the last run, finishing its last copy
         self._bottom_h: int | None = None  # the bottom area's height before the Dashboard took it
@@ -246,7 +246,7 @@ class RunUI(QObject):
         ($MLFLOW_TRACKING_URI, or the user setting `layerflow track uri` saves); a
         store that cannot be used is said in the status bar, and the run goes on."""
         self._stop_mlflow()
-        from engine.tracking import MlflowFollower, TrackingError, resolve_uri
+        from engine.runs.tracking import MlflowFollower, TrackingError, resolve_uri
 
         uri = resolve_uri()
         if uri is None:

@@ -1,11 +1,11 @@
 """The Sweep dock and the Runs table dock.
 
-Sweep: a sweep file (JSON, engine/sweep.py) to load, edit and save; Start runs it as a
-queue on this machine (engine.sweep.SweepRunner, on a worker thread: it only starts
+Sweep: a sweep file (JSON, engine/runs/sweep.py) to load, edit and save; Start runs it as a
+queue on this machine (engine.runs.sweep.SweepRunner, on a worker thread: it only starts
 processes and reads files), Stop ends it as a user's Stop does; the queue shows each
 run's point, state and progress, refreshed from the runner at 4 Hz.
 
-Runs table: every run of the project's runs/ (engine.runs.runs_table) in a sortable,
+Runs table: every run of the project's runs/ (engine.runs.history.runs_table) in a sortable,
 filterable table (widgets/runs_table.py) beside a parallel-coordinates plot of the
 settings against the chosen metric (widgets/parallel_coords.py), the best run
 highlighted in both; selecting rows overlays their curves in the dashboard (its public
@@ -22,8 +22,8 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit,
                                QSpinBox, QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from engine.errors import LayerflowError
-from engine.runs import runs_dir as project_runs_dir, runs_table
-from engine.sweep import load_sweep
+from engine.runs.history import runs_dir as project_runs_dir, runs_table
+from engine.runs.sweep import load_sweep
 from remote.sweep_queue import SweepRunner
 from widgets.parallel_coords import ParallelCoords
 from widgets.runs_table import RunsTable
@@ -122,7 +122,7 @@ class RunsCompare(QWidget):
 
 
 def _metric_cols():
-    from engine.runs import METRIC_COLUMNS
+    from engine.runs.history import METRIC_COLUMNS
 
     return METRIC_COLUMNS
 
@@ -215,7 +215,7 @@ class SweepUI(QObject):
         try:
             data = json.loads(self.panel.editor.toPlainText())
         except ValueError as exc:
-            from engine.sweep import SweepError
+            from engine.runs.sweep import SweepError
 
             raise SweepError(f"sweep: not JSON (line {getattr(exc, 'lineno', '?')}: {getattr(exc, 'msg', exc)})") from None
         return load_sweep(data)
@@ -318,7 +318,7 @@ class SweepUI(QObject):
         dash = self._dashboard()
         if dash is None:
             return
-        from engine.tail import MetricsTail
+        from engine.runs.tail import MetricsTail
 
         for key in self._overlaid - set(paths):
             dash.remove_run(key)

@@ -75,7 +75,7 @@ class _TrainingPanel(TrainingPanel):
 def install(window) -> tuple[TrainingPanel, QDockWidget]:
     """The Training dock of `window`: (its panel, the dock); app/window.py calls this."""
     panel = _TrainingPanel()
-    panel.directory = lambda: window.project.directory  # engine/data.py reads relative paths from there
+    panel.directory = lambda: window.project.directory  # engine/data/describe.py reads relative paths from there
     panel.saved = lambda: window.project.path is not None  # an unsaved project keeps chosen paths absolute
     dock = window.add_dock("Training", panel, Qt.RightDockWidgetArea)
     # a tab beside Inspector / Devices / Runs; the Inspector stays in front

@@ -72,7 +72,7 @@ class MainWindow(EditorWindow):
 
     def show_run_logs(self):
         """Run ▸ Logs: the live run's, else the run selected in Runs, else the latest run's."""
-        from engine.runs import list_runs
+        from engine.runs.history import list_runs
 
         ui = self.run_ui
         active = ui.controller.active

@@ -40,8 +40,8 @@ def main() -> None:
     torch.set_num_threads(1)
     app = QApplication.instance() or QApplication([])
     from app.window import MainWindow
-    from engine.interop.module_import import from_module
-    from engine.layout import view_layout
+    from engine.interop.module.importer import from_module
+    from engine.diagram.layout import view_layout
     from real_models import GPT
 
     t = time.perf_counter()

@@ -40,9 +40,9 @@ sys.path.insert(0, str(ROOT / "tests" / "engine"))  # the GPT of the tests (nano
 import torch  # noqa: E402
 
 from engine.project import Project, load_project  # noqa: E402
-from engine.run import prepare_run  # noqa: E402
+from engine.runs.build import prepare_run  # noqa: E402
 from engine.runtime.train import run  # noqa: E402
-from engine.tail import read_metrics  # noqa: E402
+from engine.runs.tail import read_metrics  # noqa: E402
 
 MODES = ("off", "whole", "blocks")
 
@@ -55,7 +55,7 @@ def mlp(steps: int) -> Project:
 
 def gpt(tmp: Path, blocks: int):
     from engine.interop import save_imported
-    from engine.interop.module_import import from_module
+    from engine.interop.module.importer import from_module
     from real_models import GPT
 
     torch.manual_seed(0)

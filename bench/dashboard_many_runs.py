@@ -3,7 +3,7 @@
     QT_QPA_PLATFORM=offscreen python bench/dashboard_many_runs.py [--runs 50] [--steps 10000] [--live 4]
 
 What the runs table does when a user selects rows (app/sweep_ui.py SweepUI.overlay): each
-run's whole metrics.jsonl read (engine/tail.py MetricsTail.poll_data) and handed to the
+run's whole metrics.jsonl read (engine/runs/tail.py MetricsTail.poll_data) and handed to the
 dashboard (Dashboard.set_data: parsed in its parse process), then plotted by the
 dashboard's own 10 Hz timer. The run folders are written first, as the runtime writes
 metrics.jsonl: every step's loss, lr, throughput and peak memory, a validation record
@@ -72,7 +72,7 @@ def main() -> None:
 
     from PySide6.QtWidgets import QApplication
 
-    from engine.tail import MetricsTail
+    from engine.runs.tail import MetricsTail
     from widgets.dashboard import Dashboard
 
     app = QApplication.instance() or QApplication([])

@@ -97,8 +97,8 @@ def main() -> int:
 
         # --- Deploy -> first metric ---------------------------------------------------
         from engine.project import load_project
-        from engine.run import prepare_run
-        from remote.launch_ssh import deploy
+        from engine.runs.build import prepare_run
+        from remote.launch.ssh_torchrun import deploy
         from remote.tracker import Tracker
 
         project = load_project(ROOT / "resources" / "examples" / "mlp_digits.lflow")

@@ -7,7 +7,7 @@ optimizer, both under torchrun with gloo on this machine's CPUs:
   1. DDP on 2 processes
   2. 1F1B pipeline with 2 stages (4 micro-batches)
 Layerflow runs through the product path (prepare_run with the planner's plan ->
-remote.launch_local -> engine.runtime.train); the hand-written script is what a
+remote.launch.local -> engine.runtime.train); the hand-written script is what a
 person would write with DDP / PipelineStage + Schedule1F1B by hand. Prints the
 throughput ratio (goal >= 0.95), the planner's predicted step time against the
 measured one, and predicted tensor memory against each rank's measured peak RSS
@@ -45,7 +45,7 @@ def worker(kind: str, run_dir: Path, out: Path) -> None:
     import torch.nn.functional as F
     from torch import nn
 
-    from engine.runtime.data import Batches, load_npz
+    from engine.runtime.batches import Batches, load_npz
 
     torch.set_num_threads(1)
     cuda = torch.cuda.is_available()  # bench/gpu_check.py runs this same script on GPUs
@@ -131,8 +131,9 @@ def worker(kind: str, run_dir: Path, out: Path) -> None:
 
 # ----- the driver ----------------------------------------------------------------------
 def project(hidden: int, batch: int, steps: int, pp: bool):
-    from engine.graph import Graph
-    from engine.project import Optimizer, Project, SyntheticClassification, Training
+    from engine.diagram.graph import Graph
+    from engine.project import Optimizer, Project, Training
+    from engine.data.sources import SyntheticClassification
 
     g = Graph()
     g.add_node("Input", {"shape": [256]}, id="x")
@@ -153,11 +154,11 @@ def project(hidden: int, batch: int, steps: int, pp: bool):
 
 
 def layerflow_run(tmp: Path, name: str, proj, placement: dict, nproc: int = 2, device=None, styles=None) -> tuple[Path, object]:
-    from engine.planner import make_plan
-    from engine.run import prepare_run
-    from remote.launch_local import launch_local
+    from engine.planning.planner import make_plan
+    from engine.runs.build import prepare_run
+    from remote.launch.local import launch_local
 
-    from engine import calibration
+    from engine.runs import calibration
 
     plan = make_plan(proj, nproc, device, placement=placement, styles=styles)
     assert plan.ok, plan.errors
@@ -247,10 +248,10 @@ def main() -> int:
         cal_text = " ".join(f"{v:.2f}" for v in cal) if cal else "-"
         print(f"{r['config']:<9} {r['lf_sps']:>12.0f} {r['hand_sps']:>10.0f} {r['ratio']:>6.3f} {r['pred_ms']:>8.2f} "
               f"{r['meas_ms']:>8.2f} {r['pred_ms'] / r['meas_ms']:>9.2f} {cal_text:>15} {r['loss_diff']:>13.1e}")
-    print("calibrated/meas: each repeat's plan corrected by the run before it of the same layout (engine/calibration.py: "
+    print("calibrated/meas: each repeat's plan corrected by the run before it of the same layout (engine/runs/calibration.py: "
           "its first steps' pace against its prediction), over that repeat's measured step (goal: within 15%)")
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    for r in rows:  # what the prediction is made of (engine/cost.py step_time), on what device figures
+    for r in rows:  # what the prediction is made of (engine/planning/cost.py step_time), on what device figures
         p, dv = r["pred"], r["device"]
         upd = f", optimizer {dv['update_bytes_per_s'] / 1e9:.2f} GB/s" if dv.get("update_bytes_per_s") else ""
         print(f"  {r['config']}: predicted = compute {p['compute_s'] * 1e3:.2f} + optimizer "

@@ -59,7 +59,7 @@ def gpu_device():
 
     import torch
 
-    from engine.cost import GPUS
+    from engine.planning.cost import GPUS
 
     name = torch.cuda.get_device_name(0).lower()
     mem = torch.cuda.get_device_properties(0).total_memory
@@ -73,7 +73,7 @@ def nccl_checks(args, n: int, device) -> tuple[list[str], list[str]]:
     """DDP, TP and 1F1B over 2 GPUs against the single-GPU run: (table lines, problems)."""
     import torch
 
-    from engine.run import prepare_run
+    from engine.runs.build import prepare_run
     from engine.runtime.train import run
 
     rows = []
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA GPU here: nothing run (bench/gpu_check.py --cpu-smoke runs the same checks, tiny, on the CPU)")
         return 2
     if args.cpu_smoke:
-        from engine.cost import local_cpu
+        from engine.planning.cost import local_cpu
 
         device, spec, steps = torch.device("cpu"), local_cpu(1), args.steps or 8
         single.LOG = 2

@@ -81,11 +81,11 @@ def layerflow(project, tmp: Path, tag: str, device: torch.device, spec, steps: i
               compile_mode: str = "off") -> tuple[Row, Path]:
     """Train `project` with the runtime in this process; the row and the run folder.
     `precision`: fp32, bf16 or float8 (placement.mixed_precision); `compile_mode`: training.compile."""
-    from engine.compile import compile_graph
-    from engine.planner import make_plan
-    from engine.run import prepare_run
+    from engine.diagram.compile import compile_graph
+    from engine.planning.planner import make_plan
+    from engine.runs.build import prepare_run
     from engine.runtime.train import run
-    from engine.tail import read_metrics
+    from engine.runs.tail import read_metrics
 
     project = project.copy()
     project.placement.mixed_precision = precision if precision in ("bf16", "float8") else "none"
@@ -122,7 +122,7 @@ def hand_loop(model: torch.nn.Module, run_dir: Path, device: torch.device, preci
     """The loop a person writes: Adam, the run's batches, autocast for bf16, the loss kept
     on the device. Returns (seconds per step after the first window, the mean loss of each
     of `marks`' windows, peak MiB)."""
-    from engine.runtime.data import Batches, load_npz
+    from engine.runtime.batches import Batches, load_npz
 
     spec = json.loads((run_dir / "run.json").read_text())
     tr = spec["training"]
@@ -210,7 +210,7 @@ def architectures(smoke: bool, memory_bytes: int) -> list[dict]:
 def imported(arch: dict, tmp: Path):
     """(the source module, its Layerflow project): from_module, saved with its weights."""
     from engine.interop import save_imported
-    from engine.interop.module_import import from_module
+    from engine.interop.module.importer import from_module
     from engine.project import load_project
 
     torch.manual_seed(0)
@@ -378,8 +378,9 @@ def compile_and_float8_rows(tmp: Path, device: torch.device, spec, smoke: bool, 
 def schedule_project(hidden: int, batch: int, steps: int):
     """An MLP of 4 Linear layers (the planner cuts it into 2 stages, or 4 for the interleaved
     schedules), no BatchNorm or Dropout: a pipeline gives one process's losses."""
-    from engine.graph import Graph
-    from engine.project import Optimizer, Project, SyntheticClassification, Training
+    from engine.diagram.graph import Graph
+    from engine.project import Optimizer, Project, Training
+    from engine.data.sources import SyntheticClassification
 
     g = Graph()
     g.add_node("Input", {"shape": [64]}, id="x")
@@ -407,10 +408,10 @@ def schedule_rows(tmp: Path, n_gpus: int, smoke: bool, steps: int) -> tuple[str,
     more the ranks use NCCL on GPUs 0 and 1; with one GPU or none they run on the CPU with
     gloo (the runtime puts rank r on GPU r, and NCCL needs a GPU per rank), which still
     checks each schedule's path and measures its bubble against 1F1B's."""
-    from engine.planner import make_plan
-    from engine.run import prepare_run
-    from engine.tail import read_metrics
-    from remote.launch_local import launch_local
+    from engine.planning.planner import make_plan
+    from engine.runs.build import prepare_run
+    from engine.runs.tail import read_metrics
+    from remote.launch.local import launch_local
 
     on_gpu = n_gpus >= 2
     env = None if on_gpu else {"CUDA_VISIBLE_DEVICES": ""}

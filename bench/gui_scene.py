@@ -19,7 +19,7 @@ from PySide6.QtCore import QPointF  # noqa: E402
 from PySide6.QtGui import QImage, QPainter  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from engine.graph import Graph  # noqa: E402
+from engine.diagram.graph import Graph  # noqa: E402
 
 
 def big_graph(n: int) -> Graph:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "tests" / "engine"))
 import onnx  # noqa: E402
 import torch  # noqa: E402
 
-from engine.interop.module_import import _export, _sample, from_module  # noqa: E402
+from engine.interop.module.importer import _export, _sample, from_module  # noqa: E402
 from real_models import GPT, ResNet  # noqa: E402
 
 

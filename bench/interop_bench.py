@@ -24,12 +24,12 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from engine.compile import compile_graph  # noqa: E402
+from engine.diagram.compile import compile_graph  # noqa: E402
 from engine.interop import export_onnx, export_script, import_onnx  # noqa: E402
 from engine.project import load_project  # noqa: E402
-from engine.run import prepare_run  # noqa: E402
+from engine.runs.build import prepare_run  # noqa: E402
 from engine.runtime.train import run  # noqa: E402
-from engine.tail import read_metrics  # noqa: E402
+from engine.runs.tail import read_metrics  # noqa: E402
 
 EXAMPLES = ["mlp_digits", "cnn_digits", "resnet_synthetic", "transformer_synthetic"]
 

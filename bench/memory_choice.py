@@ -37,14 +37,14 @@ sys.path.insert(0, str(ROOT / "tests" / "engine"))  # the GPT of the tests (nano
 import torch  # noqa: E402
 from real_models import GPT  # noqa: E402
 
-from engine.autoplace import auto_place  # noqa: E402
-from engine.compile import compile_graph  # noqa: E402
-from engine.cost import local_cpu  # noqa: E402
+from engine.planning.autoplace import auto_place  # noqa: E402
+from engine.diagram.compile import compile_graph  # noqa: E402
+from engine.planning.cost import local_cpu  # noqa: E402
 from engine.interop import save_imported  # noqa: E402
-from engine.interop.module_import import from_module  # noqa: E402
-from engine.planner import make_plan  # noqa: E402
+from engine.interop.module.importer import from_module  # noqa: E402
+from engine.planning.planner import make_plan  # noqa: E402
 from engine.project import load_project  # noqa: E402
-from engine.run import prepare_run  # noqa: E402
+from engine.runs.build import prepare_run  # noqa: E402
 
 MIB = 2 ** 20
 SEQ, BATCH = 64, 16
@@ -70,7 +70,7 @@ def saved_bytes(run_dir: Path, checkpoint: set[str], local_batch: int) -> int:
     samples, with activation checkpointing on `checkpoint` (the runtime's own builder)."""
     from engine.runtime.model import build_graph_module, load_weights
     from engine.runtime.spec import RunSpec
-    from engine.runtime.stages import apply_checkpointing
+    from engine.runtime.distributed.stages import apply_checkpointing
 
     spec = RunSpec.load(run_dir)
     gm = build_graph_module(spec.model, device="cpu", seed=spec.training.seed)
@@ -95,7 +95,7 @@ def saved_bytes(run_dir: Path, checkpoint: set[str], local_batch: int) -> int:
 
 
 def train(run_dir: Path, nproc: int) -> list[float]:
-    from remote.launch_local import launch_local
+    from remote.launch.local import launch_local
 
     job = launch_local(run_dir, nproc)
     rc = job.wait()

@@ -15,7 +15,7 @@ them, built by the runtime's own make_schedule.
 Every rank does the same work per step, m * 4 layers * 3 costs; busy is the time a rank
 measured inside them (mean over ranks), the measured bubble 1 - busy / the step's wall
 time (the slowest rank's; communication and the schedule's own Python count as bubble).
-The formula column is engine/cost.py's bubble_fraction, what the plan shows.
+The formula column is engine/planning/cost.py's bubble_fraction, what the plan shows.
 Not a test: timings depend on the machine's load.
 """
 from __future__ import annotations
@@ -125,7 +125,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         return _worker(args)
-    from engine.cost import bubble_fraction
+    from engine.planning.cost import bubble_fraction
     from engine.runtime.plan import MULTI_STAGE
 
     m = args.microbatches

@@ -7,7 +7,7 @@ far above what a real run writes, about 4 lines a second at the default log
 interval) and every update is timed in two parts: the plot update (flush = setData,
 then a synchronous repaint of the plots) and the ingest of the new lines as the GUI
 thread pays it: append_data (the lines kept, sent to the dashboard's parse process,
-engine/parse_worker.py), then, once parsed there, their columns taken into float64
+engine/runs/parse_worker.py), then, once parsed there, their columns taken into float64
 buffers. The parse process's own CPU time is shown beside (it runs on another core).
 Goal: plot update plus ingest under 30 ms, mean and worst ("both"). Cases:
 
@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import pyqtgraph as pg  # noqa: E402
-from engine.tail import parse_jsonl  # noqa: E402
+from engine.runs.tail import parse_jsonl  # noqa: E402
 from PySide6.QtCore import QEvent  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
@@ -61,7 +61,7 @@ now = time.thread_time
 def records(start: int, n: int, rng, keys: str = "loss", offset: float = 0.0) -> list[bytes]:
     """n lines of metrics.jsonl as engine/runtime/loop.py writes them (json.dumps of a
     dict); keys: 'loss', 'three' (loss, lr, throughput) or 'five' (one series for each
-    plot). The dashboard gets them as the app gives them: engine/tail.py's parse_jsonl,
+    plot). The dashboard gets them as the app gives them: engine/runs/tail.py's parse_jsonl,
     timed as part of the ingest."""
     steps = np.arange(start + 1, start + n + 1)
     loss = offset + 2.0 * np.exp(-steps / 2e5) + 0.05 * rng.standard_normal(n)
@@ -113,7 +113,7 @@ def shown(cls, keys: str, **kw):
     d.show()
     QApplication.processEvents()
     gc.collect()
-    gc.freeze()  # as app/cli_gui.py does once the window is up
+    gc.freeze()  # as app/cli/gui_cmds.py does once the window is up
     # the five metric plots (the sixth, per-rank step times, gets no record here), or the loss plot alone
     return d, [pw for pid, pw in d.plots.items() if pid == "loss" or (keys != "loss" and pid != "step_time")]
 
@@ -133,7 +133,7 @@ def gone(d) -> None:
 
 
 def worker_cpu(d) -> float:
-    """CPU seconds the dashboard's parse process (engine/parse_worker.py) has used so far."""
+    """CPU seconds the dashboard's parse process (engine/runs/parse_worker.py) has used so far."""
     proc = getattr(getattr(d, "_parser", None), "_proc", None)
     if proc is None:
         return 0.0
@@ -327,7 +327,7 @@ def main() -> None:
     print(f"load average while measuring: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
           f"this machine's speed: {reference():.2f} ms to parse 3,000 metrics lines (the overlay's per-update "
           f"parse, the median of 200); 'parse process': the CPU time per update of the dashboard's parse "
-          f"process (engine/parse_worker.py), on another core, beside the GUI thread's")
+          f"process (engine/runs/parse_worker.py), on another core, beside the GUI thread's")
 
 
 def reference() -> float:

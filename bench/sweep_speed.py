@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.project import load_project, save_project  # noqa: E402
-from engine.runs import runs_table  # noqa: E402
-from engine.sweep import default_parallel  # noqa: E402
+from engine.runs.history import runs_table  # noqa: E402
+from engine.runs.sweep import default_parallel  # noqa: E402
 from remote.sweep_queue import SweepRunner  # noqa: E402
 
 

@@ -22,11 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.project import load_project
-from engine.run import prepare_run
+from engine.runs.build import prepare_run
 from engine.runtime.sysmetrics import PERIOD_ENV, read_system
 from engine.runtime.tensorboard import ENV as TB_ENV
 from engine.runtime.train import run
-from engine.tail import read_metrics
+from engine.runs.tail import read_metrics
 
 CASES = [  # (name, sampler period, TensorBoard files)
     ("sampler off", "0", "0"),

@@ -2,7 +2,7 @@
 24 blocks whose token embedding and output head share one weight, the planner's predicted
 step time and per-stage state memory at pp=2 and pp=4 against what Layerflow's runtime
 measures on this machine (torchrun, gloo on the CPU), and the share of a step the tied
-weight's gradient all-reduce takes (from the ranks' logs, engine/runtime/tied.py).
+weight's gradient all-reduce takes (from the ranks' logs, engine/runtime/distributed/tied.py).
 
     python bench/tied_pipeline.py [--blocks 12 24] [--pp 2 4] [--steps 30]
 
@@ -35,7 +35,7 @@ from real_models import GPT  # noqa: E402
 
 import layerflow as lf  # noqa: E402
 from engine.interop import save_imported  # noqa: E402
-from engine.interop.module_import import from_module  # noqa: E402
+from engine.interop.module.importer import from_module  # noqa: E402
 
 MIB = 2 ** 20
 

@@ -24,12 +24,12 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from engine.graph import Graph  # noqa: E402
+from engine.diagram.graph import Graph  # noqa: E402
 from engine.project import Project, Training  # noqa: E402
-from engine.run import prepare_run  # noqa: E402
-from engine.runtime.data import Batches, load_npz  # noqa: E402
+from engine.runs.build import prepare_run  # noqa: E402
+from engine.runtime.batches import Batches, load_npz  # noqa: E402
 from engine.runtime.train import run  # noqa: E402
-from engine.tail import read_metrics  # noqa: E402
+from engine.runs.tail import read_metrics  # noqa: E402
 
 
 def mlp_project(width: int, steps: int) -> Project:

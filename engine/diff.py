@@ -21,7 +21,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.graph import Graph, GraphError
+from engine.diagram.graph import Graph, GraphError
 from engine.project import Project, ProjectError, loads_project
 
 _MISSING = object()  # a key one side does not have
@@ -301,7 +301,7 @@ def _end(e: tuple[str, str] | None) -> str | None:
 
 def _consequences(pa: dict, pb: dict, m: dict[str, str]) -> list[str]:
     """Parameters, FLOPs and pipeline stages before and after."""
-    from engine.compile import compile_graph
+    from engine.diagram.compile import compile_graph
     from engine.units import human
 
     lines: list[str] = []
@@ -321,7 +321,7 @@ def _consequences(pa: dict, pb: dict, m: dict[str, str]) -> list[str]:
             if not r.ok:
                 lines.append(f"{name}: the diagram does not compile ({len(r.errors)} error(s): {r.errors[0]})")
         return lines
-    from engine.planner import make_plan
+    from engine.planning.planner import make_plan
 
     plans = []
     for proj, r in zip(projects, results):

@@ -21,3 +21,8 @@ class CheckFailed(LayerflowError, ValueError):
         self.errors = [str(e) for e in errors]
         self.warnings = [str(w) for w in warnings or []]
         super().__init__(f"{what}: {len(self.errors)} error(s):\n" + "\n".join(f"  {e}" for e in self.errors))
+
+
+class InteropError(LayerflowError, ValueError):
+    """An export or import that cannot be done (engine/interop/), or a run's weights that
+    cannot be read (engine/runs/weights.py); the message lists every reason."""

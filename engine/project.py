@@ -13,128 +13,21 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from types import UnionType
-from typing import Annotated, Any, Literal, Optional, Union, get_origin
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
-from engine.data_sources import ArrayFile, ImageFolder, LoaderSettings, Parquet, Shards, TokenFile
+from engine.data.sources import _DATASET_KINDS, Dataset, LoaderSettings, SyntheticClassification
 from engine.files import ProjectError, atomic_write  # noqa: F401  (both are part of this module's API)
-from engine.graph import TP_STYLES, Graph, GraphError
+from engine.diagram.graph import TP_STYLES, Graph, GraphError
+from engine.schema import Strict
 
 FORMAT_VERSION = 1
 SUFFIX = ".lflow"
 
 
-def _wants_number(annotation: Any) -> bool:
-    """int or float, bare, Optional or Annotated (bool is an int to Python, not to a user)."""
-    if annotation in (int, float):
-        return True
-    return any(_wants_number(a) for a in getattr(annotation, "__args__", ()) if a is not type(None)) \
-        and get_origin(annotation) in (Union, Annotated, tuple, UnionType)
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_booleans_for_numbers(cls, data: Any) -> Any:
-        """`lr: true` is refused, not read as 1.0 (pydantic's lax mode takes a bool as a number)."""
-        if isinstance(data, dict):
-            for name, v in data.items():
-                if isinstance(v, bool) or (isinstance(v, (list, tuple)) and any(isinstance(x, bool) for x in v)):
-                    field = cls.model_fields.get(name) if isinstance(name, str) else None
-                    if field is not None and _wants_number(field.annotation):
-                        raise ValueError(f"{name} must be {'numbers' if isinstance(v, (list, tuple)) else 'a number'}, "
-                                         f"not {json.dumps(v)}")
-        return data
-
-
-# ----- data sets --------------------------------------------------------------
-class SyntheticClassification(_Strict):
-    kind: Literal["synthetic_classification"]
-    n_samples: int = Field(2048, ge=8, le=10_000_000)
-    n_features: int = Field(32, ge=1, le=100_000)
-    n_classes: int = Field(4, ge=2, le=10_000)
-    noise: float = Field(0.5, ge=0)
-    val_fraction: float = Field(0.2, gt=0, lt=1)
-    seed: int = Field(0, ge=0, le=2 ** 31 - 1)  # numpy and torch take it; so does a spin box
-
-
-class SyntheticRegression(_Strict):
-    kind: Literal["synthetic_regression"]
-    n_samples: int = Field(2048, ge=8, le=10_000_000)
-    n_features: int = Field(16, ge=1, le=100_000)
-    n_targets: int = Field(1, ge=1, le=10_000)
-    noise: float = Field(0.1, ge=0)
-    val_fraction: float = Field(0.2, gt=0, lt=1)
-    seed: int = Field(0, ge=0, le=2 ** 31 - 1)  # numpy and torch take it; so does a spin box
-
-
-class SyntheticSequence(_Strict):
-    kind: Literal["synthetic_sequence"]
-    n_samples: int = Field(2048, ge=8, le=10_000_000)
-    seq_len: int = Field(16, ge=1, le=100_000)
-    vocab_size: int = Field(32, ge=2, le=10_000_000)
-    n_classes: int = Field(4, ge=2, le=10_000)
-    # classify: one label per sequence; next_token: language modelling, the target of
-    # each position is the next token (per-token logits (B, T, vocab) against (B, T))
-    task: Literal["classify", "next_token"] = "classify"
-    val_fraction: float = Field(0.2, gt=0, lt=1)
-    seed: int = Field(0, ge=0, le=2 ** 31 - 1)  # numpy and torch take it; so does a spin box
-
-
-class SyntheticImages(_Strict):
-    kind: Literal["synthetic_images"]
-    n_samples: int = Field(2048, ge=8, le=10_000_000)
-    channels: int = Field(3, ge=1, le=4096)
-    height: int = Field(16, ge=1, le=4096)
-    width: int = Field(16, ge=1, le=4096)
-    n_classes: int = Field(4, ge=2, le=10_000)
-    noise: float = Field(0.5, ge=0)
-    val_fraction: float = Field(0.2, gt=0, lt=1)
-    seed: int = Field(0, ge=0, le=2 ** 31 - 1)  # numpy and torch take it; so does a spin box
-
-
-class Digits(_Strict):
-    """scikit-learn's handwritten digits (1797 8x8 images, shipped with the package)."""
-
-    kind: Literal["digits"]
-    image: bool = False  # True: (1, 8, 8) images; False: 64 features
-    val_fraction: float = Field(0.2, gt=0, lt=1)
-    seed: int = Field(0, ge=0, le=2 ** 31 - 1)  # numpy and torch take it; so does a spin box
-
-
-class NpzFile(_Strict):
-    """x/y arrays (split by val_fraction) or x_train/y_train/x_val/y_val."""
-
-    kind: Literal["npz"]
-    path: str = Field(min_length=1)
-    val_fraction: float = Field(0.2, gt=0, lt=1)
-    seed: int = Field(0, ge=0, le=2 ** 31 - 1)  # numpy and torch take it; so does a spin box
-
-
-class CsvFile(_Strict):
-    kind: Literal["csv"]
-    path: str = Field(min_length=1)
-    target: Union[str, int] = -1  # column name or index of the target
-    task: Literal["classification", "regression"] = "classification"
-    header: bool = True
-    val_fraction: float = Field(0.2, gt=0, lt=1)
-    seed: int = Field(0, ge=0, le=2 ** 31 - 1)  # numpy and torch take it; so does a spin box
-
-
-# generated sets and a CSV (small: made whole when a run is prepared), then the data sets read
-# in place (engine/data_sources.py; engine/runtime/datasets/ reads them on every rank)
-Dataset = Union[SyntheticClassification, SyntheticRegression, SyntheticSequence, SyntheticImages, Digits, NpzFile, CsvFile,
-                ImageFolder, TokenFile, Parquet, ArrayFile, Shards]
-_DATASET_KINDS = ("synthetic_classification", "synthetic_regression", "synthetic_sequence",
-                  "synthetic_images", "digits", "npz", "csv", "image_folder", "token_file", "parquet", "array", "shards")
-
-
 # ----- training ---------------------------------------------------------------
-class Optimizer(_Strict):
+class Optimizer(Strict):
     name: Literal["sgd", "adam", "adamw"] = "adam"
     lr: float = Field(1e-3, gt=0, le=100)
     weight_decay: float = Field(0.0, ge=0)
@@ -142,7 +35,7 @@ class Optimizer(_Strict):
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)  # Adam/AdamW
 
 
-class Schedule(_Strict):
+class Schedule(Strict):
     name: Literal["constant", "cosine", "step"] = "constant"
     warmup_steps: int = Field(0, ge=0)
     step_size: int = Field(100, ge=1)  # step schedule: decay every step_size steps
@@ -150,7 +43,7 @@ class Schedule(_Strict):
     min_lr_ratio: float = Field(0.0, ge=0, le=1)  # cosine: floor as a fraction of lr
 
 
-class Training(_Strict):
+class Training(Strict):
     dataset: Dataset = Field(default_factory=lambda: SyntheticClassification(kind="synthetic_classification"), discriminator="kind")
     optimizer: Optimizer = Field(default_factory=Optimizer)
     schedule: Schedule = Field(default_factory=Schedule)
@@ -201,7 +94,7 @@ class Training(_Strict):
         return self
 
 
-# ----- placement (engine/planner.py reads it) ---------------------------------
+# ----- placement (engine/planning/planner.py reads it) ---------------------------------
 MAX_PROCESSES = 65_536  # pp x dp x tp: beyond any cluster, and small enough to list every rank
 
 
@@ -215,13 +108,13 @@ class PlacementError(ProjectError):
         self.field = field
 
 
-class Placement(_Strict):
+class Placement(Strict):
     """The project's distributed settings: the mesh (pp x dp x tp) and how it runs.
 
     Always valid: every assignment is validated (and an assignment the model refuses
     leaves the placement as it was), and the one way to a changed copy is `derive`,
     which validates too; both raise PlacementError. (A node's own stage and TP style are
-    its NodeAssignment, engine/graph.py.)"""
+    its NodeAssignment, engine/diagram/graph.py.)"""
 
     model_config = ConfigDict(extra="forbid", strict=False, validate_assignment=True)
 
@@ -312,7 +205,7 @@ def placement_error(exc: ValidationError, changes: dict[str, Any]) -> PlacementE
                           field)
 
 
-class _NodeModel(_Strict):
+class _NodeModel(Strict):
     id: str
     type: str
     params: dict[str, Any] = Field(default_factory=dict)
@@ -324,14 +217,14 @@ class _NodeModel(_Strict):
     scope: Optional[list[tuple[str, str]]] = None  # imported: module path and type, outside in
 
 
-class _EdgeModel(_Strict):
+class _EdgeModel(Strict):
     src: str
     src_port: str = "out"
     dst: str
     dst_port: str = "in"
 
 
-class _DiagramModel(_Strict):
+class _DiagramModel(Strict):
     nodes: list[_NodeModel] = Field(default_factory=list)
     edges: list[_EdgeModel] = Field(default_factory=list)
     collapsed: list[str] = Field(default_factory=list)  # blocks shown as one card in the editor
@@ -341,7 +234,7 @@ class _DiagramModel(_Strict):
     direction: Literal["LR", "TB"] = "LR"  # data flows left to right or top down on the canvas
 
 
-class _ConflictModel(_Strict):
+class _ConflictModel(Strict):
     """A field both sides of a merge changed (engine/diff.py): the project holds ours."""
 
     where: str = Field(min_length=1)
@@ -351,7 +244,7 @@ class _ConflictModel(_Strict):
     theirs: Any = None
 
 
-class _ProjectModel(_Strict):
+class _ProjectModel(Strict):
     format_version: int
     name: str = "untitled"
     description: str = ""
@@ -687,6 +580,13 @@ def checked_input(path: Path, field: str) -> Path:
         raise ProjectError(f"{field}: {path} is {st.st_size / 2 ** 20:,.0f} MB, more than the limit of {limit_mb:,.0f} MB "
                            "(raise it with the environment variable LAYERFLOW_MAX_INPUT_MB)")
     return path
+
+
+def weights_name(project_path: str | Path) -> str:
+    """NAME.weights.pt beside NAME.lflow (relative, so the pair moves together)."""
+    p = Path(project_path)
+    stem = p.name[: -len(p.suffix)] if p.suffix else p.name
+    return f"{stem}.weights.pt"
 
 
 def save_project(project: Project, path: str | os.PathLike | None = None) -> Path:

@@ -36,12 +36,12 @@ from __future__ import annotations
 from engine.diff import ProjectDiff
 from engine.errors import CheckFailed, LayerflowError
 from engine.files import ProjectError
-from engine.graph import GraphError
+from engine.diagram.graph import GraphError
 from engine.interop.common import InteropError
-from engine.planner import Plan
-from engine.run import RunError
+from engine.planning.planner import Plan
+from engine.runs.build import RunError
 from engine.runtime.records import RunStatus
-from engine.sweep import SweepError
+from engine.runs.sweep import SweepError
 from layerflow.data import DataError, DataReport, DataUse, Packed, inspect, pack
 from layerflow.project import Project, Summary, load
 from layerflow.runs import Job, Run, RunFailed, cluster_jobs

@@ -11,7 +11,7 @@
     used = p.use_data("tokens/", seq_len=128)        # training.dataset; used.mismatches names nodes
     p.save()
 
-The work is the engine's (engine/data_inspect.py, engine/datapack.py, engine/data.py);
+The work is the engine's (engine/data/inspection.py, engine/data/pack.py, engine/data/describe.py);
 this module picks the kind, checks the settings as the project file's are, and raises
 `lf.DataError` (a LayerflowError) in one line naming the file, and sample or row, at fault.
 """
@@ -38,7 +38,7 @@ class DataError(LayerflowError, _RuntimeDataError):
 
 
 def _models() -> dict:
-    from engine.data_sources import ArrayFile, ImageFolder, Parquet, Shards, TokenFile
+    from engine.data.sources import ArrayFile, ImageFolder, Parquet, Shards, TokenFile
 
     return {"image_folder": ImageFolder, "token_file": TokenFile, "parquet": Parquet, "array": ArrayFile,
             "shards": Shards}
@@ -62,7 +62,7 @@ def settings(path: str | os.PathLike, kind: str | None = None, **options: Any) -
     """training.dataset's settings for the data set at `path` (kind guessed from its file
     names when not given; a Parquet set's columns from its schema when not given), checked
     as the project file's are. The path stays as given."""
-    from engine.data_inspect import guess_columns, guess_kind
+    from engine.data.inspection import guess_columns, guess_kind
 
     p = Path(os.path.expanduser(str(path)))
     try:
@@ -95,7 +95,7 @@ def _checked(values: dict) -> dict:
 # ----- inspect ----------------------------------------------------------------------------
 @dataclass
 class DataReport:
-    """What a data set holds (engine/data_inspect.py's report): `str(report)` is what
+    """What a data set holds (engine/data/inspection.py's report): `str(report)` is what
     `layerflow data inspect` prints, `to_dict()` its --json. `info` keeps the example
     tensors as numpy arrays (info["examples"][k]["x"], ["image"], ["image_augmented"])."""
 
@@ -264,7 +264,7 @@ def inspect(path: str | os.PathLike, kind: str | None = None, *, samples: int = 
     that kind (image_size=, seq_len=, inputs=, target=, ...). A corrupt sample is listed in
     `report.unreadable` and passed over, as training does; strict=True raises it.
     With preview_dir, the example images are written there as PNGs."""
-    from engine.data_inspect import inspect_source
+    from engine.data.inspection import inspect_source
 
     if samples < 0:
         raise DataError(f"samples: {samples} must be 0 or more")
@@ -334,7 +334,7 @@ def pack(sources: str | os.PathLike | Iterable[str | os.PathLike], out: str | os
     as_kind ("token_file", "shards", "array") says which where the names do not.
     progress(done, total) follows the work (bytes, or images for shards). Every file is
     written under a temporary name, then renamed: an interrupted pack leaves no half file."""
-    from engine import datapack
+    from engine.data import pack as datapack
 
     srcs = [Path(os.path.expanduser(str(s))) for s in
             ([sources] if isinstance(sources, (str, os.PathLike)) else list(sources))]
@@ -379,7 +379,7 @@ def _text_files(folder: Path) -> list[Path]:
 def pack_kind(sources: Iterable[str | os.PathLike]) -> str:
     """What `pack` makes of these inputs: "array" (an .npz or .csv), "shards" (an image
     folder) or "token_file" (text)."""
-    from engine.data_inspect import guess_kind
+    from engine.data.inspection import guess_kind
 
     srcs = [Path(os.path.expanduser(str(s))) for s in sources]
     if len(srcs) == 1 and srcs[0].is_file() and srcs[0].suffix.lower() in (".npz", ".csv"):
@@ -397,7 +397,7 @@ def pack_kind(sources: Iterable[str | os.PathLike]) -> str:
 @dataclass
 class DataUse:
     """What `Project.use_data` did: training.dataset's new settings (`dataset`), the data
-    set as the builder checks it (`info`: engine.data.DataInfo), what --fit changed
+    set as the builder checks it (`info`: engine.data.describe.DataInfo), what --fit changed
     (`changes`), notes on settings taken from the diagram (`notes`), and every place the
     data and the diagram still disagree, one line naming the node (`mismatches`)."""
 
@@ -432,14 +432,14 @@ def use_data(project, path: str | os.PathLike, kind: str | None = None, *, fit: 
     it). Settings of the same kind the project had are kept unless `options` change them;
     an image set's image_size and channels, and a token file's seq_len, follow the Input
     node when not given. With fit, the Input node(s) take the data's shape and dtype."""
-    from engine.data import describe_source
+    from engine.data.describe import describe_source
     from engine.files import ProjectError
     from engine.project import Training
 
     p = Path(os.path.expanduser(str(path)))
     abs_path = Path(os.path.abspath(p)) if "{" in p.name else p.resolve()
     if kind is None:
-        from engine.data_inspect import guess_kind
+        from engine.data.inspection import guess_kind
 
         try:
             kind = guess_kind(abs_path)
@@ -519,9 +519,9 @@ def _fit_inputs(graph, info) -> list[str]:
 def mismatches(graph, info) -> list[str]:
     """Where the diagram and the data set disagree (Input shape and dtype, the classifier's
     outputs against the classes, the loss against the task, an Embedding's size), one line
-    each naming the node; engine/run.py check_data is the builder's own check."""
-    from engine.compile import compile_graph
-    from engine.run import check_data
+    each naming the node; engine/runs/build.py check_data is the builder's own check."""
+    from engine.diagram.compile import compile_graph
+    from engine.runs.build import check_data
 
     result = compile_graph(graph)
     if result.spec is None:

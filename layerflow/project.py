@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from engine import project as core
 from engine.errors import CheckFailed, LayerflowError
-from engine.graph import GraphError, ports_of
+from engine.diagram.graph import GraphError, ports_of
 from layerflow.runs import Job, Run
 
 Source = str  # "node" (its only output) or "node.port"
@@ -104,7 +104,7 @@ class Project:
                     input_dtype: str | list[str] | None = None, name: str | None = None) -> Project:
         """The diagram of an nn.Module instance, with its weights (input shapes without the
         batch; a list of shapes for several inputs). Checked to compute what the module does."""
-        from engine.interop.module_import import from_module
+        from engine.interop.module.importer import from_module
 
         shapes = [list(input_shape)] if all(isinstance(d, int) for d in input_shape) else [list(s) for s in input_shape]
         dtypes = [input_dtype] if isinstance(input_dtype, str) else input_dtype
@@ -167,7 +167,7 @@ class Project:
         """Add a layer and wire `inputs` to its input ports in order (Add's a and b, ...);
         returns its id (default: the type in lower case, numbered). An input is a node id
         (its only output) or "node.port"."""
-        from engine.layers import CATALOG
+        from engine.diagram.catalog import CATALOG
 
         if type not in CATALOG:
             near = difflib.get_close_matches(type, list(CATALOG), n=3, cutoff=0.6)
@@ -227,7 +227,7 @@ class Project:
         """Change a node's parameters (None: back to the default)."""
         g = self._p.graph
         n = g.node(node)
-        from engine.layers import CATALOG
+        from engine.diagram.catalog import CATALOG
 
         _check_params(CATALOG[n.type], {k: v for k, v in params.items() if v is not None}, f"node '{node}' ({n.type})")
         for k, v in params.items():
@@ -236,10 +236,10 @@ class Project:
     def remove(self, node: str) -> None:
         self._p.graph.remove_node(node)
 
-    # ----- editing more than one node (engine/editing.py: the editor's own operations) ----
+    # ----- editing more than one node (engine/diagram/editing.py: the editor's own operations) ----
     def rename(self, node: str, new: str) -> None:
         """Rename a node (the model's id rule; edges and ties follow)."""
-        from engine.editing import check_rename
+        from engine.diagram.editing import check_rename
 
         check_rename(self._p.graph, node, new)
         self._p.graph.rename_node(node, new)
@@ -247,7 +247,7 @@ class Project:
     def duplicate(self, nodes: Iterable[str], *, offset: tuple[float, float] = (40.0, 40.0)) -> list[str]:
         """Copies of nodes and the edges among them, with fresh ids (relu -> relu_2); a
         whole block copied becomes a new block. Returns the copies' ids, in order."""
-        from engine.editing import apply, plan_paste
+        from engine.diagram.editing import apply, plan_paste
 
         nodes = list(nodes)
         missing = [n for n in nodes if n not in self._p.graph.nodes]
@@ -260,7 +260,7 @@ class Project:
     def group(self, nodes: Iterable[str], name: str | None = None) -> str:
         """Put nodes into a block (inside the innermost block holding all of them);
         returns the block's path ("encoder/layer")."""
-        from engine.editing import apply, plan_group
+        from engine.diagram.editing import apply, plan_group
 
         nodes = list(nodes)
         missing = [n for n in nodes if n not in self._p.graph.nodes]
@@ -272,7 +272,7 @@ class Project:
 
     def ungroup(self, *blocks: str) -> None:
         """Take blocks away; what they held moves up one level."""
-        from engine.editing import apply, plan_ungroup
+        from engine.diagram.editing import apply, plan_ungroup
 
         apply(self._p.graph, plan_ungroup(self._p.graph, set(blocks)))
 
@@ -280,7 +280,7 @@ class Project:
         """`times` copies of a block in a chain, as stacked layers: the block must take one
         value in and give one out; what used its output uses the last copy's. Returns
         the new nodes' ids."""
-        from engine.editing import apply, plan_repeat
+        from engine.diagram.editing import apply, plan_repeat
 
         rep = plan_repeat(self._p.graph, block, times)
         apply(self._p.graph, rep)
@@ -316,7 +316,7 @@ class Project:
 
     def summary(self) -> Summary:
         """Shapes, parameters and FLOPs of every node (errors listed, not raised)."""
-        from engine.compile import compile_graph
+        from engine.diagram.compile import compile_graph
 
         r = compile_graph(self._p.graph)
         return Summary(r.summary_rows(), r.total_params, r.total_flops,
@@ -326,8 +326,8 @@ class Project:
         """Check the diagram and that it can run as placed (memory included); returns the
         warnings (settings that are valid but almost surely a mistake, such as an absurd
         weight decay, among them), raises CheckFailed listing every error."""
-        from engine.compile import compile_graph
-        from engine.planner import grouped, make_plan
+        from engine.diagram.compile import compile_graph
+        from engine.planning.planner import grouped, make_plan
 
         name = str(self.path or self.name)
         self._settings()
@@ -350,12 +350,12 @@ class Project:
 
     # ----- placing ----------------------------------------------------------------------
     def plan(self, nproc: int | None = None, *, device: str = "cpu", memory_gb: float | None = None, **placement):
-        """The distributed plan (engine.planner.Plan: mesh, stages, TP layouts,
+        """The distributed plan (engine.planning.planner.Plan: mesh, stages, TP layouts,
         communication, memory and time per device) for the placement with `placement`'s
         fields changed; its errors are listed in `plan.errors`, not raised."""
-        from engine import calibration
-        from engine.planner import make_plan
-        from layerflow._prepare import checked_placement
+        from engine.runs import calibration
+        from engine.planning.planner import make_plan
+        from layerflow.prepare import checked_placement
 
         compiled = self._compiled()
         pl = checked_placement(self._p.placement, placement)
@@ -381,7 +381,7 @@ class Project:
         plan = self.plan(device=device, memory_gb=memory_gb, **fields)
         if plan.errors:
             raise CheckFailed("the placement cannot run", plan.errors, plan.warnings)
-        from layerflow._prepare import checked_placement
+        from layerflow.prepare import checked_placement
 
         self._p.placement = checked_placement(self._p.placement, fields)
         return plan
@@ -389,8 +389,8 @@ class Project:
     def autoplace(self, devices: int, *, device: str = "cpu", memory_gb: float | None = None):
         """Choose pp/dp/tp, the stage cuts and TP styles for `devices` devices, write them
         into the diagram and the placement, and return the plan (`plan.reasons` says why)."""
-        from engine import calibration
-        from engine.autoplace import apply_to_project, auto_place
+        from engine.runs import calibration
+        from engine.planning.autoplace import apply_to_project, auto_place
 
         compiled = self._compiled()
         try:
@@ -404,7 +404,7 @@ class Project:
 
     def _compiled(self):
         """The compiled diagram (settings checked first); CheckFailed when it has errors."""
-        from engine.compile import compile_graph
+        from engine.diagram.compile import compile_graph
 
         self._settings()
         compiled = compile_graph(self._p.graph)
@@ -427,7 +427,7 @@ class Project:
         Returns at once with the Run; `placement` fields (pp=, dp=, tp=, schedule=,
         microbatches=) change this run's layout only. The run folder is `out`, else
         <project folder>/runs/<name>-<time> (the current folder's runs/ before a save)."""
-        from layerflow._prepare import prepare_training
+        from layerflow.prepare import prepare_training
         from layerflow.runs import start
 
         prep = prepare_training(self._runnable(), nproc=nproc, steps=steps, seed=seed, out=out, placement=placement)
@@ -435,15 +435,15 @@ class Project:
 
     def sweep(self, sweep, *, parallel: int | None = None, cluster: str | None = None,
               runs_dir: str | os.PathLike | None = None, on_event=None) -> list[dict]:
-        """Run a sweep (a dict, or a sweep file's path; the format is engine/sweep.py's, as
+        """Run a sweep (a dict, or a sweep file's path; the format is engine/runs/sweep.py's, as
         `layerflow sweep` reads it): every point is checked first (a SweepError naming the
         key), then the queue runs, `parallel` at once on this machine (default: as the cores
         allow) or one job per run on `cluster`, and stops runs early by its rules. Blocks
         until the queue ends; returns its runs as runs-table rows (settings, final and best
         metrics, throughput, peak memory, predicted and measured step time), in queue order.
         on_event(kind, run) follows it ("started", "progress", "finished")."""
-        from engine.runs import runs_table
-        from engine.sweep import load_sweep
+        from engine.runs.history import runs_table
+        from engine.runs.sweep import load_sweep
         from remote.sweep_queue import SweepRunner
 
         runner = SweepRunner(self._runnable(), load_sweep(sweep), parallel=parallel, cluster=cluster,
@@ -461,10 +461,10 @@ class Project:
         check, on_prepared(run_dir) the local run folder. The data set: remote_data is its path
         on the cluster (checked on every node by fingerprint, nothing sent); else the
         profile's data_paths may map its folder there; else it is uploaded once into the
-        cluster's cache and reused (remote/data.py)."""
+        cluster's cache and reused (remote/node_data.py)."""
         from remote.cluster import ClusterStore
         from remote.launch import deploy
-        from remote.launch_ssh import prepare
+        from remote.launch.ssh_torchrun import prepare
 
         profile = ClusterStore().get(cluster)
         run_dir = prepare(self._runnable(), out, steps=steps)
@@ -481,7 +481,7 @@ class Project:
         if path is None and self.path is None:
             raise LayerflowError(f"{self.name}: say where to save it: p.save('{self.name}.lflow')")
         if not self._laid_out:
-            from engine.layout import lay_out
+            from engine.diagram.layout import lay_out
 
             for nid, xy in lay_out(self._p.graph).items():
                 self._p.graph.move(nid, xy)
@@ -501,7 +501,7 @@ class Project:
         `checkpoint`: final, latest, best or step_N; default final, else latest), else the
         project's weights file, else the initial weights. A run of another diagram is refused."""
         from engine.interop import export_onnx
-        from engine.interop.onnx_export import DEFAULT_OPSET
+        from engine.interop.onnx.export import DEFAULT_OPSET
 
         return export_onnx(self._runnable(), path, opset=opset or DEFAULT_OPSET, run=_run_path(run),
                            checkpoint=checkpoint)
@@ -519,7 +519,7 @@ class Project:
         """Make a run's weights the project's: NAME.weights.pt beside the saved project
         file (written atomically), named by the file (changed under its edit lock). Later
         runs start from them, exports carry them. Returns the weights file."""
-        from engine.interop.run_weights import use_run_weights
+        from engine.runs.weights import use_run_weights
 
         if self.path is None:
             raise LayerflowError(f"{self.name}: save the project first: its weights file goes beside it")
@@ -536,7 +536,7 @@ class Project:
         """The model's outputs as a numpy array for `inputs` (an array of samples, one
         sample, a dict {Input id: array}, or a path: .npy, .npz, an image or a folder of
         images), with a run's weights (else the project's), in eval mode on the CPU."""
-        from engine.interop.run_weights import predict, read_inputs
+        from engine.runs.weights import predict, read_inputs
 
         if isinstance(inputs, (str, os.PathLike)):
             inputs, _ = read_inputs(self._runnable(), inputs)
@@ -546,8 +546,8 @@ class Project:
                   steps: int | None = None, seed: int | None = None, out: str | os.PathLike | None = None,
                   **placement) -> Run:
         """Start a new run (as train does) whose initial weights are `run`'s at `checkpoint`."""
-        from engine.interop.run_weights import init_from, note_init
-        from layerflow._prepare import prepare_training
+        from engine.runs.weights import init_from, note_init
+        from layerflow.prepare import prepare_training
         from layerflow.runs import start
 
         src = str(_run_path(run))
@@ -587,7 +587,7 @@ def _check_params(spec, params: dict, where: str) -> None:
 def _device(name: str, nproc: int, memory_gb: float | None):
     from dataclasses import replace
 
-    from engine.cost import device_from_name
+    from engine.planning.cost import device_from_name
 
     try:
         dev = device_from_name(name, nproc)

@@ -1,7 +1,7 @@
 """A run on this machine (`Run`) and a job on a cluster (`Job`): what `Project.train` and
-`Project.deploy` return. Both read the run-folder contract (engine/run.py): status.json
+`Project.deploy` return. Both read the run-folder contract (engine/runs/build.py): status.json
 for the state (engine/runtime/records.py `RunStatus`, what both `status()` return),
-metrics.jsonl for the records, followed by byte offset (engine/tail.py), so nothing is
+metrics.jsonl for the records, followed by byte offset (engine/runs/tail.py), so nothing is
 missed or repeated while a run goes on."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from engine.errors import LayerflowError
-from engine.runs import is_run_dir
+from engine.runs.history import is_run_dir
 from engine.runtime.records import RunStatus
-from engine.tail import MetricsTail, read_metrics
+from engine.runs.tail import MetricsTail, read_metrics
 
 
 class RunFailed(LayerflowError, RuntimeError):
@@ -42,7 +42,7 @@ class Run:
         self.dir = Path(run_dir).resolve()
         if job is None and not is_run_dir(self.dir):
             raise LayerflowError(f"{self.dir} is not a run folder (no run.json)")
-        self._job = job  # remote.launch_local.LocalJob while this process runs it
+        self._job = job  # remote.launch.local.LocalJob while this process runs it
 
     def __repr__(self) -> str:
         return f"Run({str(self.dir)!r}, {self.status().state})"
@@ -58,7 +58,7 @@ class Run:
         st = self.status()
         if st.done or st.state == "pending":
             return False
-        from engine.runs import pid_alive
+        from engine.runs.history import pid_alive
 
         return bool(pid_alive(st.pid))
 
@@ -115,7 +115,7 @@ class Run:
 
     def resume(self, *, steps: int | None = None, nproc: int | None = None, **placement) -> Run:
         """Go on from the latest checkpoint (to `steps` in all, or under another layout)."""
-        from layerflow._prepare import prepare_resume
+        from layerflow.prepare import prepare_resume
 
         if self.running:
             raise LayerflowError(f"run {self.name} is still going")
@@ -125,7 +125,7 @@ class Run:
 
 def start(prep) -> Run:
     """Start a prepared run folder on this machine (one process, or torchrun for several)."""
-    from remote.launch_local import launch_local
+    from remote.launch.local import launch_local
 
     return Run(prep.run_dir, launch_local(prep.run_dir, prep.nproc, resume=prep.resume))
 

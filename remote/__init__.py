@@ -11,5 +11,5 @@
     jobctl.py       the node-side helper shipped in every bundle (stdlib only)
     launch_local.py torchrun on this machine (the distributed runtime's launcher)
     procs.py        a local run's process tree (psutil) and its one stop/kill path
-No Qt here: app/cli_remote.py, app/cluster_dialog.py and app/jobs_panel.py are the faces.
+No Qt here: app/cli/remote_cmds.py, app/cluster_dialog.py and app/jobs_panel.py are the faces.
 """

@@ -1,12 +1,12 @@
 """Bundles: a run folder + the engine runtime, as one tar named by its content hash.
 
-    run/                    the run folder (engine/run.py), minus outputs of earlier runs
+    run/                    the run folder (engine/runs/build.py), minus outputs of earlier runs
     engine/__init__.py      the runtime package, which imports only torch, numpy, stdlib
     engine/runtime/*.py
     layerflow_jobctl.py     the node-side status/cancel helper (remote/jobctl.py)
 
 A deploy's bundle never holds data: it leaves data.npz out and ships a run.json that
-names where the data set is on the cluster (remote/data.py: there already, or uploaded
+names where the data set is on the cluster (remote/node_data.py: there already, or uploaded
 once into the cluster's cache).
 
 The tar is deterministic (sorted names, zero mtimes and owners), so equal content
@@ -88,7 +88,7 @@ def make_bundle(run_dir: str | os.PathLike, cache_dir: str | os.PathLike, exclud
     replace = {f"run/{k}": v for k, v in (replace or {}).items()}
     run_dir, cache_dir = Path(run_dir), Path(cache_dir)
     if not (run_dir / "run.json").is_file():
-        raise ValueError(f"{run_dir} is not a run folder (no run.json); prepare it with engine.run.prepare_run")
+        raise ValueError(f"{run_dir} is not a run folder (no run.json); prepare it with engine.runs.build.prepare_run")
     cache_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".bundle-", suffix=".tar", dir=cache_dir)
     try:

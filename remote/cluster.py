@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from filelock import FileLock, Timeout
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from engine.errors import LayerflowError
+from engine.schema import Strict
 from engine.project import atomic_write
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -38,14 +39,10 @@ def config_dir() -> Path:
     return Path(platformdirs.user_config_dir("layerflow", appauthor=False))
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
 _HOST_RE = re.compile(r"[A-Za-z0-9_.:%-]+")
 
 
-class Host(_Strict):
+class Host(Strict):
     address: str = Field(min_length=1)  # host name or IP that ssh connects to
     port: int = Field(22, ge=1, le=65535)
     user: Optional[str] = None  # None: the local user name
@@ -71,7 +68,7 @@ class Host(_Strict):
         return f"{user}{self.address}{port}"
 
 
-class Cluster(_Strict):
+class Cluster(Strict):
     name: str
     hosts: list[Host] = Field(min_length=1)
     workdir: str = "~/layerflow"  # remote folder for bundles and jobs (~ = the remote home)
@@ -86,7 +83,7 @@ class Cluster(_Strict):
     # itself in <shared_dir>/jobs/ and keeps its record current, so `jobs --all` sees everyone's
     shared_dir: Optional[str] = None
     # data sets already on the cluster: {a folder here: the same folder there}; a run whose
-    # data set lies under a folder here reads it there (remote/data.py), checked by fingerprint
+    # data set lies under a folder here reads it there (remote/node_data.py), checked by fingerprint
     data_paths: dict[str, str] = Field(default_factory=dict)
     connect_timeout: float = Field(10.0, gt=0)
     command_timeout: float = Field(60.0, gt=0)

@@ -324,17 +324,17 @@ def check_devices(report: PreflightReport, world_size: int, nproc_per_node: int,
 
 
 def device_spec(report: PreflightReport, nproc_per_node: int = 1):
-    """An engine.cost.DeviceSpec for the planner from the real devices: the smallest GPU
+    """An engine.planning.cost.DeviceSpec for the planner from the real devices: the smallest GPU
     (free memory) of the cluster, or one CPU process's share of the smallest node's RAM.
-    What the devices panel shows and `engine.planner.make_plan(..., device=)` takes."""
-    from engine.cost import GPUS, DeviceSpec
+    What the devices panel shows and `engine.planning.planner.make_plan(..., device=)` takes."""
+    from engine.planning.cost import GPUS, DeviceSpec
 
     gpus = [g for h in report.hosts for g in h.gpus]
     if gpus:
         g = min(gpus, key=lambda g: g.memory_free_mb if g.memory_free_mb is not None else (g.memory_total_mb or 0))
         free_mb = g.memory_free_mb if g.memory_free_mb is not None else (g.memory_total_mb or 0)
         name = g.name.lower().replace(" ", "")
-        # engine/cost.py's table by model ("a100", "h100", "h200", "rtx4090"); unknown: a modest guess
+        # engine/planning/cost.py's table by model ("a100", "h100", "h200", "rtx4090"); unknown: a modest guess
         known = next((spec for key, spec in GPUS.items() if key.split("-")[0] in name), None)
         flops = known.flops_per_s if known else 0.4 * 100e12
         link = known.link_bytes_per_s if known else 25e9

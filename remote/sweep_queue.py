@@ -1,6 +1,6 @@
-"""The sweep queue: runs of one sweep (engine/sweep.py: the file, its points, their checks)
-started on this machine (remote/launch_local.py) or deployed one job per run to a cluster
-(remote/launch.py), watched through their metrics.jsonl, stopped early on a rule.
+"""The sweep queue: runs of one sweep (engine/runs/sweep.py: the file, its points, their checks)
+started on this machine (remote/launch/local.py) or deployed one job per run to a cluster
+(remote/launch/__init__.py), watched through their metrics.jsonl, stopped early on a rule.
 
     runner = SweepRunner(project, sweep)      # checks every point (SweepError)
     runner.run(on_event=print)                # blocks; stop() from another thread ends it
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine.errors import LayerflowError
-from engine.sweep import (ACTIVE, TAG_FILE, SweepError, _fmt, _number, _table, check_sweep, default_parallel,
+from engine.runs.sweep import (ACTIVE, TAG_FILE, SweepError, _fmt, _number, _table, check_sweep, default_parallel,
                           load_sweep, point_label)
 
 
@@ -59,10 +59,10 @@ class SweepRun:
 
 
 class _LocalHandle:
-    """A run started on this machine (remote/launch_local.py LocalJob)."""
+    """A run started on this machine (remote/launch/local.py LocalJob)."""
 
     def __init__(self, run_dir: Path, nproc: int):
-        from remote.launch_local import launch_local
+        from remote.launch.local import launch_local
 
         self.run_dir = run_dir
         self.job = launch_local(run_dir, nproc)
@@ -90,7 +90,7 @@ class _LocalHandle:
 
 
 class _ClusterHandle:
-    """A run deployed as one job on a cluster (remote/launch.py deploy; remote/tracker.py)."""
+    """A run deployed as one job on a cluster (remote/launch/__init__.py deploy; remote/tracker.py)."""
 
     def __init__(self, run_dir: Path, cluster: str, name: str):
         from remote.cluster import ClusterStore
@@ -162,7 +162,7 @@ class SweepRunner:
 
     def __init__(self, project, sweep, *, parallel: int | None = None, cluster: str | None = None,
                  runs_dir: str | os.PathLike | None = None, sweep_id: str | None = None, grace_s: float = 30.0):
-        from engine.runs import check_runs_inside, runs_dir as project_runs
+        from engine.runs.history import check_runs_inside, runs_dir as project_runs
 
         self.project = project
         self.sweep = load_sweep(sweep)
@@ -264,7 +264,7 @@ class SweepRunner:
             return bool(self._handles) or any(r.state == "queued" for r in self.runs)
 
     def _start(self, r: SweepRun, on_event) -> None:
-        from engine.run import build_run
+        from engine.runs.build import build_run
 
         r.state = "preparing"
         planned = self.planned[r.index]
@@ -285,7 +285,7 @@ class SweepRunner:
             if on_event:
                 on_event("finished", r)
             return
-        from engine.tail import MetricsTail
+        from engine.runs.tail import MetricsTail
 
         self._handles[r.index] = h
         self._tails[r.index] = MetricsTail(h.metrics)

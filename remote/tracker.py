@@ -33,8 +33,8 @@ from filelock import FileLock
 
 from engine.errors import LayerflowError
 from engine.project import atomic_write
-from engine.tail import parse_jsonl, read_from, split_complete
-from remote.data import restore_run_json
+from engine.runs.tail import parse_jsonl, read_from, split_complete
+from remote.node_data import restore_run_json
 from remote.jobs import TERMINAL, Job, JobDB
 from remote.ssh import Connection, SSHError, quote
 
@@ -171,7 +171,7 @@ class Tracker:
 
     def _update_slurm_state(self, now: float) -> None:
         """Slurm knows the state of its jobs (jobctl asked it on the login node)."""
-        from remote.launch_slurm import describe, slurm_state
+        from remote.launch.slurm import describe, slurm_state
 
         job, old = self.job, (self.job.state, self.job.error, self.job.extra.get("slurm"))
         view = self.nodes[0]

@@ -7,7 +7,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # Keep each test process to one intra-op thread: CI has 2 cores and runs 2 workers.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# engine/cost.py keeps its CPU measurement in a cache folder: one of the test session's, not the user's
+# engine/planning/cost.py keeps its CPU measurement in a cache folder: one of the test session's, not the user's
 if "LAYERFLOW_CACHE_DIR" not in os.environ:
     import tempfile
 

@@ -123,7 +123,7 @@ def test_the_readers_may_import_pillow_and_pyarrow_inside_functions_only(tmp_pat
 def imports_of_the_cli_inside_functions(paths) -> list[tuple[str, int]]:
     """`from app.cli import ...` (or `import app.cli`, `from app import cli`) inside a
     function: the way around an import cycle that import-linter cannot see. The command
-    modules take CliError from app/cli_errors.py at their top instead."""
+    modules take CliError from app/cli/cli_errors.py at their top instead."""
     bad = []
     for path in paths:
         tree = ast.parse(path.read_text(), str(path))
@@ -147,7 +147,7 @@ def test_no_module_imports_the_cli_inside_a_function():
 def test_the_cli_scan_sees_an_import_inside_a_function(tmp_path):
     (tmp_path / "cli_x.py").write_text(
         "from app.cli import main\n"  # at the top: fine (a test, main.py)
-        "from app.cli_errors import CliError\n"
+        "from app.cli.cli_errors import CliError\n"
         "def f():\n    from app.cli import CliError\n"
         "class C:\n    def g(self):\n        import app.cli\n"
         "async def h():\n    from app import cli\n")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.run import prepare_run
+from engine.runs.build import prepare_run
 from engine.runtime.train import run
-from engine.tail import read_metrics
+from engine.runs.tail import read_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "engine"))
 from test_run_formats import small_project

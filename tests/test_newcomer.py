@@ -30,7 +30,7 @@ def test_the_bundled_example_opens_as_the_users_copy_and_its_runs_stay_out_of_th
     from app.window import MainWindow
     from app.settings import Settings
     from engine.project import load_project
-    from engine.run import new_run_dir
+    from engine.runs.build import new_run_dir
 
     before = sorted(p.name for p in EXAMPLE.parent.iterdir())
     w = MainWindow(settings=Settings(tmp_path / "home"), recover=False)

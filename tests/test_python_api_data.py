@@ -86,7 +86,7 @@ def test_pack_images_npz_and_csv(tmp_path):
 
 
 def test_use_data_fits_the_input_and_the_builder_takes_it(tmp_path):
-    from engine.run import build_run
+    from engine.runs.build import build_run
 
     make_images(tmp_path / "imgs", per_class=6)
     p = mlp(tmp_path)

@@ -1,5 +1,5 @@
 """The Data panel: the user picks a folder or a file, and sees what the data set holds
-(engine/data_inspect.py's report): samples per split, one sample's shapes and dtypes,
+(engine/data/inspection.py's report): samples per split, one sample's shapes and dtypes,
 the classes and their histogram, example images (as the model sees them in validation,
 and augmented as in training) or decoded token text, and the loader's samples/s.
 
@@ -290,7 +290,7 @@ class DataPanel(QWidget):
         self._show_parts(False)
 
     def show_info(self, info) -> None:
-        """engine.data.DataInfo, the first (quick) part: counts, shapes, task."""
+        """engine.data.describe.DataInfo, the first (quick) part: counts, shapes, task."""
         self.error.hide()
         self.summary_box.show()
         self.fields["samples"].setText(f"{_count(info.n_train)} / {_count(info.n_val)}")
@@ -309,7 +309,7 @@ class DataPanel(QWidget):
         self.fit_label.setText(text or "")
 
     def show_report(self, report: dict) -> None:
-        """engine.data_inspect.inspect_source's report, the whole of it."""
+        """engine.data.inspection.inspect_source's report, the whole of it."""
         self.report = report
         self.progress.hide()
         self.status.hide()

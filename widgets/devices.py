@@ -4,7 +4,7 @@ Edits are signals (the controller makes undo commands of them), and only edits t
 model takes: the boxes offer what engine/project.py's Placement fields allow, and a
 change the Placement refuses (pp x dp x tp over MAX_PROCESSES, say) is not sent; the box
 goes back to the valid value and the panel says why. A plan from
-engine/planner.py, when one exists, is shown as text lines the controller hands in.
+engine/planning/planner.py, when one exists, is shown as text lines the controller hands in.
 The "Devices" source (this machine or a cluster profile) is a choice the panel only
 shows: app/devices_source.py probes the cluster and hands back lines to list.
 
@@ -20,7 +20,7 @@ from PySide6.QtGui import QColor, QFontDatabase, QFontMetricsF, QPainter
 from PySide6.QtWidgets import (QComboBox, QFormLayout, QFrame, QGridLayout, QHBoxLayout, QLabel, QPlainTextEdit,
                                QPushButton, QScrollArea, QSizePolicy, QSpinBox, QToolTip, QVBoxLayout, QWidget)
 
-from engine.graph import TP_STYLES, block_name, block_path
+from engine.diagram.graph import TP_STYLES, block_name, block_path
 from engine.project import Placement, PlacementError
 from widgets.style import LIGHT, stage_color
 
@@ -151,7 +151,7 @@ class DevicesPanel(QWidget):
         self._updating = False
         self._placement: Placement | None = None  # the last placement shown: edits are checked against it
         self._tips: dict[str, str] = {}  # each editor's own tooltip, shown again once its edit is taken
-        self.plan_of = lambda: None  # the plan shown (engine.planner.Plan), set by app/devices_source.py attach
+        self.plan_of = lambda: None  # the plan shown (engine.planning.planner.Plan), set by app/devices_source.py attach
         self.graph_of = lambda: None  # the diagram (its blocks), likewise
         # everything in a scroll area: a short dock scrolls the panel instead of cutting the plan off
         outer = QVBoxLayout(self)

@@ -15,8 +15,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QLabel, QLineEdit, QScrollArea, QSpinBox,
                                QVBoxLayout, QWidget)
 
-from engine.graph import TP_STYLES
-from engine.layers import ParamSpec, get_layer
+from engine.diagram.graph import TP_STYLES
+from engine.diagram.catalog import ParamSpec, get_layer
 
 AUTO = "auto"
 _BIG = 2**31 - 1
@@ -133,7 +133,7 @@ class Inspector(QWidget):
         self._row(form, "name", name, "the node's name: a Python identifier, used in error messages and plans")
         for ps in (spec.params if spec else ()):
             self._row(form, ps.name, self._editor(ps, node.params.get(ps.name, ps.default)), ps.doc)
-        # the node's assignment (engine.graph.NodeAssignment); the project's placement is the Devices panel's
+        # the node's assignment (engine.diagram.graph.NodeAssignment); the project's placement is the Devices panel's
         sep = QLabel("<b>Assignment</b>")
         sep.setToolTip("where this node runs: its pipeline stage and tensor-parallel style\n"
                        "(the mesh itself, pp × dp × tp, is set in the Devices panel)")

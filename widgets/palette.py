@@ -8,7 +8,7 @@ from __future__ import annotations
 from PySide6.QtCore import QMimeData, Qt, Signal
 from PySide6.QtWidgets import QAbstractItemView, QLineEdit, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget
 
-from engine.layers import CATALOG
+from engine.diagram.catalog import CATALOG
 
 LAYER_MIME = "application/x-layerflow-layer"
 

@@ -11,7 +11,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6 import QtCore
 
-from engine.runs import LOWER_IS_BETTER, row_value
+from engine.runs.history import LOWER_IS_BETTER, row_value
 
 
 def _axis(values: list):

@@ -51,7 +51,7 @@ class ProblemsList(QTreeWidget):
     def set_problems(self, errors, warnings) -> None:
         """One row per problem; problems that say the same of many nodes are one row
         ("53 BatchNorm2d nodes: ...") whose nodes unfold under it."""
-        from engine.planner import grouped
+        from engine.planning.planner import grouped
 
         self.clear()
         self.setRootIsDecorated(False)
@@ -59,7 +59,7 @@ class ProblemsList(QTreeWidget):
             by_text = {p.message: p for p in problems}
             blocks = [p for p in problems if getattr(p, "block", None)]  # app/controller.py in_user_terms
             for p in {p.message: p for p in blocks}.values():  # one row per block and text; its nodes under it
-                from engine.graph import block_name
+                from engine.diagram.graph import block_name
 
                 it = QTreeWidgetItem(self, ["", block_name(p.block), p.message])
                 it.setData(0, Qt.UserRole, p.block)

@@ -1,5 +1,5 @@
 """The runs panel: every run of the project with its status, duration, steps and
-best validation number. It shows engine.runs.RunSummary rows and emits what the
+best validation number. It shows engine.runs.history.RunSummary rows and emits what the
 user asks for (open, compare, delete, resume, and what to do with a run's model:
 export it as ONNX or a script, use its weights, fine-tune from it); app/run_ui.py
 and app/interop_ui.py do the work."""
@@ -148,7 +148,7 @@ class RunsPanel(QtWidgets.QWidget):
 
     # ----- content ----------------------------------------------------------------
     def set_runs(self, summaries) -> None:
-        """Show these runs (engine.runs.RunSummary), keeping the selection."""
+        """Show these runs (engine.runs.history.RunSummary), keeping the selection."""
         selected = set(self.selected_runs())
         self._summaries = {str(s.path): s for s in summaries}
         self.tree.setSortingEnabled(False)

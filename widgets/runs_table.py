@@ -1,4 +1,4 @@
-"""The runs table: one row per run (engine/runs.py run_row), settings as columns, final
+"""The runs table: one row per run (engine/runs/history.py run_row), settings as columns, final
 and best metrics, throughput, peak memory, predicted against measured step time.
 Sortable (numbers as numbers) and filterable through a QSortFilterProxyModel: the filter
 box takes text (any column contains it) or expressions as `layerflow runs --filter`
@@ -11,7 +11,7 @@ import math
 from PySide6 import QtCore, QtGui, QtWidgets
 from PySide6.QtCore import Qt
 
-from engine.runs import LOWER_IS_BETTER, METRIC_COLUMNS, best_row, filter_rows
+from engine.runs.history import LOWER_IS_BETTER, METRIC_COLUMNS, best_row, filter_rows
 
 RAW = Qt.UserRole + 1  # the value itself, for sorting and tests
 PATH = Qt.UserRole + 2
@@ -171,7 +171,7 @@ class RunsTable(QtWidgets.QWidget):
 
     # -- content ------------------------------------------------------------------------
     def set_rows(self, rows: list[dict]) -> None:
-        """Show these runs (engine.runs.runs_table); the selection is kept by folder."""
+        """Show these runs (engine.runs.history.runs_table); the selection is kept by folder."""
         keep = set(self.selected())
         settings: list[str] = []
         for r in rows:

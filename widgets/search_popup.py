@@ -4,7 +4,7 @@ from __future__ import annotations
 from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtWidgets import QFrame, QLineEdit, QListWidget, QListWidgetItem, QVBoxLayout
 
-from engine.layers import CATALOG
+from engine.diagram.catalog import CATALOG
 from widgets.palette import ranked
 
 

@@ -28,7 +28,8 @@ from PySide6.QtWidgets import (QAbstractSpinBox, QCheckBox, QComboBox, QDoubleSp
                                QHBoxLayout, QLabel, QLineEdit, QPushButton, QScrollArea, QSpinBox, QVBoxLayout,
                                QWidget)
 
-from engine.project import Dataset, Placement, Training
+from engine.project import Placement, Training
+from engine.data.sources import Dataset
 
 _BIG = 2**31 - 1
 KINDS = {get_args(m.model_fields["kind"].annotation)[0]: m for m in get_args(Dataset)}
@@ -225,7 +226,7 @@ class TrainingPanel(QWidget):
         self.error_label.setContentsMargins(10, 6, 10, 0)
         self.error_label.hide()
         outer.addWidget(self.error_label)
-        # what the run would refuse about the data set against the diagram (engine.run.check_data)
+        # what the run would refuse about the data set against the diagram (engine.runs.build.check_data)
         self.data_label = QLabel()
         self.data_label.setObjectName("error")
         self.data_label.setWordWrap(True)

@@ -54,7 +54,7 @@ def main() -> None:
     tag, run_a, run_b = sys.argv[1], sys.argv[2], sys.argv[3]
     parts = sys.argv[4] if len(sys.argv) > 4 else "dashboard,canvas"
     app = QApplication.instance() or QApplication(sys.argv)
-    from engine.interop.module_import import from_module
+    from engine.interop.module.importer import from_module
     from engine.project import load_project
     from real_models import ResNet50
 

@@ -1,6 +1,6 @@
 """Interop: ONNX export/import, readable PyTorch script export, import of nn.Modules.
 
-The functions the CLI (app/cli_interop.py) and the GUI call:
+The functions the CLI (app/cli/interop_cmds.py) and the GUI call:
 
     export_onnx(project, path)            -> Path     diagram (+ its weights) -> .onnx
     export_script(project, path, plan)    -> Path     standalone training script
@@ -12,9 +12,9 @@ An Imported holds the Project and its state_dict until it is saved; nothing is
 written before save_imported, so a failed import leaves no file behind.
 """
 from engine.interop.common import Imported, InteropError, save_imported
-from engine.interop.module_import import import_module
-from engine.interop.onnx_export import export_onnx
-from engine.interop.onnx_import import import_onnx
+from engine.interop.module.importer import import_module
+from engine.interop.onnx.export import export_onnx
+from engine.interop.onnx.reader import import_onnx
 from engine.interop.script_export import export_script
 
 __all__ = ["Imported", "InteropError", "save_imported", "import_module", "export_onnx", "import_onnx", "export_script"]

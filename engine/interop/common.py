@@ -11,18 +11,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.errors import LayerflowError
-from engine.graph import MAX_ID_LEN
-from engine.project import Project, atomic_write, save_project
+from engine.errors import InteropError  # noqa: F401  (raised by every interop module; the API's name)
+from engine.diagram.graph import MAX_ID_LEN
+from engine.project import Project, atomic_write, save_project, weights_name
 
 # Names a node may not take: fx would rename it (keywords, builtins, names fx's
 # generated code uses) or nn.Module already has the attribute (compile refuses those).
 _RESERVED = (set(dir(nn.Module)) | {"forward", "code", "graph"} | set(keyword.kwlist)
              | set(vars(builtins)) | {"torch", "math", "inf", "nan", "device", "pytree", "fx_pytree"})
-
-
-class InteropError(LayerflowError, ValueError):
-    """An export or import that cannot be done; the message lists every reason."""
 
 
 @dataclass
@@ -41,7 +37,7 @@ class Imported:
     @property
     def n_params(self) -> int:
         """Learnable parameters in the imported diagram (buffers not counted)."""
-        from engine.compile import compile_graph
+        from engine.diagram.compile import compile_graph
 
         return compile_graph(self.project.graph).total_params
 
@@ -58,13 +54,6 @@ def settle_torch_trace() -> None:
     from torch._logging import trace_structured
 
     trace_structured("layerflow_start", suppress_context=True, expect_trace_id=False)
-
-
-def weights_name(project_path: str | Path) -> str:
-    """NAME.weights.pt beside NAME.lflow (relative, so the pair moves together)."""
-    p = Path(project_path)
-    stem = p.name[: -len(p.suffix)] if p.suffix else p.name
-    return f"{stem}.weights.pt"
 
 
 def save_imported(imported: Imported, project_path: str | Path) -> Path:
@@ -105,7 +94,7 @@ def make_id(base: str, taken: set[str]) -> str:
 
 def check_imported(imported: Imported) -> None:
     """The diagram compiles and the weights fit it exactly; raises InteropError."""
-    from engine.compile import compile_graph
+    from engine.diagram.compile import compile_graph
 
     result = compile_graph(imported.project.graph)
     if not result.ok:
@@ -126,8 +115,8 @@ def synthetic_training(project: Project) -> str | None:
     """Give an imported diagram a synthetic data set of its input's shape, so it can
     train (from the imported weights) at once; the user swaps in real data later.
     Returns a note for the user when the data set is not the obvious one."""
-    from engine.compile import compile_graph
-    from engine.project import SyntheticClassification, SyntheticImages, SyntheticRegression, SyntheticSequence
+    from engine.diagram.compile import compile_graph
+    from engine.data.sources import SyntheticClassification, SyntheticImages, SyntheticRegression, SyntheticSequence
 
     result = compile_graph(project.graph)
     if not result.ok or len(result.spec["inputs"]) != 1 or len(result.spec["outputs"]) != 1:

@@ -7,7 +7,7 @@ built in the same order after the same torch.manual_seed (so the initial weights
 equal build_graph_module(spec, seed)'s), batches come from the same seeded
 permutations, and the optimizer, schedule and loss are the runtime's own functions,
 copied into the script from engine/runtime by inspect.getsource so they cannot drift.
-Synthetic data sets are generated inside the script with the code of engine/data.py;
+Synthetic data sets are generated inside the script with the code of engine/data/describe.py;
 digits, npz and csv data sets travel as an .npz file beside the script.
 
 Parallelism: the plan's pipeline (PipelineStage + GPipe/1F1B), tensor parallelism
@@ -26,11 +26,12 @@ import re
 import textwrap
 from pathlib import Path
 
-from engine import data as edata
-from engine.compile import compile_graph
+from engine.data import describe as edata
+from engine.diagram.compile import compile_graph
 from engine.interop.common import InteropError
-from engine.project import Digits, NpzFile, CsvFile, Project, atomic_write
-from engine.runtime import data as rdata
+from engine.project import Project, atomic_write
+from engine.data.sources import Digits, NpzFile, CsvFile
+from engine.runtime import batches as rdata
 from engine.runtime.datasets import base as dbase
 from engine.runtime import layers as rl
 from engine.runtime import ops as rops
@@ -70,7 +71,7 @@ def _stage_code(result, fwd: dict[str, str], stages: list[list[str]]) -> str:
     inputs are the values live across the previous cut, its outputs those live across
     the next (a skip connection is carried through the stages it jumps over)."""
     from engine.runtime.model import build_graph_module
-    from engine.runtime.stages import live_across
+    from engine.runtime.distributed.stages import live_across
 
     spec = result.spec
     live = live_across(build_graph_module(spec, device="meta"), stages)
@@ -161,7 +162,7 @@ def _data_code(project: Project, data_file: str | None) -> str:
         source(gen),
         textwrap.dedent(f'''\
             def load_data():
-                """{d.kind}, generated exactly as Layerflow's engine/data.py does."""
+                """{d.kind}, generated exactly as Layerflow's engine/data/describe.py does."""
                 a = {gen.__name__}(SimpleNamespace(**{fields!r}))
                 return a.x_train, a.y_train, a.x_val, a.y_val
             '''),
@@ -182,7 +183,7 @@ def _launch_line(pl: dict) -> str:
 
 
 def _plan_of(project: Project, plan) -> dict:
-    """The parallelism to write out: engine/planner.py's Plan (or its runtime dict),
+    """The parallelism to write out: engine/planning/planner.py's Plan (or its runtime dict),
     else the project's placement."""
     pl = project.placement
     base = {"pp": pl.pp, "dp": pl.dp, "tp": pl.tp, "data_parallel": pl.data_parallel,
@@ -194,7 +195,7 @@ def _plan_of(project: Project, plan) -> dict:
     if plan:
         base.update({k: plan[k] for k in base if k in plan})
     if not base["microbatches"]:  # left to the planner: as it chooses
-        from engine.autoplace import auto_microbatches
+        from engine.planning.autoplace import auto_microbatches
 
         pp = int(base["pp"])
         base["microbatches"] = auto_microbatches(project.training.batch_size, max(1, int(base["dp"])), pp, pp) \
@@ -543,7 +544,7 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
         raise InteropError(f"node '{result.output_node()}' (Output): loss is none; choose cross_entropy or mse to train")
     tr = project.training
     arrays = edata.load_arrays(project)
-    from engine.run import check_data, total_steps
+    from engine.runs.build import check_data, total_steps
 
     errs = check_data(result, arrays)
     if errs:
@@ -557,7 +558,7 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
     if pl["pp"] > 1:
         if not pl.get("stages"):
             from engine.runtime.model import build_graph_module
-            from engine.runtime.stages import even_stages
+            from engine.runtime.distributed.stages import even_stages
 
             pl["stages"] = even_stages(build_graph_module(result.spec, device="meta"), pl["pp"])
         model_code += "\n\n\n" + _stage_code(result, fwd_by_id, pl["stages"])
@@ -661,7 +662,7 @@ def export_script(project: Project, path: str | Path, plan: dict | None = None, 
     data_file = f"{stem}.data.npz" if isinstance(d, (Digits, NpzFile, CsvFile)) else None
     run_bytes = None
     if run is not None:
-        from engine.interop.run_weights import run_state, state_bytes
+        from engine.runs.weights import run_state, state_bytes
 
         run_bytes = state_bytes(run_state(project, run, checkpoint))
     weights_file = f"{stem}.weights.pt" if project.weights or run_bytes is not None else None

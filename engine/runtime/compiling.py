@@ -10,7 +10,7 @@ How a block is found. The runtime's model is a flat torch.fx GraphModule (model.
 node per layer of the diagram, named by its id. Where the spec's nodes name their block
 ("block"; or "group"/"scope", what an imported model's nodes keep of their module tree:
 then the outermost list item around them, h.0 or layer1.1), a region is a run of
-consecutive nodes of one block. Where they do not (engine/compile.py
+consecutive nodes of one block. Where they do not (engine/diagram/compile.py
 writes id, type, params and args only), the graph is cut where it narrows to a single
 live value (between two transformer half-blocks, between two residual blocks of a
 ResNet, after each layer of an MLP), and a piece without parameters joins the piece

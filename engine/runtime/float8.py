@@ -41,7 +41,7 @@ FIX = "use bf16"
 TP_PROBLEM = ("placement.mixed_precision float8: tp={tp}: float8 with tensor parallelism is not supported here — "
               "set tp to 1 (use dp/fsdp or pp) or " + FIX)
 
-# GPU names (as torch.cuda.get_device_name and engine/cost.py's GPUS write them) -> compute
+# GPU names (as torch.cuda.get_device_name and engine/planning/cost.py's GPUS write them) -> compute
 # capability, for the planner, which knows a cluster's device names but not their capability.
 # Matched by substring, lower case, most specific first.
 KNOWN_CAPABILITY = (
@@ -121,7 +121,7 @@ def device_problem(device: torch.device, *, tp: int = 1, emulate: bool = False) 
 
 
 def plan_problem(device_name: str, tp: int = 1) -> str | None:
-    """The planner's check (engine/plan_checks.py), from a cluster's device name alone:
+    """The planner's check (engine/planning/checks.py), from a cluster's device name alone:
     float8_problem with the capability read from the name, torchao taken as present (the
     machine that plans is not the one that trains: the run checks it at start), and tp."""
     problem = float8_problem(device_name, None, True)

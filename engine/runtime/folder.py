@@ -1,4 +1,4 @@
-"""A run folder as a run writes it. engine/run.py made it (run.json, data.npz, an optional
+"""A run folder as a run writes it. engine/runs/build.py made it (run.json, data.npz, an optional
 weights.pt); every rank of the run adds:
 
     run.lock                    RunLock: one writer at a time (rank 0's; the kernel frees it however it ends)

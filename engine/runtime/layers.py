@@ -1,7 +1,7 @@
 """torch modules for each layer type, built from *resolved* parameters.
 
 This file runs on cluster nodes: torch, numpy and the standard library only.
-engine/layers.py declares the parameters (docs, ranges, inference); here we only
+engine/diagram/catalog.py declares the parameters (docs, ranges, inference); here we only
 turn a complete parameter dict into an nn.Module.
 """
 from __future__ import annotations
@@ -164,8 +164,8 @@ class Ctor:
     node's parameters of those names (`out=param` where the keyword differs, `fixed` for
     constants). One declaration gives the module (build), the line the exported script
     writes (code) and what the module importer reads back from a torch module of this
-    class (engine/interop/module_import.py): a new layer type is one line here and one
-    LayerSpec in engine/layers.py (that one is not shipped to cluster nodes)."""
+    class (engine/interop/module/importer.py): a new layer type is one line here and one
+    LayerSpec in engine/diagram/catalog.py (that one is not shipped to cluster nodes)."""
 
     cls: type
     args: tuple[str, ...] = ()

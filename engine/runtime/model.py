@@ -1,6 +1,6 @@
 """Build the torch.fx GraphModule of a diagram from its resolved spec.
 
-The spec is what engine/compile.py writes after checking the diagram: plain JSON,
+The spec is what engine/diagram/compile.py writes after checking the diagram: plain JSON,
 so it travels in a run bundle to cluster nodes, where this file rebuilds the very
 same module (same names, same order, same initial weights for the same seed).
 

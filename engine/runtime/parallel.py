@@ -13,7 +13,7 @@ micro-batch.
 
 Everything here is PyTorch's own engine (DeviceMesh, DTensor, tensor.parallel,
 fully_shard, DDP, distributed.pipelining); this file only decides what goes where,
-reading the plan that engine/planner.py wrote into run.json (spec.RunSpec.plan).
+reading the plan that engine/planning/planner.py wrote into run.json (spec.RunSpec.plan).
 ParallelTrainer is a BaseTrainer (trainer.py), as the single-process Trainer (train.py)
 is, so the same `fit` loop (loop.py) drives both.
 """
@@ -34,13 +34,13 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Replicate, Shard
 
 from . import dist_checkpoint
-from .data import forward, rows, to_device
+from .batches import forward, rows, to_device
 from .folder import save_tensors, write_failure
 from .loop import fit
 from .plan import V_SHAPED, Layout, RunPlan, TPEntry, rank_stages, stage_rank
 from .records import RankError, RunStatus
 from .spec import RunSpec
-from .stages import apply_checkpointing, build_stage_module, even_stages, top_blocks
+from .distributed.stages import apply_checkpointing, build_stage_module, even_stages, top_blocks
 from .steps import compute_loss, eval_sums, peak_mem_mb, seed_all
 from .trainer import BaseTrainer
 
@@ -83,7 +83,7 @@ def placement(layout: Layout):
 def tp_module_plan(tp_plan: dict[str, TPEntry], present: set[str]) -> dict:
     """The plan's per-node entries -> a parallelize_module plan for the layers this
     stage holds. Tensors pass between layers as local pieces; each entry's input and
-    output say which piece (engine/planner.py tp_layouts). MultiheadAttention
+    output say which piece (engine/planning/planner.py tp_layouts). MultiheadAttention
     'colwise' shards heads: q/k/v column-wise, out row-wise; its input is made a
     DTensor once for all three. 'sequence' norms run on their Shard(1) tokens; a
     'replicate' entry is a layer outside TP at the sequence region's edge: it gathers
@@ -368,7 +368,7 @@ class ParallelTrainer(BaseTrainer):
         self.parts = [parallelize(full, plan, self.mesh, device, i, self.compile_model, blocks) for i in self.stage_ids]
         self.model = self.parts[0] if len(self.parts) == 1 else by_node_id(self.parts)
         # a weight tied across stages (embedding and head): a copy on each, gradients summed
-        from .tied import TiedWeights, setup as tied_setup
+        from .distributed.tied import TiedWeights, setup as tied_setup
 
         self.tied = tied_setup(spec.model.get("ties") or {}, plan.stages, dims.pp, dims.dp, dims.tp, self.rank,
                                self.parts, plan.schedule) if dims.pp > 1 else TiedWeights()

@@ -1,6 +1,6 @@
 """The plan as every rank reads it: typed, versioned, checked when read.
 
-engine/planner.py makes it (Plan.run_plan()); run.json carries it as JSON under
+engine/planning/planner.py makes it (Plan.run_plan()); run.json carries it as JSON under
 "plan" (RunPlan.to_json); the runtime (parallel.py) and the exported script read it
 back with RunPlan.from_json, which names the field at fault in run.json. Tensor
 layouts are Layout values (DTensor's Shard(d) / Replicate() / Partial(), OneFlow's
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 PLAN_VERSION = 1  # run.json's plan.version; a newer one is refused with the version it needs
-TP_STYLES = ("replicate", "colwise", "rowwise", "sequence")  # engine/graph.py's node.tp takes these too
+TP_STYLES = ("replicate", "colwise", "rowwise", "sequence")  # engine/diagram/graph.py's node.tp takes these too
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev")
 # float8: torchao's float8 training of the Linear layers (GPUs of compute capability 8.9+)
 MIXED_PRECISION = ("none", "bf16", "float8")

@@ -2,7 +2,7 @@
 logs/rank{R}.error (`RankError`).
 
 The runtime writes them (engine/runtime/folder.py, parallel.py); this machine's launcher
-adds which rank failed first (remote/launch_local.py); the GUI, the CLI, the Python API
+adds which rank failed first (remote/launch/local.py); the GUI, the CLI, the Python API
 and the run list read them. Reading is lenient, since run folders outlive versions: a
 field that is missing or of the wrong type reads as its default, times written as
 ISO-8601 text read as epoch seconds, and fields this version does not know are kept

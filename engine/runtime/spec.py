@@ -1,17 +1,17 @@
 """The run spec: everything a rank reads from RUN_DIR/run.json, typed, versioned, checked
 when read.
 
-One builder writes it (engine/run.py `build_run`, from a project + its layout + the
+One builder writes it (engine/runs/build.py `build_run`, from a project + its layout + the
 overrides of a CLI flag, an API call or the editor's Run button); the launchers (local,
 SSH, Slurm), the run list and every rank read it back with `RunSpec.load`, which names
 the field at fault (`run.json training.batch_size: ...`), as `RunPlan.from_json` does.
 
     RunSpec
-      model       the compiled diagram (engine/compile.py's spec; runtime/model.py builds it)
+      model       the compiled diagram (engine/diagram/compile.py's spec; runtime/model.py builds it)
       training    TrainingSpec: optimizer, schedule, batch size, intervals, seed, clipping
       plan        RunPlan (runtime/plan.py): pp x dp x tp, schedule, stages, TP, precision
       data        DataRef: where the samples are and what they are
-      predicted   what the planner predicted for a step (engine/calibration.py compares)
+      predicted   what the planner predicted for a step (engine/runs/calibration.py compares)
 
 The layout (pp, dp, tp, precision...) lives in the plan only; a run of one process has
 the plan pp = dp = tp = 1. run.json files written before this spec had a version (v1)
@@ -209,7 +209,7 @@ class DataRef:
 
 @dataclass(frozen=True)
 class Predicted:
-    """What the planner predicted for one step of this run (engine/calibration.py)."""
+    """What the planner predicted for one step of this run (engine/runs/calibration.py)."""
     step_s: float | None = None
     device: str | None = None  # the device kind it predicted for
     nproc: int = 1  # over how many processes
@@ -238,7 +238,7 @@ def _loss_options(d, where: str) -> dict:
 @dataclass
 class RunSpec:
     """RUN_DIR/run.json."""
-    model: dict  # the compiled diagram (engine/compile.py), built by runtime/model.py
+    model: dict  # the compiled diagram (engine/diagram/compile.py), built by runtime/model.py
     training: TrainingSpec
     plan: RunPlan
     data: DataRef

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 
-from .data import chunks, forward, to_device
+from .batches import chunks, forward, to_device
 from .folder import RunBusy, RunLock, latest_checkpoint, save_tensors, write_failure  # noqa: F401  (importers')
 from .loop import ProgressFn, fit
 from .records import OK_STATES
 from .spec import RunSpec
-from .stages import apply_checkpointing, top_blocks
+from .distributed.stages import apply_checkpointing, top_blocks
 from .steps import compute_loss, eval_sums, lr_lambda, seed_all  # noqa: F401  (lr_lambda: importers')
 from .trainer import BaseTrainer
 

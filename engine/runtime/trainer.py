@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 from torch import fx, nn
 
-from .data import RunData
+from .batches import RunData
 from .model import build_graph_module, load_weights
 from .spec import RunSpec
 from .steps import eval_record, lr_lambda, make_optimizer, rng_state, set_rng_state
@@ -129,7 +129,7 @@ class BaseTrainer:
         if x is None:
             log(f"compile {self.spec.training.compile}: {len(regions)} blocks compile at the first step")
             return None
-        from .data import forward
+        from .batches import forward
 
         return warm_up(self.model, lambda: forward(self.model, x), getattr(self, "autocast", contextlib.nullcontext),
                        log)
@@ -144,7 +144,7 @@ class BaseTrainer:
 
         import torch.distributed as dist
 
-        from .data import rows
+        from .batches import rows
 
         mode = self.spec.training.compile
         batch = next(iter(self.data.val_batches(self.local_batch)), None)
@@ -243,7 +243,7 @@ class BaseTrainer:
         process, the random streams. Returns the checkpoint's extra state (step, elapsed...)."""
         from . import dist_checkpoint
 
-        from .tied import tie_classes
+        from .distributed.tied import tie_classes
 
         aliases = {n: [m for m in names if m != n] for names in tie_classes(self.spec.model.get("ties") or {})
                    for n in names}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from engine.graph import Graph  # noqa: E402
+from engine.diagram.graph import Graph  # noqa: E402
 from engine.project import Placement, Project, Training, save_project  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

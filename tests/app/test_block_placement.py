@@ -9,7 +9,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication
 
-from engine.graph import Edge, Graph
+from engine.diagram.graph import Edge, Graph
 from engine.project import Project
 
 pytestmark = pytest.mark.gui
@@ -35,7 +35,7 @@ def two_blocks() -> Project:
     g.add_node("Output", id="out")
     g.connect(prev, "out", "out", "in")
     g.collapsed = {"mlp", "head"}
-    from engine.layout import set_direction
+    from engine.diagram.layout import set_direction
 
     set_direction(g, "LR")
     return Project(g, name="blocks")

@@ -1,5 +1,5 @@
 """`layerflow data inspect | pack | use` as a user runs them (app.cli.main in this process,
-the data command registered from app/cli_data.py), on generated data: what is printed,
+the data command registered from app/cli/data_cmds.py), on generated data: what is printed,
 what is written, and one line for each bad input."""
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app import cli, cli_data
+from app import cli
+from app.cli import data_cmds as cli_data
 from engine.project import load_project
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
@@ -24,7 +25,7 @@ EX = Path(__file__).resolve().parents[2] / "resources" / "examples"
 @pytest.fixture
 def run(monkeypatch, capsys):
     """run(*argv) -> (exit code, stdout, stderr), through app.cli.main with `data` registered
-    (once app/cli.py lists cli_data itself, it is not registered twice)."""
+    (once app/cli/__init__.py lists cli_data itself, it is not registered twice)."""
     build = cli.build_parser
 
     def with_data():
@@ -109,7 +110,7 @@ def test_pack_text_then_inspect_shows_the_decoded_text(run, tmp_path):
 
 def test_pack_reports_progress_on_stderr_when_it_takes_long(run, tmp_path, monkeypatch):
     (tmp_path / "a.txt").write_text("x" * 5000 + "\n")
-    monkeypatch.setattr("engine.datapack.CHUNK", 500)  # ten chunks
+    monkeypatch.setattr("engine.data.pack.CHUNK", 500)  # ten chunks
     clock = iter(range(0, 10_000, 3))  # every look at the clock: 3 s later
     monkeypatch.setattr(cli_data.time, "monotonic", lambda: next(clock))
     rc, _, err = run("data", "pack", tmp_path / "a.txt", tmp_path / "tok")
@@ -217,7 +218,7 @@ def test_use_data_outside_the_project_folder_is_stored_absolute_and_consented(ru
     assert p.training.dataset.path == str((tmp_path / "data" / "imgs").resolve())
     assert "recorded your consent" in out
     from engine import trust
-    from engine.data import source_settings
+    from engine.data.describe import source_settings
 
     with trust.as_consented(p):
         assert source_settings(p)["path"] == p.training.dataset.path  # the builder may read it now
@@ -325,12 +326,12 @@ def test_pack_with_a_tokenizer_file_and_inspect_decodes_through_it(run, tmp_path
 
 
 def test_a_real_process_prints_one_line_and_exits_2(tmp_path):
-    """The command in a process of its own, as `layerflow data ...` runs once app/cli.py lists
+    """The command in a process of its own, as `layerflow data ...` runs once app/cli/__init__.py lists
     cli_data: exit codes and stderr as the user sees them."""
     import subprocess
 
     root = Path(__file__).resolve().parents[2]
-    code = ("import sys, app.cli as c, app.cli_data as d\n"
+    code = ("import sys, app.cli as c, app.cli.data_cmds as d\n"
             "c.COMMAND_MODULES.append(d) if d not in c.COMMAND_MODULES else None\n"
             "raise SystemExit(c.main(sys.argv[1:]))\n")
 

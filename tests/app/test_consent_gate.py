@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from app.cli import main
-from engine.graph import Graph
+from engine.diagram.graph import Graph
 from engine.project import Project, Training, save_project
 
 
@@ -86,7 +86,7 @@ def _stopped_run(tmp_path, path: str):
     """A real run of the canary project (made with consent), stopped at step 15."""
     from engine import trust
     from engine.project import load_project
-    from engine.run import prepare_run
+    from engine.runs.build import prepare_run
     from engine.runtime.train import run
 
     p = _project(tmp_path / "proj", path)

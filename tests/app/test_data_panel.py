@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PySide6.QtWidgets import QApplication
 
-from engine.graph import Graph
+from engine.diagram.graph import Graph
 from engine.project import Project
 from widgets.data_panel import guess_kind
 
@@ -148,11 +148,11 @@ def test_an_image_folder_is_one_undo_step_and_the_panel_shows_it(qtbot, asked, e
 
 
 def test_a_mismatch_is_a_problem_on_the_node_before_run_read_once(qtbot, asked, editor, tmp_path, monkeypatch):
-    import engine.data
+    import engine.data.describe
 
     calls = []
-    describe = engine.data.describe_source
-    monkeypatch.setattr(engine.data, "describe_source", lambda *a, **k: calls.append(1) or describe(*a, **k))
+    describe = engine.data.describe.describe_source
+    monkeypatch.setattr(engine.data.describe, "describe_source", lambda *a, **k: calls.append(1) or describe(*a, **k))
     root = make_images(tmp_path / "colours")
     w = editor(image_model(classes=5))  # 5 outputs, 3 classes
     w.data_ui.choose(str(root))

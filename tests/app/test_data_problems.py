@@ -104,11 +104,11 @@ def test_generated_classes_and_features_against_the_diagram_as_the_form_changes(
 
 def test_npz_asks_for_its_path_without_an_error_then_checks_the_file_off_the_gui_thread(qtbot, win, tmp_path,
                                                                                         monkeypatch):
-    import engine.data
+    import engine.data.describe
 
     threads = []
-    describe = engine.data.describe  # what build_run checks the diagram against
-    monkeypatch.setattr(engine.data, "describe",
+    describe = engine.data.describe.describe  # what build_run checks the diagram against
+    monkeypatch.setattr(engine.data.describe, "describe",
                         lambda *a, **k: threads.append(threading.current_thread()) or describe(*a, **k))
     w, panel = win, win.training_panel
     kind = editor(w, "dataset", "kind")

@@ -7,7 +7,7 @@ import pytest
 from PySide6.QtGui import QImage
 
 from app.cli import main
-from engine.graph import Graph
+from engine.diagram.graph import Graph
 from engine.project import Project, save_project
 
 pytestmark = pytest.mark.gui
@@ -47,7 +47,7 @@ def test_screenshot_errors_are_one_line(project_file, tmp_path, capsys):
 def test_start_project_is_the_last_one_or_the_example(tmp_path, monkeypatch, project_file):
     monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(tmp_path / "home"))
     from app.cli import CliError
-    from app.cli_gui import _start_path
+    from app.cli.gui_cmds import _start_path
     from app.main_window import EXAMPLE
     from app.settings import Settings
 
@@ -64,7 +64,7 @@ def test_opening_an_unreadable_file_shows_the_window_with_the_reason(qtbot, tmp_
     monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(tmp_path / "home"))
     from PySide6.QtWidgets import QApplication
 
-    from app import cli_gui
+    from app.cli import gui_cmds as cli_gui
     from app.window import MainWindow
 
     bad = tmp_path / "bad.lflow"

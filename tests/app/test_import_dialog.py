@@ -19,7 +19,7 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QApplication
 
 from app.import_dialog import ImportDialog, parse_kwargs, parse_shape, source_kind
-from engine.compile import compile_graph
+from engine.diagram.compile import compile_graph
 from engine.interop import progress
 from engine.project import load_project
 

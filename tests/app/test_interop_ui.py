@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QApplication
 
 from app.window import MainWindow
 from app.settings import Settings
-from engine.compile import compile_graph
+from engine.diagram.compile import compile_graph
 from engine.project import load_project
 
 EX = Path(__file__).resolve().parents[2] / "resources" / "examples"

@@ -10,7 +10,7 @@ from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QMessageBox
 
 from app.window import MainWindow
-from engine.graph import Edge, Graph
+from engine.diagram.graph import Edge, Graph
 from engine.project import Project
 
 pytestmark = pytest.mark.gui
@@ -374,7 +374,7 @@ def test_a_wire_picked_up_by_its_input_end_moves_or_goes(qtbot, asked):
     w.controller.stack.undo()
     assert snapshot(w) == before
     # reconnect res.b's wire to ln.in after freeing ln.in: one step, named in the Edit menu
-    w.controller.push(__import__("app.commands", fromlist=["Disconnect"]).Disconnect(g, [Edge("x", "out", "ln", "in")]))
+    w.controller.push(__import__("app.undo_commands", fromlist=["Disconnect"]).Disconnect(g, [Edge("x", "out", "ln", "in")]))
     drag(w, port_point(w, "res", "b", True), port_point(w, "ln", "in", True))
     assert Edge("x", "out", "ln", "in") in g.edges and Edge("x", "out", "res", "b") not in g.edges
     assert w.actions["undo"].text() == "&Undo Reconnect x.out → ln.in"

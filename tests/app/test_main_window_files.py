@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QMessageBox
 
 from app.main_window import EXAMPLE
 from app.window import MainWindow
-from engine.graph import Graph
+from engine.diagram.graph import Graph
 from engine.project import Project, load_project
 
 pytestmark = pytest.mark.gui

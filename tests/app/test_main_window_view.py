@@ -9,7 +9,7 @@ from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QMessageBox
 
 from app.window import MainWindow
-from engine.graph import Graph
+from engine.diagram.graph import Graph
 from engine.project import Project
 
 pytestmark = pytest.mark.gui
@@ -150,14 +150,14 @@ def test_devices_panel_places_nodes_on_stages(qtbot, w):
     assert [n.stage for n in w.project.graph.nodes.values()] == [0, 0, 1, 1, 1]
     assert [(title.split()[0:2], ids) for title, s, ids in d.lanes.lanes] == [
         (["stage", "0"], ["x", "ln"]), (["stage", "1"], ["lin", "res", "out"])]
-    # the plan (engine/planner.py) puts its communication on the edges that cross the cut
+    # the plan (engine/planning/planner.py) puts its communication on the edges that cross the cut
     d.micro.setValue(2)
     w.controller.flush()
     import importlib.util
 
-    if importlib.util.find_spec("engine.planner") is not None:
+    if importlib.util.find_spec("engine.planning.planner") is not None:
         assert w.controller.plan is not None, w.controller.plan_error
-        from engine.graph import Edge
+        from engine.diagram.graph import Edge
 
         assert "send/recv" in w.scene.edge_items[Edge("ln", "out", "lin", "in")].note
         assert w.scene.edge_items[Edge("lin", "out", "res", "a")].note == ""
@@ -187,7 +187,7 @@ def test_sequence_parallel_norm_from_the_devices_panel(qtbot, monkeypatch, tmp_p
     the Shard(1) pieces and the collectives at the region's edges; an Input feeding
     the norm directly is refused in the problems list with the fix."""
     monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(tmp_path / "home"))
-    from engine.graph import Edge
+    from engine.diagram.graph import Edge
 
     g = Graph()
     g.add_node("Input", {"shape": [8, 16]}, id="x")

@@ -193,7 +193,7 @@ def test_toolbar_processes_are_the_placement_the_devices_panel_the_plan_and_the_
     # and the other way: the Devices panel's dp shows on the toolbar. Edits of one
     # field within MERGE_S seconds are one undo step (typing "12"); the run above may
     # take less than that on a fast machine, so this edit is made to count as later.
-    import app.commands as C
+    import app.undo_commands as C
 
     monkeypatch.setattr(C.SetProjectPlacement, "MERGE_S", -1.0)
     w.devices.spins["dp"].setValue(3)

@@ -81,7 +81,7 @@ def test_tp_2_on_auto_splits_the_mlp_as_megatron_pairs_and_shows_it_on_the_wires
     assert {n: e["style"] for n, e in plan["tp_plan"].items()} == {"fc1": "colwise", "fc2": "rowwise"}
     assert plan["tp_auto"] == ["fc1", "fc2"]
     whole = load_project(MLP)
-    from engine.compile import compile_graph
+    from engine.diagram.compile import compile_graph
 
     total = compile_graph(whole.graph).total_params * 4
     held = [d["memory"]["params_bytes"] for d in plan["devices"]]
@@ -165,7 +165,7 @@ def test_a_new_projects_input_matches_its_data_set_and_auto_layout_shows_everyth
 
 def test_projects_sharing_a_folder_list_only_their_own_runs(qtbot, tmp_path):
     from engine.project import save_project
-    from engine.run import prepare_run
+    from engine.runs.build import prepare_run
 
     folder = tmp_path / "work"
     folder.mkdir()
@@ -221,7 +221,7 @@ def test_rename_follows_the_models_id_rule_and_a_planner_failure_is_an_error(win
     assert "fc1" in w.project.graph.nodes
     assert w.controller.rename("fc1", "encoder_in")
 
-    import engine.planner as planner
+    import engine.planning.planner as planner
 
     def broken(*a, **k):
         raise TypeError("a bug in the planner")

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.gui
 
 @pytest.fixture(scope="module")
 def resnet_project():
-    from engine.interop.module_import import from_module
+    from engine.interop.module.importer import from_module
 
     return from_module(ResNet50(layers=(1, 2, 3, 1)), [[3, 32, 32]], name="resnet50").project
 

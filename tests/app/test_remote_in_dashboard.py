@@ -10,9 +10,9 @@ import pytest
 from app.window import MainWindow
 from app.settings import Settings
 from engine.project import load_project
-from engine.run import prepare_run
+from engine.runs.build import prepare_run
 from engine.runtime.train import run
-from engine.tail import read_metrics
+from engine.runs.tail import read_metrics
 
 EX = Path(__file__).resolve().parents[2] / "resources" / "examples"
 pytestmark = pytest.mark.gui

@@ -11,10 +11,10 @@ import torch
 from app import interop_ui
 from app.settings import Settings
 from app.window import MainWindow
-from engine.compile import compile_graph
-from engine.interop.run_weights import run_state
+from engine.diagram.compile import compile_graph
+from engine.runs.weights import run_state
 from engine.project import load_project, save_project
-from engine.run import new_run_dir, prepare_run
+from engine.runs.build import new_run_dir, prepare_run
 from engine.runtime.train import run as train_run
 from tests.engine.test_run_model import mlp
 

@@ -16,10 +16,10 @@ from app.window import MainWindow
 from app.run_controller import group_pids
 from app.settings import Settings
 from engine.project import load_project, save_project
-from engine.run import new_run_dir, prepare_run
-from engine.runs import summarize_run
+from engine.runs.build import new_run_dir, prepare_run
+from engine.runs.history import summarize_run
 from engine.runtime.train import run
-from engine.tail import read_metrics
+from engine.runs.tail import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 EX = ROOT / "resources" / "examples"

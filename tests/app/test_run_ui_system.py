@@ -8,7 +8,7 @@ import pytest
 from app.settings import Settings
 from app.window import MainWindow
 from engine.project import load_project, save_project
-from engine.tail import read_metrics
+from engine.runs.tail import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 EX = ROOT / "resources" / "examples"

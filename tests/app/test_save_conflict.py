@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QMessageBox
 
 import app.main_window as mw
 from app.window import MainWindow
-from engine.graph import Graph
+from engine.diagram.graph import Graph
 from engine.project import Project, load_project, save_project
 
 pytestmark = pytest.mark.gui

@@ -12,8 +12,9 @@ from PySide6.QtWidgets import QApplication
 
 import app.main_window as mw
 from app.window import MainWindow
-from engine.graph import Edge, Graph
-from engine.project import Project, SyntheticClassification, save_project
+from engine.diagram.graph import Edge, Graph
+from engine.project import Project, save_project
+from engine.data.sources import SyntheticClassification
 
 pytestmark = pytest.mark.gui
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,8 +13,9 @@ from PySide6.QtWidgets import QApplication, QCheckBox, QPushButton
 
 from app.main_window import RESOURCES
 from app.window import MainWindow
-from engine.data import load_arrays
-from engine.project import NpzFile, load_project
+from engine.data.describe import load_arrays
+from engine.project import load_project
+from engine.data.sources import NpzFile
 
 pytestmark = pytest.mark.gui
 EXAMPLES = RESOURCES / "examples"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.graph import Graph
+from engine.diagram.graph import Graph
 from engine.project import Project, Training
 
 
@@ -144,7 +144,7 @@ def sample(graph: Graph, batch: int, seed: int = 0) -> torch.Tensor:
 def project_with_weights(name: str, folder) -> Project:
     """The model with trained-looking weights (BatchNorm statistics moved off 0/1),
     saved as the project's weights file, so exports carry more than initial values."""
-    from engine.compile import compile_graph
+    from engine.diagram.compile import compile_graph
 
     graph = MODELS[name]()
     gm = compile_graph(graph).build(seed=3)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.graph import Graph, block_name, block_path, block_type
-from engine.interop.module_import import from_module
-from engine.layout import card_of, repeated_runs, view_layout
+from engine.diagram.graph import Graph, block_name, block_path, block_type
+from engine.interop.module.importer import from_module
+from engine.diagram.layout import card_of, repeated_runs, view_layout
 from engine.project import load_project, save_project
 
 from real_models import GPT, ResNet50
@@ -42,7 +42,7 @@ def test_resnet50_opens_as_a_stem_four_stages_and_a_head(resnet50):
 
 
 def _overlaps(g: Graph) -> list:
-    from engine.layout import CARD_EXTRA, NODE_W, _card_height, _height
+    from engine.diagram.layout import CARD_EXTRA, NODE_W, _card_height, _height
 
     boxes = []
     for u, members in visible_units(g).items():
@@ -107,7 +107,7 @@ def test_warnings_that_repeat_over_many_nodes_are_one_message(resnet50, tmp_path
     """`plan` with dp=4 on ResNet-50: one BatchNorm warning naming how many nodes and the
     fix, not 53 lines; the nodes are listed (the first ones in the text, all in the group)."""
     from app.cli import main
-    from engine.planner import grouped, make_plan
+    from engine.planning.planner import grouped, make_plan
 
     p = resnet50.project.copy()
     p.placement = p.placement.derive(dp=4)

@@ -161,7 +161,7 @@ def test_nodes_out_of_order_are_put_in_order(tmp_path):
     path = save(tmp_path, "unsorted.onnx", [helper.make_node("Relu", ["a"], ["y"], name="second"),
                                             helper.make_node("Neg", ["x"], ["a"], name="first")])
     imported = import_onnx(path)
-    from engine.compile import compile_graph
+    from engine.diagram.compile import compile_graph
 
     gm = compile_graph(imported.project.graph).build(seed=0)
     x = torch.randn(5, 4)
@@ -268,7 +268,7 @@ def test_a_size_to_the_power_of_a_size_is_refused_naming_the_node(tmp_path, comm
      "weight 'w' has shape [10000000, 10000000]: 1e+14 values; at most 4.29e+09"),
 ])
 def test_what_an_op_node_may_cost_is_bounded_and_named(tmp_path, code, weights, message):
-    from engine.compile import compile_graph
+    from engine.diagram.compile import compile_graph
     from engine.project import load_project
 
     t = time.perf_counter()
@@ -348,8 +348,8 @@ def test_synthetic_sizes_are_checked_before_anything_is_allocated(tmp_path):
                  "training.dataset: synthetic_classification of n_samples=10,000,000, n_features=100,000",
                  "3,725.4 GB", "limit of 2.0 GB", "lower n_samples or n_features")
         assert time.perf_counter() - t < 60
-    from engine.data import check_synthetic
-    from engine.project import SyntheticClassification, SyntheticImages
+    from engine.data.describe import check_synthetic
+    from engine.data.sources import SyntheticClassification, SyntheticImages
 
     check_synthetic(SyntheticClassification(kind="synthetic_classification", n_samples=10_000_000))  # the schema's most
     with pytest.raises(ValueError, match="synthetic_images of n_samples=100,000, channels=64, height=256"):

@@ -1,5 +1,5 @@
 """The plan's predicted step time corrected by what the newest run of the same layout
-measured on this machine (engine/calibration.py), as `plan` and the editor show it."""
+measured on this machine (engine/runs/calibration.py), as `plan` and the editor show it."""
 from __future__ import annotations
 
 import json
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from engine import calibration
-from engine.planner import format_plan, make_plan
+from engine.runs import calibration
+from engine.planning.planner import format_plan, make_plan
 from engine.project import load_project, save_project
-from engine.run import prepare_run
+from engine.runs.build import prepare_run
 from engine.runtime.spec import RunSpec
 from engine.runtime.train import run
 

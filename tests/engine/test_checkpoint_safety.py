@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from app.cli import main
-from engine.run import prepare_run
+from engine.runs.build import prepare_run
 from engine.runtime import dist_checkpoint
 from engine.runtime.train import run
-from engine.tail import read_metrics
+from engine.runs.tail import read_metrics
 from tests.engine.test_train import dropout_project, losses
 
 

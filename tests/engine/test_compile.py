@@ -3,8 +3,8 @@ a message that names the node and the field, all errors at once."""
 import torch
 from torch import nn
 
-from engine.compile import compile_graph
-from engine.graph import Edge, Graph
+from engine.diagram.compile import compile_graph
+from engine.diagram.graph import Edge, Graph
 
 
 def mlp_graph(hidden=16):

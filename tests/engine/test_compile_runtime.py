@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.compile import compile_graph
-from engine.graph import Graph
+from engine.diagram.compile import compile_graph
+from engine.diagram.graph import Graph
 from engine.project import Project, Training, load_project
-from engine.run import prepare_run
+from engine.runs.build import prepare_run
 from engine.runtime import compiling
 from engine.runtime.model import build_graph_module
 from engine.runtime.train import run
-from engine.tail import read_metrics
+from engine.runs.tail import read_metrics
 
 EX = Path(__file__).resolve().parents[2] / "resources" / "examples"
 RTOL = 1e-4
@@ -115,7 +115,7 @@ def test_blocks_follow_the_spec_blocks_where_nodes_name_them():
 
 
 def test_blocks_of_the_examples_without_block_names():
-    """No block names in the spec (engine/compile.py writes none): cut where one value is live."""
+    """No block names in the spec (engine/diagram/compile.py writes none): cut where one value is live."""
     want = {"mlp_digits": ["fc1..act1", "fc2..act2", "head"],
             "cnn_digits": ["conv1..pool1", "conv2..flat", "head"],
             "resnet_synthetic": ["stem..stem_act", "b1_conv1..b1_act2", "b2_conv1..flat", "head"],
@@ -190,7 +190,7 @@ def test_examples_train_compiled_to_the_eager_losses(tmp_path, name):
 def test_compile_composes_with_activation_checkpointing_and_pipeline_stages():
     """What parallel.py's parallelize() hands compile_module: a model with checkpointed
     layers (stages.apply_checkpointing) and a pipeline stage's module; losses equal eager."""
-    from engine.runtime.stages import apply_checkpointing, build_stage_module
+    from engine.runtime.distributed.stages import apply_checkpointing, build_stage_module
 
     spec = compile_graph(mlp().graph).spec
 
@@ -255,7 +255,7 @@ def imported_gpt(tmp_path: Path, blocks: int = 2) -> Project:
     from real_models import GPT
 
     from engine.interop import save_imported
-    from engine.interop.module_import import from_module
+    from engine.interop.module.importer import from_module
 
     torch.manual_seed(0)
     imp = from_module(GPT(vocab_size=64, block_size=16, n_layer=blocks, n_head=2, n_embd=32).eval(), [[16]], ["int64"])
@@ -267,7 +267,7 @@ def imported_gpt(tmp_path: Path, blocks: int = 2) -> Project:
 def test_an_imported_gpts_blocks_are_its_transformer_blocks(tmp_path):
     """Without the spec's block names, the cuts give attention and MLP halves, which repeat
     as a pair: one region per transformer block, as torchtitan compiles them. With them
-    (engine/compile.py keeps each node's group and scope), the regions are the imported
+    (engine/diagram/compile.py keeps each node's group and scope), the regions are the imported
     module's own blocks, named by their module path: the same nodes."""
     spec = compile_graph(imported_gpt(tmp_path, 3).graph).spec
     gm = build_graph_module(spec, seed=0)
@@ -315,7 +315,7 @@ def test_compiled_under_torchrun_data_parallel_and_pipelined_gives_the_eager_los
     """The distributed trainer compiles each rank's stage after TP and checkpointing and
     before DDP wraps it (parallel.parallelize): dp=2 (DDP) and pp=2 (1F1B) on real torchrun
     processes give one eager process's losses."""
-    from engine.planner import make_plan
+    from engine.planning.planner import make_plan
     from test_dist_equivalence import _torchrun
 
     jobs, dirs = [], {}

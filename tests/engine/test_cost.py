@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine import cost
-from engine.cost import DeviceSpec, bubble_fraction, comm_time, cpu_calibration, local_cpu, measure_cpu, step_time
+from engine.planning import cost
+from engine.planning.cost import DeviceSpec, bubble_fraction, comm_time, cpu_calibration, local_cpu, measure_cpu, step_time
 
 DEV = DeviceSpec("test", 2**30, flops_per_s=1e10, link_bytes_per_s=1e9, latency_s=1e-5, update_bytes_per_s=1e9)
 
@@ -88,7 +88,7 @@ def test_thread_counts_are_calibrated_apart_and_workers_get_omp_num_threads(fres
     _settled(fresh_cache, {1: (1e9, 1e8), 2: (2e9, 2e8)})
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert cost.worker_threads() == 2 and local_cpu(1).flops_per_s == 2e9 * min(1, cost._cores() / 2)
-    monkeypatch.delenv("OMP_NUM_THREADS")  # remote/launch_local.py's default
+    monkeypatch.delenv("OMP_NUM_THREADS")  # remote/launch/local.py's default
     assert cost.worker_threads() == 1 and local_cpu(1).flops_per_s == 1e9
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.graph import Graph
+from engine.diagram.graph import Graph
 from engine.project import Project, Training
-from engine.run import RunError, build_run, prepare_run
+from engine.runs.build import RunError, build_run, prepare_run
 from engine.runtime.train import run
-from engine.tail import read_metrics
+from engine.runs.tail import read_metrics
 
 Image = pytest.importorskip("PIL.Image")
 
@@ -318,9 +318,9 @@ def test_a_users_npz_is_read_in_place_and_split_as_before(tmp_path):
     batches are the ones the whole arrays always gave."""
     import torch
 
-    from engine.data import load_arrays
-    from engine.runs import confusion_matrix
-    from engine.runtime.data import Batches
+    from engine.data.describe import load_arrays
+    from engine.runs.history import confusion_matrix
+    from engine.runtime.batches import Batches
     from engine.runtime.datasets import StepLoader, open_source
 
     rng = np.random.default_rng(0)
@@ -355,7 +355,7 @@ def test_a_users_npz_is_read_in_place_and_split_as_before(tmp_path):
 def test_a_users_npz_is_checked_without_loading_it(tmp_path, monkeypatch):
     """What the whole load checked is checked by the chunked scan (chunks made tiny here),
     each in one line naming the file and the array."""
-    import engine.data as edata
+    import engine.data.describe as edata
     from engine.errors import LayerflowError
 
     monkeypatch.setattr(edata, "SCAN_BYTES", 64)
@@ -393,7 +393,7 @@ def test_a_users_npz_is_checked_without_loading_it(tmp_path, monkeypatch):
 
 
 def test_confusion_matrix_of_a_run_read_in_place(images, tmp_path):
-    from engine.runs import confusion_matrix
+    from engine.runs.history import confusion_matrix
 
     rd = build_run(image_project(images, steps=20), tmp_path / "run").run_dir
     assert run(rd)["state"] == "succeeded"

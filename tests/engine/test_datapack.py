@@ -1,4 +1,4 @@
-"""engine/datapack.py: text to token files, image folders to tar shards, .npz/.csv to
+"""engine/data/pack.py: text to token files, image folders to tar shards, .npz/.csv to
 .npy; each output is read back by the in-place readers, and a failed pack leaves nothing."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine import datapack
-from engine.data_inspect import inspect_source, inspect_text
-from engine.datapack import pack_array, pack_shards, pack_text
+from engine.data import pack as datapack
+from engine.data.inspection import inspect_source, inspect_text
+from engine.data.pack import pack_array, pack_shards, pack_text
 from engine.runtime.datasets import DataError, open_source
 
 sys.path.insert(0, str(Path(__file__).parent))

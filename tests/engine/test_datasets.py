@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from engine.runtime.data import Batches
+from engine.runtime.batches import Batches
 from engine.runtime.datasets import (DataError, StepLoader, eval_batches, fingerprint, open_source,
                                      sample_seed)
 from engine.runtime.datasets import arrays as arrays_mod
@@ -199,7 +199,7 @@ def test_parquet_columns_groups_and_split(tmp_path):
 def test_ragged_parquet_lists_without_seq_len_are_named_when_described(tmp_path):
     """Lists of 1 to 7 ids cannot stack into a batch: the build-time description says so and
     names seq_len; lists of one length, or with seq_len, describe."""
-    from engine.data import describe_source
+    from engine.data.describe import describe_source
     from engine.project import ProjectError
 
     make_parquet(tmp_path / "t.parquet")

@@ -64,7 +64,7 @@ def test_parameters_inputs_settings_and_consequences():
     assert "~ head.out_features 4 -> 8" in text
     assert "~ b2_conv1.in: input from b1_act2 (removed) -> b1_add" in text
     ra, rb = (p.graph for p in (a, b))
-    from engine.compile import compile_graph
+    from engine.diagram.compile import compile_graph
 
     pa, pb = compile_graph(ra).total_params, compile_graph(rb).total_params
     assert f"parameters {pa:,} -> {pb:,} ({pb - pa:+,})" in text and pb - pa == 4 * 16 + 4
@@ -155,7 +155,7 @@ def test_same_field_changed_on_both_sides_is_a_conflict_in_a_valid_file(tmp_path
 
 
 def test_running_a_project_with_conflicts_is_refused():
-    from engine.run import RunError, prepare_run
+    from engine.runs.build import RunError, prepare_run
 
     base, ours, theirs = mlp(), mlp(), mlp()
     ours.training.seed, theirs.training.seed = 1, 2

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from engine.graph import Graph, GraphError
-from engine.layout import NODE_W, lay_out, layered_layout, set_direction, view_layout
+from engine.diagram.graph import Graph, GraphError
+from engine.diagram.layout import NODE_W, lay_out, layered_layout, set_direction, view_layout
 from engine.project import Project, load_project, save_project
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.planner import make_plan
+from engine.planning.planner import make_plan
 from engine.project import load_project
-from engine.run import prepare_run
+from engine.runs.build import prepare_run
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("_dist_worker.py")

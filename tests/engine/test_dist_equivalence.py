@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.planner import make_plan
+from engine.planning.planner import make_plan
 from engine.project import load_project
-from engine.run import prepare_run
+from engine.runs.build import prepare_run
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "resources" / "examples"
@@ -348,7 +348,7 @@ def test_dp2_checkpoint_resumes_in_one_process(runs):
 def test_final_model_is_the_whole_model(runs):
     import torch
 
-    from engine.compile import compile_graph
+    from engine.diagram.compile import compile_graph
 
     _, out, _ = runs
     whole = compile_graph(_project("resnet_synthetic").graph).build().state_dict()

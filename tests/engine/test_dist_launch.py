@@ -15,10 +15,10 @@ import pytest
 
 from app.cli import main
 from engine.project import load_project, save_project
-from engine.run import prepare_run
+from engine.runs.build import prepare_run
 from engine.runtime.spec import RunSpec
-from remote.launch_local import launch_local
-from remote.procs import alive
+from remote.launch.local import launch_local
+from remote.launch.procs import alive
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP = ROOT / "resources" / "examples" / "mlp_digits.lflow"
@@ -81,7 +81,7 @@ def test_failing_rank_traceback_is_reported(tmp_path):
 
 def test_rank_error_records_of_older_runs_still_read(tmp_path):
     from engine.runtime.records import RankError
-    from remote.launch_local import read_rank_error
+    from remote.launch.local import read_rank_error
 
     old = tmp_path / "rank0.error"
     old.write_text(repr({"rank": 0, "time": 5.0, "error": "ValueError: x"}))  # how runs before JSON wrote it
@@ -164,7 +164,7 @@ def test_a_rank_killed_by_a_signal_is_named_with_the_step_reached(tmp_path):
     while time.time() < deadline and len(metrics.read_text().splitlines() if metrics.exists() else []) < 20:
         time.sleep(0.3)
     victim = None
-    from remote.procs import descendants
+    from remote.launch.procs import descendants
 
     for pid in descendants(job.pid):
         try:
@@ -182,7 +182,7 @@ def test_a_rank_killed_by_a_signal_is_named_with_the_step_reached(tmp_path):
     assert st["state"] == "failed" and st["failed_rank"] == 1 and st["step"] >= 10
     assert st["error"].startswith("rank 1: rank 1 was killed by SIGKILL")
     assert f"rank 1 failed first at step {st['step']}" in job.describe_failure()
-    from engine.runs import failure_report
+    from engine.runs.history import failure_report
 
     report = failure_report(d)  # what the app's failure dialog shows
     assert report["rank"] == 1 and "SIGKILL" in report["traceback"]

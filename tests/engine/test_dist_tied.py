@@ -15,12 +15,12 @@ from real_models import GPT
 from test_dist_equivalence import _torchrun as torchrun
 
 from engine.interop import save_imported
-from engine.interop.module_import import from_module
-from engine.planner import make_plan
+from engine.interop.module.importer import from_module
+from engine.planning.planner import make_plan
 from engine.project import load_project
-from engine.run import prepare_run
+from engine.runs.build import prepare_run
 from engine.runtime.train import run
-from engine.tail import read_metrics
+from engine.runs.tail import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("torchrun")]
 

@@ -1,13 +1,13 @@
-"""engine/editing.py: the editor's multi-node edits as model operations (no Qt), and the
+"""engine/diagram/editing.py: the editor's multi-node edits as model operations (no Qt), and the
 Python API calling them."""
 from __future__ import annotations
 
 import pytest
 
 import layerflow as lf
-from engine.editing import (EditError, apply, check_rename, fresh_id, plan_group, plan_paste, plan_repeat,
+from engine.diagram.editing import (EditError, apply, check_rename, fresh_id, plan_group, plan_paste, plan_repeat,
                             plan_ungroup)
-from engine.graph import Graph
+from engine.diagram.graph import Graph
 
 
 def chain() -> Graph:
@@ -137,7 +137,7 @@ def test_replacing_training_or_placement_is_an_event():
 
 
 def test_collapsing_a_block_is_an_event_and_not_a_structure_change():
-    from engine.graph import Graph
+    from engine.diagram.graph import Graph
 
     g = Graph()
     g.add_node("Linear", id="a", params={"in_features": 4, "out_features": 4})

@@ -43,7 +43,7 @@ def test_refusal_lines_name_the_device_and_the_reason():
     assert float8.plan_problem("h100-80gb") is None
     assert float8.plan_problem("a100-80gb") == float8_problem("a100-80gb", None, True)
     assert float8.plan_problem("h100-80gb", tp=2).startswith("placement.mixed_precision float8: tp=2: ")
-    from engine.cost import local_cpu
+    from engine.planning.cost import local_cpu
 
     assert float8.plan_problem(local_cpu(1).name).startswith(f"placement.mixed_precision float8: {local_cpu(1).name} ")
     # the device this process trains on
@@ -55,7 +55,7 @@ def test_refusal_lines_name_the_device_and_the_reason():
 def test_a_float8_run_on_cpu_is_refused_at_start_with_one_line(tmp_path, monkeypatch):
     from test_compile_runtime import mlp
 
-    from engine.run import prepare_run
+    from engine.runs.build import prepare_run
     from engine.runtime.train import run
 
     monkeypatch.delenv(float8.EMULATE_ENV, raising=False)
@@ -110,7 +110,7 @@ def test_conversion_swaps_the_eligible_linears_and_keeps_the_parameters():
 def test_the_diagrams_graph_module_converts_by_node_id():
     from test_compile_runtime import mlp
 
-    from engine.compile import compile_graph
+    from engine.diagram.compile import compile_graph
     from engine.runtime.model import build_graph_module
 
     g = mlp().graph
@@ -183,9 +183,9 @@ def test_float8_under_torchrun_converts_each_ranks_stage_before_ddp(tmp_path, mo
     from test_compile_runtime import mlp, train
     from test_dist_equivalence import _torchrun
 
-    from engine.planner import make_plan
-    from engine.run import prepare_run
-    from engine.tail import read_metrics
+    from engine.planning.planner import make_plan
+    from engine.runs.build import prepare_run
+    from engine.runs.tail import read_metrics
 
     monkeypatch.setenv(float8.EMULATE_ENV, "1")  # (the torchrun workers inherit it)
 
@@ -219,11 +219,11 @@ def test_float8_under_torchrun_converts_each_ranks_stage_before_ddp(tmp_path, mo
 
 
 def test_the_planner_refuses_float8_where_the_device_cannot_run_it(monkeypatch):
-    """The plan says it before a run starts: the error names the device (engine/plan_checks.py)."""
+    """The plan says it before a run starts: the error names the device (engine/planning/checks.py)."""
     from dataclasses import replace
 
-    from engine.cost import GPUS
-    from engine.planner import make_plan
+    from engine.planning.cost import GPUS
+    from engine.planning.planner import make_plan
     from engine.project import load_project
 
     monkeypatch.delenv(float8.EMULATE_ENV, raising=False)
@@ -243,8 +243,8 @@ def test_the_planner_refuses_float8_where_the_device_cannot_run_it(monkeypatch):
 
 
 def test_auto_placement_recommends_bf16_on_gpus_and_keeps_the_users_choice():
-    from engine.autoplace import auto_place
-    from engine.cost import GPUS
+    from engine.planning.autoplace import auto_place
+    from engine.planning.cost import GPUS
     from engine.project import load_project
 
     p = load_project(EXAMPLES / "mlp_digits.lflow")

@@ -9,8 +9,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.compile import compile_graph
-from engine.planner import make_plan
+from engine.diagram.compile import compile_graph
+from engine.planning.planner import make_plan
 from engine.project import ProjectError, loads_project
 
 from test_project import _paths

@@ -1,6 +1,6 @@
 import pytest
 
-from engine.graph import Graph, GraphError
+from engine.diagram.graph import Graph, GraphError
 
 
 def test_events_and_undo_data():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.interop import export_onnx, import_module, import_onnx, progress
-from engine.interop.module_import import from_module
+from engine.interop.module.importer import from_module
 
 
 class Tiny(torch.nn.Module):

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-import engine.interop.module_import as mi
-from engine.compile import compile_graph
+import engine.interop.module.importer as mi
+from engine.diagram.compile import compile_graph
 from engine.interop import InteropError
-from engine.interop.module_import import from_module
+from engine.interop.module.importer import from_module
 
 from real_models import GPT
 
@@ -111,9 +111,9 @@ def test_an_lm_returning_last_position_logits_gets_a_loss_and_data_that_train_it
 
     from engine.interop import save_imported
     from engine.project import load_project
-    from engine.run import prepare_run
+    from engine.runs.build import prepare_run
     from engine.runtime.train import run
-    from engine.tail import read_metrics
+    from engine.runs.tail import read_metrics
     from issue43_models import gpt_last_logits
 
     torch.manual_seed(0)
@@ -164,7 +164,7 @@ def test_a_t5_style_encoder_exports_to_onnx_through_torchs_fallback(tmp_path):
 
 
 def test_an_onnx_export_failure_names_the_node_and_operator(tmp_path):
-    from engine.graph import Graph
+    from engine.diagram.graph import Graph
     from engine.interop import export_onnx
     from engine.project import Project
 
@@ -207,7 +207,7 @@ def test_training_only_auxiliary_classifiers_are_named_at_import():
 def test_a_value_computed_once_and_handed_on_is_one_node_fed_to_its_users(tmp_path):
     """T5: the first block computes the relative position bias, the others are handed it;
     the import keeps one node computing it (no per-block copy tied to the same table)."""
-    from engine.planner import make_plan
+    from engine.planning.planner import make_plan
 
     model, imp, project = _t5(tmp_path)
     g = project.graph

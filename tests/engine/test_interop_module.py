@@ -4,9 +4,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.compile import compile_graph
+from engine.diagram.compile import compile_graph
 from engine.interop import InteropError, import_module, save_imported
-from engine.interop.module_import import from_module
+from engine.interop.module.importer import from_module
 from engine.project import load_project
 from engine.runtime.model import load_weights
 

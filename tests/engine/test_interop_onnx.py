@@ -9,7 +9,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from engine.compile import compile_graph
+from engine.diagram.compile import compile_graph
 from engine.interop import InteropError, export_onnx, import_onnx, save_imported
 from engine.project import load_project
 from engine.runtime.model import load_weights
@@ -269,7 +269,7 @@ def test_import_of_an_optimized_torch_transformer(tmp_path):
 
 
 def test_export_refusals_name_the_cause(tmp_path):
-    from engine.graph import Graph
+    from engine.diagram.graph import Graph
     from engine.project import Project
 
     g = Graph()
@@ -354,8 +354,9 @@ def test_every_listed_operator_imports_from_a_plain_onnx_graph(tmp_path):
 
 
 def test_training_starts_from_the_imported_weights(exported, tmp_path):
-    from engine.project import SyntheticImages, Training
-    from engine.run import prepare_run
+    from engine.project import Training
+    from engine.data.sources import SyntheticImages
+    from engine.runs.build import prepare_run
     from engine.runtime.train import Trainer, load_spec
 
     imp = import_onnx(exported["cnn_bn"][2])

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.graph import Graph
+from engine.diagram.graph import Graph
 from engine.interop import export_script
-from engine.project import Project, SyntheticClassification, SyntheticImages, Training, load_project
-from engine.run import prepare_run
+from engine.project import Project, Training, load_project
+from engine.data.sources import SyntheticClassification, SyntheticImages
+from engine.runs.build import prepare_run
 from engine.runtime.train import run
-from engine.tail import read_metrics
+from engine.runs.tail import read_metrics
 
 from interop_models import project_with_weights
 
@@ -115,8 +116,8 @@ def test_script_prints_the_newer_layers_and_computes_the_same(name, tmp_path):
 
     import torch
 
-    from engine.compile import compile_graph
-    from engine.project import SyntheticSequence
+    from engine.diagram.compile import compile_graph
+    from engine.data.sources import SyntheticSequence
     from engine.runtime.model import load_weights
 
     from interop_models import sample
@@ -210,7 +211,7 @@ def test_script_under_torchrun_equals_the_tensor_parallel_runtime(tmp_path):
     """tp=2 on the transformer: fc_in column-wise into fc_out row-wise (the Megatron
     pair, Shard(-1) in between), the attention's heads split over the two ranks, and
     the norms sequence-parallel (each rank normalizes 8 of the 16 tokens)."""
-    from engine.planner import make_plan
+    from engine.planning.planner import make_plan
 
     project = load_project(EX / "transformer_synthetic.lflow")
     plan = make_plan(project, 2, placement={"tp": 2}, styles={"attn": "colwise", "fc_in": "colwise",
@@ -264,7 +265,7 @@ def test_every_exported_script_lints_clean_and_holds_only_what_its_plan_uses(exa
     import py_compile
     import shutil as _shutil
 
-    from engine.planner import make_plan
+    from engine.planning.planner import make_plan
 
     ruff = _shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
     assert Path(ruff).exists(), "ruff is a test dependency (pyproject's [test] extra)"

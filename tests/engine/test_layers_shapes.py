@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from engine.compile import compile_graph
-from engine.graph import Graph
-from engine.layers import CATALOG
+from engine.diagram.compile import compile_graph
+from engine.diagram.graph import Graph
+from engine.diagram.catalog import CATALOG
 
 # type -> (input shape per sample, input dtype, params)
 CASES = {
@@ -189,7 +189,7 @@ def test_one_declaration_builds_prints_and_reads_back_each_layer(layer_type):
     module gives back the node's parameters."""
     from torch import nn
 
-    from engine.interop.module_import import catalog_layer
+    from engine.interop.module.importer import catalog_layer
     from engine.interop.script_export import _ctor
     from engine.runtime import layers as rl
 
@@ -214,7 +214,7 @@ def test_a_torch_module_configured_beyond_the_catalog_is_not_read_as_it():
     ReLU is a ReLU."""
     from torch import nn
 
-    from engine.interop.module_import import catalog_layer
+    from engine.interop.module.importer import catalog_layer
 
     for m in (nn.MaxPool2d(2, ceil_mode=True), nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect"),
               nn.BatchNorm2d(4, affine=False), nn.LayerNorm(8, bias=False), nn.Embedding(5, 3, padding_idx=0),

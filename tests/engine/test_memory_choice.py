@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.autoplace import auto_place
-from engine.compile import compile_graph
-from engine.cost import activation_bytes, kept_outputs, local_cpu
-from engine.planner import checkpoint_units, format_plan, make_plan
+from engine.planning.autoplace import auto_place
+from engine.diagram.compile import compile_graph
+from engine.planning.cost import activation_bytes, kept_outputs, local_cpu
+from engine.planning.planner import checkpoint_units, format_plan, make_plan
 from engine.project import load_project, save_project
 from engine.runtime.plan import PlanError, RunPlan
 
@@ -95,13 +95,13 @@ def test_one_layer_checkpointed_alone_frees_nothing_a_run_of_layers_frees_its_in
 
 
 def test_saved_activations_measured_follow_the_planners_regions():
-    """The runtime's regions (engine/runtime/stages.py) on a real forward: the bytes autograd
+    """The runtime's regions (engine/runtime/distributed/stages.py) on a real forward: the bytes autograd
     saves for backward (saved_tensors_hooks) fall with checkpointing by what the planner
     frees, within the estimate's own slack (it counts each layer's output, not each op's)."""
     import torch
 
     from engine.runtime.model import build_graph_module
-    from engine.runtime.stages import apply_checkpointing, top_blocks
+    from engine.runtime.distributed.stages import apply_checkpointing, top_blocks
 
     p = blocked_transformer()
     c = compile_graph(p.graph)

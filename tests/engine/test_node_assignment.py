@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.graph import ASSIGNMENT_CHANGED, Graph, GraphError, NodeAssignment
+from engine.diagram.graph import ASSIGNMENT_CHANGED, Graph, GraphError, NodeAssignment
 from engine.project import Placement, load_project, loads_project
 
 ROOT = Path(__file__).resolve().parents[2]

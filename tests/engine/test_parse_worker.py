@@ -1,4 +1,4 @@
-"""engine/parse_worker.py: metrics.jsonl parsed in a real child process, answered in
+"""engine/runs/parse_worker.py: metrics.jsonl parsed in a real child process, answered in
 order, equal to parsing here; nothing lost when the process dies; it never outlives
 the app."""
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.parse_worker import ParseWorker
-from engine.tail import parse_chunk
+from engine.runs.parse_worker import ParseWorker
+from engine.runs.tail import parse_chunk
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -159,7 +159,7 @@ def test_the_process_does_not_outlive_a_killed_app(tmp_path):
     """The app SIGKILLed (no close, no atexit): the parse process sees its stdin end and exits."""
     app = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import sys, time
-        from engine.parse_worker import ParseWorker
+        from engine.runs.parse_worker import ParseWorker
         w = ParseWorker()
         w.submit(0, b'{"step": 1}')
         w.wait(timeout=60)

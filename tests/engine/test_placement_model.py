@@ -64,7 +64,7 @@ def test_bounds_and_choices_come_from_the_fields():
 def test_the_planner_takes_the_typed_placement():
     from pathlib import Path
 
-    from engine.planner import make_plan
+    from engine.planning.planner import make_plan
     from engine.project import load_project
 
     p = load_project(Path(__file__).resolve().parents[2] / "resources" / "examples" / "mlp_digits.lflow")

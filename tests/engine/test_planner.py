@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.autoplace import apply_to_project, auto_place, auto_tp_styles, balanced_stages, sequence_norms
-from engine.compile import compile_graph
-from engine.cost import bubble_fraction, local_cpu
-from engine.planner import chunk_len, format_plan, make_plan, mesh_ranks
+from engine.planning.autoplace import apply_to_project, auto_place, auto_tp_styles, balanced_stages, sequence_norms
+from engine.diagram.compile import compile_graph
+from engine.planning.cost import bubble_fraction, local_cpu
+from engine.planning.planner import chunk_len, format_plan, make_plan, mesh_ranks
 from engine.project import load_project
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "resources" / "examples"
@@ -249,8 +249,8 @@ def test_the_plan_is_typed_and_its_json_is_made_from_the_types():
     """Readers use the typed fields (the runtime's RunPlan, per-rank loads, collectives,
     edge layouts, the prediction); `doc` is derived from them, so a correction made to a
     field (calibration) shows in the JSON too."""
-    from engine.comms import Comm, EdgeLayout
-    from engine.cost import Memory, Prediction, RankLoad
+    from engine.planning.comms import Comm, EdgeLayout
+    from engine.planning.cost import Memory, Prediction, RankLoad
     from engine.runtime.plan import Layout, RunPlan, shard
 
     plan = make_plan(proj("transformer_synthetic"), 4, placement={"pp": 2, "tp": 2, "microbatches": 2},

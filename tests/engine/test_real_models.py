@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 import torch
 
-from engine.compile import compile_graph
+from engine.diagram.compile import compile_graph
 from engine.interop import InteropError, export_onnx, export_script, save_imported
-from engine.interop.module_import import from_module
-from engine.planner import make_plan
+from engine.interop.module.importer import from_module
+from engine.planning.planner import make_plan
 from engine.project import load_project
-from engine.run import prepare_run
+from engine.runs.build import prepare_run
 from engine.runtime.train import run
-from engine.tail import read_metrics
+from engine.runs.tail import read_metrics
 
 from real_models import GPT, VISION, SharedTwice
 
@@ -146,7 +146,7 @@ def test_a_module_called_twice_keeps_one_set_of_weights(tmp_path):
     assert sum(p.numel() for p in gm.parameters()) == sum(p.numel() for p in m.parameters()) == 99
     # the exported script holds one tensor too
     project = load_project(save_imported(imp, tmp_path / "shared.lflow"))
-    from engine.project import SyntheticClassification
+    from engine.data.sources import SyntheticClassification
 
     project.training.dataset = SyntheticClassification(kind="synthetic_classification", n_samples=64, n_features=8,
                                                        n_classes=3)
@@ -224,7 +224,7 @@ def test_input_shapes_must_match_forward():
 
 
 def test_an_op_node_cannot_name_anything_but_aten():
-    from engine.graph import Graph
+    from engine.diagram.graph import Graph
 
     for op in ("os.system", "builtins.eval", "aten.from_file.default", "torch.load", "operator.attrgetter"):
         g = Graph()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from engine.runtime.records import RankError, RunStatus
-from engine.runs import summarize_run
+from engine.runs.history import summarize_run
 
 
 def test_a_status_round_trips_and_keeps_fields_it_does_not_know(tmp_path):

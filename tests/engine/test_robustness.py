@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from app.cli import main
-from engine.compile import compile_graph
-from engine.graph import Graph
+from engine.diagram.compile import compile_graph
+from engine.diagram.graph import Graph
 from engine.project import ProjectError, atomic_write, load_project, loads_project, save_project
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +47,7 @@ def test_positions_edges_and_ports_are_checked_on_load():
     g.add_node("Input", {"shape": [4]}, id="x")
     g.add_node("ReLU", {}, id="r")
     g.add_node("Output", {}, id="out")
-    from engine.graph import Edge
+    from engine.diagram.graph import Edge
 
     g.add_edge_unchecked(Edge("x", "nope", "r", "in"))
     g.connect("r", "out", "out", "in")
@@ -62,7 +62,7 @@ def test_a_huge_cycle_is_one_short_message(tmp_path, capsys):
     for i in range(n):
         g.add_node("ReLU", {}, id=f"r{i}")
     g.connect("x", "out", "r0", "in")
-    from engine.graph import Edge
+    from engine.diagram.graph import Edge
 
     for i in range(1, n):
         g.add_edge_unchecked(Edge(f"r{i - 1}", "out", f"r{i}", "in"))
@@ -120,7 +120,7 @@ def test_saves_keep_links_modes_and_leave_no_temp_files(tmp_path):
 
 
 def test_a_run_folder_has_one_writer(tmp_path, capsys):
-    from engine.run import prepare_run
+    from engine.runs.build import prepare_run
     from engine.runtime.train import RunLock
 
     rd = prepare_run(load_project(MLP), tmp_path / "run", steps=2)
@@ -133,7 +133,7 @@ def test_a_run_folder_has_one_writer(tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.xdist_group("torchrun")
 def test_workers_end_when_the_cli_is_killed(tmp_path):
-    from remote.procs import alive, descendants
+    from remote.launch.procs import alive, descendants
 
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cli = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "train", str(MLP), "--nproc", "2",
@@ -164,8 +164,8 @@ def test_weights_and_data_are_read_only_from_regular_files_that_fit(tmp_path, ca
 
     import torch
 
-    from engine.project import NpzFile
-    from engine.run import RunError, prepare_run
+    from engine.data.sources import NpzFile
+    from engine.runs.build import RunError, prepare_run
 
     def run_with(**change):
         p = load_project(MLP)
@@ -268,8 +268,8 @@ def test_a_run_that_cannot_fit_this_machine_is_refused_before_it_starts(tmp_path
     ({"x": np.full((8, 2), np.nan, np.float32), "y": np.zeros(8, np.int64)}, "NaN or infinite"),
 ])
 def test_bad_data_files_are_named(tmp_path, arrays, message):
-    from engine.data import load_arrays
-    from engine.project import NpzFile
+    from engine.data.describe import load_arrays
+    from engine.data.sources import NpzFile
 
     np.savez(tmp_path / "d.npz", **arrays)
     p = load_project(MLP)
@@ -293,7 +293,7 @@ def test_settings_out_of_range_name_their_field():
 
 
 def test_token_ids_beyond_the_vocabulary_are_named(tmp_path):
-    from engine.run import RunError, prepare_run
+    from engine.runs.build import RunError, prepare_run
 
     p = load_project(ROOT / "resources" / "examples" / "transformer_synthetic.lflow")
     emb = next(n for n in p.graph.nodes.values() if n.type == "Embedding")
@@ -345,7 +345,7 @@ def test_a_full_disk_ends_the_run_as_failed_with_the_reason_and_a_resumable_chec
     own. The run ends 'failed' with the reason in status.json (not 'running', no half
     checkpoint named latest), and resumes once there is room."""
     from engine.project import Training
-    from engine.run import prepare_run
+    from engine.runs.build import prepare_run
 
     unshare = _unshare_or_skip(tmp_path)
     p = load_project(MLP)
@@ -404,7 +404,7 @@ def test_a_full_disk_under_two_ranks_is_named_too_and_resumes(tmp_path):
     (one rank's ENOSPC, the other's opaque "unexpected pos"); the run still ends as
     "disk full" with its latest whole checkpoint named, not with a traceback."""
     from engine.project import Training
-    from remote.launch_ssh import prepare
+    from remote.launch.ssh_torchrun import prepare
 
     unshare = _unshare_or_skip(tmp_path)
     p = load_project(MLP)

@@ -8,13 +8,13 @@ import math
 
 import pytest
 
-from engine.graph import Graph
+from engine.diagram.graph import Graph
 from engine.project import Project, Training
-from engine.run import prepare_run
+from engine.runs.build import prepare_run
 from engine.runtime.records import run_settings
 from engine.runtime.sysmetrics import PERIOD_ENV, SystemTail, read_system, system_summary
 from engine.runtime.train import run
-from engine.tail import read_metrics
+from engine.runs.tail import read_metrics
 
 
 def small_project(steps=60):

@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from app.cli import main as cli
-from engine.compile import compile_graph
-from engine.graph import Graph
+from engine.diagram.compile import compile_graph
+from engine.diagram.graph import Graph
 from engine.interop import InteropError
-from engine.interop.run_weights import available_checkpoints, checkpoint_path, run_state
+from engine.runs.weights import available_checkpoints, checkpoint_path, run_state
 from engine.project import Project, Training, load_project, save_project
-from engine.run import prepare_run
+from engine.runs.build import prepare_run
 from engine.runtime.spec import RunSpec
 from engine.runtime.train import run as train_run
-from engine.tail import read_metrics
+from engine.runs.tail import read_metrics
 
 STEPS = 40
 

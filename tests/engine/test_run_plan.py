@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from engine.planner import make_plan
+from engine.planning.planner import make_plan
 from engine.project import load_project
 from engine.runtime.plan import PARTIAL, REPLICATE, Layout, PlanError, RunPlan, TPEntry, shard
 

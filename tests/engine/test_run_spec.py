@@ -1,12 +1,12 @@
-"""The run spec (engine/runtime/spec.py) and its one builder (engine/run.py build_run)."""
+"""The run spec (engine/runtime/spec.py) and its one builder (engine/runs/build.py build_run)."""
 import json
 
 import pytest
 
-import engine.run as run_module
-from engine.graph import Graph
+import engine.runs.build as run_module
+from engine.diagram.graph import Graph
 from engine.project import Project, Training
-from engine.run import RunError, build_run, replan_run
+from engine.runs.build import RunError, build_run, replan_run
 from engine.runtime.spec import SPEC_VERSION, RunSpec, SpecError
 
 
@@ -36,7 +36,7 @@ def test_one_process_gets_a_plan_of_one_and_a_prediction(tmp_path):
 
 
 def test_the_diagram_is_compiled_and_planned_once(tmp_path, monkeypatch):
-    import engine.planner as planner
+    import engine.planning.planner as planner
 
     calls = {"compile": 0, "plan": 0}
     real_compile, real_plan = run_module.compile_graph, planner.make_plan

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.compile import compile_graph
+from engine.diagram.compile import compile_graph
 from engine.project import load_project
-from engine.run import prepare_run
-from engine.runs import (confusion_matrix, delete_run, failure_report, is_run_dir, list_runs,
+from engine.runs.build import prepare_run
+from engine.runs.history import (confusion_matrix, delete_run, failure_report, is_run_dir, list_runs,
                          node_from_traceback, summarize_run, write_metrics_csv)
 from engine.runtime.train import run
-from engine.tail import read_metrics
+from engine.runs.tail import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 EX = ROOT / "resources" / "examples"
@@ -102,7 +102,7 @@ def test_delete_run_refuses_what_it_must_not_touch(tmp_path):
 
 
 def test_peak_memory_per_rank_file(tmp_path):
-    from engine.runs import peak_memory_per_rank
+    from engine.runs.history import peak_memory_per_rank
 
     d = fake_run(tmp_path / "r", {"state": "succeeded"}, [])
     assert peak_memory_per_rank(d) is None

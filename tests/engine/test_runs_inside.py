@@ -1,6 +1,6 @@
 """Run folders stay inside the project's folder unless the user chose another (issue 45,
 item 5): a `runs` link that leads out of the folder is refused where every run is
-prepared (engine.runs.check_runs_inside from layerflow._prepare.prepare_training), so the
+prepared (engine.runs.history.check_runs_inside from layerflow.prepare.prepare_training), so the
 Python API and the editor (its Run: new_run_dir, then prepare_training) are refused as
 the CLI is, while the runs panel still lists what is there; an out= folder the user chose is written, a link inside is followed.
 Real files, real links, a real one-step run."""
@@ -12,9 +12,9 @@ import pytest
 import layerflow
 from engine.errors import LayerflowError
 from engine.project import load_project
-from engine.run import new_run_dir
-from engine.runs import list_runs, runs_dir
-from layerflow._prepare import prepare_training
+from engine.runs.build import new_run_dir
+from engine.runs.history import list_runs, runs_dir
+from layerflow.prepare import prepare_training
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP = ROOT / "resources" / "examples" / "mlp_digits.lflow"
@@ -40,7 +40,7 @@ def test_a_runs_link_out_of_the_project_is_refused_by_the_api_and_the_editors_pa
     project = load_project(proj)
     with pytest.raises(LayerflowError, match="outside the project's folder"):  # the editor's Run (run_controller)
         prepare_training(project.copy(), out=new_run_dir(project))
-    from remote.launch_ssh import DeployError, prepare
+    from remote.launch.ssh_torchrun import DeployError, prepare
 
     with pytest.raises(DeployError, match="outside the project's folder"):  # a deploy's local run folder too
         prepare(project.copy())

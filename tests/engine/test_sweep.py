@@ -1,4 +1,4 @@
-"""Sweeps (engine/sweep.py): the file checked key by key, the points, and a real queue of
+"""Sweeps (engine/runs/sweep.py): the file checked key by key, the points, and a real queue of
 runs of the digits MLP: two at once, one stopped early by a rule; the runs table and the
 `sweep` / `runs` commands over it."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from engine.project import load_project
-from engine.runs import filter_rows, run_row, runs_table, sort_rows
+from engine.runs.history import filter_rows, run_row, runs_table, sort_rows
 from engine.runtime.records import RunStatus
-from engine.sweep import Sweep, SweepError, check_sweep, load_sweep
+from engine.runs.sweep import Sweep, SweepError, check_sweep, load_sweep
 from remote.sweep_queue import SweepRunner
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "resources" / "examples" / "mlp_digits.lflow"

@@ -1,4 +1,4 @@
-"""engine/tail.py: records read by byte offset, parsed as json.loads would."""
+"""engine/runs/tail.py: records read by byte offset, parsed as json.loads would."""
 from __future__ import annotations
 
 import json
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from engine import tail
-from engine.tail import MetricsTail, parse_jsonl
+from engine.runs import tail
+from engine.runs.tail import MetricsTail, parse_jsonl
 
 
 def _same(a: list[dict], b: list[dict]) -> bool:

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from test_run_formats import small_project
 
-from engine.run import prepare_run
+from engine.runs.build import prepare_run
 from engine.runtime.records import run_settings
 from engine.runtime.sysmetrics import PERIOD_ENV, read_system
 from engine.runtime.train import run
-from engine.tail import read_metrics
-from engine.tracking import (
+from engine.runs.tail import read_metrics
+from engine.runs.tracking import (
     MlflowFollower,
     MlflowSync,
     TrackingError,
@@ -108,8 +108,8 @@ def test_train_hook_start_mlflow(tmp_path, monkeypatch):
     """app/cli_track.start_mlflow, what `train --mlflow URI` calls around its training."""
     from mlflow.tracking import MlflowClient
 
-    from app.cli_errors import CliError
-    from app.cli_track import start_mlflow
+    from app.cli.cli_errors import CliError
+    from app.cli.track_cmds import start_mlflow
 
     monkeypatch.setenv(PERIOD_ENV, "0")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -6,11 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.graph import Graph
+from engine.diagram.graph import Graph
 from engine.project import Project, Training, load_project
-from engine.run import RunError, prepare_run
+from engine.runs.build import RunError, prepare_run
 from engine.runtime.train import lr_lambda, run
-from engine.tail import read_metrics
+from engine.runs.tail import read_metrics
 
 EX = Path(__file__).resolve().parents[2] / "resources" / "examples"
 

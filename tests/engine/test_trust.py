@@ -11,7 +11,7 @@ import json
 import pytest
 
 from app.cli import main
-from engine.graph import Graph
+from engine.diagram.graph import Graph
 from engine.project import Project, save_project
 
 
@@ -109,7 +109,7 @@ def _npz(path):
 def test_a_data_file_outside_the_project_folder_is_read_only_with_consent(tmp_path, capsys, how):
     """A shared project naming ../../secret.npz (or a link to it) reads nothing until trusted;
     the consent is the same one that covers its code, tied to the resolved path."""
-    from engine.data import load_arrays
+    from engine.data.describe import load_arrays
     from engine.project import ProjectError, load_project
 
     (tmp_path / "elsewhere").mkdir()
@@ -146,7 +146,7 @@ def test_weights_outside_the_project_folder_need_consent(tmp_path):
     import torch
 
     from engine.project import ProjectError, load_project
-    from engine.run import prepare_run
+    from engine.runs.build import prepare_run
 
     p = _data_project(tmp_path / "shared", "d.npz")
     _npz(tmp_path / "shared" / "d.npz")
@@ -161,14 +161,14 @@ def test_weights_outside_the_project_folder_need_consent(tmp_path):
 
 
 def test_the_apps_runs_carry_its_consent_and_no_more(tmp_path):
-    """The GUI prepares its runs in its own process (layerflow/_prepare.py, as the CLI and
+    """The GUI prepares its runs in its own process (layerflow/prepare.py, as the CLI and
     the API do): what the user drew may run (the window's interactive consent,
     remembered nowhere); what they refused on open may not; a CLI process, nothing
     without consent."""
     from engine import trust
     from engine.errors import LayerflowError
     from engine.project import load_project
-    from layerflow._prepare import prepare_training
+    from layerflow.prepare import prepare_training
 
     mine = _project(tmp_path, {"act": {"path": "tests.engine.interop_models:Swish"}}, "mine.lflow")
     p = load_project(mine)

@@ -1,4 +1,4 @@
-"""remote/procs.py on real process trees shaped like a torchrun launch: a leader in a
+"""remote/launch/procs.py on real process trees shaped like a torchrun launch: a leader in a
 group of its own, a worker in a session of its own (out of the leader's group), and
 the worker's helper in the worker's group."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from remote.procs import ProcessTree, alive, descendants, group_pids, signal_tree, stop_tree
+from remote.launch.procs import ProcessTree, alive, descendants, group_pids, signal_tree, stop_tree
 
 # The worker: on SIGTERM ends its helper and exits (polite), or ignores it (stuck).
 WORKER = r"""

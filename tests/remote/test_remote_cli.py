@@ -99,7 +99,7 @@ def test_deploy_jobs_status_logs_fetch(sshd_pair, config_dir, tmp_path, capsys):
     assert code == 2 and "nowhere.npz is not readable" in err
     # the data set already "on the cluster": the bundle leaves it out, the node links to it
     from engine.project import load_project
-    from engine.run import prepare_run
+    from engine.runs.build import prepare_run
     shutil.copy(prepare_run(load_project(proj), tmp_path / "src", steps=1) / "data.npz", tmp_path / "big data.npz")
     code, out, err = run(capsys, "deploy", proj, "--cluster", "one", "--steps", "20", "--out", tmp_path / "rd",
                          "--remote-data", tmp_path / "big data.npz")

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 from sshd_helpers import free_port, relayed_cluster
 
-from engine.graph import Graph
+from engine.diagram.graph import Graph
 from engine.project import Project, Training
-from engine.tail import read_metrics
+from engine.runs.tail import read_metrics
 from remote.cluster import parse_cluster
-from remote.data import MARKER, DataProblem, mapped_path, plan_data, sent_line
+from remote.node_data import MARKER, DataProblem, mapped_path, plan_data, sent_line
 from remote.jobs import JobDB
-from remote.launch_ssh import DeployError, deploy, prepare, run_spec
+from remote.launch.ssh_torchrun import DeployError, deploy, prepare, run_spec
 from remote.tracker import Tracker
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("remote-deploy")]

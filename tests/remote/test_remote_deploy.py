@@ -13,7 +13,7 @@ from engine.project import load_project
 from remote.cluster import parse_cluster
 from remote.jobctl import job_pids
 from remote.jobs import JobDB
-from remote.launch_ssh import DeployError, deploy, prepare
+from remote.launch.ssh_torchrun import DeployError, deploy, prepare
 from remote.tracker import Tracker
 
 from sshd_helpers import free_port, relayed_cluster
@@ -85,7 +85,7 @@ def test_deploy_one_node_streams_metrics_complete_with_hostile_names(sshd_pair, 
     assert mirror.read_bytes() == remote_file(job, "run/metrics.jsonl")  # byte for byte
     assert seen[-1]["event"] == "end" and [r["step"] for r in seen if "loss" in r] == list(range(1, 61))
     assert job.step == 60
-    from engine.runs import summarize_run  # the mirror reads like a local run folder
+    from engine.runs.history import summarize_run  # the mirror reads like a local run folder
     summary = summarize_run(mirror.parent)
     assert (summary.state, summary.step, summary.total_steps) == ("succeeded", 60, 60)
     out = tmp_path / "fetched"

@@ -125,7 +125,7 @@ def test_unreachable_or_unknown_cluster_is_an_error_line(qtbot, sshd_pair, windo
 def test_gpu_hosts_are_listed_per_gpu_and_small_gpus_fail_the_plan():
     """No GPU here: hosts as preflight reports them from nvidia-smi's real CSV output."""
     from app.devices_source import device_lines, procs_per_node
-    from engine.planner import make_plan
+    from engine.planning.planner import make_plan
     from remote.preflight import HostReport, PreflightReport, device_spec, parse_nvidia_smi
 
     smi = "0, NVIDIA A100-SXM4-80GB, 81920, 1024, 0\n1, NVIDIA A100-SXM4-80GB, 81920, 81920, 100\n"

@@ -40,7 +40,7 @@ def test_device_spec_from_gpus():
     gpus, _ = parse_nvidia_smi(A100_X2)
     spec = device_spec(PreflightReport([HostReport("a", ok=True, gpus=gpus)]))
     assert spec.name == "NVIDIA A100-SXM4-80GB" and spec.memory_bytes == (81920 - 40211) * 2 ** 20
-    assert spec.flops_per_s == 0.4 * 312e12  # the A100 entry of engine/cost.py
+    assert spec.flops_per_s == 0.4 * 312e12  # the A100 entry of engine/planning/cost.py
     (odd,), _ = parse_nvidia_smi("0, Some Future GPU, 1000, [N/A], [N/A]")
     assert device_spec(PreflightReport([HostReport("b", ok=True, gpus=[odd])])).memory_bytes == 1000 * 2 ** 20
 

@@ -6,7 +6,7 @@ import time
 
 from remote.cluster import parse_cluster
 from remote.jobs import Job
-from remote.launch_slurm import node_script, parse_gpus, parse_kv, parse_time, sbatch_script, slurm_state
+from remote.launch.slurm import node_script, parse_gpus, parse_kv, parse_time, sbatch_script, slurm_state
 
 
 def make(**kw):
@@ -62,8 +62,8 @@ def test_slurm_states_and_parsers():
 
 
 def test_ssh_node_script_text():
-    """The per-node script of the SSH backend (remote/launch_ssh.py), as text."""
-    from remote.launch_ssh import layout, node_script
+    """The per-node script of the SSH backend (remote/launch/ssh_torchrun.py), as text."""
+    from remote.launch.ssh_torchrun import layout, node_script
 
     c = parse_cluster({"name": "two", "hosts": [{"address": "fe80::1"}, {"address": "gpu2"}],
                        "python": "/opt/my env/bin/python", "max_restarts": 3, "rdzv_port": 29500,

@@ -288,7 +288,7 @@ def test_a_token_file_goes_up_once_to_the_login_node_and_slurm_trains_on_it(slur
     """Data here, under Slurm: uploaded once into the cache on the login node (whose file
     system the compute nodes share), the job trains on it; a second deploy sends no data."""
     from remote.launch import deploy
-    from remote.launch_ssh import prepare
+    from remote.launch.ssh_torchrun import prepare
     from test_remote_data import make_tokens, token_project
 
     toks = make_tokens(tmp_path / "tokens", n=3000)
@@ -310,7 +310,7 @@ def test_a_sweep_submits_one_slurm_job_per_run_and_scancels_the_one_a_rule_stops
     is cancelled through Slurm (no job, no step, no process left), the other succeeds and
     its mirrored metrics fill its row of the runs table."""
     import layerflow as lf
-    from engine.runs import row_value
+    from engine.runs.history import row_value
 
     add_profile(slurm_env, tmp_path, nproc_per_node=1)
     p = lf.Project.load(project(tmp_path, dp=1, steps=3000, log_interval=10))

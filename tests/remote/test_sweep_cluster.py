@@ -1,5 +1,5 @@
 """A sweep on a cluster: one job per run on the real loopback sshd (remote/sweep_queue.py's
-_ClusterHandle over remote/launch.py and remote/tracker.py), its runs table read from the
+_ClusterHandle over remote/launch/__init__.py and remote/tracker.py), its runs table read from the
 mirrored metrics, and a run stopped early by a rule cancelled on the node with nothing left."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 import layerflow as lf
 from app.cli import main
-from engine.runs import row_value
+from engine.runs.history import row_value
 from remote.jobs import JobDB
 
 from sshd_helpers import REMOTE_PYTHON, USER, free_port

@@ -15,10 +15,10 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QImage, QPainter
 import pyqtgraph as pg
 
-from engine.tail import MetricsTail, read_metrics
+from engine.runs.tail import MetricsTail, read_metrics
 from widgets.dashboard import (ConfusionMatrixWidget, Dashboard, GridAxis, MinMaxBuffer, Segments, ema, envelope,
                                envelope_parts)
-from widgets.dashboard.runs import Run, ingest_columns
+from widgets.dashboard.ingest import Run, ingest_columns
 
 from test_dashboard_buffers import check_envelope  # beside this file (pytest puts its folder on sys.path)
 
@@ -550,7 +550,7 @@ def test_a_large_poll_read_as_columns_equals_reading_it_record_by_record(qtbot):
     assert [json.dumps(r) for r in worker.records("r")] == [json.dumps(r) for p in polls for r in p]  # (NaN != NaN)
     s_fast, s_slow = fast._runs["r"].series["loss"], slow._runs["r"].series["loss"]
     assert (s_fast.y.lo, s_fast.y.hi) == (s_slow.y.lo, s_slow.y.hi)
-    from engine.tail import columns, parse_chunk
+    from engine.runs.tail import columns, parse_chunk
 
     table, rest = columns(polls[0])  # the big polls did go in as columns
     assert rest == [] and table["step"].tolist() == list(range(1, 301))

@@ -20,7 +20,7 @@ def test_buffers_series_and_runs_import_without_qt():
     """In a fresh interpreter (pytest-qt has loaded Qt into this one): the modules of
     the dashboard that compute, not draw, load no Qt and no pyqtgraph."""
     code = ("import sys\n"
-            "import widgets.dashboard.buffers, widgets.dashboard.series, widgets.dashboard.runs\n"
+            "import widgets.dashboard.buffers, widgets.dashboard.series, widgets.dashboard.ingest\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('PySide6', 'shiboken6', 'pyqtgraph')))\n"
             "print('widgets.dashboard.widget' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtWidgets import QToolBar
 
-from engine.runs import RunSummary
+from engine.runs.history import RunSummary
 from widgets.run_toolbar import RunToolbar
 from widgets.runs_panel import RunsPanel, fmt_best, fmt_duration
 

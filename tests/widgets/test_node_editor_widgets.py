@@ -7,9 +7,9 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QComboBox, QLineEdit, QSpinBox
 
-from engine.compile import compile_graph
-from engine.graph import Edge, Graph
-from engine.layers import CATALOG
+from engine.diagram.compile import compile_graph
+from engine.diagram.graph import Edge, Graph
+from engine.diagram.catalog import CATALOG
 from engine.project import Placement
 from widgets.devices import DevicesPanel
 from widgets.inspector import Inspector

@@ -24,12 +24,12 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .axis import GridAxis
-    from .buffers import BLOCK, MinMaxBuffer, ema, envelope, envelope_parts
-    from .confusion import ConfusionMatrixWidget
-    from .segments import Segments
-    from .series import LOG_PLOTS, PLOTS, PlotSpec, SeriesSpec, series_values, spec_for
-    from .widget import RUN_COLORS, Dashboard
+    from widgets.dashboard.axis import GridAxis
+    from widgets.dashboard.buffers import BLOCK, MinMaxBuffer, ema, envelope, envelope_parts
+    from widgets.dashboard.confusion import ConfusionMatrixWidget
+    from widgets.dashboard.segments import Segments
+    from widgets.dashboard.series import LOG_PLOTS, PLOTS, PlotSpec, SeriesSpec, series_values, spec_for
+    from widgets.dashboard.widget import RUN_COLORS, Dashboard
 
 __all__ = [
     "BLOCK", "LOG_PLOTS", "PLOTS", "RUN_COLORS", "ConfusionMatrixWidget", "Dashboard", "GridAxis", "MinMaxBuffer",

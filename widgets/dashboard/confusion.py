@@ -15,7 +15,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6 import QtCore, QtGui
 
-from .fit import keep_fitted, set_title
+from widgets.dashboard.fit import keep_fitted, set_title
 
 
 class ConfusionMatrixWidget(pg.PlotWidget):

@@ -13,7 +13,7 @@ import math
 
 import pyqtgraph as pg
 
-from .axis import LegendSample
+from widgets.dashboard.axis import LegendSample
 
 # Shorter titles for narrow plots (the full one is the tooltip).
 SHORT = {

@@ -12,7 +12,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6 import QtCore, QtGui
 
-from .buffers import pairs as _pairs
+from widgets.dashboard.buffers import pairs as _pairs
 
 
 class Segments(pg.GraphicsObject):

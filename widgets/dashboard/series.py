@@ -69,7 +69,7 @@ _STATIC = {
 # Peak memory: a list per rank (`"peak_mem_mb": [r0, r1]`), a scalar (rank 0), or
 # one key per rank (`"peak_mem_mb_rank1"`); all land on the memory plot.
 _MEM = re.compile(r"^(peak_)?mem(ory)?(_\w*?)?(_rank(?P<rank>\d+))?$")
-# One rank's own numbers in a multi-process run (engine/tail.py RankMetricsTail):
+# One rank's own numbers in a multi-process run (engine/runs/tail.py RankMetricsTail):
 # its step time, its throughput and, on a last pipeline stage, its replica's loss.
 PER_RANK = re.compile(r"^(?P<what>step_ms|samples_per_s|loss)_rank(?P<rank>\d+)$")
 _PER_RANK_PLOT = {"step_ms": ("step_time", "rank {}"), "samples_per_s": ("throughput", "rank {}"),

@@ -10,7 +10,7 @@ data a million-point series reaches its curve as one segment per pixel column
 tests/widgets/test_dashboard.py); zoomed in by the user, a curve gets the raw
 series and pyqtgraph's clipToView and peak downsampling. A live run's new lines of
 metrics.jsonl come in as read (append_data) and are parsed in a process of its own
-(engine/parse_worker.py) into float64 columns that the timer takes (runs.py's
+(engine/runs/parse_worker.py) into float64 columns that the timer takes (runs.py's
 `ingest`): the GUI thread never parses a live run's JSON. Records as dicts (append,
 set_records) are read here. This widget only displays.
 
@@ -33,16 +33,16 @@ import pyqtgraph as pg
 from PySide6 import QtCore, QtGui, QtWidgets
 from PySide6.QtCore import Qt
 
-from engine.parse_worker import ParseWorker
-from engine.tail import columns, parse_jsonl
+from engine.runs.parse_worker import ParseWorker
+from engine.runs.tail import columns, parse_jsonl
 
-from .axis import GridAxis, cache_painting
-from .buffers import MinMaxBuffer, ema, envelope_parts
-from .confusion import ConfusionMatrixWidget
-from .fit import add_legend_row, fit_legend, keep_fitted, set_legend_name, set_title
-from .runs import Run, Series, ingest
-from .segments import Segments
-from .series import LOG_PLOTS, PER_RANK, PLOTS, SYSTEM_PLOTS, short_labels
+from widgets.dashboard.axis import GridAxis, cache_painting
+from widgets.dashboard.buffers import MinMaxBuffer, ema, envelope_parts
+from widgets.dashboard.confusion import ConfusionMatrixWidget
+from widgets.dashboard.fit import add_legend_row, fit_legend, keep_fitted, set_legend_name, set_title
+from widgets.dashboard.ingest import Run, Series, ingest
+from widgets.dashboard.segments import Segments
+from widgets.dashboard.series import LOG_PLOTS, PER_RANK, PLOTS, SYSTEM_PLOTS, short_labels
 
 # Colour per run: a palette that stays readable on light and dark backgrounds.
 RUN_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -460,7 +460,7 @@ class Dashboard(QtWidgets.QWidget):
 
     def append(self, key: str, records: list[dict], lines: list[bytes] | None = None, keep: bool = True) -> None:
         """New metrics records of a run (plotted at the next timer tick). `lines`: the
-        lines of metrics.jsonl they were read from (engine/tail.py), kept instead of the
+        lines of metrics.jsonl they were read from (engine/runs/tail.py), kept instead of the
         dicts: a third of their memory. Three runs of a million records held as dicts
         took 1.5 GB here, and growing that much memory made single updates take 100 ms
         and more. `keep=False`: plotted only, not among the run's `records` (the
@@ -476,8 +476,8 @@ class Dashboard(QtWidgets.QWidget):
 
     def append_data(self, key: str, data: bytes) -> None:
         """New lines of a run's metrics.jsonl as read (complete lines joined by newlines:
-        engine/tail.py's poll_data), kept at once and parsed in a process of its own
-        (engine/parse_worker.py): the GUI thread pays a pipe write now and, at the
+        engine/runs/tail.py's poll_data), kept at once and parsed in a process of its own
+        (engine/runs/parse_worker.py): the GUI thread pays a pipe write now and, at the
         next timer tick, the unpickling of their columns. Plotted at the first tick
         after they are parsed (a hidden dashboard takes them too, and draws them
         when shown)."""
@@ -1017,7 +1017,7 @@ class Dashboard(QtWidgets.QWidget):
 
     def export_csv(self, path: str | Path, keys: list[str] | None = None) -> Path:
         """The raw records of the runs (default: the visible ones), one row each."""
-        from engine.runs import write_metrics_csv
+        from engine.runs.history import write_metrics_csv
 
         keys = keys if keys is not None else [k for k, r in self._runs.items() if r.visible]
         return write_metrics_csv(path, {self._runs[k].label: self.records(k) for k in keys})

@@ -1,4 +1,4 @@
-"""The node editor's canvas: a Qt view of engine.graph.Graph.
+"""The node editor's canvas: a Qt view of engine.diagram.graph.Graph.
 
 Items are drawn from the model and from the last compile result; they hold no
 diagram state of their own. The scene subscribes to the graph's events and adds,

@@ -15,7 +15,7 @@ from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QFontMetricsF, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QGraphicsItem, QGraphicsPathItem, QGraphicsScene
 
-from engine.graph import Edge
+from engine.diagram.graph import Edge
 from widgets.node_scene.geometry import LOD_DETAIL, wire_path
 from widgets.node_scene.painting import NO_BRUSH, SMALL_FONT
 

@@ -2,7 +2,7 @@
 the grid, the zoom below which cards drop their detail, and the curve an edge takes.
 
 A leaf of the package: Qt geometry only, imported by the items and the scene.
-engine/layout.py mirrors NODE_W and node_height() to lay diagrams out without Qt.
+engine/diagram/layout.py mirrors NODE_W and node_height() to lay diagrams out without Qt.
 """
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QFontMetricsF, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QGraphicsItem, QGraphicsScene
 
-from engine.graph import BLOCK_SEP, block_name, block_path, block_type
-from engine.layout import CARD_EXTRA
+from engine.diagram.graph import BLOCK_SEP, block_name, block_path, block_type
+from engine.diagram.layout import CARD_EXTRA
 from widgets.node_scene.geometry import (
     BODY_TOP,
     GRID,

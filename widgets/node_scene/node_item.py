@@ -17,7 +17,7 @@ from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QFontMetricsF, QPainter, QPen
 from PySide6.QtWidgets import QGraphicsItem, QGraphicsScene
 
-from engine.graph import ports_of
+from engine.diagram.graph import ports_of
 from engine.runtime.ops import describe
 from widgets.node_scene.geometry import (
     BODY_TOP,

@@ -1,4 +1,4 @@
-"""The node editor's scene (NodeScene): a view of engine.graph.Graph.
+"""The node editor's scene (NodeScene): a view of engine.diagram.graph.Graph.
 
 Items are drawn from the model and from the last compile result; they hold no
 diagram state of their own. The scene subscribes to the graph's events and adds,
@@ -18,8 +18,8 @@ from PySide6.QtCore import QPointF, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QPen
 from PySide6.QtWidgets import QGraphicsItem, QGraphicsPathItem, QGraphicsScene
 
-from engine.graph import Edge, Graph, GraphEvent, block_path
-from engine.layout import card_of, folded, repeated_runs
+from engine.diagram.graph import Edge, Graph, GraphEvent, block_path
+from engine.diagram.layout import card_of, folded, repeated_runs
 from widgets.node_scene.edge_item import EdgeItem
 from widgets.node_scene.geometry import BODY_TOP, LOD_DETAIL, port_point, wire_path
 from widgets.node_scene.group_item import GroupItem
@@ -41,7 +41,7 @@ class NodeScene(QGraphicsScene):
         self.theme: SceneTheme = LIGHT
         self.snap = True
         self.graph: Graph | None = None
-        self.result = None  # engine.compile.CompileResult of the current graph
+        self.result = None  # engine.diagram.compile.CompileResult of the current graph
         self.edge_notes: dict[Edge, str] = {}
         self.node_items: dict[str, NodeItem] = {}
         self.edge_items: dict[Edge, EdgeItem] = {}
@@ -290,7 +290,7 @@ class NodeScene(QGraphicsScene):
         return self._members.get(block, [])
 
     def folded_run(self, block: str) -> list[str] | None:
-        """The folded run of repeats a block is part of (engine.layout.repeated_runs)."""
+        """The folded run of repeats a block is part of (engine.diagram.layout.repeated_runs)."""
         run = repeated_runs(self.graph).get(block) if self.graph is not None else None  # (kept on the graph)
         return run if run is not None and folded(self.graph, run) else None
 
@@ -349,7 +349,7 @@ class NodeScene(QGraphicsScene):
         self.apply_result()
 
     def set_plan(self, plan) -> None:
-        """The plan of the placement (engine.planner.Plan, or None): with two pipeline
+        """The plan of the placement (engine.planning.planner.Plan, or None): with two pipeline
         stages or more, the nodes the user put on no stage are coloured as the plan cuts
         them (stage_of)."""
         run = getattr(plan, "run", None)

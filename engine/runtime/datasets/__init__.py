@@ -5,7 +5,7 @@
     x, y = loader.batch(step)                             # this rank's share of step's batch
     for x, y in eval_batches(open_source(settings, "val", base_dir), 256): ...
 
-`settings` is the JSON of the project's training.dataset (engine/data_sources.py says its
+`settings` is the JSON of the project's training.dataset (engine/data/sources.py says its
 fields); kinds: image_folder, token_file, parquet, array (npz: the same reader), shards. Formats that need Pillow
 or pyarrow import them when opened, so this package imports with torch and numpy alone.
 """

@@ -11,7 +11,7 @@ with a line telling the user to convert it (`data pack`), since it cannot be rea
 Kind npz (the project kind from before sets were read in place) is the same reader with
 its own rules: x and y are split by a seeded shuffle (base.seeded_split, as it always
 was), an integer y means classification, and a compressed member of any size is held in
-memory (engine/data.py bounds it when the run is built).
+memory (engine/data/describe.py bounds it when the run is built).
 
 A batch of rows is read at once (read_batch: one fancy index into a memory map per
 array), which the step loader prefers to sample-by-sample reading.
@@ -144,7 +144,7 @@ class ArrayFile(Source):
         if len(self.rows) == 0:
             raise DataError(f"{self.path}: the {split} split has no rows")
         kind = self.y.dtype.kind
-        if self.npz:  # (engine/data.py's rule for an .npz, as before)
+        if self.npz:  # (engine/data/describe.py's rule for an .npz, as before)
             self.task = "classification" if kind in "iu" else "regression"
         else:
             self.task = settings.get("task") or ("classification" if kind in "iub" and len(self.y.shape) == 1

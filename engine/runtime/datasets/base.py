@@ -110,7 +110,7 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
 def seeded_split(n: int, val_fraction: float, seed: int):
     """(train rows, val rows) of n: a shuffle by seed, round(n * val_fraction) (at least 1)
-    of them for validation. Kind npz's split (and a CSV's), here and in engine/data.py."""
+    of them for validation. Kind npz's split (and a CSV's), here and in engine/data/describe.py."""
     perm = np.random.default_rng(seed + 7919).permutation(n)
     n_val = max(1, int(round(n * val_fraction)))
     return perm[n_val:], perm[:n_val]

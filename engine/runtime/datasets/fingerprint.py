@@ -106,7 +106,7 @@ def needs(source: dict, base_dir: Path | None = None) -> list[tuple[str, str]]:
 
 
 def node_check(source: dict, with_fingerprint: bool = True) -> dict:
-    """What a deploy asks a cluster node about a data set (remote/data.py): its
+    """What a deploy asks a cluster node about a data set (remote/node_data.py): its
     fingerprint there (or the error that stops one) and the packages its format needs
     that this node's Python cannot import."""
     import importlib

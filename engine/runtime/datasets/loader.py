@@ -1,7 +1,7 @@
 """The step loader: the global batch of step s, as a pure function of (seed, step), read
 by a torch DataLoader so that reading overlaps compute.
 
-The rule is the one of engine/runtime/data.py (Batches): epoch, i = divmod(s,
+The rule is the one of engine/runtime/batches.py (Batches): epoch, i = divmod(s,
 steps_per_epoch); the epoch's order is np.random.default_rng([seed, epoch]).permutation(n);
 the batch is order[i*B:(i+1)*B]; the last partial batch of an epoch is dropped. A set of
 more than PERM_LIMIT samples (a 10 GB token file holds 40 M windows of 128: a permutation
