@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import ValidationError
 from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, Signal
 
-from app.controller import data_key
+from app.analysis import data_key
 from engine.data.sources import IN_PLACE_KINDS
 from engine.project import ProjectError, Training
 from widgets.data_panel import DataPanel, guess_kind

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QInputDia
 from app.controller import EditorController
 from app.settings import Settings
 from engine.project import SUFFIX, Project, ProjectError, load_project, save_project
+from engine.runtime.records import pid_alive
 from widgets.devices import DevicesPanel
 from widgets.inspector import Inspector
 from widgets.node_view import NodeView
@@ -61,16 +62,6 @@ class _PanelUndo(QObject):
 
 def _slug(title: str) -> str:
     return "dock_" + "".join(c if c.isalnum() else "_" for c in title.lower())
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    return True
 
 
 class EditorWindow(QMainWindow):
@@ -839,7 +830,7 @@ class EditorWindow(QMainWindow):
             except (OSError, ValueError, KeyError, TypeError):
                 continue
             data = meta.with_suffix(SUFFIX)
-            if data.exists() and not _pid_alive(pid):
+            if data.exists() and not pid_alive(pid):
                 found.append((data, info))
         return sorted(found, key=lambda x: -float(x[1].get("time", 0)))
 

@@ -103,8 +103,8 @@ def layerflow(project, tmp: Path, tag: str, device: torch.device, spec, steps: i
               pred_ms=plan.doc["predicted"]["step_s"] * 1e3 if plan.ok else None,
               pred_mib={k.replace("_bytes", ""): v / 2**20 for k, v in mem.items()},
               losses=[r["loss"] for r in recs])
-    if status["state"] != "succeeded":
-        row.problems.append(f"{project.name} {precision}: the run {status['state']}: {status.get('error')}")
+    if status.state != "succeeded":
+        row.problems.append(f"{project.name} {precision}: the run {status.state}: {status.error}")
         return row, rd
     timed = [r for r in recs if r["step"] > LOG]  # from the end of the first window: warm-up excluded
     if len(timed) >= 2:
@@ -163,7 +163,7 @@ def world_one(kind: str, source: torch.nn.Module, run_dir: Path, device: torch.d
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from engine.runtime.parallel import apply_dp
+    from engine.runtime.distributed.data_parallel import apply_dp
 
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,

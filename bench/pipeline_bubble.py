@@ -44,7 +44,7 @@ def _worker(args) -> None:
     from torch import nn
     from torch.distributed.pipelining import PipelineStage
 
-    from engine.runtime.parallel import make_schedule
+    from engine.runtime.distributed.pipeline import make_schedule
     from engine.runtime.plan import MULTI_STAGE, rank_stages
 
     seconds = args.ms / 1000

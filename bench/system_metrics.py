@@ -59,7 +59,7 @@ def main() -> None:
             for name, period, tb in CASES[rep % len(CASES):] + CASES[:rep % len(CASES)]:  # (each first in turn)
                 os.environ[PERIOD_ENV], os.environ[TB_ENV] = period, tb
                 rd = prepare_run(project, Path(tmp) / f"{rep}-{len(samples)}-{period}-{tb}")
-                assert run(rd)["state"] == "succeeded"
+                assert run(rd).state == "succeeded"
                 got[name].append(steps_per_s(rd))
                 samples[name] = sum(len(v) for v in read_system(rd).values())
     # one sample's own cost, timed directly (what the thread spends each period)

@@ -58,7 +58,7 @@ class Run:
         st = self.status()
         if st.done or st.state == "pending":
             return False
-        from engine.runs.history import pid_alive
+        from engine.runtime.records import pid_alive
 
         return bool(pid_alive(st.pid))
 

@@ -31,7 +31,7 @@ def test_track_tensorboard_of_a_run_without_files(tmp_path, monkeypatch):
     monkeypatch.setenv("LAYERFLOW_TENSORBOARD", "0")
     monkeypatch.setenv("LAYERFLOW_SYSTEM_PERIOD", "0")
     rd = prepare_run(small_project(20), tmp_path / "run")
-    assert run(rd)["state"] == "succeeded" and not list(rd.glob("events.out.tfevents.*"))
+    assert run(rd).state == "succeeded" and not list(rd.glob("events.out.tfevents.*"))
     monkeypatch.delenv("LAYERFLOW_TENSORBOARD")
     out = cli("track", "tensorboard", str(rd))
     assert out.returncode == 0, out.stderr

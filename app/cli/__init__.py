@@ -111,13 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     consent = "--trust" in argv  # any command: run the project's own code (Custom layers), and remember it
     once = "--trust-once" in argv  # the same for this command only, remembered nowhere (the app's runs)
     argv = [a for a in argv if a not in ("--trust", "--trust-once")]
-    if argv and argv[0].endswith(".lflow") and cli_gui in COMMAND_MODULES:
+    if argv and argv[0].endswith(".lflow") and gui_cmds in COMMAND_MODULES:
         argv.insert(0, "open")  # `layerflow FILE.lflow` opens it, as a desktop file association does
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        if cli_gui in COMMAND_MODULES:
-            return cli_gui.default(args)
+        if gui_cmds in COMMAND_MODULES:
+            return gui_cmds.default(args)
         parser.print_help()
         return 0
     # what the user said, for a command that opens more than its project (train --resume RUN_DIR)

@@ -148,8 +148,8 @@ def _train_single(run_dir, resume: bool) -> int:
     finally:
         if bar is not None:
             bar.close()
-    print(f"{status['state']}: {status['step']}/{status['total_steps']} steps; run folder {run_dir}")
-    return 0 if status["state"] in ("succeeded", "cancelled") else 1
+    print(f"{status.state}: {status.step}/{status.total_steps} steps; run folder {run_dir}")
+    return 0 if status.ok else 1
 
 
 def _train_multi(run_dir, nproc: int, resume: bool) -> int:

@@ -13,7 +13,7 @@ digits, npz and csv data sets travel as an .npz file beside the script.
 Parallelism: the plan's pipeline (PipelineStage + GPipe/1F1B), tensor parallelism
 (ColwiseParallel/RowwiseParallel per node from the plan's TP plan, attention heads
 split across ranks) and data parallelism (DDP or FSDP2 fully_shard) are written out
-with the calls engine/runtime/parallel.py makes, on the same pp x dp x tp device mesh;
+with the calls engine/runtime/distributed/ makes, on the same pp x dp x tp device mesh;
 the TP functions are copied from it by inspect.getsource, and so is engine/runtime/
 sync_bn.py when the plan synchronizes BatchNorm over the data-parallel ranks.
 """
@@ -36,7 +36,7 @@ from engine.runtime.datasets import base as dbase
 from engine.runtime import layers as rl
 from engine.runtime import ops as rops
 from engine.runtime.ops import describe
-from engine.runtime import parallel as rparallel
+from engine.runtime.distributed import pipeline as rpipeline, tensor_parallel as rtp
 from engine.runtime import plan as rplan
 from engine.runtime import sync_bn as rsync_bn
 from engine.runtime import loop as rloop
@@ -205,7 +205,7 @@ def _plan_of(project: Project, plan) -> dict:
 
 DIST_CODE = '''\
 def init_distributed(pp: int, dp: int, tp: int):
-    """torchrun sets RANK/WORLD_SIZE; the calls are engine/runtime/parallel.py's.
+    """torchrun sets RANK/WORLD_SIZE; the calls are engine/runtime/distributed/'s.
     Ranks are laid out pp-major, tp-minor: rank = (pp_i * dp + dp_i) * tp + tp_i,
     so tensor-parallel peers, which talk most, are neighbours."""
     if torch.cuda.is_available():
@@ -267,7 +267,7 @@ def evaluate(model, x_val, y_val, device) -> dict:
     model.eval()
     total, n, correct = 0.0, 0, 0
     with torch.no_grad():
-        for x, y in eval_batches(x_val, y_val, batch_size=max(BATCH_SIZE, 256)):
+        for x, y in array_eval_batches(x_val, y_val, batch_size=max(BATCH_SIZE, 256)):
             x, y = x.to(device), y.to(device)
             out = model(x)
             total += compute_loss(LOSS, out, y).item() * len(x)
@@ -477,8 +477,8 @@ def _only(code: str, used: set[str]) -> str:
 
 
 def _parallel_code(used: set[str]) -> list[str]:
-    funcs = [*((rparallel.placement, rparallel.tp_module_plan, rparallel.apply_tp) if "tp" in used else ()),
-             *((rparallel.infer_stage_shapes,) if "pp" in used else ())]
+    funcs = [*((rtp.placement, rtp.tp_module_plan, rtp.apply_tp) if "tp" in used else ()),
+             *((rpipeline.infer_stage_shapes,) if "pp" in used else ())]
     if not funcs:
         return []
     out = []
@@ -487,7 +487,7 @@ def _parallel_code(used: set[str]) -> list[str]:
                 "\n\n".join([inspect.getsource(rplan.PlanError), inspect.getsource(rplan.Layout),
                              'REPLICATE = Layout("replicate")\nPARTIAL = Layout("partial")\n'
                              f"TP_STYLES = {rplan.TP_STYLES!r}", inspect.getsource(rplan.TPEntry)])]
-    return out + ["# ----- tensor parallelism and pipelining: engine/runtime/parallel.py's functions ---",
+    return out + ["# ----- tensor parallelism and pipelining: engine/runtime/distributed/'s functions ---",
                   "\n\n".join(inspect.getsource(f) for f in funcs)]
 
 
@@ -636,7 +636,7 @@ def script_text(project: Project, plan: dict | None = None, data_file: str | Non
         ''')
     runtime = "\n\n".join(inspect.getsource(f) for f in (
         rloop.seed_all, rloop.lr_lambda, rloop.make_optimizer, rloop.compute_loss, rloop.correct_count,
-        rdata.Batches, rdata.eval_batches))
+        rdata.Batches, rdata.array_eval_batches))
     sections = [
         doc, imports, settings,
         "# ----- the model " + "-" * 60, *pre, model_code,

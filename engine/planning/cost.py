@@ -431,7 +431,7 @@ def rank_loads(compiled, stages: list[list[str]], styles: dict[str, str], layout
                momentum: float = 0.0, checkpointed: frozenset | set = frozenset(),
                cpu_offload: bool = False) -> list[RankLoad]:
     """Every rank's memory and FLOPs per step, in rank order (rank = (s*dp + d)*tp + t, as
-    runtime/parallel.py's init_device_mesh lays them out). stages: node ids per stage (stage
+    runtime/distributed/mesh.py's init_device_mesh lays them out). stages: node ids per stage (stage
     s runs on pipeline rank s % pp); styles: node -> tp style; layout: node -> output Layout.
     A checkpointed node costs its forward once more (4 x forward instead of 3 x);
     cpu_offload moves the state (parameters, gradients, optimizer) to host memory."""

@@ -279,7 +279,7 @@ def cut_stages(compiled: CompileResult, placement: Placement, microbatches: int,
 
 
 def mesh_ranks(pp: int, dp: int, tp: int) -> dict:
-    """Ranks laid out as runtime/parallel.py's init_device_mesh does: rank = (s*dp + d)*tp + t."""
+    """Ranks laid out as runtime/distributed/mesh.py's init_device_mesh does: rank = (s*dp + d)*tp + t."""
     ranks = [[[(s * dp + d) * tp + t for t in range(tp)] for d in range(dp)] for s in range(pp)]
     coords = {ranks[s][d][t]: (s, d, t) for s in range(pp) for d in range(dp) for t in range(tp)}
     groups = {

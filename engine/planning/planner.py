@@ -8,7 +8,7 @@ shows OneFlow's word beside it. It holds:
 
   mesh            pp x dp x tp and which global ranks form each group
   stages          lists of node ids, in topological order (pipeline cuts)
-  tp_plan         per node: style, input/output layouts (what runtime/parallel.py applies)
+  tp_plan         per node: style, input/output layouts (what runtime/distributed/ applies)
   layouts         per edge: the tensor's layout over (dp, tp), and where it crosses a stage cut
   communication   every collective or send/recv the plan implies, with bytes per step
   devices         per rank: predicted parameter/gradient/optimizer/activation bytes, FLOPs

@@ -1,5 +1,5 @@
 """Tensor parallelism laid out: which layers split and how (styles), every node's output
-layout on the tp axis, and the entries the runtime applies (engine/runtime/parallel.py).
+layout on the tp axis, and the entries the runtime applies (engine/runtime/distributed/tensor_parallel.py).
 
 Styles come from the diagram (a node's tp field), or, left on auto, from Megatron's
 colwise/rowwise pairs and attention heads where tp divides them (engine/planning/partition.py).

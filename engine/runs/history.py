@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import LayerflowError
-from engine.runtime.records import ENDED_STATES, RunStatus, epoch_seconds
+from engine.runtime.records import ENDED_STATES, RunStatus, epoch_seconds, last_traceback, pid_alive
 from engine.runs.tail import read_metrics
 
 RUNS_DIRNAME = "runs"
@@ -94,23 +94,6 @@ def _read_json(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def pid_alive(pid) -> bool:
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    # A zombie (exited, not yet reaped by its parent) is not running.
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
 
 
 @dataclass
@@ -448,14 +431,6 @@ def node_from_traceback(text: str, node_ids) -> str | None:
         if base in ids:
             return base
     return None
-
-
-def last_traceback(text: str) -> str | None:
-    """The last Python traceback in a log, up to the exception line."""
-    i = (text or "").rfind("Traceback (most recent call last):")
-    if i < 0:
-        return None
-    return text[i:].strip()
 
 
 def failure_report(path: str | os.PathLike, node_ids=()) -> dict:

@@ -62,7 +62,7 @@ def load_npz(run_dir: Path, name: str = "data.npz") -> dict[str, np.ndarray]:
         return {k: z[k] for k in ("x_train", "y_train", "x_val", "y_val")}
 
 
-def eval_batches(x: np.ndarray, y: np.ndarray, batch_size: int):
+def array_eval_batches(x: np.ndarray, y: np.ndarray, batch_size: int):
     xt, yt = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
     for i in range(0, len(xt), batch_size):
         yield xt[i:i + batch_size], yt[i:i + batch_size]
@@ -104,10 +104,10 @@ class RunData:
 
     def val_batches(self, batch_size: int):
         if self._arrays is not None:
-            return eval_batches(*self._arrays, batch_size=batch_size)
-        from .datasets import eval_batches as source_batches
+            return array_eval_batches(*self._arrays, batch_size=batch_size)
+        from .datasets import eval_batches
 
-        return source_batches(self._val, batch_size, strict=self.strict)
+        return eval_batches(self._val, batch_size, strict=self.strict)
 
     def close(self) -> None:
         self.train.close()

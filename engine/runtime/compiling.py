@@ -45,6 +45,8 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import fx, nn
 
+from .steps import left_as_it_was
+
 MODES = ("off", "blocks", "whole")
 WHOLE = "model"  # the name of the one region of `whole`
 REASON_CHARS = 240  # a fallback line keeps this much of the error's first line
@@ -383,9 +385,15 @@ def warm_up(model: nn.Module, run_forward: Callable[[], object], context: Callab
         return None
     mode = next(m._layerflow_compile[0] for m in model.modules() if hasattr(m, "_layerflow_compile"))
     t0 = time.perf_counter()
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
-    rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    with left_as_it_was([model]):
+        if not _compile_regions(regions, run_forward, context, mode, log):
+            return None
+    return _compiled_record(regions, mode, time.perf_counter() - t0, log)
+
+
+def _compile_regions(regions, run_forward, context, mode: str, log) -> bool:
+    """The recording pass, then each region compiled on its first recorded call; False when
+    the recording pass fails (the regions then compile at the first step)."""
     try:
         for r in regions:
             r.recording = []
@@ -396,7 +404,7 @@ def warm_up(model: nn.Module, run_forward: Callable[[], object], context: Callab
             if log:
                 log(f"compile {mode}: the warm-up on a batch of zeros failed ({reason_of(exc)}): "
                     f"the blocks compile at the first step (its time counts as step time)")
-            return None
+            return False
         recorded = {id(r): r.recording for r in regions}
         for r in regions:
             r.recording = None
@@ -414,18 +422,14 @@ def warm_up(model: nn.Module, run_forward: Callable[[], object], context: Callab
             except Exception as exc:  # noqa: BLE001  (whatever stops a block compiling makes it eager)
                 r.fall_back(exc)
             r.seconds = time.perf_counter() - t
+        return True
     finally:
         for r in regions:
             r.recording = None
-        with torch.no_grad():
-            for b, saved in buffers:
-                b.copy_(saved)
-        torch.set_rng_state(rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
-        for p in model.parameters():
-            p.grad = None
-    seconds = time.perf_counter() - t0
+
+
+def _compiled_record(regions, mode: str, seconds: float, log) -> dict:
+    """The metrics record of a compile, and its log line."""
     failed = [r for r in regions if r.failed]
     rec = {"event": "compiled", "mode": mode, "seconds": round(seconds, 3), "blocks": len(regions)}
     if failed:

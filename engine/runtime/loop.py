@@ -1,5 +1,5 @@
 """The training loop, fit(), for the single-process trainer (train.py) and the distributed
-one (parallel.py) alike; `python -m engine.runtime.train RUN_DIR [--resume]` (train.py)
+one (parallel_trainer.py) alike; `python -m engine.runtime.train RUN_DIR [--resume]` (train.py)
 picks the trainer.
 
     fit            the loop, top-down: a step; at a log step, the components below
@@ -51,15 +51,16 @@ from .folder import (  # noqa: F401
 from .steps import (  # noqa: F401
     compute_loss, correct_count, lr_lambda, make_optimizer, peak_mem_mb, rng_state, seed_all, set_rng_state,
 )
+from .records import pid_alive
 from .tensorboard import TensorBoardLog
 
 ProgressFn = Callable[[int, int, dict], None]
 
 
 def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: ProgressFn | None = None,
-        writes_metrics: bool = True, log=print) -> dict:
+        writes_metrics: bool = True, log=print) -> RunStatus:
     """Trains from step 0 (or, resumed, from the latest checkpoint) to total_steps, or until
-    asked to stop; returns the final status (status.json's fields)."""
+    asked to stop; returns the final status (what status.json holds)."""
     tr, total = trainer.spec.training, trainer.total_steps
     folder = RunFolder(run_dir, total, writer=writes_metrics, rank=trainer.rank if trainer.distributed else None)
     checkpoints = Checkpointer(trainer, folder, tr.checkpoint_interval,
@@ -114,7 +115,7 @@ def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: Progres
         finally:
             trainer.data.close()  # (the loader's workers)
             folder.close(state, step, log)
-    return folder.status.to_json()
+    return folder.status
 
 
 # ----- the components ----------------------------------------------------------------
@@ -292,17 +293,8 @@ def watch_parent(stop: StopSignal, grace_s: float = 30.0, period_s: float = 1.0)
     if pid <= 1:
         return
 
-    def alive() -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
     def loop() -> None:
-        while alive():
+        while pid_alive(pid):
             time.sleep(period_s)
         stop.requested = True
         time.sleep(grace_s)

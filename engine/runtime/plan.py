@@ -1,7 +1,7 @@
 """The plan as every rank reads it: typed, versioned, checked when read.
 
 engine/planning/planner.py makes it (Plan.run_plan()); run.json carries it as JSON under
-"plan" (RunPlan.to_json); the runtime (parallel.py) and the exported script read it
+"plan" (RunPlan.to_json); the runtime (distributed/) and the exported script read it
 back with RunPlan.from_json, which names the field at fault in run.json. Tensor
 layouts are Layout values (DTensor's Shard(d) / Replicate() / Partial(), OneFlow's
 split(d) / broadcast / partial_sum), written in JSON by their DTensor names.

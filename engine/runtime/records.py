@@ -1,7 +1,7 @@
 """A run folder's small records, typed: status.json (`RunStatus`) and
 logs/rank{R}.error (`RankError`).
 
-The runtime writes them (engine/runtime/folder.py, parallel.py); this machine's launcher
+The runtime writes them (engine/runtime/folder.py, parallel_trainer.py); this machine's launcher
 adds which rank failed first (remote/launch/local.py); the GUI, the CLI, the Python API
 and the run list read them. Reading is lenient, since run folders outlive versions: a
 field that is missing or of the wrong type reads as its default, times written as
@@ -249,3 +249,29 @@ __all__ = [
     "run_settings",
     "write_text_atomic",
 ]
+
+
+def pid_alive(pid) -> bool:
+    """Whether a process of that id runs (a zombie, exited but not reaped, does not)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    # A zombie (exited, not yet reaped by its parent) is not running.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def last_traceback(text: str) -> str | None:
+    """The last Python traceback in a log, up to the exception line."""
+    i = (text or "").rfind("Traceback (most recent call last):")
+    if i < 0:
+        return None
+    return text[i:].strip()

@@ -1,7 +1,7 @@
 """What a training step is made of, as plain functions: the optimizer and the lr schedule
 of the run spec's settings, the loss, accuracy counts, peak memory, the random streams.
 
-Both trainers (trainer.py, train.py, parallel.py) use them, and the exported script
+Both trainers (trainer.py, parallel_trainer.py) use them, and the exported script
 (engine/interop/script_export.py) copies the source of several (seed_all, lr_lambda,
 make_optimizer, compute_loss, correct_count), so each stands alone: no helper of this
 module, no name beyond torch, numpy and the standard library (not even in an annotation:
@@ -10,6 +10,7 @@ script's OPTIMIZER and SCHEDULE dicts).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 from typing import Callable
@@ -136,6 +137,27 @@ def set_rng_state(s: dict) -> None:
     random.setstate(s["python"])
     if s.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(s["cuda"])
+
+
+@contextlib.contextmanager
+def left_as_it_was(modules):
+    """A run of the modules that must leave no trace (a warm-up, a first call that learns
+    shapes): their buffers (BatchNorm's running statistics), torch's CPU and CUDA random
+    streams and their gradients are as they were afterwards, whether the block ends or raises."""
+    buffers = [(b, b.detach().clone()) for m in modules for b in m.buffers()]
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        for m in modules:
+            m.zero_grad(set_to_none=True)
 
 
 def seed_all(seed: int) -> None:

@@ -1,8 +1,8 @@
-"""What both trainers share: train.Trainer (one process holds the whole model) and
-parallel.ParallelTrainer (one rank of several) are BaseTrainers.
+"""The trainers' common part, BaseTrainer, and the one-process Trainer (one process holds the
+whole model); parallel_trainer.ParallelTrainer (one rank of several) is a BaseTrainer too.
 
     the run's settings    from the typed spec (spec.py RunSpec): steps, batch, loss, clipping
-    the data              data.py RunData: this rank's share of the batch of (seed, step),
+    the data              batches.py RunData: this rank's share of the batch of (seed, step),
                           read in place (datasets/) or from the run folder's data.npz
     the model             the diagram's module with its seed's weights (model.py), then weights.pt
     optimizer, schedule   of the spec's OptimizerSpec and ScheduleSpec (steps.py)
@@ -26,10 +26,13 @@ from typing import Callable
 import torch
 from torch import fx, nn
 
-from .batches import RunData
+from .batches import RunData, chunks, forward, to_device
+from .distributed.stages import apply_checkpointing, top_blocks
+from .folder import save_tensors
 from .model import build_graph_module, load_weights
 from .spec import RunSpec
-from .steps import eval_record, lr_lambda, make_optimizer, rng_state, set_rng_state
+from .steps import (compute_loss, eval_record, eval_sums, left_as_it_was, lr_lambda, make_optimizer, rng_state,
+                    set_rng_state)
 
 
 class BaseTrainer:
@@ -159,39 +162,28 @@ class BaseTrainer:
                  if isinstance(x, dict) else x.repeat(reps, *[1] * (x.dim() - 1))[:self.local_batch])
             y = y.repeat(reps, *[1] * (y.dim() - 1))[:self.local_batch]
         modules = list(getattr(self, "parts", [self.model]))
-        buffers = [(b, b.detach().clone()) for m in modules for b in m.buffers()]
-        rng = torch.get_rng_state()
-        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         batches, t0 = self.batches, time.perf_counter()
+        with left_as_it_was(modules):
+            class _One:  # the warm-up batch at any step
+                skipped = 0
 
-        class _One:  # the warm-up batch at any step
-            skipped = 0
+                def batch(self, _step):
+                    return x, y
 
-            def batch(self, _step):
-                return x, y
-
-        self.batches = _One()
-        held = [(o, o.__dict__.get("step")) for o in (self.opt, self.sched)]  # (a scheduler wraps opt.step)
-        self.opt.step = self.sched.step = lambda *a, **k: None
-        try:
-            self.train_step(step)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-        finally:
-            self.batches = batches
-            for o, own in held:
-                if own is None:
-                    del o.step
-                else:
-                    o.step = own
-            with torch.no_grad():
-                for b, saved in buffers:
-                    b.copy_(saved)
-            torch.set_rng_state(rng)
-            if cuda_rng is not None:
-                torch.cuda.set_rng_state_all(cuda_rng)
-            for m in modules:
-                m.zero_grad(set_to_none=True)
+            self.batches = _One()
+            held = [(o, o.__dict__.get("step")) for o in (self.opt, self.sched)]  # (a scheduler wraps opt.step)
+            self.opt.step = self.sched.step = lambda *a, **k: None
+            try:
+                self.train_step(step)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+            finally:
+                self.batches = batches
+                for o, own in held:
+                    if own is None:
+                        del o.step
+                    else:
+                        o.step = own
         seconds = torch.tensor(time.perf_counter() - t0, dtype=torch.float64, device=self.device)
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
         seconds = float(seconds.item())
@@ -252,3 +244,78 @@ class BaseTrainer:
         if not self.distributed:  # (rank 0's streams are not another rank's: each goes on with its own)
             set_rng_state(state["rng"])
         return state
+
+
+# ----- the single-process trainer ---------------------------------------------
+class Trainer(BaseTrainer):
+    """One process holds the whole model."""
+
+    def __init__(self, run_dir: Path, spec: RunSpec, device: torch.device):
+        super().__init__(run_dir, spec, device)
+        # activation checkpointing as the plan says (the node flags, the planner's choice),
+        # in the regions the distributed runtime cuts (stages.checkpoint_regions)
+        model = apply_checkpointing(self.build_model(), set(spec.plan.checkpoint), top_blocks(spec.model["nodes"]))
+        self.model = self.state_model = model.to(device).train()
+        self.init_optimizer()
+        self.open_data()
+        self.accumulate = spec.training.grad_accumulation
+        if self.batch_size % self.accumulate:
+            raise ValueError(f"training.batch_size {self.batch_size} is not divisible by training.grad_accumulation "
+                             f"{self.accumulate}; change one of them")
+        # plan.mixed_precision bf16: the forward and the loss autocast (weights, gradients and
+        # the optimizer stay float32), as the distributed trainer does without FSDP; float8: the
+        # same, with the Linear layers' matmuls in float8 (torchao: float8.py)
+        self.autocast = self.autocast_for(spec.plan.mixed_precision in ("bf16", "float8"))
+        # float8, then training.compile: in place (the optimizer's parameters and the
+        # checkpoints' names stay)
+        self.model = self.convert_model(self.model)
+
+    def warm_up_inputs(self):
+        from .compiling import zeros_like_inputs
+
+        x = zeros_like_inputs(self.spec.model, self.batch_size // self.accumulate, self.device)
+        return x if len(x) > 1 else next(iter(x.values()))
+
+    def train_step(self, step: int) -> torch.Tensor:
+        """One optimizer step; its loss stays on the device (reading it would wait for the step)."""
+        x, y = self.batches.batch(step)
+        x, y = to_device(x, self.device), to_device(y, self.device)
+        self.opt.zero_grad(set_to_none=True)
+        # training.grad_accumulation equal micro-batches, one optimizer step: the gradient and the
+        # loss are those of the mean of their mean losses (1: the whole batch at once)
+        value = None
+        parts = zip(chunks(x, self.accumulate), y.chunk(self.accumulate)) if self.accumulate > 1 else ((x, y),)
+        for xm, ym in parts:
+            with self.autocast():
+                loss = compute_loss(self.loss_kind, forward(self.model, xm), ym, self.loss_options)
+                if self.accumulate > 1:  # (no division, and no node for it in the backward, otherwise)
+                    loss = loss / self.accumulate
+            loss.backward()
+            loss = loss.detach().float()
+            value = loss if value is None else value + loss
+        if self.grad_clip:  # multi-tensor kernels on GPUs; no host sync (the scale stays a tensor)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        return value
+
+    def log_sync(self, loss_sum: torch.Tensor, stop: bool, step_s: float) -> tuple[float, float | None, bool, float]:
+        """At a log step: (the summed loss of the steps since the last one, this rank's own
+        part of it, whether to stop, the mean step time). One process: no collective."""
+        value = float(loss_sum.item())
+        return value, value, stop, step_s
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        self.model.eval()
+        sums = [0.0] * 5
+        # batches of the training batch's size: what fits in training fits here (a language model's
+        # logits are batch x seq x vocab: 256 windows of 1024 tokens at 50k words were 52 GB)
+        for x, y in self.data.val_batches(self.batch_size):
+            x, y = to_device(x, self.device), to_device(y, self.device)
+            sums = [a + b for a, b in zip(sums, eval_sums(self.loss_kind, forward(self.model, x), y, self.loss_options))]
+        self.model.train()
+        return self.eval_record(sums)
+
+    def save_final(self, path: Path) -> None:
+        save_tensors(self.model.state_dict(), path)

@@ -11,7 +11,7 @@ forwards it to its workers, and the runtime checkpoints and stops after the
 current step), waits, and then SIGKILLs torchrun's group and every worker's group
 it has seen, so no orphan survives (a remote/launch/procs.py ProcessTree: the GUI's runs
 are stopped by the same class). The runtime picks gloo on CPU and nccl when GPUs
-exist (engine/runtime/parallel.py). No Qt here.
+exist (engine/runtime/parallel_trainer.py). No Qt here.
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ from pathlib import Path
 
 import psutil
 
-from engine.runtime.records import RankError, RunStatus
+from engine.runtime import ENTRY
+from engine.runtime.records import RankError, RunStatus, last_traceback
 from remote.launch import procs
 
 CODE_ROOT = Path(__file__).resolve().parents[1]  # the folder that holds engine/
@@ -206,13 +207,13 @@ def failing_rank(run_dir: Path) -> tuple[int, str] | None:
     errors = [e for e in map(RankError.read, logs.glob("rank*.error")) if e is not None]
     if errors:
         first = min(errors, key=lambda e: e.time)
-        return first.rank, _last_traceback(logs / f"rank{first.rank}.log") or first.error
+        return first.rank, last_traceback(_log_text(logs / f"rank{first.rank}.log")) or first.error
     for p in sorted(logs.glob("rank*.log")):  # died before the runtime could write its .error
-        tb = _last_traceback(p)
+        tb = last_traceback(_log_text(p))
         if tb:
             return int(p.stem[4:]), tb
     for p in sorted(logs.glob("torchrun/**/stderr.log")):
-        tb = _last_traceback(p)
+        tb = last_traceback(_log_text(p))
         if tb:
             rank = next((int(x) for x in p.parent.name.split("_") if x.isdigit()), -1)
             return rank, tb
@@ -226,13 +227,11 @@ def _tail(path: Path, lines: int = 5) -> str:
         return "(no log)"
 
 
-def _last_traceback(path: Path) -> str | None:
+def _log_text(path: Path) -> str:
     try:
-        text = path.read_text(errors="replace")
+        return path.read_text(errors="replace")
     except OSError:
-        return None
-    i = text.rfind("Traceback (most recent call last)")
-    return text[i:].strip() if i >= 0 else None
+        return ""
 
 
 def launch_local(run_dir: str | os.PathLike, nproc: int, *, resume: bool = False,
@@ -258,7 +257,7 @@ def launch_local(run_dir: str | os.PathLike, nproc: int, *, resume: bool = False
         raise ValueError(f"{nproc} processes need torchrun")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "--log-dir", str(logs / "torchrun"), "--redirects", "3"] if torchrun else [sys.executable]
-    cmd += ["-m", "engine.runtime.train", str(run_dir)]
+    cmd += ["-m", ENTRY, str(run_dir)]
     if resume:
         cmd.append("--resume")
     full_env = {**os.environ, **(env or {})}

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from engine.runtime import ENTRY
 from remote.bundle import extract, make_bundle, upload
 from remote.cluster import Cluster, config_dir
 from remote.node_data import DataProblem, link_line, plan_data, stage_data
@@ -233,15 +234,15 @@ def node_script(job: Job, cluster: Cluster, nnodes: int, nproc: int) -> str:
     exports = "\n".join(f"export {k}={quote(v)}" for k, v in env.items())
     py = quote(cluster.python)
     if nnodes == 1 and nproc == 1 and cluster.max_restarts == 0:
-        run = f"exec {py} -m engine.runtime.train run"  # one process: no agent
+        run = f"exec {py} -m {ENTRY} run"  # one process: no agent
     elif nnodes == 1:
         run = (f"exec {py} -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node={nproc} "
-               f"--max-restarts={cluster.max_restarts} -m engine.runtime.train run")
+               f"--max-restarts={cluster.max_restarts} -m {ENTRY} run")
     else:
         run = (f"exec {py} -m torch.distributed.run --nnodes=\"$SLURM_NNODES\" --nproc-per-node={nproc} "
                f"--rdzv-backend=c10d --rdzv-endpoint=\"$LAYERFLOW_RDZV_ADDR:{cluster.rdzv_port}\" "
                f"--rdzv-id=\"$SLURM_JOB_ID\" --rdzv-conf=is_host=\"$is_host\" --local-addr=\"$me\" "
-               f"--max-restarts={cluster.max_restarts} -m engine.runtime.train run")
+               f"--max-restarts={cluster.max_restarts} -m {ENTRY} run")
     return f"""#!/bin/bash
 # Layerflow job {job.id}: one of {nnodes} node(s), started by srun in the job folder.
 set -u

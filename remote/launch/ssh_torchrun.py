@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from engine.errors import LayerflowError
+from engine.runtime import ENTRY
 from engine.runtime.spec import RunSpec, SpecError
 from remote import board
 from remote.bundle import Bundle, extract, make_bundle, upload
@@ -107,7 +108,7 @@ def _torchrun(job: Job, cluster: Cluster, i: int, nnodes: int, nproc: int) -> st
     return " ".join(quote(a) for a in [
         cluster.python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", *rdzv,
         f"--max-restarts={cluster.max_restarts}", "--monitor-interval=1",
-        "-m", "engine.runtime.train", "run"])
+        "-m", ENTRY, "run"])
 
 
 def _board_keeper(job: Job, cluster: Cluster, i: int) -> str:
@@ -125,7 +126,7 @@ def node_script(job: Job, cluster: Cluster, i: int, nnodes: int, nproc: int) -> 
     exports = "\n".join(f"export {k}={quote(v)}" for k, v in env.items())
     if nnodes * nproc == 1 and cluster.max_restarts == 0:
         # one process and no restarts: torchrun would only add an agent (and a second torch import)
-        torchrun = " ".join(quote(a) for a in [cluster.python, "-m", "engine.runtime.train", "run"])
+        torchrun = " ".join(quote(a) for a in [cluster.python, "-m", ENTRY, "run"])
     else:
         torchrun = _torchrun(job, cluster, i, nnodes, nproc)
     return f"""#!/bin/sh

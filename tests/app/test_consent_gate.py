@@ -97,7 +97,7 @@ def _stopped_run(tmp_path, path: str):
         if step == 15:
             raise KeyboardInterrupt
 
-    assert run(rd, progress=stop_at_15)["state"] == "cancelled"
+    assert run(rd, progress=stop_at_15).state == "cancelled"
     assert (rd / "checkpoints" / "latest").read_text().strip() == "step_15"
     return rd
 

@@ -27,7 +27,7 @@ def project_with_run(tmp_path):
     path = save_project(mlp(steps=20), tmp_path / "proj" / "mlp.lflow")
     p = load_project(path)
     rd = prepare_run(p, new_run_dir(p))
-    assert train_run(rd)["state"] == "succeeded"
+    assert train_run(rd).state == "succeeded"
     return path, rd
 
 

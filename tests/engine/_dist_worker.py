@@ -22,7 +22,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from engine.runtime.loop import fit  # noqa: E402
-from engine.runtime.parallel import ParallelTrainer, by_node_id, init_distributed  # noqa: E402
+from engine.runtime.parallel_trainer import ParallelTrainer  # noqa: E402
+from engine.runtime.distributed.pipeline import by_node_id
+from engine.runtime.distributed.mesh import init_distributed
 from engine.runtime.plan import RunPlan  # noqa: E402
 from engine.runtime.spec import RunSpec  # noqa: E402
 from engine.runtime.steps import seed_all  # noqa: E402

@@ -49,7 +49,7 @@ def stopped(tmp_path_factory):
         if step == 25:
             raise KeyboardInterrupt
 
-    assert run(rd, progress=stop_at_25)["state"] == "cancelled"
+    assert run(rd, progress=stop_at_25).state == "cancelled"
     return rd, losses(ref)
 
 
@@ -72,7 +72,7 @@ def _one_line_refusal(capsys, file: Path) -> str:
 def _trainer_reads_state_pt_itself() -> bool:
     """engine/runtime/train.py's Trainer.load_checkpoint still reads an older run's
     state.pt with torch.load of its own (until it hands every read to dist_checkpoint.load)."""
-    from engine.runtime.train import Trainer
+    from engine.runtime.trainer import Trainer
 
     return "weights_only=False" in inspect.getsource(Trainer.load_checkpoint)
 

@@ -44,7 +44,7 @@ def mlp(mode="off", steps=6, **training) -> Project:
 
 def train(project: Project, where: Path) -> tuple[list[float], list[dict], str]:
     rd = prepare_run(project, where)
-    assert run(rd)["state"] == "succeeded"
+    assert run(rd).state == "succeeded"
     recs = read_metrics(rd / "metrics.jsonl")
     return [r["loss"] for r in recs if "loss" in r], recs, (rd / "logs" / "rank0.log").read_text()
 
@@ -188,7 +188,7 @@ def test_examples_train_compiled_to_the_eager_losses(tmp_path, name):
 
 
 def test_compile_composes_with_activation_checkpointing_and_pipeline_stages():
-    """What parallel.py's parallelize() hands compile_module: a model with checkpointed
+    """What distributed/parallelize.py's parallelize() hands compile_module: a model with checkpointed
     layers (stages.apply_checkpointing) and a pipeline stage's module; losses equal eager."""
     from engine.runtime.distributed.stages import apply_checkpointing, build_stage_module
 
@@ -236,13 +236,13 @@ def test_a_compiled_run_stopped_and_resumed_eagerly_and_compiled_goes_on_the_sam
             if step == 4:
                 raise KeyboardInterrupt
 
-        assert run(rd, progress=stop_at_4)["state"] == "cancelled"
+        assert run(rd, progress=stop_at_4).state == "cancelled"
         spec = json.loads((rd / "run.json").read_text())
         spec["training"]["compile"] = resume_mode
         if resume_mode == "off":
             del spec["training"]["compile"]
         (rd / "run.json").write_text(json.dumps(spec))
-        assert run(rd, resume=True)["state"] == "succeeded"
+        assert run(rd, resume=True).state == "succeeded"
         recs = read_metrics(rd / "metrics.jsonl")
         assert_close([r["loss"] for r in recs if "loss" in r], eager_losses)
         assert [r["step"] for r in recs if r.get("event") == "compiled"] == ([0, 4] if resume_mode == "blocks" else [0])

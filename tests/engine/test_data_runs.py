@@ -86,7 +86,7 @@ def test_an_image_folder_trains_read_in_place(images, tmp_path):
     assert spec["data"]["source"]["path"] == str(images.resolve())
     assert spec["data"]["n_train"] == 48 and spec["data"]["n_val"] == 12 and spec["data"]["n_classes"] == 3
     assert spec["data"]["fingerprint"]["files"] == 60
-    assert run(rd)["state"] == "succeeded"
+    assert run(rd).state == "succeeded"
     # nothing of the data set was copied: no data.npz, no image, a run folder smaller than the data
     assert not (rd / "data.npz").exists() and not list(rd.rglob("*.png"))
     data_bytes = sum(p.stat().st_size for p in images.rglob("*.png"))
@@ -112,8 +112,8 @@ def test_resume_mid_epoch_equals_an_uninterrupted_run(images, tmp_path):
         if step == 7:
             raise KeyboardInterrupt
 
-    assert run(rd, progress=stop_at_7)["state"] == "cancelled"
-    assert run(rd, resume=True)["state"] == "succeeded"
+    assert run(rd, progress=stop_at_7).state == "cancelled"
+    assert run(rd, resume=True).state == "succeeded"
     assert "resumed from step_7" in (rd / "logs" / "rank0.log").read_text()
     assert losses(rd) == losses(ref)
 
@@ -164,7 +164,7 @@ def test_a_token_file_trains_a_language_model_with_perplexity(tmp_path):
     spec = json.loads((rd / "run.json").read_text())
     assert spec["data"]["task"] == "language_model" and spec["data"]["n_classes"] == 64
     assert spec["loss_options"] == {"label_smoothing": 0.05}
-    assert run(rd)["state"] == "succeeded"
+    assert run(rd).state == "succeeded"
     ev = [r for r in read_metrics(rd / "metrics.jsonl") if "val_ppl" in r][-1]
     assert ev["val_ppl"] == pytest.approx(np.exp(ev["val_loss"]), rel=1e-6)
     assert ev["val_ppl"] < 8  # from 64 (uniform): the next token is mostly known
@@ -197,7 +197,7 @@ def test_a_corrupt_image_is_skipped_and_counted_strict_stops_naming_it(tmp_path)
     bad = root / "train" / "class_1" / "003.png"
     bad.write_bytes(bad.read_bytes()[:60])
     rd = prepare_run(image_project(root, steps=6, batch_size=8), tmp_path / "run")
-    assert run(rd)["state"] == "succeeded"
+    assert run(rd).state == "succeeded"
     skipped = [r["skipped_samples"] for r in read_metrics(rd / "metrics.jsonl") if "skipped_samples" in r]
     assert skipped[0] == 1 and skipped[-1] == 2  # 6 steps of 8 are 2 epochs of 24: it fell in both, counted twice
     p = image_project(root, steps=6, batch_size=8)
@@ -221,7 +221,7 @@ def test_multi_label_trains_with_binary_cross_entropy(tmp_path):
                                   "optimizer": {"name": "adam", "lr": 0.05}, "batch_size": 32, "steps": 60,
                                   "eval_interval": 60})
     rd = prepare_run(Project(g, name="ml", training=tr), tmp_path / "run")
-    assert run(rd)["state"] == "succeeded"
+    assert run(rd).state == "succeeded"
     ev = [r for r in read_metrics(rd / "metrics.jsonl") if "val_acc" in r][-1]
     assert ev["val_acc"] > 0.9  # per label
     wrong = Project(graph(("Input", {"shape": [8]}), ("Linear", {"out_features": 4})), name="ml", training=tr)
@@ -291,7 +291,7 @@ def test_tokens_and_an_attention_mask_feed_two_input_nodes(tmp_path):
     tr = Training.model_validate({"dataset": ds, "optimizer": {"name": "adam", "lr": 0.03}, "batch_size": 24,
                                   "steps": 40, "eval_interval": 40, "grad_accumulation": 2})
     rd = prepare_run(Project(masked_graph(), name="masked", training=tr), tmp_path / "run")
-    assert run(rd)["state"] == "succeeded"
+    assert run(rd).state == "succeeded"
     ev = [r for r in read_metrics(rd / "metrics.jsonl") if "val_acc" in r][-1]
     assert ev["val_acc"] > 0.9
     # the Input nodes are matched by name: one named otherwise is named, with the names there are
@@ -305,7 +305,7 @@ def test_tokens_and_an_attention_mask_feed_two_input_nodes(tmp_path):
     # two inputs under torchrun, data parallel over 2 processes: the same losses as one process
     tr.steps = 6
     one = prepare_run(Project(masked_graph(), name="masked", training=tr), tmp_path / "one")
-    assert run(one)["state"] == "succeeded"
+    assert run(one).state == "succeeded"
     two = prepare_run(Project(masked_graph(), name="masked", training=tr), tmp_path / "two", placement={"dp": 2})
     torchrun_dp2(two, tmp_path)
     a, b = losses(one), losses(two)
@@ -347,7 +347,7 @@ def test_a_users_npz_is_read_in_place_and_split_as_before(tmp_path):
     old, new = Batches(whole.x_train, whole.y_train, 8, 3), StepLoader(open_source(src, "train"), 8, 3)
     for step in (0, 5, 9, 20):  # across epochs: the same batches, bit for bit
         assert all(torch.equal(a, b) for a, b in zip(old.batch(step), new.batch(step)))
-    assert run(rd)["state"] == "succeeded"
+    assert run(rd).state == "succeeded"
     cm = confusion_matrix(rd)
     assert np.asarray(cm["matrix"]).sum() == 18 and np.trace(np.asarray(cm["matrix"])) >= 16
 
@@ -396,6 +396,6 @@ def test_confusion_matrix_of_a_run_read_in_place(images, tmp_path):
     from engine.runs.history import confusion_matrix
 
     rd = build_run(image_project(images, steps=20), tmp_path / "run").run_dir
-    assert run(rd)["state"] == "succeeded"
+    assert run(rd).state == "succeeded"
     m = np.asarray(confusion_matrix(rd)["matrix"])
     assert m.shape == (3, 3) and m.sum() == 12

@@ -81,7 +81,7 @@ def tied_runs(tmp_path_factory):
     out = {}
     for name, clip in (("one", None), ("one_clip", 0.05)):
         rd = prepare_run(gpt_project(tmp, clip), tmp / name, steps=STEPS)
-        assert run(rd)["state"] == "succeeded"
+        assert run(rd).state == "succeeded"
         out[name] = rd
     jobs2 = []
     for name, placement, clip in (("pp2", {"pp": 2, "schedule": "gpipe", "microbatches": 2}, None),
@@ -108,7 +108,7 @@ def tied_runs(tmp_path_factory):
     spec = json.loads((one_from_pp / "run.json").read_text())
     spec["plan"] = single_plan
     (one_from_pp / "run.json").write_text(json.dumps(spec))
-    assert run(one_from_pp, resume=True)["state"] == "succeeded"
+    assert run(one_from_pp, resume=True).state == "succeeded"
     out["resume_in_one"] = one_from_pp
     return out
 
@@ -159,6 +159,6 @@ def test_auto_placement_of_a_24_block_tied_gpt_fits_and_its_proposal_runs(tmp_pa
     for n in single.graph.nodes:
         single.graph.assign(n, stage=None, tp=None)
     one = prepare_run(single, tmp_path / "one", steps=3)
-    assert run(one)["state"] == "succeeded"
+    assert run(one).state == "succeeded"
     want, got = losses(one), losses(proposed)
     assert sorted(got) == [1, 2, 3] and all(got[s] == pytest.approx(want[s], rel=RTOL) for s in want), (got, want)

@@ -128,7 +128,7 @@ def test_an_lm_returning_last_position_logits_gets_a_loss_and_data_that_train_it
     project.training.optimizer.name = "adamw"
     project.training.log_interval = 1
     rd = prepare_run(project, tmp_path / "run", steps=40)
-    assert run(rd)["state"] == "succeeded"
+    assert run(rd).state == "succeeded"
     losses = [r["loss"] for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
     assert all(np.isfinite(losses)) and np.mean(losses[-5:]) < losses[0] - 0.3  # it learns
 

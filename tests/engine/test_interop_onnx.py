@@ -357,7 +357,8 @@ def test_training_starts_from_the_imported_weights(exported, tmp_path):
     from engine.project import Training
     from engine.data.sources import SyntheticImages
     from engine.runs.build import prepare_run
-    from engine.runtime.train import Trainer, load_spec
+    from engine.runtime.train import load_spec
+    from engine.runtime.trainer import Trainer
 
     imp = import_onnx(exported["cnn_bn"][2])
     ds = imp.project.training.dataset  # a synthetic set of the input's shape: trainable at once

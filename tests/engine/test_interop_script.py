@@ -48,7 +48,7 @@ def runtime_losses(project: Project, run_dir: Path) -> list[float]:
     if project.training.log_interval is None:  # compared step by step (the script then logs each step too)
         project.training.log_interval = 1
     rd = prepare_run(project, run_dir, steps=STEPS)
-    assert run(rd)["state"] == "succeeded"
+    assert run(rd).state == "succeeded"
     return [r["loss"] for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
 
 

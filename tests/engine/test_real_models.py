@@ -99,7 +99,7 @@ def test_plans_a_pipeline_and_trains_in_one_process(name, tmp_path):
         assert any("generic Op node" in w and "replicated" in w for w in tp_plan.warnings)
     project.training.batch_size = 8
     rd = prepare_run(project, tmp_path / "run", steps=3)
-    assert run(rd)["state"] == "succeeded"
+    assert run(rd).state == "succeeded"
     losses = [r["loss"] for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
     assert len(losses) == 3 and all(np.isfinite(losses))
 
@@ -125,7 +125,7 @@ def test_gpt_keeps_its_tied_embedding_and_learns_next_tokens(tmp_path):
     project.training.optimizer.name = "adamw"
     project.training.log_interval = 1  # the first step's loss against the last's
     rd = prepare_run(project, tmp_path / "run", steps=30)
-    assert run(rd)["state"] == "succeeded"
+    assert run(rd).state == "succeeded"
     losses = [r["loss"] for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
     assert losses[-1] < losses[0] - 0.3  # it learns the chain
     state = torch.load(rd / "model.pt", weights_only=True)

@@ -121,7 +121,7 @@ def test_saves_keep_links_modes_and_leave_no_temp_files(tmp_path):
 
 def test_a_run_folder_has_one_writer(tmp_path, capsys):
     from engine.runs.build import prepare_run
-    from engine.runtime.train import RunLock
+    from engine.runtime.folder import RunLock
 
     rd = prepare_run(load_project(MLP), tmp_path / "run", steps=2)
     with RunLock(rd):  # a run still writing it (an orphaned worker, another terminal)

@@ -35,7 +35,7 @@ def small_project(steps=60):
 def test_system_metrics_sampled_by_a_thread(tmp_path, monkeypatch):
     monkeypatch.setenv(PERIOD_ENV, "0.05")
     rd = prepare_run(small_project(400), tmp_path / "run")
-    assert run(rd)["state"] == "succeeded"
+    assert run(rd).state == "succeeded"
     samples = read_system(rd)[0]
     assert len(samples) >= 2  # every 50 ms of a run that takes longer, and one at the end
     times = [s["time"] for s in samples]
@@ -60,7 +60,7 @@ def test_system_metrics_sampled_by_a_thread(tmp_path, monkeypatch):
 def test_system_sampler_off(tmp_path, monkeypatch):
     monkeypatch.setenv(PERIOD_ENV, "0")
     rd = prepare_run(small_project(10), tmp_path / "run")
-    assert run(rd)["state"] == "succeeded"
+    assert run(rd).state == "succeeded"
     assert read_system(rd) == {}
 
 
@@ -71,7 +71,7 @@ def test_tensorboard_scalars_and_hparams(tmp_path, monkeypatch):
 
     monkeypatch.setenv(PERIOD_ENV, "0")
     rd = prepare_run(small_project(), tmp_path / "run")
-    assert run(rd)["state"] == "succeeded"
+    assert run(rd).state == "succeeded"
     assert list(rd.glob("events.out.tfevents.*"))
     acc = EventAccumulator(str(rd), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
@@ -107,9 +107,9 @@ def test_tensorboard_resume_purges_the_steps_run_again(tmp_path, monkeypatch):
         if step >= 40:
             raise KeyboardInterrupt  # stopped at 40; latest checkpoint: 30 (and 40, where it stopped)
 
-    assert run(rd, progress=progress)["state"] == "cancelled"
+    assert run(rd, progress=progress).state == "cancelled"
     (rd / "checkpoints" / "latest").write_text("step_30")  # go on from 30: steps 35, 40 run again
-    assert run(rd, resume=True)["state"] == "succeeded"
+    assert run(rd, resume=True).state == "succeeded"
     acc = EventAccumulator(str(rd), size_guidance={"scalars": 0})
     acc.Reload()
     steps = [e.step for e in acc.Scalars("loss")]
@@ -122,7 +122,7 @@ def test_without_tensorboard_one_log_line_and_the_run_trains_on(tmp_path, monkey
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if the package were not installed
     monkeypatch.setenv(PERIOD_ENV, "0")
     rd = prepare_run(small_project(10), tmp_path / "run")
-    assert run(rd)["state"] == "succeeded"
+    assert run(rd).state == "succeeded"
     assert not list(rd.glob("events.out.tfevents.*"))
     log = (rd / "logs" / "rank0.log").read_text()
     assert log.count("tensorboard package is not installed") == 1

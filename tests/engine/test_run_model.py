@@ -48,7 +48,7 @@ def trained(tmp_path_factory):
     d = tmp_path_factory.mktemp("proj")
     path = save_project(mlp(), d / "mlp.lflow")
     rd = prepare_run(load_project(path), d / "runs" / "r1")
-    assert train_run(rd)["state"] == "succeeded"
+    assert train_run(rd).state == "succeeded"
     return path, rd
 
 
@@ -89,7 +89,7 @@ def test_only_the_last_k_and_the_best_checkpoints_remain_and_resume_works(traine
     spec.total_steps = 70
     spec.save(rd)
     status = train_run(rd, resume=True)
-    assert status["state"] == "succeeded" and status["step"] == 70
+    assert status.state == "succeeded" and status.step == 70
     evals = {r["step"]: r["val_loss"] for r in read_metrics(rd / "metrics.jsonl") if "val_loss" in r}
     assert sorted(evals) == [10, 20, 30, 40, 50, 60, 70]
     best = f"step_{min(evals, key=lambda s: (evals[s], s))}"
@@ -101,7 +101,7 @@ def test_only_the_last_k_and_the_best_checkpoints_remain_and_resume_works(traine
     spec = RunSpec.load(rd)
     spec.total_steps = 80
     spec.save(rd)
-    assert train_run(rd, resume=True)["state"] == "succeeded"
+    assert train_run(rd, resume=True).state == "succeeded"
     evals = {r["step"]: r["val_loss"] for r in read_metrics(rd / "metrics.jsonl") if "val_loss" in r}
     best = f"step_{min(evals, key=lambda s: (evals[s], s))}"
     assert {p.name for p in ck.glob("step_*")} == {"step_70", "step_80", best}
@@ -110,7 +110,7 @@ def test_only_the_last_k_and_the_best_checkpoints_remain_and_resume_works(traine
 def test_val_acc_is_best_when_highest_and_keep_none_keeps_all(tmp_path):
     p = mlp(steps=30, keep=None, metric="val_acc")
     rd = prepare_run(p, tmp_path / "run")
-    assert train_run(rd)["state"] == "succeeded"
+    assert train_run(rd).state == "succeeded"
     assert {q.name for q in (rd / "checkpoints").glob("step_*")} == {"step_10", "step_20", "step_30"}
     accs = {r["step"]: r["val_acc"] for r in read_metrics(rd / "metrics.jsonl") if "val_acc" in r}
     top = max(accs.values())
@@ -281,7 +281,7 @@ def test_predict_a_folder_of_images_from_the_command_line(tmp_path):
                                   "eval_interval": 4, "checkpoint_interval": 4})
     path = save_project(Project(g, name="img", training=tr), tmp_path / "img.lflow")
     rd = prepare_run(load_project(path), tmp_path / "runs" / "r")
-    assert train_run(rd)["state"] == "succeeded"
+    assert train_run(rd).state == "succeeded"
     pics = tmp_path / "pics"
     (pics / "sub").mkdir(parents=True)
     rng = np.random.default_rng(0)

@@ -36,7 +36,7 @@ def finished_run(tmp_path_factory):
     os.environ[PERIOD_ENV] = "0.05"
     try:
         rd = prepare_run(small_project(200), tmp_path_factory.mktemp("mlf") / "run")
-        assert run(rd)["state"] == "succeeded"
+        assert run(rd).state == "succeeded"
     finally:
         del os.environ[PERIOD_ENV]
     return rd
@@ -78,7 +78,7 @@ def test_followed_as_it_trains(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'live.db'}"
     rd = prepare_run(small_project(150), tmp_path / "live")
     follower = MlflowFollower(rd, uri, experiment="live", interval=0.05).start()
-    assert run(rd)["state"] == "succeeded"
+    assert run(rd).state == "succeeded"
     assert follower.wait(60) and follower.error is None
     client = MlflowClient(tracking_uri=uri)
     run_id = MlflowSync(rd, uri).run_id
@@ -121,7 +121,7 @@ def test_train_hook_start_mlflow(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'hook.db'}"
     follower = start_mlflow(rd, uri, interval=0.1)
     try:
-        assert run(rd)["state"] == "succeeded"
+        assert run(rd).state == "succeeded"
     finally:
         follower.stop()
     run_id = MlflowSync(rd, uri).run_id

@@ -9,7 +9,8 @@ import pytest
 from engine.diagram.graph import Graph
 from engine.project import Project, Training, load_project
 from engine.runs.build import RunError, prepare_run
-from engine.runtime.train import lr_lambda, run
+from engine.runtime.steps import lr_lambda
+from engine.runtime.train import run
 from engine.runs.tail import read_metrics
 
 EX = Path(__file__).resolve().parents[2] / "resources" / "examples"
@@ -22,7 +23,7 @@ def losses(run_dir):
 def test_mlp_digits_learns(tmp_path):
     rd = prepare_run(load_project(EX / "mlp_digits.lflow"), tmp_path / "run")
     status = run(rd)
-    assert status["state"] == "succeeded"
+    assert status.state == "succeeded"
     recs = read_metrics(rd / "metrics.jsonl")
     evals = [r for r in recs if "val_acc" in r]
     assert evals[-1]["val_acc"] >= 0.9
@@ -106,8 +107,8 @@ def test_stop_and_resume_gives_the_same_losses(tmp_path):
         if step == 25:
             raise KeyboardInterrupt
 
-    assert run(rd, progress=stop_at_25)["state"] == "cancelled"
-    assert run(rd, resume=True)["state"] == "succeeded"
+    assert run(rd, progress=stop_at_25).state == "cancelled"
+    assert run(rd, resume=True).state == "succeeded"
     assert losses(rd) == expected  # exactly: same data order, RNG, optimizer and schedule
 
     # 2. crashed at step 27 with no checkpoint since step 20: metrics after 20 are cut off
@@ -133,7 +134,8 @@ def test_checkpoints_are_dcp_and_an_older_runs_state_pt_still_resumes(tmp_path):
     resumes on the same trajectory too."""
     import torch
 
-    from engine.runtime.train import Trainer, load_spec
+    from engine.runtime.train import load_spec
+    from engine.runtime.trainer import Trainer
 
     ref = prepare_run(dropout_project(), tmp_path / "ref")
     run(ref)
@@ -144,7 +146,7 @@ def test_checkpoints_are_dcp_and_an_older_runs_state_pt_still_resumes(tmp_path):
         if step == 25:
             raise KeyboardInterrupt
 
-    assert run(rd, progress=stop_at_25)["state"] == "cancelled"
+    assert run(rd, progress=stop_at_25).state == "cancelled"
     ckpt = rd / "checkpoints" / (rd / "checkpoints" / "latest").read_text().strip()
     assert (ckpt / ".metadata").exists() and (ckpt / "extra.pt").exists() and not (ckpt / "state.pt").exists()
     # the same checkpoint as an older Layerflow wrote it: one torch.save of the whole state
@@ -154,7 +156,7 @@ def test_checkpoints_are_dcp_and_an_older_runs_state_pt_still_resumes(tmp_path):
     for f in ckpt.iterdir():
         f.unlink()
     torch.save(old, ckpt / "state.pt")
-    assert run(rd, resume=True)["state"] == "succeeded"
+    assert run(rd, resume=True).state == "succeeded"
     assert losses(rd) == expected
 
 
@@ -185,7 +187,7 @@ def test_csv_dataset_trains(tmp_path):
     rows = "\n".join(f"{i % 7},{(i * 3) % 5},{'cat' if i % 2 else 'dog'}" for i in range(40))
     p = csv_project(tmp_path, "a,b,label\n" + rows + "\n", target="label")
     rd = prepare_run(p, tmp_path / "run")
-    assert run(rd)["state"] == "succeeded"
+    assert run(rd).state == "succeeded"
     z = np.load(rd / "data.npz")
     assert z["x_train"].shape[1] == 2 and set(np.unique(z["y_train"])) <= {0, 1}
 
@@ -205,7 +207,7 @@ def test_npz_dataset_and_shape_mismatch_message(tmp_path):
     with pytest.raises(RunError, match=r"node 'x' \(Input\): shape is \[2\] but the data set's samples are \[3\]"):
         prepare_run(p, tmp_path / "run")
     p.graph.set_param("x", "shape", [3])
-    assert run(prepare_run(p, tmp_path / "run2"))["state"] == "succeeded"
+    assert run(prepare_run(p, tmp_path / "run2")).state == "succeeded"
 
 
 def test_epochs_instead_of_steps(tmp_path):
@@ -214,13 +216,13 @@ def test_epochs_instead_of_steps(tmp_path):
     rd = prepare_run(p, tmp_path / "run")
     spec = json.loads((rd / "run.json").read_text())
     assert spec["total_steps"] == 2 * (320 // 32)
-    assert math.isfinite(run(rd)["step"])
+    assert math.isfinite(run(rd).step)
 
 
 @pytest.mark.parametrize("name", ["mlp_digits", "cnn_digits", "resnet_synthetic", "transformer_synthetic"])
 def test_every_example_trains(tmp_path, name):
     rd = prepare_run(load_project(EX / f"{name}.lflow"), tmp_path / "run", steps=4)
-    assert run(rd)["state"] == "succeeded"
+    assert run(rd).state == "succeeded"
     recs = [r for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
     assert len(recs) == 4 and all(math.isfinite(r["loss"]) for r in recs)
 
@@ -272,7 +274,7 @@ def _accumulated(tmp_path, example: str, acc: int) -> dict:
     p.training.grad_accumulation = acc
     p.training.log_interval = 1  # compared step by step
     rd = prepare_run(p, tmp_path / f"{example}_{acc}", steps=20)
-    assert run(rd)["state"] == "succeeded"
+    assert run(rd).state == "succeeded"
     return losses(rd)
 
 

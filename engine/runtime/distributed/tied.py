@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import nn
-
 from ..plan import stage_rank
 
 
