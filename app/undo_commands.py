@@ -403,7 +403,7 @@ class ResolveConflict(QUndoCommand):
         trial = Project.from_dict(self.before)
         resolve_conflict(trial, index, side)  # raises ProjectError before anything changed
         self.after = trial.to_dict()
-        super().__init__(f"Take {side} for {project.conflicts[index]['where']}")
+        super().__init__(f"Take {side} for {project.conflicts[index].where}")
 
     def _set(self, d: dict) -> None:
         from engine.project import Project

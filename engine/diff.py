@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.diagram.graph import Graph, GraphError
-from engine.project import Project, ProjectError, loads_project
+from engine.project import Conflict, Project, ProjectError, loads_project
 
 _MISSING = object()  # a key one side does not have
 UNSET = {"$unset": True}  # how a conflict record writes "this side has no such key"
@@ -364,29 +364,6 @@ def _few(ids: list[str], n: int = 6) -> str:
 
 # ----- merge ------------------------------------------------------------------
 @dataclass
-class Conflict:
-    """Both sides changed `where` differently. The merged project holds `ours` (for a node
-    one side removed and the other changed: the changed node, so that nothing is lost);
-    resolve_conflict(project, i, side) puts that side's value.
-    where: node:ID:FIELD (params.KEY, id, type, stage, ...), node:ID (the whole node:
-    removed on one side and changed on the other, or added on both), input:ID.PORT, or
-    setting:PATH."""
-
-    where: str
-    what: str
-    base: Any
-    ours: Any
-    theirs: Any
-
-    def to_dict(self) -> dict:
-        def plain(v):
-            return UNSET if v is _MISSING else copy.deepcopy(v)
-
-        return {"where": self.where, "what": self.what, "base": plain(self.base), "ours": plain(self.ours),
-                "theirs": plain(self.theirs)}
-
-
-@dataclass
 class MergeResult:
     project: dict
     conflicts: list[Conflict]
@@ -394,6 +371,11 @@ class MergeResult:
     @property
     def clean(self) -> bool:
         return not self.conflicts
+
+
+def _recorded(v: Any) -> Any:
+    """A side's value as a conflict record holds it (UNSET: that side has no such key)."""
+    return UNSET if v is _MISSING else v
 
 
 def _pick(b: Any, o: Any, t: Any) -> tuple[Any, bool]:
@@ -554,8 +536,7 @@ def _merge_keys(b: dict, o: dict, t: dict, where: str, what: str, conflicts: lis
         if v is not _MISSING:
             out[k] = v
         if clash:
-            conflicts.append(Conflict(where.format(k), what.format(k), b.get(k, _MISSING), o.get(k, _MISSING),
-                                      t.get(k, _MISSING)))
+            conflicts.append(Conflict(where.format(k), what.format(k), *(_recorded(s.get(k, _MISSING)) for s in (b, o, t))))
     return out
 
 
@@ -609,7 +590,7 @@ def _loadable(merged: dict, ours: dict, theirs: dict, conflicts: list[Conflict])
 # ----- resolving --------------------------------------------------------------
 def conflict_lines(project: Project) -> list[str]:
     """The project's merge conflicts left, numbered from 1 as `layerflow resolve` takes them."""
-    return [f"{i}. {c['what']} ({c['where']}): ours {show_value(c['ours'])}, theirs {show_value(c['theirs'])}"
+    return [f"{i}. {c.what} ({c.where}): ours {show_value(c.ours)}, theirs {show_value(c.theirs)}"
             for i, c in enumerate(project.conflicts, 1)]
 
 
@@ -624,11 +605,11 @@ def resolve_conflict(project: Project, index: int, side: str) -> None:
     c = project.conflicts[index]
     d = project.to_dict()
     d["conflicts"] = [x for i, x in enumerate(d["conflicts"]) if i != index]
-    _apply(d, c["where"], c[side])
-    new = Project.from_dict(d, f"resolving {c['where']}")
+    _apply(d, c.where, getattr(c, side))
+    new = Project.from_dict(d, f"resolving {c.where}")
     cycle = new.graph.find_cycle()
     if cycle:
-        raise ProjectError(f"taking {side} for {c['where']} makes a cycle: " + " -> ".join(cycle))
+        raise ProjectError(f"taking {side} for {c.where} makes a cycle: " + " -> ".join(cycle))
     project.graph.load_dict(new.graph.to_dict())
     for attr in ("name", "description", "training", "placement", "cluster", "weights", "conflicts"):
         setattr(project, attr, getattr(new, attr))

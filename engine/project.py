@@ -8,6 +8,7 @@ ProjectError and nothing else, whatever the bytes.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import re
@@ -234,6 +235,27 @@ class _DiagramModel(Strict):
     direction: Literal["LR", "TB"] = "LR"  # data flows left to right or top down on the canvas
 
 
+@dataclass
+class Conflict:
+    """Both sides changed `where` differently. The merged project holds `ours` (for a node
+    one side removed and the other changed: the changed node, so that nothing is lost);
+    engine/diff.py's resolve_conflict(project, i, side) puts that side's value; a side without
+    the key holds diff.UNSET.
+    where: node:ID:FIELD (params.KEY, id, type, stage, ...), node:ID (the whole node:
+    removed on one side and changed on the other, or added on both), input:ID.PORT, or
+    setting:PATH."""
+
+    where: str
+    what: str
+    base: Any
+    ours: Any
+    theirs: Any
+
+    def to_dict(self) -> dict:
+        return {"where": self.where, "what": self.what, "base": copy.deepcopy(self.base),
+                "ours": copy.deepcopy(self.ours), "theirs": copy.deepcopy(self.theirs)}
+
+
 class _ConflictModel(Strict):
     """A field both sides of a merge changed (engine/diff.py): the project holds ours."""
 
@@ -273,7 +295,7 @@ class Project:
     def __init__(self, graph: Graph | None = None, *, name: str = "untitled", description: str = "",
                  training: Training | None = None, placement: Placement | None = None,
                  cluster: str | None = None, weights: str | None = None, path: Path | None = None,
-                 conflicts: list[dict] | None = None):
+                 conflicts: list[Conflict] | None = None):
         self._subscribers: list = []
         self.graph = graph or Graph()
         self.name = name
@@ -283,8 +305,8 @@ class Project:
         self.cluster = cluster
         self.weights = weights
         self.path = Path(path) if path else None
-        # merge conflicts not yet resolved (engine/diff.py): where, what, base, ours, theirs
-        self.conflicts: list[dict] = list(conflicts or [])
+        # merge conflicts not yet resolved (engine/diff.py)
+        self.conflicts: list[Conflict] = list(conflicts or [])
         # (real path, digest) of the bytes load_project read or save_project wrote: save_project's check
         self._read_digest: tuple[str, str] | None = None
 
@@ -354,7 +376,7 @@ class Project:
             "weights": self.weights,
         }
         if self.conflicts:  # written only while there are some: other files stay byte-identical
-            d["conflicts"] = [dict(c) for c in self.conflicts]
+            d["conflicts"] = [c.to_dict() for c in self.conflicts]
         return d
 
     def _defaults_left_out(self) -> dict:
@@ -399,7 +421,7 @@ class Project:
             raise ProjectError(f"{source}: diagram: {exc}") from None
         return cls(graph, name=m.name, description=m.description, training=m.training,
                    placement=m.placement, cluster=m.cluster, weights=m.weights,
-                   conflicts=[c.model_dump(mode="json") for c in m.conflicts])
+                   conflicts=[Conflict(**c.model_dump(mode="json")) for c in m.conflicts])
 
     def copy(self) -> "Project":
         p = Project.from_dict(json.loads(self.dumps()))

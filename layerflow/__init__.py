@@ -33,18 +33,46 @@ A data set that cannot be read raises `lf.DataError`, naming the file and sample
 """
 from __future__ import annotations
 
-from engine.diff import ProjectDiff
-from engine.errors import CheckFailed, LayerflowError
-from engine.files import ProjectError
-from engine.diagram.graph import GraphError
-from engine.interop.common import InteropError
-from engine.planning.planner import Plan
-from engine.runs.build import RunError
-from engine.runtime.records import RunStatus
-from engine.runs.sweep import SweepError
-from layerflow.data import DataError, DataReport, DataUse, Packed, inspect, pack
-from layerflow.project import Project, Summary, load
-from layerflow.runs import Job, Run, RunFailed, cluster_jobs
+
+def _check_own_packages() -> None:
+    """`engine` and `remote` are Layerflow's top-level packages (the product's layout names
+    them). A user's own engine.py or remote.py (a common name in a notebook's folder) comes
+    first on sys.path and would be imported in their place, failing deep inside with "'engine'
+    is not a package": say in one line which file shadows which, before importing them."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for name in ("engine", "remote"):
+        ours = root / name / "__init__.py"
+        mod = sys.modules.get(name)
+        if mod is not None:
+            origin = getattr(mod, "__file__", None)
+        else:
+            spec = importlib.util.find_spec(name)
+            origin = spec.origin if spec is not None else None
+        if origin is not None and Path(origin).resolve() == ours:
+            continue
+        found = origin if origin not in (None, "namespace") else f"a folder named '{name}' without __init__.py"
+        raise ImportError(f"layerflow: {found} shadows Layerflow's own package '{name}' ({ours.parent}); rename "
+                          f"your {name} module or folder, or start Python in another folder")
+
+
+_check_own_packages()
+
+from engine.diff import ProjectDiff  # noqa: E402  (after the check above)
+from engine.errors import CheckFailed, LayerflowError  # noqa: E402
+from engine.files import ProjectError  # noqa: E402
+from engine.diagram.graph import GraphError  # noqa: E402
+from engine.errors import InteropError  # noqa: E402
+from engine.planning.planner import Plan  # noqa: E402
+from engine.runs.build import RunError  # noqa: E402
+from engine.runtime.records import RunStatus  # noqa: E402
+from engine.runs.sweep import SweepError  # noqa: E402
+from layerflow.data import DataError, DataReport, DataUse, Packed, inspect, pack  # noqa: E402
+from layerflow.project import Project, Summary, load  # noqa: E402
+from layerflow.runs import Job, Run, RunFailed, cluster_jobs  # noqa: E402
 
 Status = RunStatus  # what `Run.status()` and `Job.status()` return: .state, .step, .total_steps, .error, .done, .ok
 

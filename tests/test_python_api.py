@@ -206,3 +206,26 @@ def test_a_sweep_from_the_api_returns_its_runs(tmp_path):
     assert {("finished", 0), ("finished", 1), ("started", 0), ("started", 1)} <= set(seen)
     with pytest.raises(lf.SweepError, match="training.no_such"):
         p.sweep({"parameters": {"training.no_such": [1]}})
+
+
+@pytest.mark.parametrize("shadow", ["engine.py", "remote.py", "engine/"])
+def test_a_users_own_engine_module_is_named_in_one_line(tmp_path, shadow):
+    """A notebook folder with its own engine.py (or remote.py, or an engine/ folder of data):
+    `import layerflow` there says which file shadows which package, instead of failing deep
+    inside with "'engine' is not a package"; without it, the same import works."""
+    if shadow.endswith("/"):
+        (tmp_path / shadow).mkdir()
+    else:
+        (tmp_path / shadow).write_text("x = 1\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-c", "import layerflow"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    name = shadow.strip("/").removesuffix(".py")
+    assert last.startswith("ImportError: layerflow: ") and f"shadows Layerflow's own package '{name}'" in last
+    assert (str(tmp_path / shadow) in last) if shadow.endswith(".py") else "without __init__.py" in last
+    (tmp_path / shadow).unlink() if not shadow.endswith("/") else (tmp_path / shadow).rmdir()
+    ok = subprocess.run([sys.executable, "-c", "import layerflow, engine; print(engine.__file__)"], cwd=tmp_path,
+                        env=env, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and ok.stdout.strip() == str(ROOT / "engine" / "__init__.py"), ok.stderr

@@ -79,9 +79,9 @@ class ChangesPanel(QWidget):
     def set_conflicts(self, conflicts: list[dict]) -> None:
         self.conflicts.clear()
         for i, c in enumerate(conflicts):
-            it = QTreeWidgetItem(self.conflicts, [c["what"], show_value(c["ours"], 50), show_value(c["theirs"], 50)])
+            it = QTreeWidgetItem(self.conflicts, [c.what, show_value(c.ours, 50), show_value(c.theirs, 50)])
             it.setData(0, Qt.UserRole, i)
-            it.setToolTip(0, f"{c['where']}\nbase: {show_value(c['base'], 50)}")
+            it.setToolTip(0, f"{c.where}\nbase: {show_value(c.base, 50)}")
         self.conflict_box.setVisible(bool(conflicts))
         self.conflict_label.setText(f"<b>{len(conflicts)} merge conflict(s)</b>: the project holds ours; pick a side "
                                     "for each (runs start once none is left)")

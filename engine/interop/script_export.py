@@ -36,6 +36,7 @@ from engine.runtime.datasets import base as dbase
 from engine.runtime import layers as rl
 from engine.runtime import ops as rops
 from engine.runtime.ops import describe
+from engine.runtime import steps as rsteps
 from engine.runtime.distributed import pipeline as rpipeline, tensor_parallel as rtp
 from engine.runtime import plan as rplan
 from engine.runtime import sync_bn as rsync_bn
@@ -478,7 +479,7 @@ def _only(code: str, used: set[str]) -> str:
 
 def _parallel_code(used: set[str]) -> list[str]:
     funcs = [*((rtp.placement, rtp.tp_module_plan, rtp.apply_tp) if "tp" in used else ()),
-             *((rpipeline.infer_stage_shapes,) if "pp" in used else ())]
+             *((rsteps.left_as_it_was, rpipeline.infer_stage_shapes) if "pp" in used else ())]
     if not funcs:
         return []
     out = []

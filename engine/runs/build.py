@@ -231,7 +231,7 @@ def _run_plan(plan, pl: Placement) -> RunPlan:
 def _settled(project: Project) -> None:
     if project.conflicts:
         raise RunError(f"the project has {len(project.conflicts)} merge conflict(s) left (first: "
-                       f"{project.conflicts[0]['what']}); settle them (editor, or `layerflow resolve`) before running it")
+                       f"{project.conflicts[0].what}); settle them (editor, or `layerflow resolve`) before running it")
 
 
 def build_run(project: Project, out_dir: str | Path | None = None, *, nproc: int | None = None,

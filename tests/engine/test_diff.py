@@ -139,7 +139,7 @@ def test_same_field_changed_on_both_sides_is_a_conflict_in_a_valid_file(tmp_path
     assert [c.where for c in r.conflicts] == ["node:fc1:params.out_features", "setting:training.optimizer.lr"]
     p = Project.from_dict(r.project)  # loads
     assert p.graph.nodes["fc1"].params["out_features"] == 256 and p.training.batch_size == 16
-    assert p.conflicts[0]["ours"] == 256 and p.conflicts[0]["theirs"] == 64 and p.conflicts[0]["base"] == 128
+    assert p.conflicts[0].ours == 256 and p.conflicts[0].theirs == 64 and p.conflicts[0].base == 128
     # saved and read back, the conflicts are still there
     from engine.project import save_project
 
