@@ -60,16 +60,16 @@ class Settings:
         return int(self.qs.value("autosave_seconds", 30))
 
     def mlflow_uri(self) -> str | None:
-        """The MLflow tracking URI runs are logged to (`layerflow track uri`), or None."""
-        v = self.qs.value("mlflow_uri", "")
-        return v.strip() if isinstance(v, str) and v.strip() else None
+        """The MLflow tracking URI runs are logged to (`layerflow track uri`), or None: the
+        one the commands read (engine/runs/tracking.py saved_uri), not a Qt setting."""
+        from engine.runs.tracking import saved_uri
+
+        return saved_uri()
 
     def set_mlflow_uri(self, uri: str | None) -> None:
-        if uri:
-            self.qs.setValue("mlflow_uri", uri)
-        else:
-            self.qs.remove("mlflow_uri")
-        self.qs.sync()
+        from engine.runs.tracking import save_uri
+
+        save_uri(uri)
 
     def value(self, key: str, default=None):
         return self.qs.value(key, default)

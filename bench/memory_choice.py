@@ -4,7 +4,7 @@ predicted against measured.
 
     python bench/memory_choice.py [--blocks 12] [--steps 8] [--fraction 0.85]
 
-1. The GPT (nanoGPT's architecture, tests/engine/real_models.py) is planned on every layout
+1. The GPT (nanoGPT's architecture, tests/models/real_models.py) is planned on every layout
    of 2 devices with memory savings off and unlimited memory; the device is then given
    `fraction` of the smallest peak any layout needs, so none fits as it is.
 2. `auto_place` on that device: the layout it chose, the layers it checkpoints (and CPU

@@ -4,6 +4,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+# the models written in the style of their public reference code, which tests of every room use
+sys.path.insert(0, str(ROOT / "tests" / "models"))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # Keep each test process to one intra-op thread: CI has 2 cores and runs 2 workers.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -4,7 +4,6 @@ builder takes the project they leave, and one-line `lf.DataError`s for bad input
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +11,7 @@ import pytest
 
 import layerflow as lf
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "engine"))
-from test_datasets import make_images, make_npz, make_parquet, make_tokens
+from tests.engine.runtime.test_datasets import make_images, make_npz, make_parquet, make_tokens
 
 
 def mlp(tmp_path: Path, shape=(64,), classes=10) -> lf.Project:

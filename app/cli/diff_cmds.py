@@ -130,7 +130,7 @@ def _resolve(args, project) -> int:
 
 def _self_command() -> str:
     """How git runs this Layerflow: this interpreter on this checkout's main.py (or the app module)."""
-    main = Path(__file__).resolve().parent.parent / "main.py"
+    main = Path(__file__).resolve().parents[2] / "main.py"
     if main.is_file():
         return f"{shlex.quote(sys.executable)} {shlex.quote(str(main))}"
     return f"{shlex.quote(sys.executable)} -c 'import sys; from app.cli import main; sys.exit(main())'"

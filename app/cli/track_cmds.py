@@ -18,8 +18,6 @@ from pathlib import Path
 
 from app.cli.cli_errors import CliError
 
-SETTING = "mlflow_uri"
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("track", help="copy runs to MLflow, or write their TensorBoard files")
@@ -46,9 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def saved_uri() -> str | None:
-    from app.settings import Settings
+    from engine.runs.tracking import saved_uri
 
-    return Settings().mlflow_uri()
+    return saved_uri()
 
 
 def mlflow_uri(explicit: str | None = None) -> str | None:
@@ -138,16 +136,14 @@ def cmd_tensorboard(args) -> int:
 
 
 def cmd_uri(args) -> int:
-    from app.settings import Settings
-    from engine.runs.tracking import check_uri
+    from engine.runs.tracking import save_uri, saved_uri
 
-    s = Settings()
     if args.clear:
-        s.set_mlflow_uri(None)
+        save_uri(None)
         print("MLflow: off (no saved tracking URI)")
     elif args.uri:
-        s.set_mlflow_uri(check_uri(args.uri))
+        save_uri(args.uri)
         print(f"MLflow tracking URI: {args.uri}")
     else:
-        print(s.mlflow_uri() or "(none)")
+        print(saved_uri() or "(none)")
     return 0

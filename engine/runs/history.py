@@ -28,7 +28,7 @@ RUNS_DIRNAME = "runs"
 RUN_MARKERS = ("run.json", "status.json", "metrics.jsonl")
 
 
-INSTALLED_EXAMPLES = Path(__file__).resolve().parents[1] / "resources" / "examples"
+INSTALLED_EXAMPLES = Path(__file__).resolve().parents[2] / "resources" / "examples"
 
 
 def user_data_home() -> Path:

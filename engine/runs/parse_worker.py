@@ -33,7 +33,7 @@ from pathlib import Path
 
 from engine.runs.tail import parse_chunk
 
-CODE_ROOT = str(Path(__file__).resolve().parents[1])
+CODE_ROOT = str(Path(__file__).resolve().parents[2])
 log = logging.getLogger(__name__)
 
 

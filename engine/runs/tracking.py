@@ -59,6 +59,46 @@ def resolve_uri(explicit: str | None = None) -> str | None:
     return uri or None
 
 
+SAVED_URI_FILE = "tracking.json"  # in the config folder: {"mlflow_uri": ...} (`layerflow track uri`)
+
+
+def saved_uri() -> str | None:
+    """The tracking URI the user saved (`layerflow track uri URI`, or the editor), or None.
+    A plain JSON file in the config folder, so a command reads it without Qt; a URI saved by
+    an older version in the editor's gui.ini is still read."""
+    from engine.trust import config_home
+
+    home = config_home()
+    try:
+        uri = json.loads((home / SAVED_URI_FILE).read_text()).get("mlflow_uri")
+    except FileNotFoundError:
+        uri = _older_saved_uri(home / "gui.ini")
+    except (OSError, ValueError, AttributeError):
+        uri = None
+    return uri.strip() if isinstance(uri, str) and uri.strip() else None
+
+
+def _older_saved_uri(ini: Path) -> str | None:
+    import configparser
+
+    cp = configparser.ConfigParser(interpolation=None)
+    try:
+        cp.read(ini, encoding="utf-8")
+        return cp.get("General", "mlflow_uri", fallback=None)
+    except (configparser.Error, OSError, UnicodeDecodeError):
+        return None
+
+
+def save_uri(uri: str | None) -> None:
+    """Remember `uri` (checked) as the URI runs are logged to; None forgets it."""
+    from engine.files import atomic_write
+    from engine.trust import config_home
+
+    home = config_home()
+    home.mkdir(parents=True, exist_ok=True)
+    atomic_write(home / SAVED_URI_FILE, (json.dumps({"mlflow_uri": check_uri(uri) if uri else None}) + "\n").encode())
+
+
 def check_uri(uri: str) -> str:
     """`uri` if it is one MLflow tracks to; a one-line TrackingError naming it otherwise.
     A plain path or file:// is refused: MLflow's file store is deprecated."""

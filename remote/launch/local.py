@@ -30,7 +30,7 @@ from engine.runtime import ENTRY
 from engine.runtime.records import RankError, RunStatus, last_traceback
 from remote.launch import procs
 
-CODE_ROOT = Path(__file__).resolve().parents[1]  # the folder that holds engine/
+CODE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds engine/
 
 
 @dataclass

@@ -16,8 +16,7 @@ from app import cli
 from app.cli import data_cmds as cli_data
 from engine.project import load_project
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-from test_datasets import make_images, make_npz, make_parquet, make_tokens
+from tests.engine.runtime.test_datasets import make_images, make_npz, make_parquet, make_tokens
 
 EX = Path(__file__).resolve().parents[2] / "resources" / "examples"
 

@@ -4,7 +4,6 @@ project and remembered for the next one; a skip connection takes a lane beside t
 chain instead of running under its cards."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,8 +11,7 @@ from PySide6.QtCore import Qt
 
 from engine.project import Project, load_project
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-from test_direction import chain_with_skip  # noqa: E402
+from tests.engine.diagram.test_direction import chain_with_skip  # noqa: E402
 
 pytestmark = pytest.mark.gui
 EXAMPLE = Path(__file__).resolve().parents[2] / "resources" / "examples" / "resnet_synthetic.lflow"

@@ -5,7 +5,6 @@ the window's event loop keeps running, errors inline with the dialog still open,
 that stops waiting and opens nothing."""
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from pathlib import Path
@@ -23,7 +22,6 @@ from engine.diagram.compile import compile_graph
 from engine.interop import progress
 from engine.project import load_project
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 import real_models  # noqa: E402
 
 EX = Path(__file__).resolve().parents[2] / "resources" / "examples"

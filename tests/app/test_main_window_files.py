@@ -184,7 +184,7 @@ def test_opening_a_project_with_its_own_code_asks_first_and_runs_nothing_untrust
     # a harmless layer of the user's own: trusted once, not asked again
     g2 = Graph()
     g2.add_node("Input", {"shape": [4]}, id="x")
-    g2.add_node("Custom", {"path": "tests.engine.interop_models:Swish"}, id="act")
+    g2.add_node("Custom", {"path": "tests.models.interop_models:Swish"}, id="act")
     g2.add_node("Output", {}, id="y")
     g2.connect("x", "out", "act", "in")
     g2.connect("act", "out", "y", "in")
@@ -197,4 +197,4 @@ def test_opening_a_project_with_its_own_code_asks_first_and_runs_nothing_untrust
     # the refused project's code stays refused when it is opened again, and in any project
     # its node is pasted into; what the user draws themselves is theirs
     assert w.open_project(path) and not trust.allowed("shutil:rmtree")
-    assert trust.allowed("tests.engine.interop_models:Swish")
+    assert trust.allowed("tests.models.interop_models:Swish")

@@ -10,7 +10,6 @@ from PySide6.QtCore import QPointF, Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from real_models import ResNet50  # noqa: E402
 
 pytestmark = pytest.mark.gui

@@ -7,13 +7,10 @@ view is fitted again after the direction changes and after its undo; the minimap
 covers a card."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 from PySide6.QtWidgets import QApplication
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from real_models import ResNet50
 
 pytestmark = pytest.mark.gui

@@ -16,7 +16,7 @@ from engine.runs.weights import run_state
 from engine.project import load_project, save_project
 from engine.runs.build import new_run_dir, prepare_run
 from engine.runtime.train import run as train_run
-from tests.engine.test_run_model import mlp
+from tests.engine.runs.test_run_model import mlp
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow, pytest.mark.xdist_group("run_ui")]
 X = np.random.default_rng(2).normal(size=(4, 16)).astype(np.float32)

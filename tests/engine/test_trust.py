@@ -55,22 +55,22 @@ def test_hostile_paths_run_nothing(tmp_path, capsys, command):
 
 
 def test_consent_is_per_project_and_per_set_of_paths(tmp_path, capsys):
-    p = _project(tmp_path, {"act": {"path": "tests.engine.interop_models:Swish"}})
+    p = _project(tmp_path, {"act": {"path": "tests.models.interop_models:Swish"}})
     assert main(["validate", str(p)]) == 1
     assert main(["trust", str(p)]) == 0
-    assert "tests.engine.interop_models:Swish" in capsys.readouterr().out
+    assert "tests.models.interop_models:Swish" in capsys.readouterr().out
     assert main(["validate", str(p)]) == 0
     stored = json.loads((tmp_path / "config" / "trust.json").read_text())
     assert list(stored) == [str(p.resolve())]  # the consent lives outside the project
     assert "trust" not in p.read_text()
 
     # the file changes to name more code: consent is asked again
-    changed = _project(tmp_path, {"act": {"path": "tests.engine.interop_models:Swish"}, "more": {"path": "tests.engine.interop_models:Swish2"}})
+    changed = _project(tmp_path, {"act": {"path": "tests.models.interop_models:Swish"}, "more": {"path": "tests.models.interop_models:Swish2"}})
     assert changed == p
     assert main(["validate", str(p)]) == 1
     assert "node 'more' (Custom): not checked" in capsys.readouterr().err
     # another copy of the first project elsewhere is not trusted either
-    other = _project(tmp_path, {"act": {"path": "tests.engine.interop_models:Swish"}}, name="copy.lflow")
+    other = _project(tmp_path, {"act": {"path": "tests.models.interop_models:Swish"}}, name="copy.lflow")
     assert main(["validate", str(other)]) == 1
     assert main(["validate", str(other), "--trust"]) == 0  # consent given with the command
 
@@ -170,7 +170,7 @@ def test_the_apps_runs_carry_its_consent_and_no_more(tmp_path):
     from engine.project import load_project
     from layerflow.prepare import prepare_training
 
-    mine = _project(tmp_path, {"act": {"path": "tests.engine.interop_models:Swish"}}, "mine.lflow")
+    mine = _project(tmp_path, {"act": {"path": "tests.models.interop_models:Swish"}}, "mine.lflow")
     p = load_project(mine)
     p.training = p.training.model_validate({**p.training.model_dump(), "dataset": {
         "kind": "synthetic_regression", "n_samples": 256, "n_features": 4, "n_targets": 4}})
@@ -180,7 +180,7 @@ def test_the_apps_runs_carry_its_consent_and_no_more(tmp_path):
     trust.interactive()
     prep = prepare_training(load_project(mine), steps=1, out=tmp_path / "r1")
     assert (prep.run_dir / "run.json").is_file()
-    trust.refuse(["tests.engine.interop_models:Swish"])
+    trust.refuse(["tests.models.interop_models:Swish"])
     with pytest.raises(LayerflowError, match="node 'act' \\(Custom\\)"):
         prepare_training(load_project(mine), steps=1, out=tmp_path / "r2")
     assert main(["validate", str(mine), "--trust-once"]) == 0
@@ -253,9 +253,9 @@ def test_a_screenshot_asks_as_every_command_does(tmp_path):
     from engine import trust
     from engine.project import load_project
 
-    p = load_project(_project(tmp_path, {"act": {"path": "tests.engine.interop_models:Swish"}}))
+    p = load_project(_project(tmp_path, {"act": {"path": "tests.models.interop_models:Swish"}}))
     trust.interactive()
-    with pytest.raises(trust.NotTrusted, match=r"imports code of its own \(tests.engine.interop_models:Swish\); "
+    with pytest.raises(trust.NotTrusted, match=r"imports code of its own \(tests.models.interop_models:Swish\); "
                                                r"a screenshot runs it only once you trust the project"):
         trust.require_consent(p, "a screenshot")
     with trust.allowing(trust.needs_consent(p)):

@@ -8,7 +8,7 @@ from pathlib import Path
 from app.cli import main
 from engine.project import load_project
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "resources" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "resources" / "examples"
 
 
 def test_plan_json_for_the_projects_placement(capsys):

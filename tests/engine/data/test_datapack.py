@@ -17,8 +17,7 @@ from engine.data.inspection import inspect_source, inspect_text
 from engine.data.pack import pack_array, pack_shards, pack_text
 from engine.runtime.datasets import DataError, open_source
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_datasets import make_images, make_npz  # noqa: E402
+from tests.engine.runtime.test_datasets import make_images, make_npz
 
 
 def leftovers(folder: Path) -> list[str]:

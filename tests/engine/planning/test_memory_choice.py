@@ -19,7 +19,7 @@ from engine.planning.planner import checkpoint_units, format_plan, make_plan
 from engine.project import load_project, save_project
 from engine.runtime.plan import PlanError, RunPlan
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "resources" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "resources" / "examples"
 
 
 def proj(name: str):

@@ -1,7 +1,7 @@
 """Runs several distributed layouts in ONE torchrun launch (process start costs
 seconds on 2 cores; a layout costs a fraction of one).
 
-    torchrun --nproc-per-node N tests/engine/_dist_worker.py JOBS.json
+    torchrun --nproc-per-node N tests/engine/runtime/_dist_worker.py JOBS.json
 
 JOBS.json: a list of {"run_dir": ..., "resume": bool, "copy_from": {"src": DIR,
 "step": N} (optional), "plan": {...} (optional: replaces run.json's plan)}.
@@ -16,7 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -1,7 +1,7 @@
 """The planner: validation messages with numbers and the setting to change, plan
 document contents (layouts in DTensor and OneFlow names, communication, memory,
 bubble), batch-dependent warnings, auto-placement. No processes are started here;
-tests/engine/test_dist_equivalence.py checks the predictions against real ranks."""
+tests/engine/runtime/test_dist_equivalence.py checks the predictions against real ranks."""
 from __future__ import annotations
 
 import json
@@ -17,7 +17,7 @@ from engine.planning.cost import bubble_fraction, local_cpu
 from engine.planning.planner import chunk_len, format_plan, make_plan, mesh_ranks
 from engine.project import load_project
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "resources" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "resources" / "examples"
 
 
 def proj(name: str):
@@ -348,7 +348,7 @@ def test_auto_place_cuts_stages_under_a_memory_limit():
     compiled = compile_graph(p.graph)
     ddp2 = make_plan(p, 2, placement={"dp": 2}).doc["devices"][0]["memory"]["total_bytes"]
     small = replace(local_cpu(), memory_bytes=ddp2 - 1)  # plain data parallel no longer fits
-    p.placement.memory_savings = "off"  # (with "auto" the planner checkpoints instead: tests/engine/test_memory_choice.py)
+    p.placement.memory_savings = "off"  # (with "auto" the planner checkpoints instead: tests/engine/planning/test_memory_choice.py)
     a = auto_place(p, 2, small, compiled)
     assert a.plan.memory_savings is None and a.plan.run.checkpoint == []
     assert a.plan.ok and (a.placement["pp"] > 1 or a.placement["tp"] > 1 or a.placement["data_parallel"] == "fsdp")

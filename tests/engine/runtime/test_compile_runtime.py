@@ -20,7 +20,7 @@ from engine.runtime.model import build_graph_module
 from engine.runtime.train import run
 from engine.runs.tail import read_metrics
 
-EX = Path(__file__).resolve().parents[2] / "resources" / "examples"
+EX = Path(__file__).resolve().parents[3] / "resources" / "examples"
 RTOL = 1e-4
 
 
@@ -249,9 +249,6 @@ def test_a_compiled_run_stopped_and_resumed_eagerly_and_compiled_goes_on_the_sam
 
 
 def imported_gpt(tmp_path: Path, blocks: int = 2) -> Project:
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from real_models import GPT
 
     from engine.interop import save_imported

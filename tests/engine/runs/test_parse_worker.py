@@ -19,7 +19,7 @@ import pytest
 from engine.runs.parse_worker import ParseWorker
 from engine.runs.tail import parse_chunk
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def chunk(start: int, n: int, nan_every: int = 0) -> bytes:

@@ -17,7 +17,7 @@ from torch import nn
 from engine.runtime import float8
 from engine.runtime.float8 import float8_problem
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "resources" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "resources" / "examples"
 
 needs_torchao = pytest.mark.skipif(not float8.has_torchao(),
                                    reason="torchao is not installed (the float8 extra: pip install torchao)")

@@ -18,8 +18,8 @@ from engine.runs.tail import read_metrics
 
 Image = pytest.importorskip("PIL.Image")
 
-ROOT = Path(__file__).resolve().parents[2]
-WORKER = ROOT / "tests" / "engine" / "_dist_worker.py"
+ROOT = Path(__file__).resolve().parents[3]
+WORKER = Path(__file__).with_name("_dist_worker.py")
 COLOURS = ((220, 40, 40), (40, 200, 60), (50, 70, 230))
 
 

@@ -3,7 +3,7 @@ tie), cut across pipeline stages (issue 43, item 1): each stage keeps a copy, th
 gradients are summed every step, and the run equals one process step for step, at pp=2,
 with gradient clipping, and at pp=2 x dp=2 (FSDP2, and DDP's averaging); the copies stay bit-identical; a checkpoint
 written at pp=2 resumes in one process and one written in one process resumes at pp=2.
-Real torchrun processes (gloo), the imported GPT of tests/engine/real_models.py."""
+Real torchrun processes (gloo), the imported GPT of tests/models/real_models.py."""
 from __future__ import annotations
 
 import json

@@ -1,6 +1,6 @@
 """Real architectures come in through torch.export and stay themselves.
 
-Each model of tests/engine/real_models.py (written like its public reference code)
+Each model of tests/models/real_models.py (written like its public reference code)
 imports, and then, from the saved project and weights file, as a user would:
 computes what the source computes on a batch size it was not imported with, exports
 to ONNX that onnxruntime runs to the same outputs, plans a pp=2 cut, and trains.
@@ -28,7 +28,7 @@ from engine.runs.tail import read_metrics
 
 from real_models import GPT, VISION, SharedTwice
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MODELS = {**{k: (c, s, "float32") for k, (c, s) in VISION.items()}, "gpt": (GPT, [16], "int64")}
 
 
@@ -115,7 +115,7 @@ def test_gpt_keeps_its_tied_embedding_and_learns_next_tokens(tmp_path):
     ds = project.training.dataset
     assert (ds.kind, ds.task, ds.seq_len, ds.vocab_size) == ("synthetic_sequence", "next_token", 16, 40)
 
-    # a pipeline cut between the embedding and the head: each stage keeps a copy (tests/engine/test_dist_tied.py)
+    # a pipeline cut between the embedding and the head: each stage keeps a copy (tests/engine/runtime/test_dist_tied.py)
     cut = make_plan(project, 2, placement={"pp": 2, "microbatches": 2})
     assert cut.ok and any("tied weights" in n and "transformer_wte" in n and "lm_head" in n for n in cut.notes)
 

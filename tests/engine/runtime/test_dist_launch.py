@@ -20,7 +20,7 @@ from engine.runtime.spec import RunSpec
 from remote.launch.local import launch_local
 from remote.launch.procs import alive
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MLP = ROOT / "resources" / "examples" / "mlp_digits.lflow"
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("torchrun")]
@@ -60,14 +60,14 @@ def test_train_refuses_a_placement_that_cannot_run(tmp_path, capsys):
 
 def test_failing_rank_traceback_is_reported(tmp_path):
     p = load_project(MLP)
-    p.graph.add_node("Custom", {"path": "tests.engine._dist_fail:FailsOnRank1"}, id="bug")
+    p.graph.add_node("Custom", {"path": "tests.engine.runtime._dist_fail:FailsOnRank1"}, id="bug")
     e = p.graph.outgoing("act1")[0]
     p.graph.disconnect(e)
     p.graph.connect("act1", "out", "bug", "in")
     p.graph.connect("bug", "out", e.dst, e.dst_port)
     from engine import trust
 
-    with trust.allowing(["tests.engine._dist_fail:FailsOnRank1"]):  # the user trusts their own layer
+    with trust.allowing(["tests.engine.runtime._dist_fail:FailsOnRank1"]):  # the user trusts their own layer
         d = prepare_run(p, tmp_path / "run", steps=3, placement={"dp": 2})
     job = launch_local(d, 2)
     assert job.wait(timeout=300) != 0

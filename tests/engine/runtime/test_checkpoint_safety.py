@@ -23,7 +23,7 @@ from engine.runs.build import prepare_run
 from engine.runtime import dist_checkpoint
 from engine.runtime.train import run
 from engine.runs.tail import read_metrics
-from tests.engine.test_train import dropout_project, losses
+from tests.engine.runtime.test_train import dropout_project, losses
 
 
 class Canary:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_run_formats import small_project
+from tests.engine.runtime.test_run_formats import small_project
 
 from engine.runs.build import prepare_run
 from engine.runtime.records import run_settings
@@ -24,7 +24,7 @@ from engine.runs.tracking import (
     log_runs,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
 pytest.importorskip("sqlalchemy", reason="MLflow's sqlite store needs sqlalchemy (the mlflow extra)")
 

@@ -73,7 +73,7 @@ def test_blocks_are_units_top_down_and_lay_out_leaves_the_graph_alone():
 def test_cli_layout_direction_writes_it_and_lays_out_again(tmp_path):
     path = save_project(Project(chain_with_skip(), name="skip"), tmp_path / "skip.lflow")
     r = subprocess.run([sys.executable, "main.py", "layout", str(path), "--direction", "TB"],
-                       capture_output=True, text=True, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
+                       capture_output=True, text=True, cwd=str(__import__("pathlib").Path(__file__).parents[3]))
     assert r.returncode == 0, r.stderr
     assert "top down" in r.stdout
     p = load_project(path)

@@ -16,7 +16,7 @@ from engine.runs.build import new_run_dir
 from engine.runs.history import list_runs, runs_dir
 from layerflow.prepare import prepare_training
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MLP = ROOT / "resources" / "examples" / "mlp_digits.lflow"
 
 

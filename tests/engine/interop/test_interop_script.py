@@ -18,7 +18,7 @@ from engine.runs.tail import read_metrics
 
 from interop_models import project_with_weights
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EX = ROOT / "resources" / "examples"
 STEPS = 6
 

@@ -1,6 +1,6 @@
 """Issue 43, items 2-4: imports that check themselves on real tokens, drop dead calls,
 keep a value computed once, and name what they cannot bring in (models written like
-their public reference code: tests/engine/issue43_models.py)."""
+their public reference code: tests/models/reference_models.py)."""
 from __future__ import annotations
 
 import pytest
@@ -59,7 +59,7 @@ def test_token_inputs_are_checked_on_random_ids_within_the_vocabulary(monkeypatc
 
 
 def test_calls_whose_results_reach_no_output_are_not_imported():
-    from issue43_models import HFEncoder
+    from reference_models import HFEncoder
 
     torch.manual_seed(0)
     model = HFEncoder().eval()
@@ -84,7 +84,7 @@ def test_a_torchvision_style_convnext_comes_in_from_its_onnx_export(tmp_path):
     import onnx
 
     from engine.interop import import_onnx
-    from issue43_models import ConvNeXtTV
+    from reference_models import ConvNeXtTV
 
     torch.manual_seed(0)
     model = ConvNeXtTV().eval()
@@ -114,7 +114,7 @@ def test_an_lm_returning_last_position_logits_gets_a_loss_and_data_that_train_it
     from engine.runs.build import prepare_run
     from engine.runtime.train import run
     from engine.runs.tail import read_metrics
-    from issue43_models import gpt_last_logits
+    from reference_models import gpt_last_logits
 
     torch.manual_seed(0)
     imp = from_module(gpt_last_logits().eval(), [[16]], ["int64"])
@@ -136,7 +136,7 @@ def test_an_lm_returning_last_position_logits_gets_a_loss_and_data_that_train_it
 def _t5(tmp_path):
     from engine.interop import save_imported
     from engine.project import load_project
-    from issue43_models import T5Encoder
+    from reference_models import T5Encoder
 
     torch.manual_seed(0)
     model = T5Encoder().eval()
@@ -185,7 +185,7 @@ def test_an_onnx_export_failure_names_the_node_and_operator(tmp_path):
 
 
 def test_training_only_auxiliary_classifiers_are_named_at_import():
-    from issue43_models import GoogLeNet
+    from reference_models import GoogLeNet
 
     torch.manual_seed(0)
     model = GoogLeNet().eval()
@@ -236,7 +236,7 @@ def test_shifted_window_attention_with_its_mask_built_in_forward_equals_its_sour
     from engine.interop import save_imported
     from engine.project import load_project
     from engine.runtime.model import load_weights
-    from issue43_models import SwinTransformer
+    from reference_models import SwinTransformer
 
     torch.manual_seed(0)
     model = SwinTransformer().eval()

@@ -13,10 +13,9 @@ from engine.runs.build import prepare_run
 from engine.runtime.train import run
 from engine.runs.tail import read_metrics
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "engine"))
-from test_run_formats import small_project
+from tests.engine.runtime.test_run_formats import small_project
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*args, env=None):
@@ -54,3 +53,23 @@ def test_track_uri_saved(tmp_path):
     assert cli("track", "uri", env=env).stdout.strip() == uri
     assert cli("track", "uri", "--clear", env=env).returncode == 0
     assert cli("track", "uri", env=env).stdout.strip() == "(none)"
+
+
+def test_the_editor_and_the_command_share_one_saved_uri_and_an_older_one_is_read(tmp_path, monkeypatch):
+    """The URI is a plain file of the config folder (the commands read it without Qt); the
+    editor's Settings read and write that same file; a URI an older version kept in the
+    editor's gui.ini is still the saved one until the user sets another."""
+    from app.settings import Settings
+    from engine.runs.tracking import saved_uri
+
+    cfg = tmp_path / "cfg"
+    monkeypatch.setenv("LAYERFLOW_CONFIG_DIR", str(cfg))
+    cfg.mkdir()
+    (cfg / "gui.ini").write_text("[General]\nmlflow_uri=sqlite:////old/m.db\ntheme=dark\n")
+    assert saved_uri() == "sqlite:////old/m.db" == Settings(cfg).mlflow_uri()
+    env = {"LAYERFLOW_CONFIG_DIR": str(cfg), "QT_QPA_PLATFORM": "offscreen"}
+    assert cli("track", "uri", env=env).stdout.strip() == "sqlite:////old/m.db"
+    Settings(cfg).set_mlflow_uri("http://127.0.0.1:5000")
+    assert cli("track", "uri", env=env).stdout.strip() == "http://127.0.0.1:5000"
+    assert cli("track", "uri", "--clear", env=env).returncode == 0
+    assert Settings(cfg).mlflow_uri() is None  # cleared: the old gui.ini value does not come back

@@ -15,7 +15,7 @@ from engine.runtime.records import RunStatus
 from engine.runs.sweep import Sweep, SweepError, check_sweep, load_sweep
 from remote.sweep_queue import SweepRunner
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "resources" / "examples" / "mlp_digits.lflow"
+EXAMPLE = Path(__file__).resolve().parents[3] / "resources" / "examples" / "mlp_digits.lflow"
 
 
 @pytest.fixture

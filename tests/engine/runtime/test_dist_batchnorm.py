@@ -6,7 +6,7 @@ under DDP and FSDP2 trains to the single-process losses and running statistics;
 without it each replica normalizes by its own half and the losses differ. A 2-stage
 pipeline with 2 micro-batches normalizes per micro-batch: it equals one process with
 training.grad_accumulation 2. One torchrun launch runs all the layouts
-(tests/engine/_dist_worker.py); the exported script runs under torchrun too.
+(tests/engine/runtime/_dist_worker.py); the exported script runs under torchrun too.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from engine.planning.planner import make_plan
 from engine.project import load_project
 from engine.runs.build import prepare_run
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WORKER = Path(__file__).with_name("_dist_worker.py")
 STEPS = 20
 RTOL = 1e-4

@@ -22,7 +22,7 @@ from engine.runtime.datasets import (DataError, StepLoader, eval_batches, finger
                                      sample_seed)
 from engine.runtime.datasets import arrays as arrays_mod
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 # ---- generated data ------------------------------------------------------------------

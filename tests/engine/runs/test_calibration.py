@@ -16,7 +16,7 @@ from engine.runs.build import prepare_run
 from engine.runtime.spec import RunSpec
 from engine.runtime.train import run
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

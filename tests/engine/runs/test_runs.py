@@ -20,7 +20,7 @@ from engine.runs.history import (confusion_matrix, delete_run, failure_report, i
 from engine.runtime.train import run
 from engine.runs.tail import read_metrics
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EX = ROOT / "resources" / "examples"
 
 

@@ -9,7 +9,7 @@ import pytest
 from engine.diagram.graph import ASSIGNMENT_CHANGED, Graph, GraphError, NodeAssignment
 from engine.project import Placement, load_project, loads_project
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MLP = ROOT / "resources" / "examples" / "mlp_digits.lflow"
 
 

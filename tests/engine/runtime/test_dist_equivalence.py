@@ -23,7 +23,7 @@ from engine.planning.planner import make_plan
 from engine.project import load_project
 from engine.runs.build import prepare_run
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "resources" / "examples"
 WORKER = Path(__file__).with_name("_dist_worker.py")
 STEPS = 20

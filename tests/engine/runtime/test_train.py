@@ -13,7 +13,7 @@ from engine.runtime.steps import lr_lambda
 from engine.runtime.train import run
 from engine.runs.tail import read_metrics
 
-EX = Path(__file__).resolve().parents[2] / "resources" / "examples"
+EX = Path(__file__).resolve().parents[3] / "resources" / "examples"
 
 
 def losses(run_dir):
@@ -260,7 +260,7 @@ def test_a_torchrun_restart_resumes_from_the_latest_checkpoint(tmp_path):
 
     with pytest.raises(RuntimeError):
         run(rd, progress=crash_at_27)
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     env = dict(os.environ, TORCHELASTIC_RESTART_COUNT="1", PYTHONPATH=str(root))
     r = subprocess.run([sys.executable, "-m", "engine.runtime.train", str(rd)], cwd=root, env=env,
                        capture_output=True, text=True, timeout=300)

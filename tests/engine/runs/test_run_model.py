@@ -287,7 +287,7 @@ def test_predict_a_folder_of_images_from_the_command_line(tmp_path):
     rng = np.random.default_rng(0)
     for name in ("a.png", "sub/b.png"):
         Image.fromarray(rng.integers(0, 255, (12, 10, 3), dtype=np.uint8)).save(pics / name)
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     r = subprocess.run([sys.executable, str(root / "main.py"), "predict", str(path), "--run", str(rd), "--input",
                         str(pics), "--top", "2", "-o", str(tmp_path / "out.npy")],
                        capture_output=True, text=True, timeout=300, check=False)
