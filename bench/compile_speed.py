@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tests" / "engine"))  # the GPT of the tests (nanoGPT's architecture)
+sys.path.insert(0, str(ROOT / "tests" / "models"))  # the GPT of the tests (nanoGPT's architecture)
 
 import torch  # noqa: E402
 

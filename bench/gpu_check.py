@@ -47,7 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tests" / "engine"))  # real_models.py: the architectures as their reference code writes them
+sys.path.insert(0, str(ROOT / "tests" / "models"))  # real_models.py: the architectures as their reference code writes them
 
 import dist_overhead as bench  # noqa: E402
 

@@ -1,7 +1,7 @@
 """The one-device half of bench/gpu_check.py: what a single GPU (or, with --cpu-smoke,
 the CPU) does with Layerflow's runtime. Imported by gpu_check.py; not a script.
 
-For a real architecture (written as its reference code writes it, tests/engine/
+For a real architecture (written as its reference code writes it, tests/models/
 real_models.py), imported with `from_module`, it trains the same weights on the same
 batches twice: with Layerflow's runtime (engine/runtime/train.py, in this process)
 and with a plain loop a person writes by hand around the original nn.Module. Both

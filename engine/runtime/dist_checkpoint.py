@@ -370,7 +370,7 @@ def _refusal(exc: CheckpointException) -> UnsafeCheckpoint | None:
 
 
 def _load_full(model: nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict, optim_sd: dict) -> None:
-    """A whole-model state (train.Trainer's) into this rank's part of the model.
+    """A whole-model state (trainer.Trainer's) into this rank's part of the model.
 
     torch.optim keys state by parameter index in the single-process model's order
     (= the full model's named_parameters order); DCP's state_dict API wants names."""

@@ -700,7 +700,7 @@ def test_the_package_gives_its_public_names():
     import widgets.dashboard as package
 
     modules = [importlib.import_module(f"widgets.dashboard.{m}")
-               for m in ("series", "buffers", "runs", "segments", "axis", "confusion", "widget")]
+               for m in ("series", "buffers", "ingest", "segments", "axis", "confusion", "widget")]
     for name in package.__all__:
         assert any(getattr(package, name) is getattr(m, name, None) for m in modules), name
     assert package.Dashboard is Dashboard and "Dashboard" in dir(package)

@@ -38,7 +38,7 @@ def parallelize(full: nn.Module, plan: RunPlan, mesh: DeviceMesh, device: torch.
     if plan.sync_batchnorm and plan.dp > 1:
         # batch statistics over the whole data-parallel batch (torch's SyncBatchNorm on GPUs,
         # sync_bn.py's all-reduce version on CPU, where torch has none)
-        from .sync_bn import convert_sync_batchnorm
+        from ..sync_bn import convert_sync_batchnorm
 
         mod = convert_sync_batchnorm(mod, mesh["dp"].get_group(), device)
     if plan.tp > 1:

@@ -105,7 +105,7 @@ def test_cli_track_mlflow(finished_run, tmp_path):
 
 
 def test_train_hook_start_mlflow(tmp_path, monkeypatch):
-    """app/cli_track.start_mlflow, what `train --mlflow URI` calls around its training."""
+    """app/cli/track_cmds.start_mlflow, what `train --mlflow URI` calls around its training."""
     from mlflow.tracking import MlflowClient
 
     from app.cli.cli_errors import CliError

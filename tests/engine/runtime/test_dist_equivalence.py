@@ -185,7 +185,7 @@ def _launch_all(tmp_path_factory):
     jobs2.append({"run_dir": str(tmp / "resume_tp"), "copy_from": {"src": str(out["ddp"][1]), "step": 10},
                   "plan": mlp_tp.runtime_plan(), "resume": True})
     out["resume_tp"] = ("mlp_digits", tmp / "resume_tp", mlp_tp)
-    # a single-process checkpoint (train.Trainer writes DCP without a process group) resumed by FSDP2 on 2 ranks
+    # a single-process checkpoint (trainer.Trainer writes DCP without a process group) resumed by FSDP2 on 2 ranks
     mlp_fsdp = make_plan(_project("mlp_digits"), 2, placement={"dp": 2, "data_parallel": "fsdp"})
     jobs2.append({"run_dir": str(tmp / "resume_from_single"), "copy_from": {"src": str(tmp / "ref_mlp_digits"), "step": 10},
                   "plan": mlp_fsdp.runtime_plan(), "resume": True})
