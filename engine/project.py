@@ -44,6 +44,19 @@ class Schedule(Strict):
     min_lr_ratio: float = Field(0.0, ge=0, le=1)  # cosine: floor as a fraction of lr
 
 
+class Restarts(Strict):
+    """What a run does when a rank fails or hangs (engine/runtime/recovery.py): it resumes
+    from its latest checkpoint by itself, up to max_restarts times (torchrun's
+    --max-restarts), waiting backoff_s before the first restart and twice as long before
+    each next one (at most 60 s); the same error twice at the same step stops it at once.
+    A rank with no step for hang_timeout_s (None: 30 times the measured step time, at
+    least 120 s) is treated as failed."""
+
+    max_restarts: int = Field(3, ge=0, le=100)
+    backoff_s: float = Field(2.0, ge=0, le=600, allow_inf_nan=False)
+    hang_timeout_s: Optional[float] = Field(None, gt=0, le=86_400, allow_inf_nan=False)
+
+
 class Training(Strict):
     dataset: Dataset = Field(default_factory=lambda: SyntheticClassification(kind="synthetic_classification"), discriminator="kind")
     optimizer: Optimizer = Field(default_factory=Optimizer)
@@ -71,6 +84,7 @@ class Training(Strict):
     # block, as torchtitan compiles each transformer block); whole. The first compile's time
     # is logged and left out of the step time; a block that fails to compile runs eagerly
     compile: Literal["off", "blocks", "whole"] = "off"
+    restarts: Restarts = Field(default_factory=Restarts)  # after a failed or hung rank (above)
 
     def warnings(self) -> list[str]:
         """Settings that are valid but almost surely a mistake (a run with them trains to
@@ -391,6 +405,8 @@ class Project:
             out["best_metric"] = True
         if self.training.compile == "off":
             out["compile"] = True
+        if self.training.restarts == Restarts():
+            out["restarts"] = True
         if getattr(self.training.dataset, "task", None) == "classify":
             out["dataset"] = {"task"}
         return out

@@ -51,14 +51,15 @@ from .folder import (  # noqa: F401
 from .steps import (  # noqa: F401
     compute_loss, correct_count, lr_lambda, make_optimizer, peak_mem_mb, rng_state, seed_all, set_rng_state,
 )
-from .records import pid_alive
+from .records import RunStatus, pid_alive
+from .recovery import Decision, HangWatch, record_attempt, restart_record, under_agent
 from .tensorboard import TensorBoardLog
 
 ProgressFn = Callable[[int, int, dict], None]
 
 
 def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: ProgressFn | None = None,
-        writes_metrics: bool = True, log=print) -> RunStatus:
+        writes_metrics: bool = True, log=print, attempt: Decision | None = None) -> RunStatus:
     """Trains from step 0 (or, resumed, from the latest checkpoint) to total_steps, or until
     asked to stop; returns the final status (what status.json holds)."""
     tr, total = trainer.spec.training, trainer.total_steps
@@ -66,7 +67,7 @@ def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: Progres
     checkpoints = Checkpointer(trainer, folder, tr.checkpoint_interval,
                                CheckpointPolicy(folder.path, tr.keep_checkpoints, tr.best_metric))
     evaluator = Evaluator(trainer, folder, tr.eval_interval, log)
-    state, start, step = "running", 0, 0
+    state, start, step, watch = "running", 0, 0, None
     with StopSignal() as stop:
         try:
             start = step = folder.open(checkpoints.load_latest(log) if resume else None,
@@ -79,11 +80,16 @@ def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: Progres
             compiled = trainer.warm_up(start, log) if hasattr(trainer, "warm_up") else None
             if compiled:
                 folder.write({"step": start, "time": round(folder.elapsed(), 4), **compiled})
+            if attempt is not None and folder.writer:  # (rank 0) this attempt in the run's lineage
+                _record_attempt(trainer, folder, attempt, start)
+            watch = HangWatch(folder.path, trainer.rank, tr.restarts.hang_timeout_s, log) if under_agent() else None
             metrics = MetricLogger(trainer, folder, start, tr.log_interval)
             while step < total:
                 # the hot path: the loss stays on the device; nothing waits for the step to end
                 metrics.add(trainer.train_step(step))
                 step += 1
+                if watch is not None:
+                    watch.step_done()
                 if not (metrics.due(step) or evaluator.due(step) or checkpoints.due(step)
                         or (stop.requested and not trainer.distributed)):  # (distributed: at log steps, agreed)
                     continue
@@ -101,6 +107,8 @@ def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: Progres
                     state = "cancelled"
                     break
                 metrics.restart_clock()  # (evaluating and checkpointing took no step's time)
+                if watch is not None:
+                    watch.pause()
             else:
                 state = "succeeded"
                 if folder.writer or trainer.distributed:  # distributed: a collective; rank 0 writes
@@ -113,6 +121,8 @@ def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: Progres
             state = "failed"
             raise folder.failed(exc, step, log)
         finally:
+            if watch is not None:
+                watch.close()
             trainer.data.close()  # (the loader's workers)
             folder.close(state, step, log)
     return folder.status
@@ -139,6 +149,16 @@ def next_log_step(step: int, start: int, fixed: int | None, step_s: float = 0.0)
     if fixed:
         return (step // fixed + 1) * fixed
     return step + log_interval_for(step_s, step - start)
+
+
+def _record_attempt(trainer, folder: RunFolder, attempt: Decision, start: int) -> None:
+    """attempts.jsonl gets this attempt (world, layout, the step it resumed from); a restart
+    also gets a record in metrics.jsonl, after the cut a resume makes."""
+    plan = trainer.spec.plan
+    rec = record_attempt(folder.path, attempt, int(os.environ.get("WORLD_SIZE", "1")),
+                         {"pp": plan.pp, "dp": plan.dp, "tp": plan.tp}, start if start else None)
+    if attempt.attempt > 0:
+        folder.write({**restart_record(rec, start), "time": round(folder.elapsed(), 4)})
 
 
 class MetricLogger:

@@ -24,6 +24,7 @@ from .folder import save_tensors, write_failure
 from .loop import fit
 from .plan import V_SHAPED
 from .records import RankError, RunStatus
+from .recovery import Decision
 from .spec import RunSpec
 from .distributed.stages import top_blocks
 from .steps import compute_loss, eval_sums, peak_mem_mb, seed_all
@@ -244,7 +245,7 @@ def _ended(run_dir: Path) -> bool:
     return st is not None and st.done
 
 
-def run_distributed(run_dir: str | Path, *, resume: bool = False) -> RunStatus:
+def run_distributed(run_dir: str | Path, *, resume: bool = False, attempt: Decision | None = None) -> RunStatus:
     """Every rank runs this; rank 0 writes metrics and status (loop.fit)."""
     run_dir = Path(run_dir)
     rank = int(os.environ.get("RANK", 0))
@@ -261,7 +262,7 @@ def run_distributed(run_dir: str | Path, *, resume: bool = False) -> RunStatus:
             trainer = ParallelTrainer(run_dir, spec, device)
             log(f"rank {rank}: pp {trainer.pp_rank}/{trainer.dims.pp} dp {trainer.dp_rank}/{trainer.dims.dp} "
                 f"tp {trainer.tp_rank}/{trainer.dims.tp} on {device}")
-            status = fit(trainer, run_dir, resume=resume, writes_metrics=rank == 0, log=log)
+            status = fit(trainer, run_dir, resume=resume, writes_metrics=rank == 0, log=log, attempt=attempt)
             peaks = trainer.peak_mem_per_rank()
             if trainer.tied.copies:
                 log(f"tied weights: {trainer.tied.calls} gradient all-reduces, {trainer.tied.seconds:.4f} s")

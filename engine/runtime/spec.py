@@ -122,6 +122,21 @@ class ScheduleSpec:
                    _num(d, "gamma", where, 0.5), _num(d, "min_lr_ratio", where, 0.0))
 
 
+@dataclass(frozen=True)
+class RestartSpec:
+    """training.restarts (engine/project.py Restarts; engine/runtime/recovery.py)."""
+    max_restarts: int = 3
+    backoff_s: float = 2.0
+    hang_timeout_s: float | None = None
+
+    @classmethod
+    def from_json(cls, d, where: str) -> RestartSpec:
+        d = _obj(d, where)
+        _unknown(d, {f.name for f in fields(cls)}, where)
+        return cls(_int(d, "max_restarts", where, 3, 0), _num(d, "backoff_s", where, 2.0),
+                   _num(d, "hang_timeout_s", where, None, optional=True))
+
+
 BEST_METRICS = ("val_loss", "val_acc", "loss")  # val_acc: higher is better; the losses: lower
 COMPILE_MODES = ("off", "blocks", "whole")  # training.compile (runtime/compiling.py MODES)
 
@@ -145,6 +160,7 @@ class TrainingSpec:
     keep_checkpoints: int | None = 3  # the last N checkpoints are kept (and the best); None: all
     best_metric: str = "val_loss"  # what makes a checkpoint the best (loop.py CheckpointPolicy)
     compile: str = "off"  # torch.compile: off, blocks (one per block), whole (runtime/compiling.py)
+    restarts: RestartSpec = field(default_factory=RestartSpec)  # after a failed or hung rank (recovery.py)
 
     @classmethod
     def from_json(cls, d, where: str) -> TrainingSpec:
@@ -160,12 +176,15 @@ class TrainingSpec:
                    _obj(d.get("dataset", {}), f"{where}.dataset"),
                    _int(d, "keep_checkpoints", where, 3, 1, optional=True),
                    _str(d, "best_metric", where, "val_loss", BEST_METRICS),
-                   _str(d, "compile", where, "off", COMPILE_MODES))
+                   _str(d, "compile", where, "off", COMPILE_MODES),
+                   RestartSpec.from_json(d.get("restarts", {}), f"{where}.restarts"))
 
     def to_json(self) -> dict:
         out = _plain(self)
         if out["compile"] == "off":  # (left out at its default: a runtime from before it reads the file)
             del out["compile"]
+        if self.restarts == RestartSpec():
+            del out["restarts"]
         return out
 
 

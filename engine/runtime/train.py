@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import torch
 from .folder import latest_checkpoint, write_failure
 from .loop import ProgressFn, fit
 from .records import RunStatus
+from .recovery import Decision, decide, give_up
 from .spec import RunSpec
 from .steps import seed_all
 from .trainer import Trainer
@@ -34,7 +36,8 @@ def pick_device() -> torch.device:
     return torch.device("cpu")
 
 
-def run(run_dir: str | Path, *, resume: bool = False, progress: ProgressFn | None = None) -> RunStatus:
+def run(run_dir: str | Path, *, resume: bool = False, progress: ProgressFn | None = None,
+        attempt: Decision | None = None) -> RunStatus:
     """Single-process run of a prepared run folder."""
     run_dir = Path(run_dir)
     spec = RunSpec.load(run_dir)
@@ -50,7 +53,7 @@ def run(run_dir: str | Path, *, resume: bool = False, progress: ProgressFn | Non
             log(traceback.format_exc())
             write_failure(run_dir, spec.total_steps, f"{type(exc).__name__}: {exc}")
             raise
-        return fit(trainer, run_dir, resume=resume, progress=progress, log=log)
+        return fit(trainer, run_dir, resume=resume, progress=progress, log=log, attempt=attempt)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,16 +61,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run_dir")
     ap.add_argument("--resume", action="store_true")
     args = ap.parse_args(argv)
-    # torchrun --max-restarts starts the workers again after a failure: go on from the
-    # latest checkpoint instead of training from step 0 again
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    resume = args.resume or (restarted and latest_checkpoint(Path(args.run_dir)) is not None)
+    run_dir = Path(args.run_dir)
+    # torchrun --max-restarts (training.restarts) starts the workers again after a failure:
+    # go on from the latest checkpoint instead of training from step 0 again, unless the
+    # failure is one no restart cures (recovery.decide)
+    spec = RunSpec.load(run_dir)
+    attempt = decide(run_dir, spec.training.restarts.max_restarts, spec.training.restarts.backoff_s)
+    if attempt.stop:
+        if int(os.environ.get("RANK", "0")) == 0:
+            give_up(run_dir, attempt, spec.total_steps, print)
+        return 0  # (every rank alike: the agent must not start them again)
+    time.sleep(attempt.wait_s)
+    resume = args.resume or (attempt.attempt > 0 and latest_checkpoint(run_dir) is not None)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: the distributed trainer
         from .parallel_trainer import run_distributed  # (torch.distributed: imported only under torchrun)
 
-        status = run_distributed(args.run_dir, resume=resume)
+        status = run_distributed(run_dir, resume=resume, attempt=attempt)
     else:
-        status = run(args.run_dir, resume=resume)
+        status = run(run_dir, resume=resume, attempt=attempt)
     return 0 if status.ok else 1
 
 

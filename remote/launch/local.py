@@ -28,6 +28,7 @@ import psutil
 
 from engine.runtime import ENTRY
 from engine.runtime.records import RankError, RunStatus, last_traceback
+from engine.runtime.spec import RunSpec
 from remote.launch import procs
 
 CODE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds engine/
@@ -131,6 +132,9 @@ class LocalJob:
             self._finish(rc)
 
     def _finish(self, rc: int) -> None:
+        st = RunStatus.read(self.run_dir)
+        if rc == 0 and st is not None and st.state == "failed":  # it stopped restarting (recovery.give_up)
+            rc = 1
         self.returncode = rc
         if rc != 0:
             self.failure = failing_rank(self.run_dir)
@@ -180,7 +184,9 @@ def _record_failure(run_dir: Path, rank: int, text: str) -> None:
     st.failed_rank = rank
     st.failure = text.strip().splitlines()[-1][:500] if text.strip() else ""
     first = text.strip().splitlines()[0][:500] if text.strip() else ""
-    if first and first != st.error:  # what the first rank died of, not what its peers saw after
+    if first and first != st.error and not (st.error or "").startswith("stopped restarting"):
+        # what the first rank died of, not what its peers saw after (a run that stopped
+        # restarting keeps saying why; the rank's own line is in `failure`)
         st.peer_error, st.error = st.error, f"rank {rank}: {first}"
     from engine.files import atomic_write
 
@@ -255,7 +261,11 @@ def launch_local(run_dir: str | os.PathLike, nproc: int, *, resume: bool = False
         torchrun = nproc > 1
     if not torchrun and nproc != 1:
         raise ValueError(f"{nproc} processes need torchrun")
+    # training.restarts: torchrun's agent starts every worker again after one fails or hangs
+    # (engine/runtime/recovery.py decides at each start whether to go on)
+    restarts = RunSpec.load(run_dir).training.restarts.max_restarts if torchrun else 0
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           f"--max-restarts={restarts}", "--monitor-interval=1",
            "--log-dir", str(logs / "torchrun"), "--redirects", "3"] if torchrun else [sys.executable]
     cmd += ["-m", ENTRY, str(run_dir)]
     if resume:

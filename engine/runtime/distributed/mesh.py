@@ -39,5 +39,15 @@ def init_distributed() -> torch.device:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend)
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        if restart == 0:
+            dist.init_process_group(backend=backend)
+        else:
+            # after torchrun restarted the workers the agent's store still holds the last
+            # attempt's keys: gloo then read a peer's old address at once and failed
+            # ("connectFullMesh failed ... Connection refused") before the peer wrote its new
+            # one. Each attempt gets keys of its own.
+            store, rank, world = next(dist.rendezvous("env://"))
+            dist.init_process_group(backend=backend, store=dist.PrefixStore(f"layerflow/attempt{restart}/", store),
+                                    rank=rank, world_size=world)
     return device

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from engine.project import load_project, save_project
+from engine.project import Restarts, load_project, save_project
 from engine.runs.build import prepare_run
 from engine.runtime.spec import RunSpec
 from remote.launch.local import launch_local
@@ -156,8 +156,11 @@ def test_cli_resume_under_another_layout(tmp_path):
 
 def test_a_rank_killed_by_a_signal_is_named_with_the_step_reached(tmp_path):
     """SIGKILL leaves no traceback: rank 0 then fails on the lost connection, and only
-    torchrun's root cause says which rank died first."""
-    d = prepare_run(load_project(MLP), tmp_path / "run", steps=100_000, placement={"dp": 2})
+    torchrun's root cause says which rank died first (with no restarts left: a run that
+    restarts itself is tests/engine/runtime/test_recovery.py's)."""
+    p = load_project(MLP)
+    p.training = p.training.model_copy(update={"restarts": Restarts(max_restarts=0)})
+    d = prepare_run(p, tmp_path / "run", steps=100_000, placement={"dp": 2})
     job = launch_local(d, 2)
     metrics = d / "metrics.jsonl"
     deadline = time.time() + 120

@@ -1,0 +1,213 @@
+"""A run that gets over a failed or hung rank by itself.
+
+torchrun's elastic agent does the restarting (`--max-restarts`, training.restarts): it
+starts every worker again after one fails. What this module adds is what the agent does
+not know:
+
+    at each (re)start     decide(): go on, or stop for good (the same error twice at the
+                          same step: no restart cures it); the wait before the restart
+                          (backoff, doubling); the attempt recorded in the one run folder
+                          (attempts.jsonl) and as a "restart" record in metrics.jsonl, the
+                          curves' marker; the run then resumes from its latest checkpoint
+                          (train.py), whose batches are those of an unbroken run, since the
+                          batch of step s is a function of (seed, s)
+    while it runs         HangWatch: a rank with no step for the timeout (fixed, or derived
+                          from the measured step time) ends itself, so the agent restarts
+                          the group: no run waits forever on a stopped or stuck peer
+
+Standard library only (it ships to the nodes).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .records import RankError, RunStatus, write_text_atomic
+
+ATTEMPTS_FILE = "attempts.jsonl"
+RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun's agent: 0, then 1, 2, ... per restart
+HUNG_EXIT = 75  # a rank that ended itself because it saw no step for the hang timeout
+MAX_BACKOFF_S = 60.0
+HANG_FLOOR_S = 120.0  # the derived timeout is never below this (a slow evaluation, a checkpoint)
+HANG_STEPS = 30  # ... and is this many measured step times
+
+
+def attempt_number() -> int:
+    """0 for a run's first start; k for torchrun's k-th restart of its workers."""
+    try:
+        return max(0, int(os.environ.get(RESTART_ENV, "0")))
+    except ValueError:
+        return 0
+
+
+def read_attempts(run_dir: Path) -> list[dict]:
+    """Every attempt recorded so far (attempts.jsonl), oldest first; unreadable lines skipped."""
+    try:
+        lines = (Path(run_dir) / ATTEMPTS_FILE).read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def previous_failure(run_dir: Path) -> dict:
+    """How the attempt before this one ended: {step, error, rank, at}. The error is the one
+    of the rank that failed first (its logs/rank{R}.error; those of earlier attempts were
+    cleared when the attempt after them was recorded),
+    not what its peers saw after it (a closed connection, whose text changes from run to
+    run); else status.json's. A status still saying running: the attempt ended without a
+    word (a rank killed by a signal, or hung)."""
+    run_dir = Path(run_dir)
+    st = RunStatus.read(run_dir) or RunStatus()
+    try:
+        at = round((run_dir / "status.json").stat().st_mtime, 3)
+    except OSError:
+        at = None
+    errors = [e for e in map(RankError.read, (run_dir / "logs").glob("rank*.error")) if e is not None]
+    first = min(errors, key=lambda e: e.time) if errors else None
+    if first is not None:
+        error, rank = first.error, first.rank
+    else:
+        error = "ended without a word (a rank was killed or hung)" if st.state == "running" else (st.error or st.state)
+        rank = st.failed_rank
+    return {"step": st.step, "error": error, "rank": rank, "at": at}
+
+
+@dataclass
+class Decision:
+    attempt: int
+    stop: str | None  # why no restart can cure it; None: go on
+    failure: dict | None  # how the previous attempt ended (None on a first start)
+    wait_s: float  # the backoff before this attempt starts
+    at: float = 0.0  # when it was decided: error files older than this are the previous attempts'
+
+
+def decide(run_dir: Path, max_restarts: int, backoff_s: float) -> Decision:
+    """What this (re)start does. Every rank decides alike from the same files, written by
+    earlier attempts only, so they agree without talking."""
+    k, now = attempt_number(), time.time()
+    if k == 0:
+        return Decision(0, None, None, 0.0, now)
+    failure = previous_failure(run_dir)
+    earlier = [a.get("after") for a in read_attempts(run_dir) if isinstance(a.get("after"), dict)]
+    if earlier and (earlier[-1].get("step"), earlier[-1].get("error")) == (failure["step"], failure["error"]):
+        why = (f"the same error twice at step {failure['step']} ({failure['error']}): a restart does not cure it; "
+               f"fix it and resume the run (train --resume)")
+        return Decision(k, why, failure, 0.0, now)
+    return Decision(k, None, failure, min(MAX_BACKOFF_S, backoff_s * 2 ** (k - 1)), now)
+
+
+def record_attempt(run_dir: Path, decision: Decision, world: int, layout: dict, resumed_from: int | None) -> dict:
+    """Rank 0 appends this attempt to attempts.jsonl: when, on what world and layout, from
+    which checkpoint, and how the attempt before it ended ("after")."""
+    rec = {"attempt": decision.attempt, "started": round(time.time(), 3), "world": world, "layout": layout,
+           "resumed_from": resumed_from}
+    if decision.failure is not None:
+        rec["after"] = decision.failure
+    if decision.wait_s:
+        rec["waited_s"] = round(decision.wait_s, 3)
+    with open(Path(run_dir) / ATTEMPTS_FILE, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    for p in (Path(run_dir) / "logs").glob("rank*.error"):  # counted in "after": the next decide reads only new ones
+        e = RankError.read(p)
+        if e is not None and e.time < decision.at:
+            p.unlink(missing_ok=True)
+    return rec
+
+
+def restart_record(rec: dict, start: int) -> dict:
+    """The metrics.jsonl record of a restart (the dashboard's marker): which attempt, from
+    which step, why, and how long the run was down (failure to this attempt's start)."""
+    after = rec.get("after") or {}
+    out = {"step": start, "event": "restart", "attempt": rec["attempt"], "reason": after.get("error"),
+           "failed_at_step": after.get("step"), "world": rec.get("world")}
+    if after.get("at") is not None:
+        out["down_s"] = round(max(0.0, rec["started"] - after["at"]), 3)
+    return out
+
+
+def under_agent() -> bool:
+    """Started by torchrun's agent, which restarts the workers when one ends."""
+    return RESTART_ENV in os.environ
+
+
+def give_up(run_dir: Path, decision: Decision, total_steps: int | None, log) -> None:
+    """Rank 0 writes the run's end: failed, and why it stopped restarting."""
+    st = RunStatus.read(run_dir) or RunStatus(total_steps=total_steps)
+    st.state, st.ended, st.error = "failed", time.time(), f"stopped restarting: {decision.stop}"
+    st.write(run_dir)
+    log(f"attempt {decision.attempt}: {st.error}")
+
+
+class HangWatch:
+    """Ends this rank when no step ends for `timeout_s` (fixed), or, with None, for
+    HANG_STEPS times the mean step time measured so far (at least HANG_FLOOR_S). Armed from
+    the first step on (a first compile or a resume's load count for nothing). Ending the
+    process (not raising) is the only way out of a collective that waits on a stopped peer;
+    the agent then restarts the group."""
+
+    def __init__(self, run_dir: Path, rank: int, timeout_s: float | None, log, period_s: float = 1.0):
+        self.run_dir, self.rank, self.fixed, self.log = Path(run_dir), rank, timeout_s, log
+        self.period_s = min(period_s, timeout_s / 4) if timeout_s else period_s
+        self.last = None  # monotonic time of the last step's end
+        self.steps, self.busy_s = 0, 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def timeout(self) -> float:
+        if self.fixed:
+            return self.fixed
+        mean = self.busy_s / self.steps if self.steps else 0.0
+        return max(HANG_FLOOR_S, HANG_STEPS * mean)
+
+    def step_done(self) -> None:
+        now = time.monotonic()
+        if self.last is not None:
+            self.steps += 1
+            self.busy_s += now - self.last
+        self.last = now
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="layerflow-hang-watch", daemon=True)
+            self._thread.start()
+
+    def pause(self) -> None:
+        """Evaluation and checkpoints are not steps: the clock starts again after them."""
+        self.last = time.monotonic()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.period_s):
+            idle = time.monotonic() - (self.last or time.monotonic())
+            if idle > self.timeout():
+                self._end(idle)
+
+    def _end(self, idle: float) -> None:
+        why = f"no step for {idle:.0f} s (hang timeout {self.timeout():.0f} s): this rank is treated as failed"
+        try:
+            self.log(f"rank {self.rank}: {why}")
+            logs = self.run_dir / "logs"
+            logs.mkdir(exist_ok=True)
+            write_text_atomic(logs / f"rank{self.rank}.error", json.dumps(RankError(self.rank, time.time(), why).to_json()))
+            if self.rank == 0:
+                st = RunStatus.read(self.run_dir)
+                if st is not None and st.state == "running":
+                    st.state, st.ended, st.error = "failed", time.time(), why
+                    st.write(self.run_dir)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(HUNG_EXIT)

@@ -1,0 +1,156 @@
+"""A run that gets over a lost rank by itself (engine/runtime/recovery.py, training.restarts):
+real torchrun processes on this machine, a rank killed with SIGKILL or stopped with SIGSTOP
+mid-run, and the run's losses compared with an unbroken run's, step for step."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.project import Restarts, load_project
+from engine.runs.build import prepare_run
+from engine.runtime.recovery import decide, read_attempts
+from engine.runtime.records import RankError, RunStatus
+from remote.launch.local import launch_local
+from remote.launch.procs import alive, descendants
+
+ROOT = Path(__file__).resolve().parents[3]
+MLP = ROOT / "resources" / "examples" / "mlp_digits.lflow"
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("torchrun")]
+
+
+def _project(steps: int, restarts: Restarts | None = None):
+    p = load_project(MLP)
+    p.training = p.training.model_copy(update={"steps": steps, "checkpoint_interval": 40, "eval_interval": 10_000,
+                                               "log_interval": 1, "restarts": restarts or Restarts(backoff_s=0.5)})
+    return p
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in recs if "loss" in r]
+    assert len(steps) == len(set(steps)), "a step is in metrics.jsonl twice"
+    return {r["step"]: r["loss"] for r in recs if "loss" in r}
+
+
+def _rank_pid(job, rank: int) -> int:
+    for pid in descendants(job.pid):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if f"LOCAL_RANK={rank}".encode() in env and b"engine.runtime.train" in cmd and alive(pid):
+            return pid
+    raise AssertionError(f"rank {rank} not found")
+
+
+def _wait_for_step(run_dir: Path, step: int, timeout: float = 180) -> None:
+    """Until metrics.jsonl has reached `step` (and the checkpoint before it is written)."""
+    end = time.time() + timeout
+    while time.time() < end:
+        st = RunStatus.read(run_dir)
+        if st is not None and st.step >= step and (run_dir / "checkpoints").exists():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the run did not reach step {step}")
+
+
+@pytest.fixture(scope="module")
+def unbroken(tmp_path_factory):
+    """The same run with nothing killed: the losses each recovered run must equal."""
+    d = prepare_run(_project(400), tmp_path_factory.mktemp("unbroken") / "run", placement={"dp": 2})
+    assert launch_local(d, 2).wait(timeout=300) == 0
+    return _losses(d)
+
+
+def test_a_killed_rank_restarts_the_run_which_ends_as_an_unbroken_run(tmp_path, unbroken):
+    d = prepare_run(_project(400), tmp_path / "run", placement={"dp": 2})
+    job = launch_local(d, 2)
+    _wait_for_step(d, 60)
+    os.kill(_rank_pid(job, 1), signal.SIGKILL)
+    assert job.wait(timeout=300) == 0, job.describe_failure()
+    st = RunStatus.read(d)
+    assert st.state == "succeeded" and st.step == 400
+    got = _losses(d)
+    assert sorted(got) == sorted(unbroken) == list(range(1, 401))
+    for s in got:
+        assert got[s] == pytest.approx(unbroken[s], rel=1e-4, abs=1e-6), s
+    attempts = read_attempts(d)
+    assert [a["attempt"] for a in attempts] == [0, 1]
+    assert attempts[0]["layout"] == {"pp": 1, "dp": 2, "tp": 1} and attempts[0]["world"] == 2
+    assert attempts[1]["resumed_from"] in (40, 80, 120) and attempts[1]["after"]["step"] >= 60
+    recs = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    restart = [r for r in recs if r.get("event") == "restart"]  # the curves' marker
+    assert len(restart) == 1 and restart[0]["attempt"] == 1 and restart[0]["step"] == attempts[1]["resumed_from"]
+    assert restart[0]["down_s"] >= 0 and restart[0]["reason"]
+    assert not [p for p in [job.pid, *job.seen] if alive(p)]
+
+
+def test_a_stopped_rank_is_a_hang_the_run_gets_over(tmp_path, unbroken):
+    """SIGSTOP: the rank neither steps nor dies; its peer sees no step for the hang timeout,
+    ends itself, and the agent starts the group again from the checkpoint."""
+    d = prepare_run(_project(400, Restarts(backoff_s=0.5, hang_timeout_s=4)), tmp_path / "run", placement={"dp": 2})
+    job = launch_local(d, 2)
+    _wait_for_step(d, 60)
+    os.kill(_rank_pid(job, 1), signal.SIGSTOP)
+    assert job.wait(timeout=300) == 0, job.describe_failure()
+    assert RunStatus.read(d).state == "succeeded"
+    got = _losses(d)
+    assert sorted(got) == list(range(1, 401))
+    for s in got:
+        assert got[s] == pytest.approx(unbroken[s], rel=1e-4, abs=1e-6), s
+    attempts = read_attempts(d)
+    assert len(attempts) == 2 and "no step for" in attempts[1]["after"]["error"]
+    assert not [p for p in [job.pid, *job.seen] if alive(p)]
+
+
+def test_the_same_error_twice_stops_restarting(tmp_path):
+    """A bug in the user's layer fails the same way at the same step every time: the second
+    time, the run stops at once and says why, instead of using up every restart."""
+    p = _project(50, Restarts(max_restarts=5, backoff_s=0.2))
+    p.graph.add_node("Custom", {"path": "tests.engine.runtime._dist_fail:FailsOnRank1"}, id="bug")
+    e = p.graph.outgoing("act1")[0]
+    p.graph.disconnect(e)
+    p.graph.connect("act1", "out", "bug", "in")
+    p.graph.connect("bug", "out", e.dst, e.dst_port)
+    from engine import trust
+
+    with trust.allowing(["tests.engine.runtime._dist_fail:FailsOnRank1"]):
+        d = prepare_run(p, tmp_path / "run", placement={"dp": 2})
+    job = launch_local(d, 2)
+    assert job.wait(timeout=300) != 0
+    st = RunStatus.read(d)
+    assert st.state == "failed" and st.error.startswith("stopped restarting: the same error twice at step 0")
+    assert "custom layer broke on rank 1" in st.error and "train --resume" in st.error
+    assert len(read_attempts(d)) == 2  # attempt 0 and one restart, not five
+    assert job.failure[0] == 1 and "custom layer broke on rank 1" in job.failure[1]
+
+
+def test_decide_reads_only_what_earlier_attempts_wrote(tmp_path, monkeypatch):
+    """Each rank decides alone from the run folder: a first start goes on; a restart waits
+    (doubling, at most 60 s) unless the error and step repeat; the first failing rank's
+    error counts, not its peers' (whose text names ports and changes)."""
+    rd = tmp_path
+    (rd / "logs").mkdir()
+    RunStatus("failed", 12, 50, error="RuntimeError: Connection closed by peer [127.0.0.1]:40123").write(rd)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    first = decide(rd, 3, 2.0)
+    assert (first.attempt, first.stop, first.failure, first.wait_s) == (0, None, None, 0.0)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "3")
+    d = decide(rd, 3, 2.0)
+    assert d.stop is None and d.wait_s == 8.0 and d.failure["step"] == 12
+    assert d.failure["error"].startswith("RuntimeError: Connection closed")
+    (rd / "logs" / "rank1.error").write_text(json.dumps(RankError(1, time.time(), "ValueError: bad").to_json()))
+    assert decide(rd, 3, 2.0).failure == {**decide(rd, 3, 2.0).failure, "error": "ValueError: bad", "rank": 1}
+    (rd / "attempts.jsonl").write_text(json.dumps({"attempt": 2, "started": 1.0,
+                                                   "after": {"step": 12, "error": "ValueError: bad"}}) + "\n")
+    assert "the same error twice at step 12 (ValueError: bad)" in decide(rd, 3, 2.0).stop
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "9")
+    (rd / "attempts.jsonl").write_text("")
+    assert decide(rd, 9, 30.0).wait_s == 60.0
