@@ -30,7 +30,7 @@ def checked_placement(placement: Placement, overrides: dict) -> Placement:
 
 def prepare_training(project: Project, *, nproc: int | None = None, steps: int | None = None,
                      seed: int | None = None, out: str | Path | None = None, accumulate: int | None = None,
-                     placement: dict | None = None) -> Prepared:
+                     restarts: int | None = None, placement: dict | None = None) -> Prepared:
     """A new run folder for `project` under its placement with `placement`'s fields
     changed. `nproc` alone (a 1-process placement) means data parallel over nproc. The run
     folder is `out`, else one under the project's runs/, which must stay inside its folder
@@ -38,7 +38,7 @@ def prepare_training(project: Project, *, nproc: int | None = None, steps: int |
     from engine.runs.history import check_runs_inside
 
     check_runs_inside(project.directory, out)
-    built = build_run(project, out, nproc=nproc, steps=steps, seed=seed, accumulate=accumulate, placement=placement)
+    built = build_run(project, out, nproc=nproc, steps=steps, seed=seed, accumulate=accumulate, restarts=restarts, placement=placement)
     return Prepared(built.run_dir, built.nproc, False, built.warnings)
 
 

@@ -421,16 +421,19 @@ class Project:
         return self._p
 
     def train(self, nproc: int | None = None, *, steps: int | None = None, seed: int | None = None,
-              out: str | os.PathLike | None = None, **placement) -> Run:
+              out: str | os.PathLike | None = None, restarts: int | None = None, **placement) -> Run:
         """Start training on this machine: one process, or `nproc` (default: the
         placement's pp*dp*tp; nproc alone on a 1-process placement means data parallel).
         Returns at once with the Run; `placement` fields (pp=, dp=, tp=, schedule=,
         microbatches=) change this run's layout only. The run folder is `out`, else
-        <project folder>/runs/<name>-<time> (the current folder's runs/ before a save)."""
+        <project folder>/runs/<name>-<time> (the current folder's runs/ before a save).
+        `restarts`: how often a run of several processes starts again by itself after a
+        rank fails or hangs (training.restarts.max_restarts; 0: never)."""
         from layerflow.prepare import prepare_training
         from layerflow.runs import start
 
-        prep = prepare_training(self._runnable(), nproc=nproc, steps=steps, seed=seed, out=out, placement=placement)
+        prep = prepare_training(self._runnable(), nproc=nproc, steps=steps, seed=seed, out=out, restarts=restarts,
+                                placement=placement)
         return start(prep)
 
     def sweep(self, sweep, *, parallel: int | None = None, cluster: str | None = None,

@@ -32,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="one process: cut each batch into N micro-batches, one optimizer step "
                         "(sets training.grad_accumulation)")
     p.add_argument("--nproc", type=int, help="processes on this machine (default: dp*tp*pp of the placement)")
+    p.add_argument("--restarts", type=int, metavar="N", help="several processes: start again by itself from the "
+                   "latest checkpoint after a rank fails or hangs, at most N times (training.restarts; default 3; 0: never)")
     p.add_argument("--init-from", metavar="RUN_DIR[:WHICH]", help="fine-tune: start from this run's weights "
                    "(WHICH: final, latest, best or step_N; default final, else latest)")
     p.add_argument("--mlflow", metavar="URI", help="also log the run to this MLflow tracking URI as it trains "
@@ -95,6 +97,8 @@ def cmd_train(args) -> int:
             raise CliError("--init-from starts a new run; a resumed run goes on from its own checkpoint")
         if args.accumulate is not None:
             raise CliError("--accumulate sets up a new run; a resumed run keeps its training.grad_accumulation")
+        if args.restarts is not None:
+            raise CliError("--restarts sets up a new run; a resumed run keeps its training.restarts")
         snapshot = Path(args.resume) / "project.lflow"
         if not snapshot.exists() and not args.project:
             raise CliError(f"--resume {args.resume}: no project.lflow in it; give the project too")
@@ -108,7 +112,8 @@ def cmd_train(args) -> int:
         project = load_project(args.project)  # (a `runs` link out of its folder: refused in prepare_training)
         with init_from(project, args.init_from) as start:  # --init-from: the run's weights start this one
             prep = prepare_training(start, nproc=args.nproc, steps=args.steps, seed=args.seed, out=args.out,
-                                    accumulate=args.accumulate, placement=placement_flags(project, args))
+                                    accumulate=args.accumulate, restarts=args.restarts,
+                                    placement=placement_flags(project, args))
     for w in prep.warnings + [w for w in project.training.warnings() if w not in prep.warnings]:
         print(f"warning: {w}", file=sys.stderr)
     print(f"run folder: {prep.run_dir}", file=sys.stderr)

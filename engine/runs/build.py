@@ -236,12 +236,12 @@ def _settled(project: Project) -> None:
 
 def build_run(project: Project, out_dir: str | Path | None = None, *, nproc: int | None = None,
               steps: int | None = None, seed: int | None = None, placement: dict | None = None,
-              accumulate: int | None = None, device=None, plan=None) -> BuiltRun:
+              accumulate: int | None = None, restarts: int | None = None, device=None, plan=None) -> BuiltRun:
     """THE way a project becomes a run folder (the CLI, the Python API, the editor and the
     SSH and Slurm launchers all come here): overrides applied and checked, the diagram
     compiled once and planned once, the data checked against it, RUN_DIR written with a
     typed run spec (runtime/spec.py). `nproc` alone (a one-process placement) means data
-    parallel over nproc. `plan`: a planner Plan made already (auto-placement, tests of a
+    parallel over nproc; `restarts`: training.restarts.max_restarts for this run. `plan`: a planner Plan made already (auto-placement, tests of a
     given cut; or its runtime_plan() JSON). Raises RunError (or CheckFailed) listing every problem; writes nothing then."""
     _settled(project)
     for k, v in (("nproc", nproc), ("steps", steps), ("accumulate", accumulate)):
@@ -258,6 +258,10 @@ def build_run(project: Project, out_dir: str | Path | None = None, *, nproc: int
         except ValidationError as exc:
             msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
             raise RunError(msg if "grad_accumulation" in msg else f"training.grad_accumulation {accumulate}: {msg}") from None
+    if restarts is not None:
+        if type(restarts) is not int or not 0 <= restarts <= 100:
+            raise RunError(f"restarts must be a whole number from 0 to 100, not {restarts!r}")
+        project.training.restarts = project.training.restarts.model_copy(update={"max_restarts": restarts})
     overrides = dict(placement or {})
     pl = derived_placement(project.placement, overrides)
     if nproc and nproc > 1 and _world(pl) == 1:

@@ -198,8 +198,10 @@ SETTING_COLUMNS = (
 METRIC_COLUMNS = ("final_loss", "best_loss", "final_val_loss", "best_val_loss", "best_val_acc", "samples_per_s",
                   "peak_mem_mb", "predicted_step_s", "measured_step_s", "step_time_ratio",
                   # from the ranks' system samples (engine/runtime/sysmetrics.py system_summary)
-                  "cpu_pct_mean", "rss_mb_peak", "gpu_util_pct_mean", "gpu_mem_mb_peak")
-LOWER_IS_BETTER = {"final_loss", "best_loss", "final_val_loss", "best_val_loss", "peak_mem_mb", "measured_step_s",
+                  "cpu_pct_mean", "rss_mb_peak", "gpu_util_pct_mean", "gpu_mem_mb_peak",
+                  # the restarts after a failed or hung rank, and the time the run was down for them
+                  "restarts", "down_s")
+LOWER_IS_BETTER = {"restarts", "down_s", "final_loss", "best_loss", "final_val_loss", "best_val_loss", "peak_mem_mb", "measured_step_s",
                    "predicted_step_s", "duration"}
 
 
@@ -253,10 +255,24 @@ def run_row(path: str | os.PathLike) -> dict:
         "step_time_ratio": measured / predicted if measured and predicted else None,
         **{k: None for k in ("cpu_pct_mean", "rss_mb_peak", "gpu_util_pct_mean", "gpu_mem_mb_peak")},
         **system_summary(p),
+        **restarts_summary(p),
     }
     return {"name": s.name if s.name != "run" else p.name, "run": p.name, "path": str(p), "state": shown_state(s),
             "sweep": s.sweep, "index": tag.get("index"), "step": s.step, "total_steps": s.total_steps,
             "duration": s.duration, "started": s.started, "settings": settings, "point": point, **metrics}
+
+
+def restarts_summary(run_dir: Path) -> dict:
+    """restarts: how often the run started again by itself (attempts.jsonl); down_s: the
+    seconds between each failure and the attempt after it, added up (engine/runtime/recovery.py)."""
+    from engine.runtime.recovery import read_attempts
+
+    attempts = read_attempts(run_dir)
+    down = [a["started"] - a["after"]["at"] for a in attempts[1:]
+            if isinstance(a.get("after"), dict) and isinstance(a["after"].get("at"), (int, float))
+            and isinstance(a.get("started"), (int, float))]
+    return {"restarts": max(0, len(attempts) - 1) if attempts else None,
+            "down_s": round(sum(max(0.0, d) for d in down), 3) if down else None}
 
 
 def runs_table(directory: str | os.PathLike, *, sweep: str | None = None) -> list[dict]:

@@ -90,6 +90,10 @@ def test_a_killed_rank_restarts_the_run_which_ends_as_an_unbroken_run(tmp_path, 
     assert len(restart) == 1 and restart[0]["attempt"] == 1 and restart[0]["step"] == attempts[1]["resumed_from"]
     assert restart[0]["down_s"] >= 0 and restart[0]["reason"]
     assert not [p for p in [job.pid, *job.seen] if alive(p)]
+    from engine.runs.history import run_row
+
+    row = run_row(d)  # the runs table: how often it restarted, and the time that cost
+    assert row["restarts"] == 1 and row["down_s"] == restart[0]["down_s"]
 
 
 def test_a_stopped_rank_is_a_hang_the_run_gets_over(tmp_path, unbroken):
@@ -154,3 +158,27 @@ def test_decide_reads_only_what_earlier_attempts_wrote(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "9")
     (rd / "attempts.jsonl").write_text("")
     assert decide(rd, 9, 30.0).wait_s == 60.0
+
+
+def test_the_restart_policy_is_a_setting_of_the_project_and_of_each_run(tmp_path, capsys):
+    """training.restarts lives in the project (left out of the file at its defaults, so older
+    files stay byte for byte); `train --restarts N` and lf's train(restarts=) set it for one
+    run; a bad value is one line."""
+    from app.cli import main
+    from engine.runtime.spec import RunSpec
+    from engine.runs.build import RunError, build_run
+
+    p = load_project(MLP)
+    assert "restarts" not in p.to_dict()["training"]
+    p.training = p.training.model_copy(update={"restarts": Restarts(max_restarts=7, hang_timeout_s=30)})
+    assert p.to_dict()["training"]["restarts"] == {"max_restarts": 7, "backoff_s": 2.0, "hang_timeout_s": 30.0}
+    rd = build_run(p, tmp_path / "a", restarts=0).run_dir
+    assert RunSpec.load(rd).training.restarts.max_restarts == 0
+    assert RunSpec.load(rd).training.restarts.hang_timeout_s == 30.0
+    with pytest.raises(RunError, match="restarts must be a whole number from 0 to 100, not -1"):
+        build_run(p, tmp_path / "b", restarts=-1)
+    assert not (tmp_path / "b").exists()
+    assert main(["train", str(MLP), "--steps", "2", "--restarts", "0", "--out", str(tmp_path / "c")]) == 0
+    assert RunSpec.load(tmp_path / "c").training.restarts.max_restarts == 0
+    assert main(["train", "--resume", str(tmp_path / "c"), "--restarts", "2"]) == 2
+    assert "--restarts sets up a new run" in capsys.readouterr().err
