@@ -85,6 +85,9 @@ class Training(Strict):
     # is logged and left out of the step time; a block that fails to compile runs eagerly
     compile: Literal["off", "blocks", "whole"] = "off"
     restarts: Restarts = Field(default_factory=Restarts)  # after a failed or hung rank (above)
+    # checkpoints written behind the training steps (torch.distributed.checkpoint's async
+    # save: the steps wait only while the state is copied to host memory; one save in flight)
+    checkpoint_async: bool = False
 
     def warnings(self) -> list[str]:
         """Settings that are valid but almost surely a mistake (a run with them trains to
@@ -407,6 +410,8 @@ class Project:
             out["compile"] = True
         if self.training.restarts == Restarts():
             out["restarts"] = True
+        if not self.training.checkpoint_async:
+            out["checkpoint_async"] = True
         if getattr(self.training.dataset, "task", None) == "classify":
             out["dataset"] = {"task"}
         return out

@@ -32,6 +32,7 @@ import os
 import pickle
 import re
 import shutil
+import time
 import warnings
 import zipfile
 from pathlib import Path
@@ -82,6 +83,49 @@ def save(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extra: 
         save_tensors(_encoded(extra), path / EXTRA)  # (a full disk: OSError ENOSPC, not torch's "unexpected pos")
     if dist.is_initialized():
         dist.barrier()  # `latest` may name this folder only once every rank has written
+
+
+class PendingSave:
+    """A checkpoint being written behind the training steps (save_async): its tensors were
+    copied when it started; `done` says whether the files are whole, `wait` blocks until
+    they are (and raises what the save raised, a full disk as OSError(ENOSPC))."""
+
+    def __init__(self, path: Path, future):
+        self.path, self.future, self.started = Path(path), future, time.perf_counter()
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def wait(self) -> None:
+        try:
+            self.future.result()
+        except CheckpointException as exc:
+            full = _disk_full(exc, self.path)
+            if full is not None:
+                raise full from exc
+            raise
+
+
+def save_async(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict, *, write_extra: bool,
+               group=None) -> PendingSave:
+    """save's format, written by a thread while training goes on (torch.distributed.checkpoint
+    async_save: the state is staged, copied to host memory, before this returns). `group`: a
+    process group of its own for the writers' collectives (never the one the steps use: two
+    threads on one gloo group interleave their messages). The small extra state is written now."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    msd, osd = get_state_dict(model, optimizer)
+    if write_extra:
+        from .loop import save_tensors
+
+        save_tensors(_encoded(extra), path / EXTRA)
+    if not dist.is_initialized():  # (its writer thread warns outside _alone too)
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+    with _alone():
+        future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=str(path), process_group=group,
+                                no_dist=not dist.is_initialized())
+    future = getattr(future, "upload_completion", future)  # (an AsyncSaveResponse with an async stager)
+    return PendingSave(path, future)
 
 
 @contextlib.contextmanager

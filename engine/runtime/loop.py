@@ -65,7 +65,8 @@ def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: Progres
     tr, total = trainer.spec.training, trainer.total_steps
     folder = RunFolder(run_dir, total, writer=writes_metrics, rank=trainer.rank if trainer.distributed else None)
     checkpoints = Checkpointer(trainer, folder, tr.checkpoint_interval,
-                               CheckpointPolicy(folder.path, tr.keep_checkpoints, tr.best_metric))
+                               CheckpointPolicy(folder.path, tr.keep_checkpoints, tr.best_metric),
+                               asynchronous=tr.checkpoint_async, log=log)
     evaluator = Evaluator(trainer, folder, tr.eval_interval, log)
     state, start, step, watch = "running", 0, 0, None
     with StopSignal() as stop:
@@ -95,6 +96,7 @@ def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: Progres
                     continue
                 # a log step: one host sync (and, distributed, one collective) for all the steps since the last
                 rec, stop_now = metrics.log(step, stop.requested)
+                checkpoints.settle()  # (a save written behind the steps that has ended)
                 if evaluator.due(step):
                     rec.update(evaluator.run(step, rec))
                 if checkpoints.due(step):
@@ -104,6 +106,7 @@ def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: Progres
                     progress(step, total, rec)
                 if stop_now:  # (distributed: every rank, at the same log step)
                     checkpoints.save(step, rec)
+                    checkpoints.settle(block=True)
                     state = "cancelled"
                     break
                 metrics.restart_clock()  # (evaluating and checkpointing took no step's time)
@@ -111,12 +114,14 @@ def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: Progres
                     watch.pause()
             else:
                 state = "succeeded"
+                checkpoints.settle(block=True)
                 if folder.writer or trainer.distributed:  # distributed: a collective; rank 0 writes
                     trainer.save_final(folder.path / "model.pt")
         except KeyboardInterrupt:  # Ctrl-C (or a progress callback's): checkpointed where it stopped
             state = "cancelled"
             if step > start:
                 checkpoints.save(step)
+                checkpoints.settle(block=True)
         except BaseException as exc:
             state = "failed"
             raise folder.failed(exc, step, log)
@@ -231,9 +236,14 @@ class Checkpointer:
     stops; `latest` names one only once it is whole (a half one is removed); then the
     writer applies the policy (folder.py CheckpointPolicy: the last N and the best)."""
 
-    def __init__(self, trainer, folder: RunFolder, every: int, policy: CheckpointPolicy | None = None):
+    def __init__(self, trainer, folder: RunFolder, every: int, policy: CheckpointPolicy | None = None,
+                 asynchronous: bool = False, log=print):
         self.trainer, self.folder, self.every, self.policy = trainer, folder, every, policy
         self.saved: int | None = None  # the step last saved (a stop there needs no second one)
+        # training.checkpoint_async: the files are written behind the next steps, one save in
+        # flight at most; `latest` names it once rank 0's save is whole (all ranks' parts then are)
+        self.asynchronous, self.log = asynchronous, log
+        self.pending: tuple | None = None  # (PendingSave, folder, step, rec)
 
     def due(self, step: int) -> bool:
         return step % self.every == 0 or step == self.trainer.total_steps
@@ -253,15 +263,49 @@ class Checkpointer:
         """Checkpoint `step`; `rec`: the values logged at it (its score for the policy)."""
         if step == self.saved:
             return
+        self.settle(block=True)  # one save in flight at most
         d = self.folder.checkpoint_dir(step)
+        t0 = time.perf_counter()
         try:
-            self.trainer.save_checkpoint(d, {"step": step, "elapsed": self.folder.elapsed(),
-                                             "metrics_offset": self.folder.offset()})
-            self.folder.mark_latest(d)
+            pending = self.trainer.save_checkpoint(d, {"step": step, "elapsed": self.folder.elapsed(),
+                                                       "metrics_offset": self.folder.offset()},
+                                                   **({"asynchronous": True} if self.asynchronous else {}))
         except BaseException:
             self.folder.discard(d)
             raise
         self.saved = step
+        self.blocked_s = time.perf_counter() - t0  # what the steps waited for this save
+        if self.folder.writer:
+            self.log(f"checkpoint {d.name}: the steps waited {self.blocked_s:.4f} s"
+                     + (" (written behind the next steps)" if pending is not None else ""))
+        if pending is None:
+            self._whole(d, rec)
+        else:
+            self.pending = (pending, d, step, rec)
+
+    def settle(self, block: bool = False) -> None:
+        """An asynchronous save that has ended: `latest` names it, or, if it failed, the
+        failure is named and the checkpoint before it stays the latest. `block`: wait for it."""
+        if self.pending is None:
+            return
+        pending, d, step, rec = self.pending
+        if not block and not pending.done():
+            return
+        self.pending = None
+        try:
+            pending.wait()
+        except Exception as exc:  # noqa: BLE001  (the run goes on: its previous checkpoint is whole)
+            self.folder.discard(d)
+            keep = self.folder.latest()
+            why = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            self.log(f"checkpoint {d.name} failed ({why}); {keep.name if keep else 'no checkpoint'} stays the latest")
+            self.folder.write({"step": step, "event": "checkpoint_failed", "checkpoint": d.name, "error": why,
+                               "time": round(self.folder.elapsed(), 4)})
+            return
+        self._whole(d, rec)
+
+    def _whole(self, d: Path, rec: dict | None) -> None:
+        self.folder.mark_latest(d)
         if self.policy is not None and self.folder.writer:  # (every rank has written its part: save's barrier)
             value = (rec or {}).get(self.policy.metric)
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)

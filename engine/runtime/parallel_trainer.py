@@ -47,6 +47,8 @@ class ParallelTrainer(BaseTrainer):
                              f"only; set it to 1 (a pipeline cuts the batch into placement.microbatches itself)")
         full = self.build_model()
         self.rank, world = dist.get_rank(), dist.get_world_size()
+        if spec.training.checkpoint_async:  # the writers' collectives on a group of their own (save_async)
+            self.ckpt_group = dist.new_group(backend="gloo")
         self.plan = plan = complete_plan(spec.plan, full, world)
         dims = ParallelDims(plan.pp, plan.dp, plan.tp, world)
         self.dims = dims

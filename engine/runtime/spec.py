@@ -67,6 +67,13 @@ def _num(d: dict, key: str, where: str, default=None, optional: bool = False):
     return float(v)
 
 
+def _bool(d: dict, key: str, where: str, default: bool) -> bool:
+    v = d.get(key, default)
+    if not isinstance(v, bool):
+        raise SpecError(f"{_at(where, key)}: {v!r} is not true or false")
+    return v
+
+
 def _str(d: dict, key: str, where: str, default=None, options: tuple | None = None, optional: bool = False):
     v = d.get(key, default)
     if v is None and optional:
@@ -161,6 +168,7 @@ class TrainingSpec:
     best_metric: str = "val_loss"  # what makes a checkpoint the best (loop.py CheckpointPolicy)
     compile: str = "off"  # torch.compile: off, blocks (one per block), whole (runtime/compiling.py)
     restarts: RestartSpec = field(default_factory=RestartSpec)  # after a failed or hung rank (recovery.py)
+    checkpoint_async: bool = False  # checkpoints written behind the steps (loop.py Checkpointer)
 
     @classmethod
     def from_json(cls, d, where: str) -> TrainingSpec:
@@ -177,7 +185,8 @@ class TrainingSpec:
                    _int(d, "keep_checkpoints", where, 3, 1, optional=True),
                    _str(d, "best_metric", where, "val_loss", BEST_METRICS),
                    _str(d, "compile", where, "off", COMPILE_MODES),
-                   RestartSpec.from_json(d.get("restarts", {}), f"{where}.restarts"))
+                   RestartSpec.from_json(d.get("restarts", {}), f"{where}.restarts"),
+                   _bool(d, "checkpoint_async", where, False))
 
     def to_json(self) -> dict:
         out = _plain(self)
@@ -185,6 +194,8 @@ class TrainingSpec:
             del out["compile"]
         if self.restarts == RestartSpec():
             del out["restarts"]
+        if not self.checkpoint_async:
+            del out["checkpoint_async"]
         return out
 
 

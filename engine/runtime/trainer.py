@@ -216,7 +216,11 @@ class BaseTrainer:
         return self.opt.param_groups[0]["lr"]
 
     # ---- checkpoints: one format (DCP), so any layout resumes any other ----
-    def save_checkpoint(self, path: Path, extra: dict) -> None:
+    ckpt_group = None  # the process group of asynchronous saves (ParallelTrainer makes one)
+
+    def save_checkpoint(self, path: Path, extra: dict, asynchronous: bool = False):
+        """The checkpoint of this rank's part; with `asynchronous`, written behind the next
+        steps: returns the dist_checkpoint.PendingSave (None once written)."""
         state = {"scheduler": self.sched.state_dict(), "rng": rng_state(), **extra}
         if not torch.distributed.is_available():  # a torch without torch.distributed has no DCP
             from .folder import save_tensors
@@ -227,7 +231,11 @@ class BaseTrainer:
             return
         from . import dist_checkpoint
 
+        if asynchronous:
+            return dist_checkpoint.save_async(path, self.state_model, self.opt, state, write_extra=self.rank == 0,
+                                              group=self.ckpt_group)
         dist_checkpoint.save(path, self.state_model, self.opt, state, write_extra=self.rank == 0)
+        return None
 
     def load_checkpoint(self, path: Path) -> dict:
         """Model and optimizer through dist_checkpoint.load (DCP of any layout, or an older

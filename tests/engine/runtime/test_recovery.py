@@ -182,3 +182,51 @@ def test_the_restart_policy_is_a_setting_of_the_project_and_of_each_run(tmp_path
     assert RunSpec.load(tmp_path / "c").training.restarts.max_restarts == 0
     assert main(["train", "--resume", str(tmp_path / "c"), "--restarts", "2"]) == 2
     assert "--restarts sets up a new run" in capsys.readouterr().err
+
+
+def test_asynchronous_checkpoints_resume_a_killed_run_as_synchronous_ones_do(tmp_path, unbroken):
+    """training.checkpoint_async: the files are written behind the steps; a rank killed after
+    such a checkpoint resumes from it, and every loss is the unbroken (synchronous) run's."""
+    p = _project(400)
+    p.training = p.training.model_copy(update={"checkpoint_async": True})
+    d = prepare_run(p, tmp_path / "run", placement={"dp": 2})
+    job = launch_local(d, 2)
+    _wait_for_step(d, 90)
+    os.kill(_rank_pid(job, 1), signal.SIGKILL)
+    assert job.wait(timeout=300) == 0, job.describe_failure()
+    got = _losses(d)
+    assert sorted(got) == list(range(1, 401))
+    for s in got:
+        assert got[s] == pytest.approx(unbroken[s], rel=1e-4, abs=1e-6), s
+    assert read_attempts(d)[1]["resumed_from"] in (40, 80, 120)
+    assert (d / "checkpoints" / "latest").read_text().strip() == "step_400"
+
+
+def test_a_failed_asynchronous_save_is_named_and_the_one_before_stays_the_latest(tmp_path, monkeypatch):
+    import concurrent.futures
+
+    from engine.runtime import dist_checkpoint
+    from engine.runtime.train import run
+
+    real = dist_checkpoint.dcp.async_save
+    calls = []
+
+    def second_fails(state, **kw):
+        calls.append(kw["checkpoint_id"])
+        if len(calls) == 2:
+            f = concurrent.futures.Future()
+            f.set_exception(OSError(28, "No space left on device"))
+            return f
+        return real(state, **kw)
+
+    monkeypatch.setattr(dist_checkpoint.dcp, "async_save", second_fails)
+    p = _project(100)
+    p.training = p.training.model_copy(update={"checkpoint_async": True})
+    rd = prepare_run(p, tmp_path / "run")
+    assert run(rd).state == "succeeded"  # the run goes on: its previous checkpoint is whole
+    recs = [json.loads(line) for line in (rd / "metrics.jsonl").read_text().splitlines()]
+    failed = [r for r in recs if r.get("event") == "checkpoint_failed"]
+    assert len(failed) == 1 and failed[0]["checkpoint"] == "step_80" and "No space left" in failed[0]["error"]
+    assert not (rd / "checkpoints" / "step_80").exists() and (rd / "checkpoints" / "step_40").exists()
+    assert "checkpoint step_80 failed" in (rd / "logs" / "rank0.log").read_text()
+    assert (rd / "checkpoints" / "latest").read_text().strip() == "step_100"
