@@ -59,6 +59,19 @@ class LocalJob:
         """Every descendant observed (the workers)."""
         return self.tree.seen
 
+    def rank_pid(self, rank: int) -> int | None:
+        """The process of the worker with LOCAL_RANK `rank` now (torchrun starts new ones
+        after a restart); None when it has none."""
+        for pid in procs.descendants(self.proc.pid):
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if f"LOCAL_RANK={rank}".encode() in env and ENTRY.encode() in cmd and procs.alive(pid):
+                return pid
+        return None
+
     def poll(self) -> int | None:
         """torchrun's exit code once it and every worker are gone; None before."""
         if self.returncode is None:

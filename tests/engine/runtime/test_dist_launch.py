@@ -166,16 +166,7 @@ def test_a_rank_killed_by_a_signal_is_named_with_the_step_reached(tmp_path):
     deadline = time.time() + 120
     while time.time() < deadline and len(metrics.read_text().splitlines() if metrics.exists() else []) < 20:
         time.sleep(0.3)
-    victim = None
-    from remote.launch.procs import descendants
-
-    for pid in descendants(job.pid):
-        try:
-            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if b"LOCAL_RANK=1" in env and b"engine.runtime.train" in open(f"/proc/{pid}/cmdline", "rb").read():
-            victim = pid
+    victim = job.rank_pid(1)
     assert victim, "rank 1 not found"
     os.kill(victim, signal.SIGKILL)
     assert job.wait(timeout=300) != 0

@@ -16,7 +16,7 @@ from engine.runs.build import prepare_run
 from engine.runtime.recovery import decide, read_attempts
 from engine.runtime.records import RankError, RunStatus
 from remote.launch.local import launch_local
-from remote.launch.procs import alive, descendants
+from remote.launch.procs import alive
 
 ROOT = Path(__file__).resolve().parents[3]
 MLP = ROOT / "resources" / "examples" / "mlp_digits.lflow"
@@ -39,15 +39,9 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 
 def _rank_pid(job, rank: int) -> int:
-    for pid in descendants(job.pid):
-        try:
-            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
-        except OSError:
-            continue
-        if f"LOCAL_RANK={rank}".encode() in env and b"engine.runtime.train" in cmd and alive(pid):
-            return pid
-    raise AssertionError(f"rank {rank} not found")
+    pid = job.rank_pid(rank)
+    assert pid, f"rank {rank} not found"
+    return pid
 
 
 def _wait_for_step(run_dir: Path, step: int, timeout: float = 180) -> None:
