@@ -60,6 +60,13 @@ HELP = {
     "schedule.step_size": "step schedule: steps between two decays",
     "schedule.gamma": "step schedule: factor applied at each decay",
     "schedule.min_lr_ratio": "cosine schedule: the final learning rate as a fraction of lr",
+    "restarts.max_restarts": "several processes: how often the run starts again by itself from its latest\n"
+                             "checkpoint after a rank fails or hangs (0: never)",
+    "restarts.backoff_s": "the wait before the first restart; twice as long before each next one (at most 60 s)",
+    "restarts.hang_timeout_s": "a rank with no step for this long is treated as failed; off: 30 times the\n"
+                               "measured step time, at least 120 s",
+    "checkpoint_async": "write checkpoints behind the training steps (the steps wait only while the state is\n"
+                        "copied to host memory)",
     "batch_size": "samples per optimizer step, over all data-parallel replicas (FLOPs per step scale with it)",
     "steps": "training length: optimizer steps, or epochs (passes over the training set)",
     "eval_interval": "optimizer steps between two evaluations on the validation set",
@@ -253,7 +260,7 @@ class TrainingPanel(QWidget):
         self.kind_doc.setWordWrap(True)
         self.data_form.addRow(self.kind_doc)
         self._dataset_rows()
-        for title, model in (("Optimizer", "optimizer"), ("Schedule", "schedule")):
+        for title, model in (("Optimizer", "optimizer"), ("Schedule", "schedule"), ("Restarts", "restarts")):
             form = self._group(lay, title)
             for name, info in Training.model_fields[model].annotation.model_fields.items():
                 self._row(form, ("training", model, name), info)
@@ -261,7 +268,7 @@ class TrainingPanel(QWidget):
         for name, info in Training.model_fields.items():
             if name == "steps":
                 self._length_row(form)
-            elif name not in ("dataset", "optimizer", "schedule", "epochs"):
+            elif name not in ("dataset", "optimizer", "schedule", "restarts", "epochs"):
                 self._row(form, ("training", name), info)
         form = self._group(lay, "Precision && sync")
         for name in PRECISION:

@@ -230,3 +230,15 @@ def test_saving_writes_the_values_and_another_project_reloads_the_form(qtbot, wi
     assert editor(w, "optimizer", "lr").value() == pytest.approx(1e-3)
     assert editor(w, "dataset", "kind").currentText() == "synthetic_classification"
     assert Path(w.training_panel.directory()) == Path.cwd()
+
+
+def test_the_restart_policy_is_a_group_of_the_form_and_each_change_one_undo_step(qtbot, win, tmp_path):
+    """training.restarts in the Training dock: max restarts typed is one undo step, saved in
+    the project; the asynchronous-checkpoint switch sits in the loop's settings."""
+    w = win
+    assert editor(w, "restarts", "max_restarts").value() == 3
+    type_into(qtbot, editor(w, "restarts", "max_restarts"), "0")
+    assert w.project.training.restarts.max_restarts == 0 and w.controller.stack.count() == 1
+    assert ("training", "checkpoint_async") in w.training_panel.editors
+    w.actions["undo"].trigger()
+    assert w.project.training.restarts.max_restarts == 3
