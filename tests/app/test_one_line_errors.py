@@ -282,3 +282,34 @@ def test_a_runs_link_out_of_the_project_is_refused_unless_chosen(tmp_path):
     (project.parent / "runs").symlink_to(project.parent / "kept")  # a link inside the folder: followed
     assert cli("train", project, "--steps", "1", cwd=tmp_path).returncode == 0
     assert len(list((project.parent / "kept").iterdir())) == 1
+
+
+# ----- issue 61: what the run spec refuses, the project refuses first ---------------------------
+@pytest.mark.parametrize("where, value, commands", [
+    ("optimizer.weight_decay", "Infinity", ("validate", "summary", "plan", "train")),
+    ("grad_clip", "Infinity", ("validate", "summary", "plan", "train")),
+    ("grad_clip", "NaN", ("validate", "train")),
+    ("optimizer.lr", "NaN", ("validate",)),
+    ("optimizer.momentum", "-Infinity", ("validate",)),
+    ("schedule.gamma", "NaN", ("validate",)),
+    ("schedule.min_lr_ratio", "Infinity", ("validate",)),
+    ("dataset.val_fraction", "NaN", ("validate",)),
+])
+def test_a_number_that_is_not_finite_is_one_line_naming_its_field(tmp_path, where, value, commands):
+    """JSON's Infinity and NaN (json.dumps writes them, json.loads reads them) pass a bound like
+    `ge=0` or fail it with a misleading message; the run spec (runtime/spec.py) refuses them at
+    train with a traceback. The project refuses them on load, naming the field."""
+    d = json.loads(MLP.read_text())
+    *parents, leaf = where.split(".")
+    at = d["training"]
+    for p in parents:
+        at = at[p]
+    at[leaf] = float(value.replace("Infinity", "inf"))
+    project = tmp_path / "p.lflow"
+    project.write_text(json.dumps(d))
+    assert value in project.read_text()
+    for command in commands:
+        extra = ["--steps", "1", "--out", tmp_path / "run"] if command == "train" else []
+        r = cli(command, project, *extra, cwd=tmp_path)
+        one_line(r, f"p.lflow: training.{where}: must be a finite number", code=r.returncode if r.returncode in (1, 2) else 2)
+    assert not (tmp_path / "run").exists()
