@@ -207,6 +207,9 @@ def placement_error(exc: ValidationError, changes: dict[str, Any]) -> PlacementE
 
 
 class _NodeModel(Strict):
+    # (a position that is not finite is the graph's to name, with the node: Graph.from_dict)
+    model_config = ConfigDict(allow_inf_nan=True)
+
     id: str
     type: str
     params: dict[str, Any] = Field(default_factory=dict)
