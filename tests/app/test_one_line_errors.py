@@ -313,3 +313,27 @@ def test_a_number_that_is_not_finite_is_one_line_naming_its_field(tmp_path, wher
         r = cli(command, project, *extra, cwd=tmp_path)
         one_line(r, f"p.lflow: training.{where}: must be a finite number", code=r.returncode if r.returncode in (1, 2) else 2)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("what", ["weights", "npz", "csv"])
+def test_a_symlink_loop_where_a_projects_file_should_be_is_one_line(tmp_path, what):
+    """proj.weights.pt, d.npz or d.csv a link to a link back to itself: Path.resolve raises
+    RuntimeError ("Symlink loop from ...") and Path.exists says False; every command names the
+    file and the loop instead (validate, summary and plan read neither file: they pass)."""
+    name = {"weights": "proj.weights.pt", "npz": "d.npz", "csv": "d.csv"}[what]
+    change = {"weights": {"weights": name}, "npz": {"dataset": {"kind": "npz", "path": name}},
+              "csv": {"dataset": {"kind": "csv", "path": name}}}[what]
+    project = project_file(tmp_path, "proj.lflow", **change)
+    (tmp_path / name).symlink_to(tmp_path / f"{name}.2")
+    (tmp_path / f"{name}.2").symlink_to(tmp_path / name)
+    field = "weights" if what == "weights" else "training.dataset.path"
+    for command in ("validate", "summary", "plan"):
+        r = cli(command, project, cwd=tmp_path)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (command, r.stderr[-3000:])
+    one_line(cli("train", project, "--steps", "1", "--out", tmp_path / "run", cwd=tmp_path),
+             f"{field}: cannot read", name, "Too many levels of symbolic links", "leads back to itself")
+    assert not (tmp_path / "run").exists()
+    if what != "weights":
+        one_line(cli("data", "inspect", tmp_path / name, cwd=tmp_path), name, "leads back to itself")
+        one_line(cli("data", "use", project, tmp_path / name, cwd=tmp_path), name, "leads back to itself")
+    assert (tmp_path / name).is_symlink() and (tmp_path / f"{name}.2").is_symlink()
