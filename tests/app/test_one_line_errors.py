@@ -337,3 +337,49 @@ def test_a_symlink_loop_where_a_projects_file_should_be_is_one_line(tmp_path, wh
         one_line(cli("data", "inspect", tmp_path / name, cwd=tmp_path), name, "leads back to itself")
         one_line(cli("data", "use", project, tmp_path / name, cwd=tmp_path), name, "leads back to itself")
     assert (tmp_path / name).is_symlink() and (tmp_path / f"{name}.2").is_symlink()
+
+
+class _Payload:
+    """What a hostile weights file holds: os.system on unpickling (never run: refused)."""
+
+    def __init__(self, mark: Path):
+        self.mark = str(mark)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.mark}",))
+
+
+def test_pickled_weights_are_refused_in_one_line_naming_the_file(tmp_path):
+    """Weights that torch.load(weights_only=True) refuses (a raw pickle, a torch.save of an
+    object that calls os.system): `export`, `train` and `train --resume RUN_DIR` (the run's
+    weights.pt, its checkpoint) name the file, what it holds and what to do, in one line."""
+    import pickle
+
+    import torch
+
+    pwned = tmp_path / "pwned"
+    (tmp_path / "raw.pt").write_bytes(pickle.dumps(_Payload(pwned)))
+    torch.save({"fc1.weight": _Payload(pwned)}, tmp_path / "saved.pt")
+    said = ("not loaded: it holds pickled Python objects (posix.system)", "re-save it as a state_dict of tensors")
+    for name in ("raw.pt", "saved.pt"):
+        project = project_file(tmp_path, f"{name}.lflow", weights=name)
+        one_line(cli("export", project, "--onnx", tmp_path / "m.onnx", cwd=tmp_path), name, *said)
+        one_line(cli("train", project, "--steps", "1", "--out", tmp_path / "run", cwd=tmp_path), f"weights: {tmp_path / name}",
+                 *said)
+        assert not (tmp_path / "run").exists() and not (tmp_path / "m.onnx").exists()
+    from engine.diagram.compile import compile_graph
+    from engine.project import load_project
+
+    module = compile_graph(load_project(MLP).graph).build(device="cpu", seed=0)
+    torch.save(module.state_dict(), tmp_path / "good.pt")  # a run that starts from weights of its own
+    project = project_file(tmp_path, weights="good.pt")
+    r = cli("train", project, "--steps", "2", "--out", tmp_path / "r1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = tmp_path / "r1"
+    assert json.loads((run / "run.json").read_text())["weights"] == "weights.pt"
+    assert cli("train", project, "--resume", run, "--steps", "3", cwd=tmp_path).returncode == 0
+    shutil.copyfile(tmp_path / "saved.pt", run / "weights.pt")
+    one_line(cli("train", project, "--resume", run, "--steps", "4", cwd=tmp_path), "resume:", "weights.pt", *said)
+    shutil.copyfile(tmp_path / "raw.pt", run / "weights.pt")
+    one_line(cli("train", project, "--resume", run, "--steps", "4", cwd=tmp_path), "resume:", "weights.pt", *said)
+    assert not pwned.exists()
