@@ -58,6 +58,26 @@ def os_error_text(exc: OSError | None) -> str:
     return f"{text} ({hint})" if hint else text
 
 
+def real_path(path: str | os.PathLike) -> Path:
+    """`path` with every link followed, as Path.resolve() gives it, but never raising: a
+    symlink loop (where Path.resolve raises RuntimeError) is left as it is, so the read or
+    write that follows names the file in one line (ELOOP, os_error_text)."""
+    return Path(os.path.realpath(path))
+
+
+def stat_input(path: str | os.PathLike, field: str) -> os.stat_result:
+    """os.stat of a file or folder a project names (`field`: "weights",
+    "training.dataset.path"), following links; ProjectError naming the field and the path
+    when it is missing or cannot be reached (a symlink loop, a folder one may not enter)."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        raise ProjectError(f"{field}: {path} does not exist") from None
+    except (OSError, ValueError) as exc:  # ELOOP, EACCES, ENOTDIR, ENAMETOOLONG; ValueError: a NUL byte
+        text = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
+        raise ProjectError(f"{field}: cannot read {path}: {text}") from None
+
+
 def check_path_text(path: str | os.PathLike, what: str = "path") -> None:
     """A path the operating system can take at all: no NUL byte, no name over NAME_MAX
     bytes, text that encodes. Raises WriteError naming the path."""

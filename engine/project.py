@@ -224,6 +224,9 @@ def placement_error(exc: ValidationError, changes: dict[str, Any]) -> PlacementE
 
 
 class _NodeModel(Strict):
+    # (a position that is not finite is the graph's to name, with the node: Graph.from_dict)
+    model_config = ConfigDict(allow_inf_nan=True)
+
     id: str
     type: str
     params: dict[str, Any] = Field(default_factory=dict)
@@ -611,8 +614,10 @@ def checked_input(path: Path, field: str) -> Path:
 
     try:
         st = os.stat(path)
-    except OSError as exc:
-        raise ProjectError(f"{field}: cannot read {path}: {exc.strerror or exc}") from None
+    except OSError as exc:  # missing, a symlink loop (with what to do), no permission
+        from engine.files import os_error_text
+
+        raise ProjectError(f"{field}: cannot read {path}: {os_error_text(exc)}") from None
     if not _stat.S_ISREG(st.st_mode):
         raise ProjectError(f"{field}: {path} is not a regular file (a device, FIFO or folder is never read)")
     try:

@@ -1,5 +1,6 @@
 """The one strict base of every settings model (project files, data sets, cluster
-profiles): unknown fields are errors, and a boolean is never read as a number."""
+profiles): unknown fields are errors, a boolean is never read as a number, and a number
+is finite."""
 from __future__ import annotations
 
 import json
@@ -18,7 +19,9 @@ def _wants_number(annotation: Any) -> bool:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=False)
+    # inf and NaN are no setting's value (the run spec refuses them too, runtime/spec.py _num):
+    # `weight_decay: Infinity` is "must be a finite number" on load, not a traceback at train
+    model_config = ConfigDict(extra="forbid", strict=False, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod

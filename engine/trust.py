@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from engine.errors import LayerflowError
+from engine.files import real_path
 
 
 class NotTrusted(LayerflowError):
@@ -80,13 +81,13 @@ def outside_files(project) -> list[str]:
     """The data and weights files a saved project names outside its own folder (resolved)."""
     if project.path is None:
         return []  # a diagram not saved yet is the user's own: the files are the ones they picked
-    home = project.directory.resolve()
+    home = real_path(project.directory)
     named = [project.weights, getattr(project.training.dataset, "path", None)]
     out = set()
     for rel in named:
         if not rel:
             continue
-        p = project.resolve_path(str(rel)).resolve()
+        p = real_path(project.resolve_path(str(rel)))
         if not p.is_relative_to(home):
             out.add(str(p))
     return sorted(out)
@@ -111,10 +112,10 @@ def check_file(project, path, field: str) -> None:
 
     if project.path is None:
         return
-    p = Path(path).resolve()
-    if p.is_relative_to(project.directory.resolve()) or allowed(f"file:{p}"):
+    p = real_path(path)
+    if p.is_relative_to(real_path(project.directory)) or allowed(f"file:{p}"):
         return
-    raise ProjectError(f"{field}: {p} is outside the project's folder ({project.directory.resolve()}); Layerflow "
+    raise ProjectError(f"{field}: {p} is outside the project's folder ({real_path(project.directory)}); Layerflow "
                        f"reads it only with your consent: `python main.py trust {project.path.name}`, or --trust "
                        "on the command, or Yes when the app asks")
 

@@ -27,7 +27,9 @@ import numpy as np
 from pydantic import ValidationError
 
 from engine.errors import LayerflowError
+from engine.files import real_path
 from engine.runtime.datasets import DataError as _RuntimeDataError
+from engine.runtime.datasets.base import check_found
 
 Progress = Callable[[int, int], None]
 
@@ -341,8 +343,7 @@ def pack(sources: str | os.PathLike | Iterable[str | os.PathLike], out: str | os
     if not srcs:
         raise DataError("pack: no input given")
     for s in srcs:
-        if not s.exists():
-            raise DataError(f"{s}: nothing found at this path")
+        check_found(s, DataError)
     kind = as_kind or pack_kind(srcs)
     if kind not in ("token_file", "shards", "array"):
         raise DataError(f"pack makes token_file, shards or array data, not {kind!r}")
@@ -437,7 +438,7 @@ def use_data(project, path: str | os.PathLike, kind: str | None = None, *, fit: 
     from engine.project import Training
 
     p = Path(os.path.expanduser(str(path)))
-    abs_path = Path(os.path.abspath(p)) if "{" in p.name else p.resolve()
+    abs_path = Path(os.path.abspath(p)) if "{" in p.name else real_path(p)
     if kind is None:
         from engine.data.inspection import guess_kind
 
@@ -460,7 +461,7 @@ def use_data(project, path: str | os.PathLike, kind: str | None = None, *, fit: 
         raise DataError(_one_line(e).removeprefix("training.dataset: ")) from None
     stored = dict(s)
     if project.path is not None:
-        home = project.directory.resolve()
+        home = real_path(project.directory)
         if abs_path.is_relative_to(home):
             stored["path"] = os.path.relpath(abs_path, home)
     try:

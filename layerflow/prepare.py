@@ -67,6 +67,8 @@ def prepare_resume(run_dir: str | Path, *, nproc: int | None = None, steps: int 
         dist_checkpoint.check_latest(run_dir)
     except dist_checkpoint.UnsafeCheckpoint as exc:
         raise RunError(str(exc)) from None
+    if spec.weights:  # the run's initial weights, which the trainer loads before the checkpoint
+        _check_run_weights(run_dir / spec.weights)
     try:  # a run (or its orphaned workers) still writing the folder: refuse before touching it
         RunLock(run_dir).acquire().release()
     except RunBusy as exc:
@@ -81,3 +83,17 @@ def prepare_resume(run_dir: str | Path, *, nproc: int | None = None, steps: int 
             warnings = replan_run(run_dir, nproc, overrides)
     world = RunSpec.load(run_dir).world
     return Prepared(run_dir, nproc or world, True, warnings)
+
+
+def _check_run_weights(path: Path) -> None:
+    """A run folder's weights.pt read as the trainer reads it, before anything starts: a
+    pickle there (a folder copied from elsewhere, or altered) is refused in one line."""
+    from engine.files import os_error_text
+    from engine.runtime.model import WeightsRefused, read_weights
+
+    try:
+        read_weights(path)
+    except WeightsRefused as exc:
+        raise RunError(f"resume: {exc}") from None
+    except OSError as exc:
+        raise RunError(f"resume: cannot read {path}: {os_error_text(exc)}") from None

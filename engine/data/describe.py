@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from engine.data.sources import (IN_PLACE_KINDS, CsvFile, Digits, NpzFile, SyntheticClassification, SyntheticImages,
                                  SyntheticRegression, SyntheticSequence)
-from engine.files import ProjectError
+from engine.files import ProjectError, real_path, stat_input
 from engine.runtime.datasets.base import seeded_split
 
 if TYPE_CHECKING:  # a type only: the project holds its data settings, so data/ sits below it
@@ -398,11 +399,10 @@ def source_settings(project: Project) -> dict | None:
     settings = d.model_dump(mode="json")
     path = project.resolve_path(settings["path"])
     trust.check_file(project, path, "training.dataset.path")
-    if not path.exists():
-        raise ProjectError(f"training.dataset.path: {path} does not exist")
-    if not path.is_dir() and not path.is_file():  # a FIFO would block the reader, a device never end
+    mode = stat_input(path, "training.dataset.path").st_mode  # missing, or a symlink loop: named
+    if not stat.S_ISDIR(mode) and not stat.S_ISREG(mode):  # a FIFO would block the reader, a device never end
         raise ProjectError(f"training.dataset.path: {path} is not a regular file or a folder")
-    settings["path"] = str(path.resolve())
+    settings["path"] = str(real_path(path))
     return settings
 
 
@@ -457,9 +457,7 @@ def _describe_npz(project: Project, d: NpzFile) -> DataInfo:
     field = "training.dataset.path"
     path = project.resolve_path(d.path)
     trust.check_file(project, path, field)
-    if not path.exists():
-        raise ProjectError(f"{field}: {path} does not exist")
-    if not path.is_file():
+    if not stat.S_ISREG(stat_input(path, field).st_mode):
         raise ProjectError(f"{field}: {path} is not a regular file (a device, FIFO or folder is never read)")
     try:
         headers = _npy_headers(path)
@@ -477,7 +475,7 @@ def _describe_npz(project: Project, d: NpzFile) -> DataInfo:
             raise ProjectError(f"{field}: {path}: {name} has shape {list(shape)}; give one row of features per sample")
     _check_bytes(packed, f"{path}'s compressed arrays, unpacked (each rank holds them)", field,
                  instead="or save it with np.savez (not compressed), whose arrays are read in place")
-    settings = {**d.model_dump(mode="json"), "path": str(path.resolve())}
+    settings = {**d.model_dump(mode="json"), "path": str(real_path(path))}
     info = describe_source(settings)
     info.max_token = _scan_npz(settings, path, info.task)
     return info

@@ -25,6 +25,7 @@ from engine.runtime.datasets import (
     sample_seed,
 )
 from engine.runtime.datasets.arrays import ArrayFile
+from engine.runtime.datasets.base import check_found
 from engine.runtime.datasets.images import IMAGE_EXTS, ImageFolder
 from engine.runtime.datasets.shards import Shards
 from engine.runtime.datasets.tables import Parquet
@@ -231,8 +232,7 @@ def guess_kind(path: str | os.PathLike) -> str:
     p = Path(os.path.expanduser(str(path)))
     if "{" in p.name and p.name.endswith(".tar"):
         return "shards"
-    if not p.exists():
-        raise DataError(f"{p}: nothing found at this path")
+    check_found(p)
     if p.is_file():
         kind = _BY_EXT.get(p.suffix.lower())
         if kind:

@@ -128,15 +128,15 @@ def check_data(result, data: DataInfo | Arrays) -> list[str]:
 
 def _check_weights(src: Path, result) -> None:
     """The weights file holds tensors (nothing else is unpickled) that fit the diagram."""
-    import torch
+    from engine.files import os_error_text
+    from engine.runtime.model import WeightsRefused, read_weights
 
     try:
-        state = torch.load(src, map_location="cpu", weights_only=True)
-    except Exception as exc:  # a pickle payload weights_only refuses, a truncated file, not torch at all
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        raise RunError(f"weights: {src} is not a weights file Layerflow reads ({type(exc).__name__}: {first})") from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise RunError(f"weights: {src} does not hold a dictionary of tensors (a state_dict)")
+        state = read_weights(src)
+    except WeightsRefused as exc:  # a pickle payload weights_only refuses, a truncated file, not torch at all
+        raise RunError(f"weights: {exc}") from None
+    except OSError as exc:
+        raise RunError(f"weights: cannot read {src}: {os_error_text(exc)}") from None
     want = result.build(device="meta").state_dict()
     for k, v in state.items():
         if k not in want:

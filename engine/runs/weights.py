@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from engine.errors import InteropError
+from engine.files import real_path
 from engine.project import Project, atomic_write, weights_name
 
 CHECKPOINTS = "checkpoints"
@@ -255,7 +256,7 @@ def init_from(project: Project, source: str | None, checkpoint: str | None = Non
     start.weights_origin = f"{Path(run_arg).name} ({name})"
     with tempfile.TemporaryDirectory(prefix="layerflow-init-") as tmp:
         # (the new run's project snapshot names this file: its name says where the weights came from)
-        f = Path(tmp) / f"{Path(run_arg).resolve().name}.{name}.weights.pt"
+        f = Path(tmp) / f"{real_path(run_arg).name}.{name}.weights.pt"
         f.write_bytes(state_bytes(state))
         start.weights = str(f)
         with trust.allowing([f"file:{f.resolve()}"]):

@@ -269,11 +269,11 @@ def _unsafe(file: Path, names: list[str]) -> UnsafeCheckpoint:
 
 def _globals_named(file: Path, exc: Exception) -> list[str]:
     """The globals a refused file names (read from its opcodes, nothing run)."""
-    try:
-        allowed = {g[1] for g in _numpy_globals() if isinstance(g, tuple)}
-        return [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(file) if g not in allowed]
-    except Exception:  # noqa: BLE001 - not a zip checkpoint: the unpickler's own words
-        return re.findall(r"GLOBAL ([\w.]+)", str(exc))[:1]
+    from .model import pickled_globals
+
+    allowed = {g[1] for g in _numpy_globals() if isinstance(g, tuple)}
+    names = [g for g in pickled_globals(file, limit=10) if g not in allowed]
+    return names or re.findall(r"GLOBAL ([\w.]+)", str(exc))[:1]  # (else the unpickler's own words)
 
 
 def _encoded(extra: dict) -> dict:

@@ -63,9 +63,72 @@ def tie_parameters(model: nn.Module, ties: dict[str, str]) -> None:
         setattr(model.get_submodule(owner), name, model.get_parameter(src))
 
 
+class WeightsRefused(ValueError):
+    """A weights file that is not a state_dict of tensors as torch.load(weights_only=True)
+    reads one (pickled Python objects, which could run code; not torch's at all): one line
+    naming the file, why, and what to do. Nothing of it was run."""
+
+
+def pickled_globals(path, limit: int = 5) -> list[str]:
+    """The Python objects ('posix.system') a pickle or torch file names, read from its
+    opcodes (nothing is run, nothing imported); [] where none can be told."""
+    import pickletools
+    import zipfile
+
+    try:
+        if zipfile.is_zipfile(path):
+            return torch.serialization.get_unsafe_globals_in_checkpoint(path)[:limit]
+        names: list[str] = []
+        strings: list[str] = []
+        with open(path, "rb") as f:
+            for i, (op, arg, _) in enumerate(pickletools.genops(f)):
+                if i > 100_000 or len(names) >= limit:
+                    break
+                if op.name == "GLOBAL":  # protocols 0-3: "module name"
+                    names.append(str(arg).replace(" ", ".", 1))
+                elif op.name == "STACK_GLOBAL" and len(strings) >= 2:  # protocol 4+: the last two strings
+                    names.append(f"{strings[-2]}.{strings[-1]}")
+                elif isinstance(arg, str) and "UNICODE" in op.name:
+                    strings.append(arg)
+        return list(dict.fromkeys(names))
+    except Exception:  # noqa: BLE001 - not a pickle we can walk: the refusal says it without names
+        return []
+
+
+def read_weights(path) -> dict[str, torch.Tensor]:
+    """A weights file (a state_dict saved by torch) read without running anything:
+    torch.load(weights_only=True), and a dictionary of tensors by name; else
+    WeightsRefused in one line. OSError (missing, unreadable) is left to the caller."""
+    import pickle
+    import warnings
+    import zipfile
+
+    try:
+        with warnings.catch_warnings():  # (torch's note on a raw pickle's protocol: the refusal below says more)
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        names = pickled_globals(path)
+        what = f" ({', '.join(names)})" if names else ""
+        raise WeightsRefused(
+            f"{path}: not loaded: it holds pickled Python objects{what}, not only tensors, and reading them could "
+            "run code (torch.load with weights_only=True refuses them); re-save it as a state_dict of tensors "
+            "(torch.save(model.state_dict(), PATH), in a Python you trust), or use weights Layerflow wrote") from None
+    except (RuntimeError, EOFError, ValueError, KeyError, IndexError, AttributeError, zipfile.BadZipFile) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise WeightsRefused(f"{path}: not a weights file Layerflow reads (torch.load: {first}); give a state_dict "
+                             "saved by torch.save(model.state_dict(), PATH)") from None
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in state.items()):
+        raise WeightsRefused(f"{path}: does not hold a state_dict (a dictionary of tensors by parameter name); "
+                             "save one with torch.save(model.state_dict(), PATH)")
+    return state
+
+
 def load_weights(gm: nn.Module, path: str) -> None:
-    """Load a weights file written by engine/project.py (a state_dict saved by torch)."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    """Load a weights file written by engine/project.py (a state_dict saved by torch);
+    WeightsRefused in one line for anything else."""
+    state = read_weights(path)
     missing, unexpected = gm.load_state_dict(state, strict=False)
     if unexpected:
         raise ValueError(f"weights file {path} has entries for no layer of the diagram: {', '.join(sorted(unexpected)[:10])}")

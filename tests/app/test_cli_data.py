@@ -14,7 +14,7 @@ from PIL import Image
 
 from app import cli
 from app.cli import data_cmds as cli_data
-from engine.project import load_project
+from engine.project import load_project, save_project
 
 from tests.engine.runtime.test_datasets import make_images, make_npz, make_parquet, make_tokens
 
@@ -346,3 +346,57 @@ def test_a_real_process_prints_one_line_and_exits_2(tmp_path):
     (tmp_path / "imgs" / "fox").rmdir()
     r = cli("data", "inspect", tmp_path / "imgs", "--image-size", "8", "--seconds", "0.1")
     assert r.returncode == 0 and "classes: 3" in r.stdout and r.stderr == "", r.stderr
+
+
+# ---- images users really have (issue 61) ------------------------------------------------
+MODES = ("1", "L", "P", "RGB", "RGBA", "I;16", "CMYK")
+SHAPES = ((17, 50), (50, 17), (1, 300), (300, 1), (2, 1000), (1000, 3), (1, 1), (9, 9))  # (width, height)
+
+
+def make_odd_images(root: Path) -> int:
+    """Two classes of images in every PIL mode at extreme aspect ratios (a scanned text
+    line, a one-pixel column), written with Pillow; CMYK as JPEG (PNG holds no CMYK)."""
+    rng = np.random.default_rng(5)
+    n = 0
+    for c in ("line", "word"):
+        (root / c).mkdir(parents=True)
+        for mode in MODES:
+            for w, h in SHAPES:
+                a = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
+                im = Image.fromarray(a).convert(mode if mode != "I;16" else "L")
+                if mode == "I;16":
+                    im = Image.fromarray(rng.integers(0, 2 ** 16, (h, w), dtype=np.uint16))
+                    assert im.mode == "I;16"
+                im.save(root / c / f"{mode.replace(';', '_')}-{w}x{h}.{'jpg' if mode == 'CMYK' else 'png'}")
+                n += 1
+    return n
+
+
+def test_narrow_images_in_every_mode_inspect_and_train(run, tmp_path):
+    """A 17x50 image (and 1x300, 300x1, ...) in modes 1, L, P, RGB, RGBA, I;16, CMYK: the
+    random resized crop's fallback box stays inside the image (torchvision's: the centre
+    crop at the nearest allowed ratio), so no sample ends the run or the inspection."""
+    from engine.runtime.datasets import open_source
+
+    n = make_odd_images(tmp_path / "imgs")
+    for channels in (1, 3):
+        src = open_source({"kind": "image_folder", "path": str(tmp_path / "imgs"), "image_size": 8,
+                           "channels": channels, "val_fraction": 0.1}, "train", None)
+        for i in range(len(src)):
+            for seed in (None, 1, 2, 3, 4, 5, 6, 7):  # the validation crop, and augmented draws
+                x, _ = src.sample(i, seed)
+                assert tuple(x.shape) == (channels, 8, 8) and bool(x.isfinite().all()), src.where(i)
+    rc, out, err = run("data", "inspect", tmp_path / "imgs", "--image-size", "8", "--samples", "24", *QUICK)
+    assert rc == 0, err
+    assert "unreadable" not in out and f"samples: {n - round(n * 0.1)} train" in out, out
+    proj = tmp_path / "p.lflow"
+    proj.write_text((EX / "cnn_digits.lflow").read_text())
+    rc, out, err = run("data", "use", proj, tmp_path / "imgs", "--fit")
+    assert rc == 0, err
+    p = load_project(proj)
+    p.graph.set_param("head", "out_features", 2)  # two classes
+    save_project(p)
+    rc, out, err = run("train", proj, "--steps", "3", "--out", tmp_path / "run")
+    assert rc == 0, err
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["state"] == "succeeded" and status["step"] == 3, status

@@ -282,3 +282,104 @@ def test_a_runs_link_out_of_the_project_is_refused_unless_chosen(tmp_path):
     (project.parent / "runs").symlink_to(project.parent / "kept")  # a link inside the folder: followed
     assert cli("train", project, "--steps", "1", cwd=tmp_path).returncode == 0
     assert len(list((project.parent / "kept").iterdir())) == 1
+
+
+# ----- issue 61: what the run spec refuses, the project refuses first ---------------------------
+@pytest.mark.parametrize("where, value, commands", [
+    ("optimizer.weight_decay", "Infinity", ("validate", "summary", "plan", "train")),
+    ("grad_clip", "Infinity", ("validate", "summary", "plan", "train")),
+    ("grad_clip", "NaN", ("validate", "train")),
+    ("optimizer.lr", "NaN", ("validate",)),
+    ("optimizer.momentum", "-Infinity", ("validate",)),
+    ("schedule.gamma", "NaN", ("validate",)),
+    ("schedule.min_lr_ratio", "Infinity", ("validate",)),
+    ("dataset.val_fraction", "NaN", ("validate",)),
+])
+def test_a_number_that_is_not_finite_is_one_line_naming_its_field(tmp_path, where, value, commands):
+    """JSON's Infinity and NaN (json.dumps writes them, json.loads reads them) pass a bound like
+    `ge=0` or fail it with a misleading message; the run spec (runtime/spec.py) refuses them at
+    train with a traceback. The project refuses them on load, naming the field."""
+    d = json.loads(MLP.read_text())
+    *parents, leaf = where.split(".")
+    at = d["training"]
+    for p in parents:
+        at = at[p]
+    at[leaf] = float(value.replace("Infinity", "inf"))
+    project = tmp_path / "p.lflow"
+    project.write_text(json.dumps(d))
+    assert value in project.read_text()
+    for command in commands:
+        extra = ["--steps", "1", "--out", tmp_path / "run"] if command == "train" else []
+        r = cli(command, project, *extra, cwd=tmp_path)
+        one_line(r, f"p.lflow: training.{where}: must be a finite number", code=r.returncode if r.returncode in (1, 2) else 2)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("what", ["weights", "npz", "csv"])
+def test_a_symlink_loop_where_a_projects_file_should_be_is_one_line(tmp_path, what):
+    """proj.weights.pt, d.npz or d.csv a link to a link back to itself: Path.resolve raises
+    RuntimeError ("Symlink loop from ...") and Path.exists says False; every command names the
+    file and the loop instead (validate, summary and plan read neither file: they pass)."""
+    name = {"weights": "proj.weights.pt", "npz": "d.npz", "csv": "d.csv"}[what]
+    change = {"weights": {"weights": name}, "npz": {"dataset": {"kind": "npz", "path": name}},
+              "csv": {"dataset": {"kind": "csv", "path": name}}}[what]
+    project = project_file(tmp_path, "proj.lflow", **change)
+    (tmp_path / name).symlink_to(tmp_path / f"{name}.2")
+    (tmp_path / f"{name}.2").symlink_to(tmp_path / name)
+    field = "weights" if what == "weights" else "training.dataset.path"
+    for command in ("validate", "summary", "plan"):
+        r = cli(command, project, cwd=tmp_path)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (command, r.stderr[-3000:])
+    one_line(cli("train", project, "--steps", "1", "--out", tmp_path / "run", cwd=tmp_path),
+             f"{field}: cannot read", name, "Too many levels of symbolic links", "leads back to itself")
+    assert not (tmp_path / "run").exists()
+    if what != "weights":
+        one_line(cli("data", "inspect", tmp_path / name, cwd=tmp_path), name, "leads back to itself")
+        one_line(cli("data", "use", project, tmp_path / name, cwd=tmp_path), name, "leads back to itself")
+    assert (tmp_path / name).is_symlink() and (tmp_path / f"{name}.2").is_symlink()
+
+
+class _Payload:
+    """What a hostile weights file holds: os.system on unpickling (never run: refused)."""
+
+    def __init__(self, mark: Path):
+        self.mark = str(mark)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.mark}",))
+
+
+def test_pickled_weights_are_refused_in_one_line_naming_the_file(tmp_path):
+    """Weights that torch.load(weights_only=True) refuses (a raw pickle, a torch.save of an
+    object that calls os.system): `export`, `train` and `train --resume RUN_DIR` (the run's
+    weights.pt, its checkpoint) name the file, what it holds and what to do, in one line."""
+    import pickle
+
+    import torch
+
+    pwned = tmp_path / "pwned"
+    (tmp_path / "raw.pt").write_bytes(pickle.dumps(_Payload(pwned)))
+    torch.save({"fc1.weight": _Payload(pwned)}, tmp_path / "saved.pt")
+    said = ("not loaded: it holds pickled Python objects (posix.system)", "re-save it as a state_dict of tensors")
+    for name in ("raw.pt", "saved.pt"):
+        project = project_file(tmp_path, f"{name}.lflow", weights=name)
+        one_line(cli("export", project, "--onnx", tmp_path / "m.onnx", cwd=tmp_path), name, *said)
+        one_line(cli("train", project, "--steps", "1", "--out", tmp_path / "run", cwd=tmp_path), f"weights: {tmp_path / name}",
+                 *said)
+        assert not (tmp_path / "run").exists() and not (tmp_path / "m.onnx").exists()
+    from engine.diagram.compile import compile_graph
+    from engine.project import load_project
+
+    module = compile_graph(load_project(MLP).graph).build(device="cpu", seed=0)
+    torch.save(module.state_dict(), tmp_path / "good.pt")  # a run that starts from weights of its own
+    project = project_file(tmp_path, weights="good.pt")
+    r = cli("train", project, "--steps", "2", "--out", tmp_path / "r1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = tmp_path / "r1"
+    assert json.loads((run / "run.json").read_text())["weights"] == "weights.pt"
+    assert cli("train", project, "--resume", run, "--steps", "3", cwd=tmp_path).returncode == 0
+    shutil.copyfile(tmp_path / "saved.pt", run / "weights.pt")
+    one_line(cli("train", project, "--resume", run, "--steps", "4", cwd=tmp_path), "resume:", "weights.pt", *said)
+    shutil.copyfile(tmp_path / "raw.pt", run / "weights.pt")
+    one_line(cli("train", project, "--resume", run, "--steps", "4", cwd=tmp_path), "resume:", "weights.pt", *said)
+    assert not pwned.exists()

@@ -7,6 +7,7 @@ open their own file handles after fork or spawn).
 """
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 from pathlib import Path
@@ -35,13 +36,29 @@ def need(module: str, fmt: str, package: str):
         raise DataError(f"{fmt} needs {package} on this node: pip install {package.lower()}") from None
 
 
+def check_found(p: Path, error=DataError) -> None:
+    """`p` is there and can be reached: else `error` in one line, "nothing found" for a
+    missing path, the reason for one that cannot be reached (a symlink loop, which
+    Path.exists calls missing, or a folder one may not enter)."""
+    try:
+        os.stat(p)
+    except FileNotFoundError:
+        raise error(f"{p}: nothing found at this path") from None
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        if exc.errno == errno.ELOOP:
+            why += " (a symbolic link in the path leads back to itself; remove the link or use another path)"
+        raise error(f"{p}: cannot read: {why}") from None
+    except ValueError as exc:  # a NUL byte in the path
+        raise error(f"{p}: {exc}") from None
+
+
 def resolve(path: str | os.PathLike, base_dir: Path | None) -> Path:
     """A project-relative path made absolute (project files name data relative to themselves)."""
     p = Path(os.path.expanduser(str(path)))
     if not p.is_absolute() and base_dir is not None:
         p = Path(base_dir) / p
-    if not p.exists():
-        raise DataError(f"{p}: nothing found at this path")
+    check_found(p)
     return p
 
 

@@ -54,18 +54,26 @@ class ImageTransform:
 
     def open(self, data: bytes | str, where):
         """A decoded PIL image in the mode of `channels`, or CorruptSample naming where()
-        (a callable: the message is only built when it is needed)."""
+        (a callable: the message is only built when it is needed). Any error of a decoder
+        (a hostile file meets struct.error, IndexError, MemoryError, ... as well as OSError)
+        is that sample's, never the run's."""
         Image = need("PIL.Image", self.fmt, "Pillow")
         try:
             with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as im:
                 return im.convert("RGB" if self.channels == 3 else "L")  # decodes the whole file
-        except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
-            why = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise CorruptSample(f"{where()}: not a readable image ({why})") from None
+        except Exception as e:  # noqa: BLE001 - see above
+            raise CorruptSample(f"{where()}: not a readable image ({_first_line(e)})") from None
 
     def __call__(self, data: bytes | str, seed: int | None, where) -> torch.Tensor:
-        Image = need("PIL.Image", self.fmt, "Pillow")
         im = self.open(data, where)
+        try:
+            return self._crop(im, seed)
+        except Exception as e:  # noqa: BLE001 - an image no crop fits (no pixels): the sample's error
+            raise CorruptSample(f"{where()}: a {im.width}x{im.height} image that cannot be cropped to "
+                                f"{self.size}x{self.size} ({_first_line(e)})") from None
+
+    def _crop(self, im, seed: int | None) -> torch.Tensor:
+        Image = need("PIL.Image", self.fmt, "Pillow")
         S, W, H = self.size, im.width, im.height
         if seed is None or not self.random_crop:
             # the shorter side to `resize`, then the centre S x S, in one resampling
@@ -91,10 +99,16 @@ class ImageTransform:
         return torch.from_numpy(out)
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:200]}" if text else type(e).__name__
+
+
 def random_resized_box(W: int, H: int, scale, u) -> tuple[int, int, int, int]:
     """torchvision's RandomResizedCrop.get_params, drawing from u() (uniform in [0, 1)): a
     box of a random area fraction in `scale` and aspect ratio in [3/4, 4/3] (log-uniform),
-    ten tries, then the centre crop of the clamped ratio."""
+    ten tries, then the centre crop of the image at the nearest allowed ratio (a narrow
+    image, 17 x 50: its whole width and 4/3 of it in height), always inside the image."""
     area = W * H
     lo, hi = math.log(3 / 4), math.log(4 / 3)
     for _ in range(10):
@@ -106,7 +120,13 @@ def random_resized_box(W: int, H: int, scale, u) -> tuple[int, int, int, int]:
             top, left = int(u() * (H - h + 1)), int(u() * (W - w + 1))
             return left, top, left + w, top + h
     ratio = W / H
-    w, h = (W, int(round(W / (4 / 3)))) if ratio > 4 / 3 else (int(round(H * 3 / 4)), H) if ratio < 3 / 4 else (W, H)
+    if ratio < 3 / 4:  # taller than 3:4: the whole width, a height of width / (3/4)
+        w, h = W, min(H, int(round(W / (3 / 4))))
+    elif ratio > 4 / 3:  # wider than 4:3: the whole height, a width of height x 4/3
+        w, h = min(W, int(round(H * 4 / 3))), H
+    else:
+        w, h = W, H
+    w, h = max(1, w), max(1, h)
     left, top = (W - w) // 2, (H - h) // 2
     return left, top, left + w, top + h
 

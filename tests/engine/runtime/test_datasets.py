@@ -468,3 +468,23 @@ def test_fingerprint_is_content_based(tmp_path):
     make_tokens(tmp_path / "tok")
     t = fingerprint({"kind": "token_file", "path": "tok"}, tmp_path)
     assert t["files"] == 3 and t["bytes"] == 5000 * 2 + 800 * 2 + (tmp_path / "tok" / "meta.json").stat().st_size
+
+
+def test_the_random_resized_box_lies_inside_every_image():
+    """torchvision's RandomResizedCrop.get_params: ten draws, then the centre crop at the
+    nearest ratio in [3/4, 4/3] (a 17x50 text line: its whole width, 23 px of its height);
+    any image of at least one pixel, any draws, gives a box inside it."""
+    import random
+
+    from engine.runtime.datasets.images import random_resized_box
+
+    never = lambda: 0.999999  # noqa: E731 - the largest area at the widest ratio: no try fits a narrow image
+    assert random_resized_box(17, 50, (0.08, 1.0), never) == (0, 13, 17, 36)
+    assert random_resized_box(50, 17, (0.08, 1.0), never) == (13, 0, 36, 17)
+    assert random_resized_box(1, 300, (0.08, 1.0), never) == (0, 149, 1, 150)
+    assert random_resized_box(40, 40, (1.0, 1.0), never) == (0, 0, 40, 40)
+    rng = random.Random(0)
+    for _ in range(5000):
+        W, H = rng.choice([1, 2, 3, 17, 50, 300, 4000]), rng.choice([1, 2, 3, 17, 50, 300, 4000])
+        left, top, right, bottom = random_resized_box(W, H, (rng.uniform(0.01, 1.0), 1.0), rng.random)
+        assert 0 <= left < right <= W and 0 <= top < bottom <= H, (W, H, (left, top, right, bottom))
