@@ -28,8 +28,8 @@ from PySide6.QtWidgets import QDockWidget, QTabBar
 # bottom area's height (as a share of the window when below 1).
 WORKSPACES: dict[str, dict] = {
     "Design": {"tip": "draw the diagram: layers, inspector, problems",
-               "left": [["Layers"]], "right": [["Inspector"], ["Problems", "Summary"]],
-               "width": {"left": 172, "right": 288}, "split": 0.62},
+               "left": [["Layers"]], "right": [["Inspector"], ["Problems", "Summary", "Changes"]],
+               "width": {"left": 172, "right": 288}, "split": 0.62},  # (Changes: a comparison or a merge's conflicts)
     "Place": {"tip": "place it on devices: pipeline, data and tensor parallel, the plan per device",
               "right": [["Devices", "Remote jobs"], ["Summary", "Problems"]],
               "width": {"right": 330}, "split": 0.55},
@@ -106,8 +106,8 @@ class Workspaces(QObject):
         if title == "Dashboard":
             return ui is None or ui._dashboard is None or not ui._dashboard.run_keys()
         if title == "Changes":
-            compare = getattr(w, "compare_ui", None)
-            return compare is None or getattr(compare, "other", None) is None
+            compare = getattr(w, "compare_ui", None)  # a comparison, or a merge's conflicts to settle
+            return compare is None or (getattr(compare, "other", None) is None and not w.project.conflicts)
         if title == "Runs Table":
             return ui is None or not ui.runs_panel.run_paths()
         return False
