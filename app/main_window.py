@@ -111,11 +111,9 @@ class EditorWindow(QMainWindow):
         from app.devices_source import attach  # here: paramiko loads with the window, not with the CLI
         self.device_source = attach(self)  # the devices panel's source: this machine or a cluster
         self.apply_theme(self.settings.theme())
-        geo, state = self.settings.value("geometry"), self.settings.value("window_state")
+        geo = self.settings.value("geometry")
         if isinstance(geo, QByteArray):
             self.restoreGeometry(geo)
-        if isinstance(state, QByteArray):
-            self.restoreState(state)
         self._autosave_timer = QTimer(self, interval=1000 * self.settings.autosave_seconds(), timeout=self.autosave_now)
         self._autosave_timer.start()
         self._after_project_set()
@@ -130,8 +128,9 @@ class EditorWindow(QMainWindow):
         self.sweep_ui = sweep_ui.install(self)
         self.run_toolbar.setVisible(bool(self.run_toolbar.actions()))
         self._fill_run_menu()
-        if not isinstance(state, QByteArray):
-            self.default_dock_sizes()
+        from app import workspaces  # Design, Place, Train, Compare: each a saved arrangement of the panels
+
+        self.workspaces = workspaces.install(self)
         self._panel_undo = _PanelUndo(self)
         QApplication.instance().installEventFilter(self._panel_undo)  # shortcut overrides go to the focus widget
 
@@ -139,9 +138,24 @@ class EditorWindow(QMainWindow):
         """The other parts of the window (app/window.py installs them); the editor alone has none."""
 
     def default_dock_sizes(self) -> None:
-        """The canvas gets most of the window; side panels a readable width."""
-        self.resizeDocks([self.palette_dock, self.inspector_dock], [200, 320], Qt.Horizontal)
-        self.resizeDocks([self.problems_dock], [max(140, self.height() // 5)], Qt.Vertical)
+        """The current workspace's panels at its sizes for the window's present size (the
+        canvas gets most of it: app/workspaces.py)."""
+        ws = getattr(self, "workspaces", None)
+        if ws is not None and ws.current is not None:
+            ws.size(ws.current)
+
+    def show_workspace(self, name: str) -> None:
+        """Design, Place, Train or Compare (app/workspaces.py); the editor alone has none."""
+        ws = getattr(self, "workspaces", None)
+        if ws is not None:
+            ws.show(name)
+
+    def showEvent(self, e) -> None:  # noqa: N802
+        super().showEvent(e)
+        ws = getattr(self, "workspaces", None)
+        if ws is not None and ws.arranged and not getattr(self, "_shown_once", False):
+            self._shown_once = True  # a default arrangement's sizes, now that the window has its size
+            QTimer.singleShot(0, self.default_dock_sizes)
 
     # ----- public API for other areas ------------------------------------------
     @property
@@ -248,6 +262,7 @@ class EditorWindow(QMainWindow):
             m.addSeparator() if k is None else m.addAction(a[k])
         self.edit_menu = m
         m = self.menuBar().addMenu("&View")
+        self.view_menu = m
         for k in ("fit", "zoom_in", "zoom_out", "zoom_reset", None, "layout", "layout_sel", "top_down", None, "snap", "minimap", "search",
                   "find"):
             m.addSeparator() if k is None else m.addAction(a[k])
@@ -912,7 +927,7 @@ class EditorWindow(QMainWindow):
             e.ignore()
             return
         self.settings.set_value("geometry", self.saveGeometry())
-        self.settings.set_value("window_state", self.saveState())
+        self.workspaces.save()  # each workspace keeps its own arrangement
         self._autosave_timer.stop()
         self._remove_autosave()
         self.sweep_ui.shutdown()  # a sweep's runs stop with the window (they would, their parent gone)

@@ -330,6 +330,9 @@ class RunUI(QObject):
     def show_dashboard(self) -> None:
         """The plots, tall enough to read; the bottom area gets its old height back when the
         user turns to another of its tabs (Problems, Summary), so the canvas is not left small."""
+        ws = getattr(self.window, "workspaces", None)
+        if ws is not None and ws.current not in ("Train", "Compare"):
+            ws.show("Train")  # the task's workspace, as a debugger's start shows its mode
         bar = self._bottom_tabs()
         if bar is not None and bar.tabText(bar.currentIndex()) != "Dashboard":
             self._bottom_h = self.dashboard_dock.height() if self.dashboard_dock.isVisible() else None

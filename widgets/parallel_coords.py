@@ -33,6 +33,19 @@ def _axis(values: list):
     return [where[str(v)] if v is not None else math.nan for v in values], [(where[c], c) for c in cats]
 
 
+def varying(rows: list[dict], settings: list[str]) -> list[str]:
+    """The settings that take more than one value over `rows` (a setting that never varies
+    is no axis), all of them while there are fewer than two runs."""
+    if len(rows) < 2:
+        return list(settings)
+    return [c for c in settings if len({repr(row_value(r, c)) for r in rows}) > 1]
+
+
+def short_name(column: str) -> str:
+    """An axis's name without its section ("training.optimizer.lr" -> "lr")."""
+    return column.rsplit(".", 1)[-1]
+
+
 class ParallelCoords(pg.PlotWidget):
     """`set_rows(rows, settings, metric)`; `best_path` and `lines` (path -> curve) after."""
 
@@ -48,14 +61,19 @@ class ParallelCoords(pg.PlotWidget):
         self.labels: list[pg.TextItem] = []
         self.best_path: str | None = None
         self.columns: list[str] = []
+        self.names: list[str] = []  # the axis names as shown (shortened to their room)
+        self.value_labels: list[pg.TextItem] = []
+        self._ticks: list[list] = []
+        self.plotItem.vb.sigResized.connect(self._fit_names)
 
     def set_rows(self, rows: list[dict], settings: list[str], metric: str) -> None:
         pi = self.plotItem
         for item in [*self.lines.values(), *self.labels]:
             pi.removeItem(item)
         self.lines, self.labels, self.best_path = {}, [], None
+        self.value_labels, self._ticks = [], []
         rows = [r for r in rows if r.get("path")]
-        self.columns = [*settings, metric]
+        self.columns = [*varying(rows, settings), metric]
         if not rows or not self.columns:
             return
         cols = [[row_value(r, c) for r in rows] for c in self.columns]
@@ -91,12 +109,42 @@ class ParallelCoords(pg.PlotWidget):
             self.lines[r["path"]] = curve
         for x, (name, (_pos, ticks)) in enumerate(zip(self.columns, axes)):
             self.labels.append(pi.addLine(x=x, pen=pg.mkPen((150, 150, 150), width=1)))
-            for p, text in ticks[:12]:
-                t = pg.TextItem(text, color=(120, 120, 120), anchor=(0, 0.5))
-                t.setPos(x + 0.03, p)
+            kept = []
+            for p, text in ticks:  # values at least a line apart (the nearer ones are on hover)
+                if not kept or p - kept[-1][0] >= 0.09:
+                    kept.append((p, text))
+            for p, text in kept:
+                # beside the axis on a band of the background, so lines pass under it, not through it
+                t = pg.TextItem(text, color=(90, 90, 90), anchor=(0, 0.5), fill=pg.mkBrush(255, 255, 255, 200))
+                t.setPos(x, p)
+                t.setZValue(20)
+                t.full = text
                 pi.addItem(t)
                 self.labels.append(t)
-        ax = pi.getAxis("bottom")
-        ax.setTicks([[(i, c) for i, c in enumerate(self.columns)]])
-        pi.setXRange(-0.2, len(self.columns) - 0.5, padding=0)
+                self.value_labels.append((x, t))
+        self.setToolTip("\n".join(self.columns))  # the full names
+        pi.setXRange(-0.5, len(self.columns) - 0.5, padding=0)  # half a column's room either side: every name
         pi.setYRange(-0.08, 1.08, padding=0)
+        self._fit_names()
+
+    def column_px(self) -> float:
+        """The width on screen between two axes."""
+        return self.plotItem.vb.width() / max(1, len(self.columns))
+
+    def _fit_names(self) -> None:
+        """Axis names and values shortened to the room between two axes, so none runs into
+        the next (the plot's tooltip has the names whole)."""
+        if not self.columns:
+            return
+        from PySide6.QtGui import QFont, QFontMetricsF
+
+        ax = self.plotItem.getAxis("bottom")
+        fm = QFontMetricsF(ax.style.get("tickFont") or QFont())
+        room = max(12.0, self.column_px() - 8)
+        self.names = [fm.elidedText(short_name(c), QtCore.Qt.ElideRight, room) for c in self.columns]
+        ax.setTicks([[(i, n) for i, n in enumerate(self.names)]])
+        vfm = QFontMetricsF(QFont())
+        for _x, t in self.value_labels:
+            text = vfm.elidedText(t.full, QtCore.Qt.ElideRight, max(12.0, room - 6))
+            if text != t.toPlainText():
+                t.setText(text)

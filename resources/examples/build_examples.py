@@ -101,6 +101,10 @@ def transformer_synthetic() -> Project:
                                   "optimizer": {"name": "adamw", "lr": 0.002, "weight_decay": 0.01},
                                   "schedule": {"name": "cosine", "warmup_steps": 10},
                                   "batch_size": 32, "steps": 150, "eval_interval": 25, "checkpoint_interval": 50})
+    # 15 nodes in a row need ~3800 px: top down they fit a laptop's canvas whole (cards and names)
+    from engine.diagram.layout import set_direction
+
+    set_direction(g, "TB")
     return Project(g, name="transformer_synthetic", training=tr,
                    description="A tiny pre-norm transformer classifying synthetic token sequences.")
 

@@ -22,6 +22,21 @@ pytestmark = pytest.mark.gui
 COLOURS = ((220, 40, 40), (40, 200, 60), (50, 70, 230))
 
 
+@pytest.fixture
+def editor(editor):
+    """The window (tests/app/conftest.py) in Train, the Data panel's workspace, the panel in front."""
+    from PySide6.QtWidgets import QApplication
+
+    def make(project):
+        w = editor(project)
+        w.show_workspace("Train")
+        w.data_dock.raise_()
+        QApplication.processEvents()
+        return w
+
+    return make
+
+
 def make_images(root: Path, per_class=(6, 9, 3), size=20, split=False) -> Path:
     rng = np.random.default_rng(0)
     for c, colour in enumerate(COLOURS):

@@ -22,6 +22,7 @@ def win(qtbot, tmp_path):
     qtbot.addWidget(w)
     w.resize(1300, 850)
     w.show()
+    w.show_workspace("Place")  # the Devices panel's workspace (app/workspaces.py)
     yield w
     w.run_ui.shutdown()
 

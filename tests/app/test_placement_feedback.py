@@ -20,6 +20,7 @@ pytestmark = pytest.mark.gui
 def w(asked, editor):
     win = editor(two_blocks())
     win.resize(1440, 900)
+    win.show_workspace("Place")  # the Devices panel's workspace (app/workspaces.py)
     win.devices_dock.raise_()
     QApplication.processEvents()
     return win

@@ -30,6 +30,7 @@ def win(qtbot, asked, tmp_path):
     qtbot.addWidget(w)
     w.show()
     qtbot.waitExposed(w)
+    w.show_workspace("Train")  # the Training form's workspace (app/workspaces.py)
     w.training_dock.raise_()
     QApplication.processEvents()
     return w

@@ -309,3 +309,26 @@ def _short(v: float, spacing: float) -> str:
         decimals += 1
     text = f"{v / unit:.{decimals}f}"
     return (text.rstrip("0").rstrip(".") if "." in text else text) + suffix
+
+
+class SameRangeViewBox(pg.ViewBox):
+    """A view box whose linked axis takes the linked view's range as it is. pyqtgraph lines
+    linked views up on the screen when they overlap there (plots one over another in a
+    column): a plot whose y axis is wider than its neighbour's then shows a shifted x range,
+    and the last steps of a run fall off its right edge. Every plot here shows the whole
+    range the first one follows."""
+
+    def linkedViewChanged(self, view, axis):  # (pyqtgraph's API)
+        if self.linksBlocked or view is None:
+            return
+        vr = view.viewRect()
+        view.blockLink(True)
+        try:
+            if axis == pg.ViewBox.XAxis:
+                self.enableAutoRange(pg.ViewBox.XAxis, False)
+                self.setXRange(vr.left(), vr.right(), padding=0)
+            else:
+                self.enableAutoRange(pg.ViewBox.YAxis, False)
+                self.setYRange(vr.top(), vr.bottom(), padding=0)
+        finally:
+            view.blockLink(False)

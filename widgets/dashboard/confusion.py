@@ -56,7 +56,7 @@ class ConfusionMatrixWidget(pg.PlotWidget):
         self._texts = []
         if title:
             set_title(pi, title, self._fg)
-        if matrix is None:
+        if matrix is None:  # the note alone, centred in the whole plot and wrapped to it: no axes
             self.matrix = None
             self.image.clear()
             self.image.setVisible(False)
@@ -65,7 +65,11 @@ class ConfusionMatrixWidget(pg.PlotWidget):
             pi.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
             for ax in ("left", "bottom"):
                 pi.getAxis(ax).setTicks(None)
+                pi.hideAxis(ax)
+            self._fit_empty()
             return
+        for ax in ("left", "bottom"):
+            pi.showAxis(ax)
         m = np.asarray(matrix, dtype=np.float64)
         if m.ndim != 2 or m.shape[0] != m.shape[1]:
             raise ValueError(f"a confusion matrix must be square, got shape {m.shape}")
@@ -118,9 +122,18 @@ class ConfusionMatrixWidget(pg.PlotWidget):
                 return nice
         return step
 
+    def _fit_empty(self) -> None:
+        """The note wrapped to the data area's width, so none of it is cut off."""
+        w = self.getPlotItem().vb.width()
+        if w > 0:
+            self.empty.setTextWidth(max(40.0, w - 8))
+            doc = self.empty.textItem.document()
+            doc.setDefaultTextOption(QtGui.QTextOption(QtCore.Qt.AlignCenter))
+
     def _fit_cells(self) -> None:
         """The axes' labels and the cells' numbers as the matrix's size on screen allows."""
         if self.matrix is None:
+            self._fit_empty()
             return
         pi = self.getPlotItem()
         n = self.matrix.shape[0]

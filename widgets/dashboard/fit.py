@@ -4,7 +4,7 @@ A plot's title spans the whole plot (pyqtgraph puts it over the data column only
 is shortened to fit: the full title, else its short form (`SHORT`), else elided with
 "…"; the full title is then the title's tooltip. The legend is a row of its own under
 the x axis (`add_legend_row`), never over the curves: as many entries a line as the
-width takes, the row as tall as its lines. `fit_plot_texts` does both, at every
+width takes, the row as tall as its lines (up to 4 in a tall plot, names elided past that). `fit_plot_texts` does both, at every
 resize of the plot (`keep_fitted`).
 """
 from __future__ import annotations
@@ -24,6 +24,8 @@ SHORT = {
 }
 LEGEND_ROW = 4  # the PlotItem layout's rows: 0 title, 1 top axis, 2 data, 3 x axis
 MAX_LINES = 2  # a legend taller than this would take the curves' room: its names are elided
+MAX_TALL_LINES = 4  # in a plot tall enough for them (max_lines)
+CURVES_MIN_H = 90.0  # the curves' height a longer legend leaves at least
 SAMPLE_W = 24.0  # an entry's line sample and the space after it
 _LEGEND_FONT = pg.QtGui.QFont()
 _LEGEND_FONT.setPointSizeF(8)
@@ -115,8 +117,8 @@ def fit_legend(pi: pg.PlotItem) -> None:
             label.full = label.text
     widest = max(SAMPLE_W + fm.horizontalAdvance(label.full) + 12 for _, label in legend.items)
     cols = max(1, min(n, int(room // widest)))
-    if math.ceil(n / cols) > MAX_LINES:
-        cols = math.ceil(n / MAX_LINES)
+    if math.ceil(n / cols) > max_lines(pi):
+        cols = math.ceil(n / max_lines(pi))
     text_room = room / cols - SAMPLE_W - 12
     for _, label in legend.items:
         text = label.full if fm.horizontalAdvance(label.full) <= text_room else \
@@ -128,6 +130,14 @@ def fit_legend(pi: pg.PlotItem) -> None:
     if cols != legend.columnCount:
         legend.setColumnCount(cols)
     _row_height(pi, math.ceil(n / cols) * LINE_H + 2)
+
+
+def max_lines(pi: pg.PlotItem) -> int:
+    """Lines the legend may take before its names are elided: MAX_LINES, more in a tall
+    plot (up to MAX_TALL_LINES), so whole names wrap onto lines of their own while the
+    curves keep CURVES_MIN_H pixels."""
+    h = pi.geometry().height()
+    return max(MAX_LINES, min(MAX_TALL_LINES, int((h - CURVES_MIN_H - 50) // LINE_H)))
 
 
 def _row_height(pi: pg.PlotItem, h: float) -> None:

@@ -36,7 +36,7 @@ from PySide6.QtCore import Qt
 from engine.runs.parse_worker import ParseWorker
 from engine.runs.tail import columns, parse_jsonl
 
-from widgets.dashboard.axis import GridAxis, cache_painting
+from widgets.dashboard.axis import GridAxis, SameRangeViewBox, cache_painting
 from widgets.dashboard.buffers import MinMaxBuffer, ema, envelope_parts
 from widgets.dashboard.confusion import ConfusionMatrixWidget
 from widgets.dashboard.fit import add_legend_row, fit_legend, keep_fitted, set_legend_name, set_title
@@ -71,6 +71,24 @@ def _limits(current: tuple[float, float] | None, lo: float, hi: float,
     step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
     a = lo - low_margin * span if low_margin is not None else math.floor((lo - 0.02 * span) / step) * step
     return a, math.ceil((hi + 0.02 * span) / step) * step
+
+
+# Plots whose first steps are a warm-up (compiling, caches, allocator): a first step of
+# 100 ms beside 3 ms ones would flatten the rest to a line. Their y range leaves out the
+# first WARM_UP_STEPS values when they lie outside the others' range; those points are
+# still drawn (cut at the top), and the crosshair and the tooltip give their value.
+WARM_UP_PLOTS = {"step_time", "throughput"}
+WARM_UP_STEPS = 2
+
+
+def _warm_range(yb) -> tuple[float, float]:
+    """(lo, hi) of a series without its warm-up values (all of it while it is short)."""
+    v = yb.view()
+    if len(v) <= 3 * WARM_UP_STEPS:
+        return yb.lo, yb.hi
+    rest = v[WARM_UP_STEPS:]
+    finite = rest[np.isfinite(rest)]
+    return (float(finite.min()), float(finite.max())) if len(finite) else (yb.lo, yb.hi)
 
 
 class Dashboard(QtWidgets.QWidget):
@@ -192,7 +210,8 @@ class Dashboard(QtWidgets.QWidget):
         first = None
         shared_ticks: dict = {}
         for i, spec in enumerate([*PLOTS, *SYSTEM_PLOTS]):
-            pw = pg.PlotWidget(background=bg, axisItems={k: GridAxis(k, bg, shared_ticks) for k in ("left", "bottom")})
+            pw = pg.PlotWidget(background=bg, axisItems={k: GridAxis(k, bg, shared_ticks) for k in ("left", "bottom")},
+                               viewBox=SameRangeViewBox())  # (x linked by range, not by screen position)
             pi = pw.getPlotItem()
             set_title(pi, spec.title, fg, self.TITLE_H)
             pi.showGrid(x=True, y=True, alpha=grid_alpha)
@@ -921,7 +940,8 @@ class Dashboard(QtWidgets.QWidget):
             if run.visible:
                 for s in run.series.values():
                     if s.spec.plot == plot_id:
-                        lo, hi = min(lo, s.y.lo), max(hi, s.y.hi)
+                        a, b = _warm_range(s.y) if plot_id in WARM_UP_PLOTS else (s.y.lo, s.y.hi)
+                        lo, hi = min(lo, a), max(hi, b)
                 if plot_id == "memory" and run.peak_values:
                     lo, hi = min(lo, *run.peak_values), max(hi, *run.peak_values)
         if not (math.isfinite(lo) and math.isfinite(hi)):

@@ -34,6 +34,7 @@ from widgets.node_scene.painting import (
     DIFF_COLORS,
     NO_BRUSH,
     NO_PEN,
+    READABLE_LOD,
     SMALL_FONT,
     TEXT_FONT,
     TITLE_FONT,
@@ -228,10 +229,16 @@ class NodeItem(QGraphicsItem):
             p.drawRoundedRect(br, 6, 6)
             p.setPen(QColor(t.header_text))
             p.drawText(br, Qt.AlignCenter, badge)
-        p.setFont(TITLE_FONT)
-        p.setPen(QColor(t.header_text))
-        title = elide(self.node_id, TITLE_FONT, NODE_W - bw - 20)  # (the tooltip has it whole)
-        p.drawText(QRectF(10, 0, NODE_W - 20, HEADER_H), Qt.AlignVCenter | Qt.AlignLeft, title)
+        if lod < READABLE_LOD:  # the card whole but its name too small at its own size: drawn at
+            # a readable screen size in the header (as far out), so a whole diagram reads at a fit
+            self.far_label = draw_far_label(p, QRectF(8, 0, NODE_W - bw - 14, HEADER_H), self.node_id,
+                                            QColor(t.header_text), lod, left=True)
+        else:
+            self.far_label = None
+            p.setFont(TITLE_FONT)
+            p.setPen(QColor(t.header_text))
+            title = elide(self.node_id, TITLE_FONT, NODE_W - bw - 20)  # (the tooltip has it whole)
+            p.drawText(QRectF(10, 0, NODE_W - 20, HEADER_H), Qt.AlignVCenter | Qt.AlignLeft, title)
         # type line: type on the left, stage/TP on the right
         p.setFont(TEXT_FONT)
         p.setPen(QColor(t.subtext))
