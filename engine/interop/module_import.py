@@ -31,7 +31,8 @@ import torch
 from torch import fx, nn
 
 from engine.graph import Edge, Graph
-from engine.interop.common import Imported, InteropError, check_imported, make_id, synthetic_training
+from engine.interop.common import (Imported, InteropError, best_effort, check_imported, make_id,
+                                   synthetic_training)
 from engine.interop.module_checks import check_arity as _check_arity, check_outputs as _check_outputs
 from engine.interop.progress import phase
 from engine.interop.mutations import functional
@@ -949,25 +950,30 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
     if batch_sym is None:
         reader.notes.append(f"the model fixes its batch size in forward: exported for a batch of {SAMPLE_BATCH}")
     reader.read()
-    note = unused_note(root, ep, samples, strip=f"{root._name}." if isinstance(root, _Root) else "")
+    notes = reader.notes
+    strip = f"{root._name}." if isinstance(root, _Root) else ""
+    note = best_effort(notes, "naming the module's parameters the diagram leaves out",
+                       lambda: unused_note(root, ep, samples, strip=strip))
     if note:
-        reader.notes.append(note)  # training-only branches: named, never dropped silently
+        notes.append(note)  # training-only branches: named, never dropped silently
     if reader.problems:
         raise InteropError(f"cannot import {source}: {len(reader.problems)} call(s) cannot be represented:\n"
                            + "\n".join(f"  - {p}" for p in reader.problems))
     reader.wire()
     graph = reader.graph
-    reader.notes += drop_dead(graph, reader.state)  # calls whose results no output reads
-    _merge_scales(graph)
+    notes += best_effort(notes, "removing calls whose results reach no output",  # (a validate warning each)
+                         lambda: drop_dead(graph, reader.state), graph, reader.state) or []
+    best_effort(notes, "merging chains of scalar Scale nodes", lambda: _merge_scales(graph), graph)
     phase("laying out", "blocks from the module tree")
-    blocks_from_scopes(graph)
+    best_effort(notes, "laying the diagram out in blocks of its module tree", lambda: blocks_from_scopes(graph), graph)
     project = Project(graph, name=name or type(module).__name__, description=f"Imported from {source}")
-    imported = Imported(project, reader.state, source, reader.notes)
+    imported = Imported(project, reader.state, source, notes)
     phase("checking", "the diagram computes what the module computes")
     check_imported(imported)
-    note = synthetic_training(project)
+    note = best_effort(notes, "choosing a synthetic data set of the input's shape",
+                       lambda: synthetic_training(project), graph)
     if note:
-        imported.notes.append(note)
+        notes.append(note)
     _check_outputs(imported, module, samples)
     return imported
 

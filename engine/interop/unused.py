@@ -35,8 +35,15 @@ def _owners(module: nn.Module, names: list[str]) -> list[str]:
 
 
 def _run_in_training(module: nn.Module, paths: list[str], samples: list[torch.Tensor]) -> set[str]:
-    """Which of the modules at `paths` forward calls in training mode (the model's state is
-    restored: running statistics, random state, mode)."""
+    """Which of the modules at `paths` forward calls in training mode.
+
+    The module is the one being imported and must come out as it went in, so nothing of
+    its state is written: its buffers are swapped for copies for the call
+    (torch.func.functional_call), which BatchNorm's running statistics then update, and
+    the random state is forked. Writing the saved values back instead broke imports: a
+    buffer that is a broadcast view (an ONNX file's expanded constants) refuses copy_."""
+    from torch.func import functional_call
+
     called: set[str] = set()
     hooks = []
     for p in paths:
@@ -45,21 +52,19 @@ def _run_in_training(module: nn.Module, paths: list[str], samples: list[torch.Te
         except AttributeError:
             continue  # a parameter of the model itself, not of a submodule
         hooks.append(m.register_forward_pre_hook(lambda _m, _a, p=p: called.add(p)))
-    buffers = {k: b.clone() for k, b in module.named_buffers()}
+    copies = {k: b.clone() for k, b in module.named_buffers()}
+    modes = {m: m.training for m in module.modules()}
     try:
         with torch.random.fork_rng(), torch.no_grad():
             module.train()
-            module(*samples)
+            functional_call(module, copies, tuple(samples))
     except Exception:  # noqa: BLE001 - a model that cannot run in training mode here: say "never read"
         pass
     finally:
-        module.eval()
+        for m, training in modes.items():
+            m.training = training
         for h in hooks:
             h.remove()
-        with torch.no_grad():
-            for k, b in module.named_buffers():
-                if k in buffers:
-                    b.copy_(buffers[k])
     return called
 
 
