@@ -38,7 +38,7 @@ from engine.interop.progress import phase
 from engine.interop.mutations import functional
 from engine.interop.prune import drop_dead
 from engine.interop.shared import batch_view, shared_values
-from engine.interop.unused import unused_note
+from engine.interop.unused import left_out_notes
 from engine.interop.samples import embedding_vocab, first_samples, token_samples
 from engine.layout import blocks_from_scopes
 from engine.layers import FieldError, get_layer
@@ -952,21 +952,21 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
     reader.read()
     notes = reader.notes
     strip = f"{root._name}." if isinstance(root, _Root) else ""
-    note = best_effort(notes, "naming the module's parameters the diagram leaves out",
-                       lambda: unused_note(root, ep, samples, strip=strip))
-    if note:
-        notes.append(note)  # training-only branches: named, never dropped silently
+    left_out = best_effort(notes, "naming what the diagram leaves out of the module",  # training-only branches:
+                           lambda: left_out_notes(root, ep, samples, strip=strip)) or []  # named, never dropped
     if reader.problems:
         raise InteropError(f"cannot import {source}: {len(reader.problems)} call(s) cannot be represented:\n"
                            + "\n".join(f"  - {p}" for p in reader.problems))
     reader.wire()
     graph = reader.graph
-    notes += best_effort(notes, "removing calls whose results reach no output",  # (a validate warning each)
-                         lambda: drop_dead(graph, reader.state), graph, reader.state) or []
+    left_out += best_effort(notes, "removing calls whose results reach no output",  # (a validate warning each)
+                            lambda: drop_dead(graph, reader.state), graph, reader.state) or []
+    notes += left_out  # (and kept in the project: its summary says them under the total)
     best_effort(notes, "merging chains of scalar Scale nodes", lambda: _merge_scales(graph), graph)
     phase("laying out", "blocks from the module tree")
     best_effort(notes, "laying the diagram out in blocks of its module tree", lambda: blocks_from_scopes(graph), graph)
-    project = Project(graph, name=name or type(module).__name__, description=f"Imported from {source}")
+    project = Project(graph, name=name or type(module).__name__, description=f"Imported from {source}",
+                      left_out=left_out)
     imported = Imported(project, reader.state, source, notes)
     phase("checking", "the diagram computes what the module computes")
     check_imported(imported)

@@ -60,7 +60,7 @@ def _drop_first(graph, *_):
 
 
 @pytest.mark.parametrize("step,what,after", [
-    ("unused_note", "naming the module's parameters the diagram leaves out", None),
+    ("left_out_notes", "naming what the diagram leaves out of the module", None),
     ("drop_dead", "removing calls whose results reach no output", _drop_first),
     ("_merge_scales", "merging chains of scalar Scale nodes", _drop_first),
     ("blocks_from_scopes", "laying the diagram out in blocks of its module tree", None),
