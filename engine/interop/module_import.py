@@ -173,6 +173,16 @@ def _op_name(target) -> str:
     raise _Unsupported(f"call to {getattr(target, '__name__', target)} is not an ATen operator")
 
 
+# calls that read a tensor only for its sizes (and dtype): what they make is no function of its values
+_SIZE_READERS = {"sym_size", "sym_numel", "sym_stride", "zeros_like", "ones_like", "empty_like", "full_like",
+                 "new_zeros", "new_ones", "new_empty", "new_full"}
+
+
+def _op_label(n: fx.Node) -> str:
+    """An fx call's ATen operator name without namespace and overload ('sym_size')."""
+    return getattr(n.target, "_opname", getattr(n.target, "__name__", ""))
+
+
 def _where(n: fx.Node) -> str:
     """The user's source line of an fx node, for error messages."""
     trace = (n.meta.get("stack_trace") or "").strip().splitlines()
@@ -253,6 +263,7 @@ class _Reader:
         self.notes: list[str] = []
         self.pending: list[tuple[str, list[fx.Node]]] = []
         self.dep = self._batch_dependence()
+        self.sizes_only = self._sizes_only()
         self.shared = shared_values(self.gm, self.dep, self.lifted, _stack)
 
     # which values carry the batch
@@ -263,9 +274,25 @@ class _Reader:
                 dep.add(n)
         return dep
 
+    def _sizes_only(self) -> set[fx.Node]:
+        """Values made from the inputs' sizes alone, reading no input's values and no weight:
+        a Hugging Face encoder's all-ones attention mask (torch.ones((B, T)), unsqueezed, cast,
+        (1 - m) * min). They are folded into the nodes that read them, as sizes are: as nodes
+        of their own they were four or five Op nodes per encoder computing a constant."""
+        data: set[fx.Node] = set(self.user_inputs)  # values that read an input's values, or a weight
+        for n in self.gm.graph.nodes:
+            if n.op == "placeholder":
+                if n.name in self.lifted:
+                    data.add(n)
+            elif n.op == "call_function" and _op_label(n) not in _SIZE_READERS and \
+                    any(a in data for a in n.all_input_nodes):
+                data.add(n)
+        return {n for n in self.dep if n.op == "call_function" and n not in data}
+
     def proper(self, n: fx.Node) -> bool:
-        """A value the diagram can carry on an edge: a tensor whose dim 0 is the batch."""
-        if n not in self.dep:
+        """A value the diagram can carry on an edge: a tensor whose dim 0 is the batch (and
+        not one made from sizes alone, which the node reading it recomputes)."""
+        if n not in self.dep or n in self.sizes_only:
             return False
         val = n.meta.get("val")
         if not isinstance(val, torch.Tensor) or val.dim() == 0:
@@ -734,10 +761,35 @@ def _fuse_rms(g: fx.Graph, mean: fx.Node) -> bool:
     return True
 
 
+_CASTS = {_A.to.dtype, _A._to_copy.default, _A.type_as.default}
+
+
+def _drop_same_dtype_casts(g: fx.Graph) -> None:
+    """x.to(torch.float32) of a float32 x, softmax(...).type_as(scores) of equal dtypes:
+    calls that give back their input (the program is functional, so no alias matters).
+    T5's layer norm and attention have one or two each: kept, each was an Op node, and
+    the cast (with the metadata check torch.export records beside it, Llama's RMSNorm)
+    hid the RMSNorm pattern from _fuse_rms."""
+    for n in list(g.nodes):
+        if n.op == "call_function" and n.target is _A._assert_tensor_metadata.default and not n.users:
+            g.erase_node(n)  # torch.export's record of what a cast checked: it would hide a value's only user
+            continue
+        if n.op != "call_function" or n.target not in _CASTS or not isinstance(n.args[0], fx.Node):
+            continue
+        src, val = n.args[0].meta.get("val"), n.meta.get("val")
+        if n.target is _A._to_copy.default and set(n.kwargs) - {"dtype"}:
+            continue  # a device, layout or memory format asked for: not only a cast
+        if isinstance(src, torch.Tensor) and isinstance(val, torch.Tensor) and src.dtype == val.dtype \
+                and src.device == val.device:
+            n.replace_all_uses_with(n.args[0])
+            g.erase_node(n)
+
+
 def _fuse(gm: fx.GraphModule) -> None:
     """Read layers that a model (or an ONNX exporter) wrote out op by op as the one call
     they are, so they come in as catalog layers: GELU, SiLU, RMSNorm. The import's final
     check (the diagram equals the source) covers these rewrites too."""
+    _drop_same_dtype_casts(gm.graph)
     for n in list(gm.graph.nodes):
         if n.op != "call_function" or getattr(n, "_erased", False):
             continue
@@ -894,7 +946,17 @@ def _sample(shape, dtype) -> torch.Tensor:
 
 
 def _export(module: nn.Module, samples: list[torch.Tensor], source: str):
-    """torch.export with a symbolic batch; (program, batch symbol or None)."""
+    """torch.export with a symbolic batch; (program, batch symbol or None).
+
+    Recorded under no_grad: a forward that turns gradients off for a part (Hugging Face's
+    rotary embedding is `@torch.no_grad()`) is then no change of mode, so torch.export
+    records its calls as calls, not as a wrap_with_set_grad_enabled subgraph the reader
+    cannot take. The diagram holds calls, not grad modes, either way."""
+    with torch.no_grad():
+        return _export_as_is(module, samples, source)
+
+
+def _export_as_is(module: nn.Module, samples: list[torch.Tensor], source: str):
     from torch.export import Dim, export
 
     import inspect
