@@ -19,24 +19,9 @@ import torch
 from engine.compile import compile_graph
 from engine.interop import import_onnx
 
-from real_models import BasicBlock, EfficientNet, MobileNetV2, ResNet
+from real_models import EfficientNet, MobileNetV2, ResNet18
 
 SHAPE = (3, 32, 32)
-
-
-class ResNet18(ResNet):
-    """torchvision's resnet18 layout: stem, four stages of two basic blocks, head; 8 channels."""
-
-    def __init__(self, width=8, num_classes=10):
-        super().__init__(layers=(2, 2), width=width, num_classes=num_classes)
-        self.layer3 = self._make_layer(width * 4, 2, stride=2)
-        self.layer4 = self._make_layer(width * 8, 2, stride=2)
-        self.fc = torch.nn.Linear(width * 8 * BasicBlock.expansion, num_classes)
-
-    def forward(self, x):
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
 NETS = {"resnet18": ResNet18, "mobilenet_v2": MobileNetV2, "efficientnet_b0": EfficientNet}
