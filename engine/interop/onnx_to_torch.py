@@ -720,6 +720,19 @@ class OnnxModule(nn.Module):
         return torch.index_select(data, axis, idx.reshape(-1)).reshape(
             *data.shape[:axis], *idx.shape, *data.shape[axis + 1:])
 
+    def _op_ScatterND(self, node, ins, a, build):
+        """`data` with `updates` written at `indices` (their last axis picks an element or a
+        slice): index_put on a copy, the diagram having no in-place writes. torch's exporter
+        writes slice assignments this way (Swin's attention mask, filled region by region)."""
+        if build and any(v is None for v in ins):
+            return None
+        data, idx, upd = _tt(ins[0]), _tt(ins[1]), _tt(ins[2])
+        red = a.get("reduction", "none")
+        red = red.decode() if isinstance(red, bytes) else red
+        if red not in ("none", "add"):
+            self._fail(node, f"reduction '{red}' (Layerflow reads none and add)")
+        return torch.index_put(data, tuple(idx.long().unbind(-1)), upd, accumulate=red == "add")
+
     def _op_Slice(self, node, ins, a, build):
         if build and ins[0] is None:
             return None
@@ -832,6 +845,9 @@ class OnnxModule(nn.Module):
 
     def _op_Equal(self, node, ins, a, build):
         return None if build and None in ins else torch.eq(_tt(ins[0]), _tt(ins[1]))
+
+    def _op_Not(self, node, ins, a, build):
+        return None if build and None in ins else torch.logical_not(_tt(ins[0]))
 
     def _op_Range(self, node, ins, a, build):
         if build and None in ins:

@@ -90,3 +90,22 @@ def test_a_file_torch_writes_imports_and_computes_what_its_source_computes(name,
         floats = sum(int(np.prod(i.dims)) for i in onnx.load(str(path)).graph.initializer
                      if i.data_type == onnx.TensorProto.FLOAT and int(np.prod(i.dims)) > 1)
         assert result.total_params == floats
+
+
+def test_a_swin_file_torch_writes_with_its_mask_filled_by_scatternd_imports(tmp_path):
+    """torch's exporter writes Swin's attention mask, filled region by region, as ScatterND
+    on constants and its != as Not(Equal): both read (the import named 19 operators before)."""
+    from issue43_models import SwinTransformer
+
+    torch.manual_seed(0)
+    model = SwinTransformer().eval()
+    path = torch_onnx(model, tmp_path / "swin.onnx")
+    ops = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert {"ScatterND", "Not"} <= ops
+    imp = import_onnx(path)
+    gm = compile_graph(imp.project.graph).build(seed=0)
+    gm.load_state_dict(imp.state)
+    x = torch.randn(5, *SHAPE, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(x).numpy()
+        assert _rel(gm.eval()(x).numpy(), want) < 1e-4
