@@ -176,7 +176,11 @@ def build_stage_module(gm: fx.GraphModule, stages: list[list[str]], s: int,
         # very tensor for a weight gradient computed later (zero-bubble schedules split them).
         used_here = {a.name for n in gm.graph.nodes if n.op not in ("placeholder", "output") and where[n.name] == s
                      for a in n.all_input_nodes}
-        outs = [g.call_method("clone", (env[v],)) if v in used_here or env[v].op == "placeholder" else env[v]
+        # What is sent is contiguous: the pipeline makes the next stage's receive buffers with
+        # the strides the sent values had, and gloo refuses a non-contiguous buffer ("input
+        # tensor has to be contiguous": a transpose's output sent on, in ViT, Llama, T5, ...).
+        outs = [g.call_method("clone", (env[v],), {"memory_format": torch.contiguous_format})
+                if v in used_here or env[v].op == "placeholder" else g.call_method("contiguous", (env[v],))
                 for v in live[s]]
         g.output(outs[0] if len(outs) == 1 else tuple(outs))
     stage = fx.GraphModule(root, g, class_name=f"LayerflowStage{s}")
