@@ -2,7 +2,7 @@
 torch's pipelining makes the next stage's receive buffers with the strides of what was
 sent, and gloo refuses a non-contiguous one ("input tensor has to be contiguous"), so
 every imported ViT, ConvNeXt, GoogLeNet, Llama and T5 failed at pp=2, each cut at a
-transpose or a permute."""
+transpose or a permute: what a stage sends forward, and the input gradients it sends back."""
 from __future__ import annotations
 
 import subprocess
@@ -21,7 +21,7 @@ from engine.tail import read_metrics
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_a_stage_cut_after_a_transpose_sends_it_contiguous():
+def _diagram():
     g = Graph()
     g.add_node("Input", {"shape": [4, 6]}, id="x")
     g.add_node("Linear", {"in_features": 6, "out_features": 5}, id="fc")
@@ -31,7 +31,11 @@ def test_a_stage_cut_after_a_transpose_sends_it_contiguous():
     for a, b in (("x", "fc"), ("fc", "t"), ("t", "flat"), ("flat", "out")):
         g.connect(a, "out", b, "in")
     gm = compile_graph(g).build(seed=0)
-    ids = [n.name for n in gm.graph.nodes if n.op in ("call_module", "call_function", "call_method")]
+    return gm, [n.name for n in gm.graph.nodes if n.op in ("call_module", "call_function", "call_method")]
+
+
+def test_a_stage_cut_after_a_transpose_sends_it_contiguous():
+    gm, ids = _diagram()
     cut = ids.index("t") + 1
     first = build_stage_module(gm, [ids[:cut], ids[cut:]], 0)
     x = torch.randn(3, 4, 6)
@@ -42,16 +46,31 @@ def test_a_stage_cut_after_a_transpose_sends_it_contiguous():
     torch.testing.assert_close(second(sent), gm(x))
 
 
+def test_a_stage_that_begins_with_a_transpose_sends_its_input_gradient_back_contiguous():
+    gm, ids = _diagram()
+    cut = ids.index("t")
+    second = build_stage_module(gm, [ids[:cut], ids[cut:]], 1)
+    received = gm.fc(torch.randn(3, 4, 6)).detach().requires_grad_()
+    # as the pipeline computes it (autograd.grad: no leaf's .grad, which would take the leaf's strides)
+    (grad,) = torch.autograd.grad(second(received).pow(2).sum(), received)
+    assert grad.is_contiguous()  # (the gradient of a transpose is a transposed view)
+    torch.testing.assert_close(grad, 2 * received.detach())
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("torchrun")
-def test_an_imported_vit_trains_at_pp2_equal_to_one_process(tmp_path):
+@pytest.mark.parametrize("name", ["vit", "convnext"])
+def test_an_imported_model_trains_at_pp2_equal_to_one_process(tmp_path, name):
+    """ViT's cut sends a transpose's output; ConvNeXt's receives a permute's gradient."""
     from engine.interop import save_imported
     from engine.interop.module_import import from_module
     from engine.project import load_project, save_project
+    from issue43_models import ConvNeXtTV
     from real_models import VisionTransformer
 
+    ctor, shape = {"vit": (VisionTransformer, [3, 16, 16]), "convnext": (ConvNeXtTV, [3, 32, 32])}[name]
     torch.manual_seed(0)
-    project = load_project(save_imported(from_module(VisionTransformer().eval(), [[3, 16, 16]]), tmp_path / "vit.lflow"))
+    project = load_project(save_imported(from_module(ctor().eval(), [shape]), tmp_path / "vit.lflow"))
     project.training.batch_size = 8
     project.training.eval_interval = 100
     save_project(project, tmp_path / "vit.lflow")
