@@ -10,8 +10,9 @@ ordinary Python on sizes. The calls are then read back as a diagram:
 - a few plain calls between layers read as catalog nodes too (x + y -> Add, relu,
   torch.cat, x.view(B, -1) -> Reshape, ...);
 - everything else becomes a generic Op node (engine/runtime/ops.py) holding its ATen
-  call(s) and the tensors it reads (a class token, a layer-scale gamma); sizes and
-  batch-independent values (positions, arange) are folded into the node that uses them.
+  call(s) and the tensors it reads (a class token, a layer-scale gamma); sizes,
+  batch-independent values (positions, arange) and values made from sizes alone (an
+  all-ones attention mask) are folded into the node that uses them.
 
 Each parameter is kept once: a module called twice, or a weight tied between two
 layers, becomes a tie in the diagram (Graph.ties), so the runtime, checkpoints and
