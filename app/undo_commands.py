@@ -409,7 +409,7 @@ class ResolveConflict(QUndoCommand):
         from engine.project import Project
 
         p = Project.from_dict(d)
-        for attr in ("name", "description", "training", "placement", "cluster", "weights", "conflicts"):
+        for attr in ("name", "description", "training", "placement", "cluster", "weights", "conflicts", "left_out"):
             setattr(self.project, attr, getattr(p, attr))
         self.project.graph.load_dict(d["diagram"])
 

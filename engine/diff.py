@@ -611,7 +611,7 @@ def resolve_conflict(project: Project, index: int, side: str) -> None:
     if cycle:
         raise ProjectError(f"taking {side} for {c.where} makes a cycle: " + " -> ".join(cycle))
     project.graph.load_dict(new.graph.to_dict())
-    for attr in ("name", "description", "training", "placement", "cluster", "weights", "conflicts"):
+    for attr in ("name", "description", "training", "placement", "cluster", "weights", "conflicts", "left_out"):
         setattr(project, attr, getattr(new, attr))
 
 

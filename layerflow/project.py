@@ -32,10 +32,11 @@ class Summary:
     total_flops: int
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)  # what the import left out of the diagram (not in the total)
 
     def to_dict(self) -> dict:
         return {"nodes": self.rows, "total_params": self.total_params, "total_flops": self.total_flops,
-                "errors": self.errors, "warnings": self.warnings}
+                "errors": self.errors, "warnings": self.warnings, "left_out": self.left_out}
 
     def __getitem__(self, node: str) -> dict:
         for r in self.rows:
@@ -56,7 +57,8 @@ class Summary:
                              for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
         rule = "  ".join("-" * w for w in widths)
-        return "\n".join([line(headers), rule, *map(line, table[:-1]), rule, line(table[-1])])
+        left = [f"left out at import: {n}" for n in self.left_out]  # the total is the diagram's, not the source's
+        return "\n".join([line(headers), rule, *map(line, table[:-1]), rule, line(table[-1]), *left])
 
 
 def _settings_error(where: str, exc: ValidationError) -> core.ProjectError:
@@ -320,7 +322,7 @@ class Project:
 
         r = compile_graph(self._p.graph)
         return Summary(r.summary_rows(), r.total_params, r.total_flops,
-                       [e.message for e in r.errors], [w.message for w in r.warnings])
+                       [e.message for e in r.errors], [w.message for w in r.warnings], list(self._p.left_out))
 
     def validate(self) -> list[str]:
         """Check the diagram and that it can run as placed (memory included); returns the

@@ -93,5 +93,6 @@ def cmd_import(args) -> int:
     for note in imported.notes:
         print(f"note: {note}", file=sys.stderr)
     n = len(imported.project.graph.nodes)
-    print(f"wrote {path} ({n} nodes, {imported.n_params:,} parameters) and {imported.project.weights}")
+    short = "; not all of the source's: see the note on what is left out" if imported.project.left_out else ""
+    print(f"wrote {path} ({n} nodes, {imported.n_params:,} parameters{short}) and {imported.project.weights}")
     return 0

@@ -42,6 +42,31 @@ class Imported:
         return compile_graph(self.project.graph).total_params
 
 
+def best_effort(notes: list[str], what: str, step, graph=None, state: dict | None = None):
+    """step()'s result, or None when it raised: then one line in `notes` says what was not
+    done and why. For the parts of an import it can do without (its notes, pruning dead
+    calls, the layout, a synthetic data set): none of them may fail an import that read
+    the model right. `graph` and `state`, when given, are put back as they were before the
+    step, so a step that failed halfway leaves nothing half done."""
+    saved = (graph.to_dict() if graph is not None else None, dict(state) if state is not None else None)
+    try:
+        return step()
+    except Exception as exc:  # noqa: BLE001 - whatever went wrong, the import stands without this step
+        from engine.interop.onnx_limits import LimitError
+        from engine.interop.progress import Cancelled
+
+        if isinstance(exc, (Cancelled, LimitError)):
+            raise  # the user stopped the import, or it ran past a limit: that stops it, here too
+        if graph is not None:
+            graph.load_dict(saved[0])
+        if state is not None:
+            state.clear()
+            state.update(saved[1])
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        notes.append(f"{what} failed, so the import goes without it ({type(exc).__name__}: {first})")
+        return None
+
+
 def settle_torch_trace() -> None:
     """Call on the GUI thread before torch.export or the ONNX exporter run on a worker thread.
     torch installs its structured-trace handler (LazyTraceHandler) in every process; with

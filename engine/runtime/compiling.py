@@ -119,8 +119,8 @@ def narrow_segments(gm: fx.GraphModule) -> list[list[fx.Node]]:
     pieces: list[list[fx.Node]] = []
     cur: list[fx.Node] = []
     for i, n in enumerate(nodes):
-        if n.op not in COMPUTE:
-            continue
+        if n.op not in COMPUTE or getattr(n.target, "__name__", "") == "contiguous_grad":
+            continue  # (a pipeline stage's input marker, stages.contiguous_grad: no compute of its own)
         cur.append(n)
         live = [m for m in nodes[:i + 1] if last_use[m] > i]
         if len(live) <= 1:
@@ -138,7 +138,8 @@ def narrow_segments(gm: fx.GraphModule) -> list[list[fx.Node]]:
             merged.append(p)
     # a first piece without parameters (a reshape before the first layer) joins the next one
     if len(merged) > 1 and not any(_has_params(gm, n) for n in merged[0]):
-        merged[1][:0] = merged.pop(0)
+        first = merged.pop(0)  # (popped before the next is indexed: with two pieces, merged[1] is gone)
+        merged[0][:0] = first
     return repeated_blocks(gm, merged)
 
 

@@ -69,6 +69,21 @@ class ResNet(nn.Module):
         return self.fc(x)
 
 
+class ResNet18(ResNet):
+    """torchvision's resnet18 layout: stem, four stages of two basic blocks, head; 8 channels."""
+
+    def __init__(self, width=8, num_classes=10):
+        super().__init__(layers=(2, 2), width=width, num_classes=num_classes)
+        self.layer3 = self._make_layer(width * 4, 2, stride=2)
+        self.layer4 = self._make_layer(width * 8, 2, stride=2)
+        self.fc = nn.Linear(width * 8 * BasicBlock.expansion, num_classes)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
 class Bottleneck(nn.Module):
     """torchvision's ResNet-50 block: 1x1 reduce, 3x3, 1x1 expand (x4), skip."""
     expansion = 4

@@ -10,8 +10,9 @@ ordinary Python on sizes. The calls are then read back as a diagram:
 - a few plain calls between layers read as catalog nodes too (x + y -> Add, relu,
   torch.cat, x.view(B, -1) -> Reshape, ...);
 - everything else becomes a generic Op node (engine/runtime/ops.py) holding its ATen
-  call(s) and the tensors it reads (a class token, a layer-scale gamma); sizes and
-  batch-independent values (positions, arange) are folded into the node that uses them.
+  call(s) and the tensors it reads (a class token, a layer-scale gamma); sizes,
+  batch-independent values (positions, arange) and values made from sizes alone (an
+  all-ones attention mask) are folded into the node that uses them.
 
 Each parameter is kept once: a module called twice, or a weight tied between two
 layers, becomes a tie in the diagram (Graph.ties), so the runtime, checkpoints and
@@ -30,17 +31,18 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx, nn
 
-from engine.diagram.graph import Edge, Graph
-from engine.interop.common import Imported, InteropError, check_imported, make_id, synthetic_training
-from engine.interop.module.faithful import check_arity as _check_arity, check_outputs as _check_outputs
+from engine.graph import Edge, Graph
+from engine.interop.common import (Imported, InteropError, best_effort, check_imported, make_id,
+                                   synthetic_training)
+from engine.interop.module_checks import check_arity as _check_arity, check_outputs as _check_outputs
 from engine.interop.progress import phase
-from engine.interop.module.mutations import functional
-from engine.interop.module.prune import drop_dead
-from engine.interop.module.shared import batch_view, shared_values
-from engine.interop.module.unused import unused_note
-from engine.interop.module.samples import embedding_vocab, first_samples, token_samples
-from engine.diagram.layout import blocks_from_scopes
-from engine.diagram.catalog import FieldError, get_layer
+from engine.interop.mutations import functional
+from engine.interop.prune import drop_dead
+from engine.interop.shared import batch_view, shared_values
+from engine.interop.unused import left_out_notes
+from engine.interop.samples import embedding_vocab, first_samples, token_samples
+from engine.layout import blocks_from_scopes
+from engine.layers import FieldError, get_layer
 from engine.project import Project
 from engine.runtime import layers as rl
 from engine.runtime.ops import PY_OPS, OpError, encode_float
@@ -172,6 +174,16 @@ def _op_name(target) -> str:
     raise _Unsupported(f"call to {getattr(target, '__name__', target)} is not an ATen operator")
 
 
+# calls that read a tensor only for its sizes (and dtype): what they make is no function of its values
+_SIZE_READERS = {"sym_size", "sym_numel", "sym_stride", "zeros_like", "ones_like", "empty_like", "full_like",
+                 "new_zeros", "new_ones", "new_empty", "new_full"}
+
+
+def _op_label(n: fx.Node) -> str:
+    """An fx call's ATen operator name without namespace and overload ('sym_size')."""
+    return getattr(n.target, "_opname", getattr(n.target, "__name__", ""))
+
+
 def _where(n: fx.Node) -> str:
     """The user's source line of an fx node, for error messages."""
     trace = (n.meta.get("stack_trace") or "").strip().splitlines()
@@ -252,6 +264,7 @@ class _Reader:
         self.notes: list[str] = []
         self.pending: list[tuple[str, list[fx.Node]]] = []
         self.dep = self._batch_dependence()
+        self.sizes_only = self._sizes_only()
         self.shared = shared_values(self.gm, self.dep, self.lifted, _stack)
 
     # which values carry the batch
@@ -262,9 +275,25 @@ class _Reader:
                 dep.add(n)
         return dep
 
+    def _sizes_only(self) -> set[fx.Node]:
+        """Values made from the inputs' sizes alone, reading no input's values and no weight:
+        a Hugging Face encoder's all-ones attention mask (torch.ones((B, T)), unsqueezed, cast,
+        (1 - m) * min). They are folded into the nodes that read them, as sizes are: as nodes
+        of their own they were four or five Op nodes per encoder computing a constant."""
+        data: set[fx.Node] = set(self.user_inputs)  # values that read an input's values, or a weight
+        for n in self.gm.graph.nodes:
+            if n.op == "placeholder":
+                if n.name in self.lifted:
+                    data.add(n)
+            elif n.op == "call_function" and _op_label(n) not in _SIZE_READERS and \
+                    any(a in data for a in n.all_input_nodes):
+                data.add(n)
+        return {n for n in self.dep if n.op == "call_function" and n not in data}
+
     def proper(self, n: fx.Node) -> bool:
-        """A value the diagram can carry on an edge: a tensor whose dim 0 is the batch."""
-        if n not in self.dep:
+        """A value the diagram can carry on an edge: a tensor whose dim 0 is the batch (and
+        not one made from sizes alone, which the node reading it recomputes)."""
+        if n not in self.dep or n in self.sizes_only:
             return False
         val = n.meta.get("val")
         if not isinstance(val, torch.Tensor) or val.dim() == 0:
@@ -733,10 +762,35 @@ def _fuse_rms(g: fx.Graph, mean: fx.Node) -> bool:
     return True
 
 
+_CASTS = {_A.to.dtype, _A._to_copy.default, _A.type_as.default}
+
+
+def _drop_same_dtype_casts(g: fx.Graph) -> None:
+    """x.to(torch.float32) of a float32 x, softmax(...).type_as(scores) of equal dtypes:
+    calls that give back their input (the program is functional, so no alias matters).
+    T5's layer norm and attention have one or two each: kept, each was an Op node, and
+    the cast (with the metadata check torch.export records beside it, Llama's RMSNorm)
+    hid the RMSNorm pattern from _fuse_rms."""
+    for n in list(g.nodes):
+        if n.op == "call_function" and n.target is _A._assert_tensor_metadata.default and not n.users:
+            g.erase_node(n)  # torch.export's record of what a cast checked: it would hide a value's only user
+            continue
+        if n.op != "call_function" or n.target not in _CASTS or not isinstance(n.args[0], fx.Node):
+            continue
+        src, val = n.args[0].meta.get("val"), n.meta.get("val")
+        if n.target is _A._to_copy.default and set(n.kwargs) - {"dtype"}:
+            continue  # a device, layout or memory format asked for: not only a cast
+        if isinstance(src, torch.Tensor) and isinstance(val, torch.Tensor) and src.dtype == val.dtype \
+                and src.device == val.device:
+            n.replace_all_uses_with(n.args[0])
+            g.erase_node(n)
+
+
 def _fuse(gm: fx.GraphModule) -> None:
     """Read layers that a model (or an ONNX exporter) wrote out op by op as the one call
     they are, so they come in as catalog layers: GELU, SiLU, RMSNorm. The import's final
     check (the diagram equals the source) covers these rewrites too."""
+    _drop_same_dtype_casts(gm.graph)
     for n in list(gm.graph.nodes):
         if n.op != "call_function" or getattr(n, "_erased", False):
             continue
@@ -893,7 +947,17 @@ def _sample(shape, dtype) -> torch.Tensor:
 
 
 def _export(module: nn.Module, samples: list[torch.Tensor], source: str):
-    """torch.export with a symbolic batch; (program, batch symbol or None)."""
+    """torch.export with a symbolic batch; (program, batch symbol or None).
+
+    Recorded under no_grad: a forward that turns gradients off for a part (Hugging Face's
+    rotary embedding is `@torch.no_grad()`) is then no change of mode, so torch.export
+    records its calls as calls, not as a wrap_with_set_grad_enabled subgraph the reader
+    cannot take. The diagram holds calls, not grad modes, either way."""
+    with torch.no_grad():
+        return _export_as_is(module, samples, source)
+
+
+def _export_as_is(module: nn.Module, samples: list[torch.Tensor], source: str):
     from torch.export import Dim, export
 
     import inspect
@@ -949,25 +1013,30 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
     if batch_sym is None:
         reader.notes.append(f"the model fixes its batch size in forward: exported for a batch of {SAMPLE_BATCH}")
     reader.read()
-    note = unused_note(root, ep, samples, strip=f"{root._name}." if isinstance(root, _Root) else "")
-    if note:
-        reader.notes.append(note)  # training-only branches: named, never dropped silently
+    notes = reader.notes
+    strip = f"{root._name}." if isinstance(root, _Root) else ""
+    left_out = best_effort(notes, "naming what the diagram leaves out of the module",  # training-only branches:
+                           lambda: left_out_notes(root, ep, samples, strip=strip)) or []  # named, never dropped
     if reader.problems:
         raise InteropError(f"cannot import {source}: {len(reader.problems)} call(s) cannot be represented:\n"
                            + "\n".join(f"  - {p}" for p in reader.problems))
     reader.wire()
     graph = reader.graph
-    reader.notes += drop_dead(graph, reader.state)  # calls whose results no output reads
-    _merge_scales(graph)
+    left_out += best_effort(notes, "removing calls whose results reach no output",  # (a validate warning each)
+                            lambda: drop_dead(graph, reader.state), graph, reader.state) or []
+    notes += left_out  # (and kept in the project: its summary says them under the total)
+    best_effort(notes, "merging chains of scalar Scale nodes", lambda: _merge_scales(graph), graph)
     phase("laying out", "blocks from the module tree")
-    blocks_from_scopes(graph)
-    project = Project(graph, name=name or type(module).__name__, description=f"Imported from {source}")
-    imported = Imported(project, reader.state, source, reader.notes)
+    best_effort(notes, "laying the diagram out in blocks of its module tree", lambda: blocks_from_scopes(graph), graph)
+    project = Project(graph, name=name or type(module).__name__, description=f"Imported from {source}",
+                      left_out=left_out)
+    imported = Imported(project, reader.state, source, notes)
     phase("checking", "the diagram computes what the module computes")
     check_imported(imported)
-    note = synthetic_training(project)
+    note = best_effort(notes, "choosing a synthetic data set of the input's shape",
+                       lambda: synthetic_training(project), graph)
     if note:
-        imported.notes.append(note)
+        notes.append(note)
     _check_outputs(imported, module, samples)
     return imported
 

@@ -24,9 +24,9 @@ import numpy as np
 import onnx
 import torch
 
-from engine.diagram.graph import Graph, GraphError
-from engine.interop.onnx import limits
-from engine.interop.common import Imported, InteropError, check_imported, synthetic_training
+from engine.graph import Graph, GraphError
+from engine.interop import onnx_limits as limits
+from engine.interop.common import Imported, InteropError, best_effort, check_imported, synthetic_training
 from engine.interop.progress import phase
 from engine.project import Project
 
@@ -96,10 +96,13 @@ def _import(path: Path, name: str | None) -> Imported:
     module = onnx_module(path, model)
     limits.dry_run(module, shapes, dtypes)
     limits.check_time("building the module")
-    own = _own_diagram(path, model, module, shapes, dtypes, name)
+    notes: list[str] = []
+    own = best_effort(notes, "taking back the diagram the file carries (read as torch calls instead)",
+                      lambda: _own_diagram(path, model, module, shapes, dtypes, name))
     if own is not None:
         return own
     imported = from_module(module, shapes, dtypes, source=path.name, name=name or path.stem, input_names=module.inputs)
+    imported.notes[:0] = notes
     imported.project.description = f"Imported from {path.name} (ONNX opset {module.opset})"
     return imported
 
@@ -163,5 +166,6 @@ def _own_diagram(path: Path, model, module, shapes, dtypes, name: str | None) ->
     project = Project(graph, name=name or path.stem, description=f"Imported from {path.name} (a Layerflow export)")
     imported = Imported(project, state, str(path), drawn=True)
     check_imported(imported)
-    synthetic_training(project)
+    best_effort(imported.notes, "choosing a synthetic data set of the input's shape", lambda: synthetic_training(project),
+                graph)
     return imported

@@ -158,6 +158,7 @@ class OnnxModule(nn.Module):
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
         self._taken: set[str] = set(dir(nn.Module)) | {"forward"}
         self._const: dict[str, str | torch.Tensor | _Sizes] = {}  # value -> attribute name (or a folded constant)
+        self._released: dict[str, torch.Tensor] = {}  # attribute -> an initializer only a layer's copy uses
         inits = {i.name for i in g.initializer}
         for init in g.initializer:
             arr = numpy_helper.to_array(init)
@@ -225,6 +226,27 @@ class OnnxModule(nn.Module):
             shown = "; ".join(p.replace("\n", " ") for p in problems[:8])
             more = f"; and {len(problems) - 8} more" if len(problems) > 8 else ""
             raise InteropError(f"cannot import {source}: {len(problems)} operator(s) cannot be read: {shown}{more}")
+        self._release_copies()
+
+    def _release_copies(self) -> None:
+        """Initializers that only a layer's construction reads (the nn layer holds its own
+        copy: a Conv's weight, BatchNorm's statistics, a Linear's bias) or that nothing
+        reads stop being this module's parameters and buffers; kept as plain tensors. Else
+        each such weight would count twice, once never read by forward, and the import
+        would name it as left out of the diagram (a false note on every ResNet file)."""
+        read = set(self.outputs)
+        for node, _ in self.steps:
+            key = node.output[0] if node.output else node.name
+            if key in self._layers:
+                read.add(node.input[0])  # its data; the other inputs are the layer's copy
+            elif node.op_type == "Add" and node.output[0] in self._absorbed:
+                read.add(self._absorbed[node.output[0]])  # a Linear's bias, held by the Linear
+            else:
+                read.update(node.input)
+        for name, attr in self._const.items():
+            if isinstance(attr, str) and name not in read and (attr in self._parameters or attr in self._buffers):
+                t = self._parameters.pop(attr, None) if attr in self._parameters else self._buffers.pop(attr)
+                self._released[attr] = t.detach()
 
     def _linear_biases(self, g, readers: dict[str, list]) -> dict[str, tuple[str, str]]:
         """MatMul by a weight, then Add of a bias vector read nowhere else: one Linear
@@ -267,7 +289,9 @@ class OnnxModule(nn.Module):
         if env is not None and name in self._np:
             return self._np[name]
         c = self._const[name]
-        return getattr(self, c) if isinstance(c, str) else c
+        if isinstance(c, str):
+            return self._released[c] if c in self._released else getattr(self, c)
+        return c
 
     def _module_at(self, path: str, typ: str) -> nn.Module:
         """The scope module at a dotted path of the source's tree (made on first use;
@@ -354,7 +378,7 @@ class OnnxModule(nn.Module):
         name = node.input[i]
         if name not in self._const:
             self._fail(node, f"input {i} ('{name}') must be a constant (an initializer) for a layer's weights")
-        return self._value(name).detach()
+        return self._value(name)  # (no call on it: while forward is traced, a released weight is read only for its shape)
 
     # ----- layers with weights -----------------------------------------------------
     def _op_Conv(self, node, ins, a, build):
@@ -368,11 +392,14 @@ class OnnxModule(nn.Module):
         b = self._weight(node, 2) if len(node.input) > 2 and node.input[2] else None
 
         def make():
+            # torch's exporter gives a bias=False convolution a zero bias made from a constant
+            # (Expand(CastLike(0), ...)): no weight of the file, so no bias of the layer either
+            bias = b if b is not None and (self._const_learn.get(node.input[2], False) or bool(b.any())) else None
             cls = nn.Conv1d if nd == 1 else nn.Conv2d
             m = cls(w.shape[1] * a.get("group", 1), w.shape[0], tuple(w.shape[2:]), stride=tuple(a.get("strides", [1] * nd)),
                     padding=sym if sym is not None else 0, dilation=tuple(a.get("dilations", [1] * nd)),
-                    groups=a.get("group", 1), bias=b is not None)
-            return _loaded(m, w, b)
+                    groups=a.get("group", 1), bias=bias is not None)
+            return _loaded(m, w, bias)
         m = self._layer(node, make)
         if build:
             return None
@@ -383,12 +410,14 @@ class OnnxModule(nn.Module):
         if a.get("transA", 0) or node.input[1] not in self._const or self.uses.get(node.input[1], 0) > 1:
             return self._matmul_general(node, ins, a, build)
         w = self._weight(node, 1)
-        w = w if a.get("transB", 0) else w.t()
         b = self._weight(node, 2) if len(node.input) > 2 and node.input[2] else None
         alpha, beta = a.get("alpha", 1.0), a.get("beta", 1.0)
 
-        bias = (b * beta).expand(w.shape[0]) if b is not None else None
-        m = self._layer(node, lambda: _loaded(nn.Linear(w.shape[1], w.shape[0], bias=b is not None), w * alpha, bias))
+        def make():  # (the weight made (out, in) here, once: forward reads the layer, not the initializer)
+            wt = w if a.get("transB", 0) else w.t()
+            return _loaded(nn.Linear(wt.shape[1], wt.shape[0], bias=b is not None), wt * alpha,
+                           (b * beta).expand(wt.shape[0]) if b is not None else None)
+        m = self._layer(node, make)
         return None if build else m(ins[0])
 
     def _matmul_general(self, node, ins, a, build):
@@ -405,7 +434,7 @@ class OnnxModule(nn.Module):
                 and self.uses.get(node.input[1], 0) == 1:  # a weight read by others stays shared
             w = self._weight(node, 1)
             bias, add = self._bias_for.get(node.output[0], (None, None))
-            b = self._value(bias).detach() if bias is not None else None
+            b = self._value(bias) if bias is not None else None
             if b is not None and tuple(b.shape) != (w.shape[1],):
                 b = None
             if b is not None:
@@ -691,6 +720,19 @@ class OnnxModule(nn.Module):
         return torch.index_select(data, axis, idx.reshape(-1)).reshape(
             *data.shape[:axis], *idx.shape, *data.shape[axis + 1:])
 
+    def _op_ScatterND(self, node, ins, a, build):
+        """`data` with `updates` written at `indices` (their last axis picks an element or a
+        slice): index_put on a copy, the diagram having no in-place writes. torch's exporter
+        writes slice assignments this way (Swin's attention mask, filled region by region)."""
+        if build and any(v is None for v in ins):
+            return None
+        data, idx, upd = _tt(ins[0]), _tt(ins[1]), _tt(ins[2])
+        red = a.get("reduction", "none")
+        red = red.decode() if isinstance(red, bytes) else red
+        if red not in ("none", "add"):
+            self._fail(node, f"reduction '{red}' (Layerflow reads none and add)")
+        return torch.index_put(data, tuple(idx.long().unbind(-1)), upd, accumulate=red == "add")
+
     def _op_Slice(self, node, ins, a, build):
         if build and ins[0] is None:
             return None
@@ -803,6 +845,9 @@ class OnnxModule(nn.Module):
 
     def _op_Equal(self, node, ins, a, build):
         return None if build and None in ins else torch.eq(_tt(ins[0]), _tt(ins[1]))
+
+    def _op_Not(self, node, ins, a, build):
+        return None if build and None in ins else torch.logical_not(_tt(ins[0]))
 
     def _op_Range(self, node, ins, a, build):
         if build and None in ins:

@@ -84,6 +84,25 @@ def checkpoint_regions(order: list[str], checkpointed, blocks: dict[str, str | N
     return regions
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """The identity, whose gradient is made contiguous: a stage sends the gradients of its
+    inputs back to the stage before, which receives them into buffers of the strides the
+    gradients had (a permute's gradient is a permuted view), and gloo refuses those."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
+def contiguous_grad(x: torch.Tensor) -> torch.Tensor:
+    """x, with its gradient made contiguous (a plain function: fx's generated code names it)."""
+    return _ContiguousGrad.apply(x)
+
+
 class _Region(nn.Module):
     """A checkpointed region of a stage: its fx graph (sharing the stage's layer objects,
     held outside the module tree so parameters keep their names) run under
@@ -141,6 +160,8 @@ def build_stage_module(gm: fx.GraphModule, stages: list[list[str]], s: int,
         ins = live[s - 1]
     for name in ins:
         env[name] = g.placeholder(name)
+        if s > 0:  # what this stage sends back is the gradient of what it received: contiguous too
+            env[name] = g.call_function(contiguous_grad, (env[name],))
     root = nn.Module()
     for n in gm.graph.nodes:
         if n.op in ("placeholder", "output") or where[n.name] != s:
@@ -175,7 +196,11 @@ def build_stage_module(gm: fx.GraphModule, stages: list[list[str]], s: int,
         # very tensor for a weight gradient computed later (zero-bubble schedules split them).
         used_here = {a.name for n in gm.graph.nodes if n.op not in ("placeholder", "output") and where[n.name] == s
                      for a in n.all_input_nodes}
-        outs = [g.call_method("clone", (env[v],)) if v in used_here or env[v].op == "placeholder" else env[v]
+        # What is sent is contiguous: the pipeline makes the next stage's receive buffers with
+        # the strides the sent values had, and gloo refuses a non-contiguous buffer ("input
+        # tensor has to be contiguous": a transpose's output sent on, in ViT, Llama, T5, ...).
+        outs = [g.call_method("clone", (env[v],), {"memory_format": torch.contiguous_format})
+                if v in used_here or v in ins else g.call_method("contiguous", (env[v],))
                 for v in live[s]]
         g.output(outs[0] if len(outs) == 1 else tuple(outs))
     stage = fx.GraphModule(root, g, class_name=f"LayerflowStage{s}")
