@@ -1,5 +1,5 @@
 """What comes in, and how well: one row per architecture the tests define (written like
-their public reference code, narrow: tests/engine/real_models.py, issue43_models.py,
+their public reference code, narrow: tests/models/real_models.py, reference_models.py,
 hf_models.py), every cell measured here, none typed by hand.
 
     python bench/import_coverage.py [--only ResNet-18,GPT] [--steps 3] [--no-dist]
@@ -33,22 +33,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "engine"))
+sys.path.insert(0, str(ROOT / "tests" / "models"))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from engine.compile import compile_graph  # noqa: E402
+from engine.diagram.compile import compile_graph  # noqa: E402
 from engine.interop import export_onnx, import_onnx, save_imported  # noqa: E402
-from engine.interop.module_import import from_module  # noqa: E402
+from engine.interop.module.importer import from_module  # noqa: E402
 from engine.project import load_project, save_project  # noqa: E402
-from engine.tail import read_metrics  # noqa: E402
+from engine.runs.tail import read_metrics  # noqa: E402
 
 
 def _archs() -> dict:
     """name -> (constructor, input shape without the batch, dtype)."""
     from hf_models import BertForSequenceClassification, LlamaForCausalLM, T5EncoderForClassification
-    from issue43_models import ConvNeXtTV, GoogLeNet, SwinTransformer
+    from reference_models import ConvNeXtTV, GoogLeNet, SwinTransformer
     from real_models import GPT, EfficientNet, MobileNetV2, ResNet18, VisionTransformer
 
     img, tok = "float32", "int64"

@@ -52,11 +52,8 @@ def best_effort(notes: list[str], what: str, step, graph=None, state: dict | Non
     try:
         return step()
     except Exception as exc:  # noqa: BLE001 - whatever went wrong, the import stands without this step
-        from engine.interop.onnx_limits import LimitError
-        from engine.interop.progress import Cancelled
-
-        if isinstance(exc, (Cancelled, LimitError)):
-            raise  # the user stopped the import, or it ran past a limit: that stops it, here too
+        if getattr(exc, "stops_the_import", False):
+            raise  # the user stopped the import (progress.Cancelled), or it ran past a limit (LimitError)
         if graph is not None:
             graph.load_dict(saved[0])
         if state is not None:

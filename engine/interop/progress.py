@@ -24,6 +24,8 @@ _CALLBACK: contextvars.ContextVar[Callable[[str, str], None] | None] = contextva
 class Cancelled(Exception):
     """Raised by a progress callback to stop the import it is told about."""
 
+    stops_the_import = True  # (common.best_effort lets it through)
+
 
 @contextlib.contextmanager
 def reporting(callback: Callable[[str, str], None]):

@@ -31,18 +31,18 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx, nn
 
-from engine.graph import Edge, Graph
+from engine.diagram.graph import Edge, Graph
 from engine.interop.common import (Imported, InteropError, best_effort, check_imported, make_id,
                                    synthetic_training)
-from engine.interop.module_checks import check_arity as _check_arity, check_outputs as _check_outputs
+from engine.interop.module.faithful import check_arity as _check_arity, check_outputs as _check_outputs
 from engine.interop.progress import phase
-from engine.interop.mutations import functional
-from engine.interop.prune import drop_dead
-from engine.interop.shared import batch_view, shared_values
-from engine.interop.unused import left_out_notes
-from engine.interop.samples import embedding_vocab, first_samples, token_samples
-from engine.layout import blocks_from_scopes
-from engine.layers import FieldError, get_layer
+from engine.interop.module.mutations import functional
+from engine.interop.module.prune import drop_dead
+from engine.interop.module.shared import batch_view, shared_values
+from engine.interop.module.unused import left_out_notes
+from engine.interop.module.samples import embedding_vocab, first_samples, token_samples
+from engine.diagram.layout import blocks_from_scopes
+from engine.diagram.catalog import FieldError, get_layer
 from engine.project import Project
 from engine.runtime import layers as rl
 from engine.runtime.ops import PY_OPS, OpError, encode_float

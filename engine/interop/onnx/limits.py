@@ -43,6 +43,8 @@ class LimitError(InteropError):
     """A file that would cost more than a limit allows (memory, nodes, time): raised at
     once, not gathered with the operators that cannot be read."""
 
+    stops_the_import = True  # (common.best_effort lets it through)
+
 
 def _env_number(name: str, default: float) -> float:
     try:

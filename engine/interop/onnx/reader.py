@@ -24,8 +24,8 @@ import numpy as np
 import onnx
 import torch
 
-from engine.graph import Graph, GraphError
-from engine.interop import onnx_limits as limits
+from engine.diagram.graph import Graph, GraphError
+from engine.interop.onnx import limits
 from engine.interop.common import Imported, InteropError, best_effort, check_imported, synthetic_training
 from engine.interop.progress import phase
 from engine.project import Project

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import operator
 
+import torch
 from torch import fx, nn
 from torch.utils.checkpoint import checkpoint as _checkpoint
 

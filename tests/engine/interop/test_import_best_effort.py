@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import engine.interop.module_import as mi
-from engine.compile import compile_graph
-from engine.interop.module_import import from_module
+import engine.interop.module.importer as mi
+from engine.diagram.compile import compile_graph
+from engine.interop.module.importer import from_module
 
-from issue43_models import GoogLeNet
+from reference_models import GoogLeNet
 from real_models import ResNet
 
 

@@ -1,4 +1,4 @@
-"""Hugging Face-style encoders (BERT, T5's encoder; tests/engine/hf_models.py, written like
+"""Hugging Face-style encoders (BERT, T5's encoder; tests/models/hf_models.py, written like
 transformers' modeling code) import clean and export (issue 55, item 4): the all-ones
 attention mask they build from the input's sizes is folded into the attention that reads
 it instead of four Op nodes computing a constant, T5's casts of a float32 value to float32
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.compile import compile_graph
+from engine.diagram.compile import compile_graph
 from engine.interop import export_onnx, save_imported
-from engine.interop.module_import import from_module
+from engine.interop.module.importer import from_module
 from engine.project import load_project
 
 from hf_models import BertForSequenceClassification, T5EncoderForClassification

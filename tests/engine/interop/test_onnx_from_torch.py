@@ -2,7 +2,7 @@
 networks users have most: BatchNorm everywhere, depthwise convolutions, squeeze-and-
 excitation, residual adds (ResNet-18's basic blocks, MobileNetV2's inverted residuals,
 EfficientNet-B0's MBConv). Written like their public reference code
-(tests/engine/real_models.py), narrow and at 32x32 so each runs in seconds. Each file is
+(tests/models/real_models.py), narrow and at 32x32 so each runs in seconds. Each file is
 checked first against onnxruntime (the file is right), then imported: the diagram computes
 what the source computes, with the file's weights, and says nothing false about them.
 
@@ -16,7 +16,7 @@ import onnx
 import pytest
 import torch
 
-from engine.compile import compile_graph
+from engine.diagram.compile import compile_graph
 from engine.interop import import_onnx
 
 from real_models import EfficientNet, MobileNetV2, ResNet18
@@ -95,7 +95,7 @@ def test_a_file_torch_writes_imports_and_computes_what_its_source_computes(name,
 def test_a_swin_file_torch_writes_with_its_mask_filled_by_scatternd_imports(tmp_path):
     """torch's exporter writes Swin's attention mask, filled region by region, as ScatterND
     on constants and its != as Not(Equal): both read (the import named 19 operators before)."""
-    from issue43_models import SwinTransformer
+    from reference_models import SwinTransformer
 
     torch.manual_seed(0)
     model = SwinTransformer().eval()

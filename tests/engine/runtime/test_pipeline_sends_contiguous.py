@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine.compile import compile_graph
-from engine.graph import Graph
-from engine.runtime.stages import build_stage_module
-from engine.tail import read_metrics
+from engine.diagram.compile import compile_graph
+from engine.diagram.graph import Graph
+from engine.runtime.distributed.stages import build_stage_module
+from engine.runs.tail import read_metrics
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _diagram():
@@ -63,9 +63,9 @@ def test_a_stage_that_begins_with_a_transpose_sends_its_input_gradient_back_cont
 def test_an_imported_model_trains_at_pp2_equal_to_one_process(tmp_path, name):
     """ViT's cut sends a transpose's output; ConvNeXt's receives a permute's gradient."""
     from engine.interop import save_imported
-    from engine.interop.module_import import from_module
+    from engine.interop.module.importer import from_module
     from engine.project import load_project, save_project
-    from issue43_models import ConvNeXtTV
+    from reference_models import ConvNeXtTV
     from real_models import VisionTransformer
 
     ctor, shape = {"vit": (VisionTransformer, [3, 16, 16]), "convnext": (ConvNeXtTV, [3, 32, 32])}[name]

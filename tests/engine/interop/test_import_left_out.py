@@ -2,7 +2,7 @@
 training forward differs from its eval forward (GoogLeNet's auxiliary classifiers,
 EfficientNet's stochastic depth) comes in with one line per kind of difference in the
 import's notes, in the line `import` prints, and under the total of `summary`, which
-reads it from the project file (models: tests/engine/issue43_models.py, real_models.py)."""
+reads it from the project file (models: tests/models/reference_models.py, real_models.py)."""
 from __future__ import annotations
 
 import json
@@ -10,10 +10,10 @@ import json
 import torch
 
 from engine.interop import save_imported
-from engine.interop.module_import import from_module
+from engine.interop.module.importer import from_module
 from engine.project import load_project
 
-from issue43_models import GoogLeNet
+from reference_models import GoogLeNet
 from real_models import EfficientNet, ResNet
 
 
@@ -25,7 +25,7 @@ def test_auxiliary_classifiers_are_named_in_the_summary_of_the_saved_project(tmp
     aux = sum(p.numel() for m in (model.aux1, model.aux2) for p in m.parameters())
     total = sum(p.numel() for p in model.parameters())
     path = tmp_path / "googlenet.lflow"
-    assert main(["import", "module:issue43_models:GoogLeNet", "-o", str(path), "--input-shape", "3,16,16"]) == 0
+    assert main(["import", "module:reference_models:GoogLeNet", "-o", str(path), "--input-shape", "3,16,16"]) == 0
     out, err = capsys.readouterr()
     assert f"{total - aux:,} parameters; not all of the source's: see the note on what is left out" in out
     line = f"{aux} of the module's {total} parameters are not in the diagram: 'aux1', 'aux2' run only in training mode"
