@@ -110,6 +110,8 @@ def test_many_stages_scroll_and_the_window_stays_on_the_screen(win, qtbot):
     from widgets.devices import LANES_SHOWN
 
     w = win
+    w.show_workspace("Place")  # the Devices panel's workspace (app/workspaces.py)
+    qtbot.wait(20)
     before = w.minimumSizeHint().height()
     w.devices.spins["pp"].setValue(30)
     w.controller.flush()
