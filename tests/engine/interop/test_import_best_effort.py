@@ -85,3 +85,13 @@ def test_a_cancelled_import_stays_cancelled_inside_a_side_step(monkeypatch):
     monkeypatch.setattr(mi, "blocks_from_scopes", cancel)
     with pytest.raises(Cancelled):
         from_module(ResNet().eval(), [[3, 16, 16]])
+
+
+def test_an_import_past_a_limit_stops_inside_a_side_step_too(monkeypatch):
+    from engine.interop.onnx.limits import LimitError
+
+    def too_long(*_):
+        raise LimitError("model.onnx: the import took more than 240 s")
+    monkeypatch.setattr(mi, "blocks_from_scopes", too_long)
+    with pytest.raises(LimitError, match="more than 240 s"):
+        from_module(ResNet().eval(), [[3, 16, 16]])
