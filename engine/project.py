@@ -316,7 +316,7 @@ class Project:
     def __init__(self, graph: Graph | None = None, *, name: str = "untitled", description: str = "",
                  training: Training | None = None, placement: Placement | None = None,
                  cluster: str | None = None, weights: str | None = None, path: Path | None = None,
-                 conflicts: list[dict] | None = None, left_out: list[str] | None = None):
+                 conflicts: list[Conflict] | None = None, left_out: list[str] | None = None):
         self._subscribers: list = []
         self.graph = graph or Graph()
         self.name = name
@@ -326,8 +326,8 @@ class Project:
         self.cluster = cluster
         self.weights = weights
         self.path = Path(path) if path else None
-        # merge conflicts not yet resolved (engine/diff.py): where, what, base, ours, theirs
-        self.conflicts: list[dict] = list(conflicts or [])
+        # merge conflicts not yet resolved (engine/diff.py)
+        self.conflicts: list[Conflict] = list(conflicts or [])
         # what the import this project came from left out of its diagram and why (training-only
         # heads, calls no output reads), one line each: `summary` shows them under its total
         self.left_out: list[str] = list(left_out or [])
@@ -400,7 +400,7 @@ class Project:
             "weights": self.weights,
         }
         if self.conflicts:  # written only while there are some: other files stay byte-identical
-            d["conflicts"] = [dict(c) for c in self.conflicts]
+            d["conflicts"] = [c.to_dict() for c in self.conflicts]
         if self.left_out:  # only imports that left something out have it
             d["left_out"] = list(self.left_out)
         return d
@@ -451,7 +451,7 @@ class Project:
             raise ProjectError(f"{source}: diagram: {exc}") from None
         return cls(graph, name=m.name, description=m.description, training=m.training,
                    placement=m.placement, cluster=m.cluster, weights=m.weights,
-                   conflicts=[c.model_dump(mode="json") for c in m.conflicts], left_out=m.left_out)
+                   conflicts=[Conflict(**c.model_dump(mode="json")) for c in m.conflicts], left_out=m.left_out)
 
     def copy(self) -> "Project":
         p = Project.from_dict(json.loads(self.dumps()))

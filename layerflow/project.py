@@ -355,7 +355,7 @@ class Project:
         """The distributed plan (engine.planning.planner.Plan: mesh, stages, TP layouts,
         communication, memory and time per device) for the placement with `placement`'s
         fields changed; its errors are listed in `plan.errors`, not raised."""
-        from engine.runs.history import calibration
+        from engine.runs import calibration
         from engine.planning.planner import make_plan
         from layerflow.prepare import checked_placement
 
@@ -391,7 +391,7 @@ class Project:
     def autoplace(self, devices: int, *, device: str = "cpu", memory_gb: float | None = None):
         """Choose pp/dp/tp, the stage cuts and TP styles for `devices` devices, write them
         into the diagram and the placement, and return the plan (`plan.reasons` says why)."""
-        from engine.runs.history import calibration
+        from engine.runs import calibration
         from engine.planning.autoplace import apply_to_project, auto_place
 
         compiled = self._compiled()
