@@ -205,7 +205,9 @@ def plan_run(project: Project, nproc: int | None = None, *, compiled=None, devic
         raise RunError(too_big[0].replace("raise pp or tp, use data_parallel fsdp, or raise microbatches",
                                           "lower training.batch_size or the model's sizes, or train on several "
                                           "processes or a cluster (placement pp/tp, data_parallel fsdp)"))
-    return (plan if plan.run is not None else None), []
+    if plan.run is None:
+        return None, []
+    return plan, [w for w, _ in grouped(plan.warnings)]  # (what validate says of this placement, train says too)
 
 
 def _predicted(plan) -> Predicted:
