@@ -496,3 +496,32 @@ def test_a_full_disk_under_two_ranks_is_named_too_and_resumes(tmp_path):
     assert latest in kept and all((out / "failed" / "checkpoints" / d / ".metadata").exists() for d in kept)
     resumed = json.loads((out / "resumed" / "status.json").read_text())
     assert resumed["state"] == "succeeded" and resumed["step"] == 40, (out / "second.txt").read_text()[-2000:]
+
+
+@pytest.mark.parametrize("where", ["runs", "new", "empty", "with a file"])
+def test_a_full_disk_in_build_run_leaves_nothing_it_made(tmp_path, monkeypatch, where):
+    """The disk fills while build_run writes the run folder (after data.npz, at the project
+    snapshot): a RunError naming the reason, and everything it made is gone: the run folder,
+    and the runs/ folder it made for it; a folder the user gave is left as it was."""
+    import errno
+
+    from engine.runs import build
+    from engine.runs.build import RunError, build_run
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(build, "atomic_write", full)
+    p = load_project(MLP)
+    p.path = tmp_path / "p.lflow"
+    out = {"runs": None, "new": tmp_path / "deep" / "er" / "run", "empty": tmp_path / "empty",
+           "with a file": tmp_path / "mine"}[where]
+    if where == "empty":
+        out.mkdir()
+    if where == "with a file":
+        out.mkdir()
+        (out / "notes.txt").write_text("the user's")
+    before = sorted(str(f.relative_to(tmp_path)) for f in tmp_path.rglob("*"))
+    with pytest.raises(RunError, match="cannot prepare the run folder: No space left on device .the disk is full"):
+        build_run(p, out, steps=1)
+    assert sorted(str(f.relative_to(tmp_path)) for f in tmp_path.rglob("*")) == before
