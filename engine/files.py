@@ -129,8 +129,8 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_temps(path)
-        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
+        clear_stale_temps(path)
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path) + _writer_tag(), suffix=".tmp", dir=path.parent)
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -156,24 +156,90 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
         pass
 
 
+# The temp file beside NAME is .NAME.<host>-<pid>.<random>.tmp: its writer is known, so a
+# later save or open of NAME clears the temp files of writers that are gone (a SIGKILL
+# mid-save leaves one) and keeps those of writers still running. <host> is a digest of this
+# machine's name: on a folder shared by several machines (NFS) a pid is only ours to check
+# when the host is ours; another host's temp file goes by its age alone.
+_TEMP_SUFFIX_BYTES = 40  # ".<host 8>-<pid up to 10>." + mkstemp's 8 random + ".tmp", with room
+_TEMP_MAX_AGE_S = 24 * 3600.0  # a temp file older than this: its writer is gone (another machine's, a reused pid)
+_TEMP_UNNAMED_S = 60.0  # a temp file of an older Layerflow (no writer in its name), older than this
+
+
 def _temp_prefix(path: Path) -> str:
     """'.NAME.' for the temp file beside NAME; a name too long to carry a temp suffix
     within NAME_MAX bytes goes by a digest of itself."""
     name = path.name
-    if len(os.fsencode(name)) > NAME_MAX - 24:
+    if len(os.fsencode(name)) > NAME_MAX - _TEMP_SUFFIX_BYTES:
         name = "long-" + hashlib.sha256(os.fsencode(name)).hexdigest()[:24]
     return f".{name}."
 
 
-def _remove_stale_temps(path: Path, older_than_s: float = 60.0) -> None:
-    """Temp files that interrupted saves of `path` left behind (a kill mid-save)."""
+def _host_tag() -> str:
+    import socket
+
+    return hashlib.sha256(socket.gethostname().encode("utf-8", "surrogateescape")).hexdigest()[:8]
+
+
+def _writer_tag() -> str:
+    """'<host>-<pid>.': who writes this temp file (mkstemp's random part follows)."""
+    return f"{_host_tag()}-{os.getpid()}."
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process of that id runs on this machine (a zombie does not). The same rule
+    as engine/runtime/records.py pid_alive, which this room sits below (import-linter)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except (OSError, OverflowError):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def clear_stale_temps(path: str | os.PathLike) -> list[Path]:
+    """Remove the temp files that saves of `path` left behind when their writer died (a
+    kill mid-save): those naming a process of this machine that no longer runs, another
+    machine's after a day, an older Layerflow's unnamed ones after a minute. A live
+    writer's temp file is kept. Never raises (a folder we may not list: nothing cleared).
+    Returns what it removed."""
     import glob
+    import re
     import time
 
+    path = Path(path)
+    prefix = _temp_prefix(path)
+    host = _host_tag()
+    named = re.compile(re.escape(prefix) + r"([0-9a-f]{8})-(\d{1,10})\.[^/]*\.tmp\Z")
+    removed = []
+    try:
+        candidates = list(path.parent.glob(f"{glob.escape(prefix)}*.tmp"))
+    except OSError:
+        return removed
     now = time.time()
-    for t in path.parent.glob(f"{glob.escape(_temp_prefix(path))}*.tmp"):
+    for t in candidates:
         try:
-            if now - t.lstat().st_mtime > older_than_s and t.is_file():
+            st = t.lstat()
+            if not stat.S_ISREG(st.st_mode):
+                continue  # (a link or a folder of that name is not ours to remove)
+            m = named.match(t.name)
+            if m is None:
+                stale = now - st.st_mtime > _TEMP_UNNAMED_S
+            elif m.group(1) != host:
+                stale = now - st.st_mtime > _TEMP_MAX_AGE_S
+            else:
+                pid = int(m.group(2))  # (a day old, its pid may be another process's by now)
+                stale = now - st.st_mtime > _TEMP_MAX_AGE_S or (pid != os.getpid() and not _pid_alive(pid))
+            if stale:
                 t.unlink()
+                removed.append(t)
         except OSError:
             pass
+    return removed

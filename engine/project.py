@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from engine.data.sources import _DATASET_KINDS, Dataset, LoaderSettings, SyntheticClassification
-from engine.files import ProjectError, atomic_write  # noqa: F401  (both are part of this module's API)
+from engine.files import ProjectError, atomic_write, clear_stale_temps  # noqa: F401  (the first two are part of this module's API)
 from engine.diagram.graph import TP_STYLES, Graph, GraphError
 from engine.schema import Strict
 
@@ -532,6 +532,7 @@ def load_project(path: str | os.PathLike) -> Project:
     except OSError as exc:
         raise ProjectError(f"{path}: cannot read: {exc.strerror or exc}") from None
     p = loads_project(raw, str(path))
+    clear_stale_temps(os.path.realpath(path))  # what a save killed half-way left beside it (a dead writer's)
     p.path = path
     p._read_digest = (os.path.realpath(path), _digest(raw))
     return p

@@ -55,11 +55,17 @@ def generic_op_warnings(compiled: CompileResult, tp: int) -> list[str]:
 
 def batch_warnings(compiled: CompileResult, placement: Placement, *, microbatches: int, batch_size: int) -> list[str]:
     """Layers whose result depends on the batch they see (BatchNorm's statistics,
-    Dropout's masks): under dp, tp or micro-batches their losses are not one process's."""
+    Dropout's masks): under dp, tp or micro-batches their losses are not one process's.
+    And micro-batches asked for where there is no pipeline to cut them (pp=1: ignored)."""
     graph = compiled.graph
     dp, tp, m, B = placement.dp, placement.tp, microbatches, batch_size
     local_b, mb = B // max(1, dp), B // max(1, dp * m)
     warnings = []
+    if placement.pp == 1 and (placement.microbatches or 1) > 1:
+        warnings.append(f"placement.microbatches {placement.microbatches} is ignored: micro-batches cut a pipeline's "
+                        f"batch, and placement.pp is 1 (each step takes the whole batch of {B}); to add up gradients "
+                        f"over parts of the batch in one process set training.grad_accumulation (train --accumulate "
+                        f"N), else leave placement.microbatches unset")
     for n in compiled.order:
         ntype = graph.nodes[n].type
         spec = get_layer(ntype)

@@ -14,6 +14,7 @@ this machine or, uploaded with the runtime package, on a cluster node.
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -205,7 +206,9 @@ def plan_run(project: Project, nproc: int | None = None, *, compiled=None, devic
         raise RunError(too_big[0].replace("raise pp or tp, use data_parallel fsdp, or raise microbatches",
                                           "lower training.batch_size or the model's sizes, or train on several "
                                           "processes or a cluster (placement pp/tp, data_parallel fsdp)"))
-    return (plan if plan.run is not None else None), []
+    if plan.run is None:
+        return None, []
+    return plan, [w for w, _ in grouped(plan.warnings)]  # (what validate says of this placement, train says too)
 
 
 def _predicted(plan) -> Predicted:
@@ -300,13 +303,13 @@ def build_run(project: Project, out_dir: str | Path | None = None, *, nproc: int
     run_dir = Path(out_dir) if out_dir else new_run_dir(project)
     if (run_dir / "run.json").exists():
         raise RunError(f"{run_dir} already holds a run; pick another --out or use --resume")
-    began = not run_dir.exists()
+    made = _folders_to_make(run_dir)  # run_dir and the parents it lacks (runs/), innermost first
+    there = None if made else set(os.listdir(run_dir))  # a folder the user gave: what it held
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         spec = _write_run(project, run_dir, result, plan, pl, data, weights_src)
     except BaseException as exc:
-        if began:  # a full disk or Ctrl-C halfway: no half-made run folder is left for the runs list
-            shutil.rmtree(run_dir, ignore_errors=True)
+        _unmake(run_dir, made, there)  # a full disk or Ctrl-C halfway: no half-made run is left for the runs list
         if isinstance(exc, OSError) and not isinstance(exc, LayerflowError):
             from engine.files import os_error_text
 
@@ -314,6 +317,42 @@ def build_run(project: Project, out_dir: str | Path | None = None, *, nproc: int
             raise RunError(f"{where}: cannot prepare the run folder: {os_error_text(exc)}") from None
         raise
     return BuiltRun(run_dir, spec, warnings)
+
+
+def _folders_to_make(run_dir: Path) -> list[Path]:
+    """run_dir and those of its parents that do not exist yet, innermost first."""
+    out, p = [], run_dir
+    while not os.path.lexists(p) and p != p.parent:
+        out.append(p)
+        p = p.parent
+    return out
+
+
+def _unmake(run_dir: Path, made: list[Path], there: set[str] | None) -> None:
+    """Remove what build_run wrote: the run folder it made, and the parents it made while
+    they are empty (another run may have begun in runs/ meanwhile); in a folder the user
+    gave, only the entries that were not there before."""
+    if made:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        for p in made[1:]:
+            try:
+                os.rmdir(p)
+            except OSError:
+                break
+        return
+    try:
+        names = set(os.listdir(run_dir)) - (there or set())
+    except OSError:
+        return
+    for name in names:
+        f = run_dir / name
+        if f.is_dir() and not f.is_symlink():
+            shutil.rmtree(f, ignore_errors=True)
+        else:
+            try:
+                f.unlink()
+            except OSError:
+                pass
 
 
 def _write_run(project: Project, run_dir: Path, result, plan, pl: Placement, data: DataInfo,

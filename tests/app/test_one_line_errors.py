@@ -383,3 +383,22 @@ def test_pickled_weights_are_refused_in_one_line_naming_the_file(tmp_path):
     shutil.copyfile(tmp_path / "raw.pt", run / "weights.pt")
     one_line(cli("train", project, "--resume", run, "--steps", "4", cwd=tmp_path), "resume:", "weights.pt", *said)
     assert not pwned.exists()
+
+
+def test_microbatches_without_a_pipeline_are_a_warning(tmp_path):
+    """placement.microbatches 65536 with pp=1 was ignored without a word: validate and plan
+    say so, once, naming the field and what to set instead (and the run still trains)."""
+    d = json.loads(MLP.read_text())
+    d["placement"]["microbatches"] = 65536
+    project = tmp_path / "mb.lflow"
+    project.write_text(json.dumps(d))
+    said = "placement.microbatches 65536 is ignored: micro-batches cut a pipeline's batch, and placement.pp is 1"
+    for r in (cli("validate", project, cwd=tmp_path), cli("plan", project, cwd=tmp_path),
+              cli("train", project, "--steps", "1", "--out", tmp_path / "run", cwd=tmp_path)):
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert (r.stderr + r.stdout).count(said) == 1, r.stderr + r.stdout
+        assert "training.grad_accumulation" in r.stderr + r.stdout
+    d["placement"]["microbatches"] = None
+    project.write_text(json.dumps(d))
+    r = cli("validate", project, cwd=tmp_path)
+    assert r.returncode == 0 and "microbatches" not in r.stderr, r.stderr

@@ -119,6 +119,76 @@ def test_saves_keep_links_modes_and_leave_no_temp_files(tmp_path):
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o666 & ~umask
 
 
+KILLED_MID_SAVE = r"""
+import os, signal, sys
+from engine.files import atomic_write
+what = sys.argv[2]
+def fsync(fd):  # the temp file is written whole: now the writer dies (kill -9) or waits
+    if what == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    print("writing", flush=True)
+    sys.stdin.readline()
+    os.fsync = real_fsync  # (the folder's fsync after the rename is a real one)
+real_fsync, os.fsync = os.fsync, fsync
+atomic_write(sys.argv[1], b"from the child")
+"""
+
+
+def _temps(folder: Path) -> list[Path]:
+    return sorted(folder.glob(".p.lflow.*.tmp"))
+
+
+def test_a_temp_file_outlives_no_writer(tmp_path):
+    """A save SIGKILLed after its temp file is written leaves .p.lflow.<host>-<pid>.*.tmp;
+    the next open (load_project, the CLI's validate) or save clears it, as its pid is dead;
+    a writer still running keeps its own, and its save lands whole."""
+    project = tmp_path / "p.lflow"
+    project.write_text(MLP.read_text())
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def killed_save() -> Path:
+        r = subprocess.run([sys.executable, "-c", KILLED_MID_SAVE, str(project), "kill"], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == -signal.SIGKILL, r.stderr
+        (left,) = _temps(tmp_path)
+        assert left.read_bytes() == b"from the child" and project.read_text() == MLP.read_text()
+        return left
+
+    left = killed_save()
+    load_project(project)  # an open clears it
+    assert not left.exists()
+    left = killed_save()
+    r = subprocess.run([sys.executable, str(ROOT / "main.py"), "validate", str(project)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and not left.exists(), r.stderr
+    left = killed_save()
+    save_project(load_project(project))  # and so does a save (of this file, beside it)
+    assert _temps(tmp_path) == []
+
+    old = tmp_path / ".p.lflow.abc123.tmp"  # an older Layerflow's name, whose writer is unknown: by its age
+    old.write_bytes(b"half")
+    load_project(project)
+    assert old.exists()
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    load_project(project)
+    assert not old.exists()
+
+    live = subprocess.Popen([sys.executable, "-c", KILLED_MID_SAVE, str(project), "wait"], env=env, cwd=ROOT,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert live.stdout.readline().strip() == "writing"
+        (mine,) = _temps(tmp_path)
+        assert f"-{live.pid}." in mine.name
+        save_project(load_project(project))  # open and save while it writes: its temp file is kept
+        assert mine.exists()
+        live.stdin.write("\n")
+        live.stdin.flush()
+        assert live.wait(timeout=60) == 0
+    finally:
+        live.kill()
+    assert project.read_bytes() == b"from the child" and _temps(tmp_path) == []
+
+
 def test_a_run_folder_has_one_writer(tmp_path, capsys):
     from engine.runs.build import prepare_run
     from engine.runtime.folder import RunLock
@@ -426,3 +496,32 @@ def test_a_full_disk_under_two_ranks_is_named_too_and_resumes(tmp_path):
     assert latest in kept and all((out / "failed" / "checkpoints" / d / ".metadata").exists() for d in kept)
     resumed = json.loads((out / "resumed" / "status.json").read_text())
     assert resumed["state"] == "succeeded" and resumed["step"] == 40, (out / "second.txt").read_text()[-2000:]
+
+
+@pytest.mark.parametrize("where", ["runs", "new", "empty", "with a file"])
+def test_a_full_disk_in_build_run_leaves_nothing_it_made(tmp_path, monkeypatch, where):
+    """The disk fills while build_run writes the run folder (after data.npz, at the project
+    snapshot): a RunError naming the reason, and everything it made is gone: the run folder,
+    and the runs/ folder it made for it; a folder the user gave is left as it was."""
+    import errno
+
+    from engine.runs import build
+    from engine.runs.build import RunError, build_run
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(build, "atomic_write", full)
+    p = load_project(MLP)
+    p.path = tmp_path / "p.lflow"
+    out = {"runs": None, "new": tmp_path / "deep" / "er" / "run", "empty": tmp_path / "empty",
+           "with a file": tmp_path / "mine"}[where]
+    if where == "empty":
+        out.mkdir()
+    if where == "with a file":
+        out.mkdir()
+        (out / "notes.txt").write_text("the user's")
+    before = sorted(str(f.relative_to(tmp_path)) for f in tmp_path.rglob("*"))
+    with pytest.raises(RunError, match="cannot prepare the run folder: No space left on device .the disk is full"):
+        build_run(p, out, steps=1)
+    assert sorted(str(f.relative_to(tmp_path)) for f in tmp_path.rglob("*")) == before
