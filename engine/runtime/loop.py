@@ -97,6 +97,8 @@ def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: Progres
                 # a log step: one host sync (and, distributed, one collective) for all the steps since the last
                 rec, stop_now = metrics.log(step, stop.requested)
                 checkpoints.settle()  # (a save written behind the steps that has ended)
+                if watch is not None and (evaluator.due(step) or checkpoints.due(step)):
+                    watch.hold()  # an evaluation or a save is no step: its time is not a hang
                 if evaluator.due(step):
                     rec.update(evaluator.run(step, rec))
                 if checkpoints.due(step):

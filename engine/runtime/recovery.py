@@ -182,8 +182,13 @@ class HangWatch:
             self._thread = threading.Thread(target=self._watch, name="layerflow-hang-watch", daemon=True)
             self._thread.start()
 
+    def hold(self) -> None:
+        """Before an evaluation or a checkpoint (not steps, and as long as the validation set
+        makes them): the watch waits until pause() starts its clock again."""
+        self.last = None
+
     def pause(self) -> None:
-        """Evaluation and checkpoints are not steps: the clock starts again after them."""
+        """After an evaluation or a checkpoint: the clock starts again."""
         self.last = time.monotonic()
 
     def close(self) -> None:
@@ -191,7 +196,10 @@ class HangWatch:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.period_s):
-            idle = time.monotonic() - (self.last or time.monotonic())
+            last = self.last
+            if last is None:  # held (an evaluation, a save)
+                continue
+            idle = time.monotonic() - last
             if idle > self.timeout():
                 self._end(idle)
 

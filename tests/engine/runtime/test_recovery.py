@@ -224,3 +224,21 @@ def test_a_failed_asynchronous_save_is_named_and_the_one_before_stays_the_latest
     assert not (rd / "checkpoints" / "step_80").exists() and (rd / "checkpoints" / "step_40").exists()
     assert "checkpoint step_80 failed" in (rd / "logs" / "rank0.log").read_text()
     assert (rd / "checkpoints" / "latest").read_text().strip() == "step_100"
+
+
+def test_the_hang_watch_waits_through_an_evaluation_and_fires_after(tmp_path, monkeypatch):
+    """An evaluation or a checkpoint holds the watch (a long validation set is no hang); the
+    clock starts again after it, and a rank that then makes no step is ended."""
+    from engine.runtime.recovery import HangWatch
+
+    w = HangWatch(tmp_path, 0, 0.3, lambda _msg: None, period_s=0.05)
+    fired = []
+    monkeypatch.setattr(w, "_end", lambda idle: fired.append(idle))  # (the real one ends the process)
+    w.step_done()
+    w.hold()
+    time.sleep(0.8)
+    assert not fired
+    w.pause()
+    time.sleep(0.8)
+    w.close()
+    assert fired and fired[0] > 0.3
