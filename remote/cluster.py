@@ -77,7 +77,15 @@ class Cluster(Strict):
     backend: Literal["ssh", "slurm"] = "ssh"
     nproc_per_node: Optional[int] = Field(None, ge=1)  # None: one per GPU, else one per node... see launch
     rdzv_port: int = Field(29400, ge=1, le=65535)
-    max_restarts: int = Field(0, ge=0, le=100)
+    # restarts of a job's workers after a rank or node fails (torchrun --max-restarts); None: the
+    # run's own training.restarts.max_restarts
+    max_restarts: Optional[int] = Field(None, ge=0, le=100)
+    # elastic bounds (torchrun --nnodes MIN:MAX): a job goes on with at least min_nodes of its
+    # nodes when others are lost (the data axis shrinks, the global batch stays), and takes a
+    # node back up to max_nodes. None: min, the fewest nodes the plan can run on; max, all it was
+    # deployed on. min_nodes equal to the node count: the job needs every node (not elastic).
+    min_nodes: Optional[int] = Field(None, ge=1)
+    max_nodes: Optional[int] = Field(None, ge=1)
     known_hosts: Optional[str] = None  # None: Layerflow's own file + ~/.ssh/known_hosts (read only)
     # a folder every user of the cluster can write (group permissions): each job registers
     # itself in <shared_dir>/jobs/ and keeps its record current, so `jobs --all` sees everyone's

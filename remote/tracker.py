@@ -328,15 +328,33 @@ class Tracker:
         job, old = self.job, (self.job.state, self.job.error)
         infos = {i: v.info for i, v in self.nodes.items() if v.reachable}
         unreachable = [i for i, v in self.nodes.items() if not v.reachable]
+        bounds = job.extra.get("nodes_bounds")  # an elastic job goes on without a lost node (torchrun --nnodes MIN:MAX)
+        failed_here = {i: inf.get("exit") for i, inf in infos.items() if inf.get("exit") not in (None, 0)}
+        gone = [i for i in unreachable if now - self.nodes[i].since_unreachable > self.lost_after]
+        if gone and bounds:
+            job.extra["lost_nodes"] = sorted({*job.extra.get("lost_nodes", []), *(job.nodes[i].host for i in gone)})
         if job.state in TERMINAL:
             pass
-        elif unreachable:
-            gone = [i for i in unreachable if now - self.nodes[i].since_unreachable > self.lost_after]
+        elif unreachable and failed_here:
+            # what the reachable nodes know: a node whose torchrun failed ended the job, whatever
+            # the others (unreachable) do
+            job.state = "failed"
+            job.error = ("; ".join(f"{job.nodes[i].host}: torchrun exited with {e}" for i, e in failed_here.items())
+                         + "; unreachable: " + ", ".join(job.nodes[i].host for i in unreachable) + self._error_hint())
+            self._kill_rest()
+        elif unreachable and not (bounds and 0 in infos and len(infos) >= bounds[0] and gone == unreachable):
             if gone:
                 job.state = "lost"
                 job.error = "; ".join(f"{job.nodes[i].host} unreachable for more than {self.lost_after:g} s: "
                                       f"{self.nodes[i].error}" for i in gone)
-        else:
+        else:  # (an elastic job: the nodes left, with node 0, which hosts the rendezvous, say where it stands)
+            if bounds:  # a node whose processes vanished is one the job went on without
+                vanished = [i for i, inf in infos.items() if i and inf.get("pid") and not inf["alive"]
+                            and inf.get("exit") is None]
+                if vanished:
+                    job.extra["lost_nodes"] = sorted({*job.extra.get("lost_nodes", []),
+                                                      *(job.nodes[i].host for i in vanished)})
+                infos = {i: inf for i, inf in infos.items() if i not in vanished}
             exits = {i: inf.get("exit") for i, inf in infos.items()}
             run_state = (infos.get(job.metrics_node, {}).get("status") or {}).get("state") \
                 if job.metrics_node is not None else None

@@ -98,7 +98,12 @@ def _profile_flags(a: argparse.ArgumentParser) -> None:
     a.add_argument("--backend", choices=["ssh", "slurm"], default="ssh")
     a.add_argument("--nproc-per-node", type=int)
     a.add_argument("--rdzv-port", type=int, default=29400)
-    a.add_argument("--max-restarts", type=int, default=0)
+    a.add_argument("--max-restarts", type=int, help="restarts after a rank or node fails (default: the run's "
+                   "training.restarts)")
+    a.add_argument("--min-nodes", type=int, metavar="N", help="a job goes on with at least N of its nodes when "
+                   "others are lost (default: the fewest its plan runs on; the node count: never shrink)")
+    a.add_argument("--max-nodes", type=int, metavar="N", help="nodes a shrunk job takes back, at most "
+                   "(default: those it was deployed on)")
     a.add_argument("--known-hosts", help="known_hosts file (default: Layerflow's own + ~/.ssh/known_hosts)")
     a.add_argument("--data-path", action="append", default=[], metavar="HERE=THERE",
                    help="data sets under the folder HERE are already at THERE on every node: runs read them there "
@@ -128,7 +133,8 @@ def _profile(args, hosts: list[dict]):
         data_paths[os.path.abspath(os.path.expanduser(here))] = there
     data = {"data_paths": data_paths, "name": args.name, "hosts": hosts, "workdir": args.workdir, "python": args.python, "env": env,
             "backend": args.backend, "nproc_per_node": args.nproc_per_node, "rdzv_port": args.rdzv_port,
-            "max_restarts": args.max_restarts, "known_hosts": args.known_hosts, "shared_dir": args.shared_dir,
+            "max_restarts": args.max_restarts, "min_nodes": args.min_nodes, "max_nodes": args.max_nodes,
+            "known_hosts": args.known_hosts, "shared_dir": args.shared_dir,
             "partition": args.partition, "time_limit": args.time_limit, "gpus_per_node": args.gpus_per_node}
     return parse_cluster({k: v for k, v in data.items() if v is not None}, f"cluster {args.name!r}")
 

@@ -96,6 +96,27 @@ class PendingSave:
     def done(self) -> bool:
         return self.future.done()
 
+    def then(self, fn) -> PendingSave:
+        """`fn()` run by a thread of its own once the files are whole (and only if the save
+        succeeded); done() and wait() then cover both."""
+        import concurrent.futures
+        import threading
+
+        first, after = self.future, concurrent.futures.Future()
+
+        def go() -> None:
+            try:
+                first.result()
+                fn()
+            except BaseException as exc:  # noqa: BLE001  (wait() raises it in the loop's thread)
+                after.set_exception(exc)
+            else:
+                after.set_result(None)
+
+        threading.Thread(target=go, name="layerflow-checkpoint-after", daemon=True).start()
+        self.future = after
+        return self
+
     def wait(self) -> None:
         try:
             self.future.result()

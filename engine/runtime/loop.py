@@ -161,9 +161,11 @@ def next_log_step(step: int, start: int, fixed: int | None, step_s: float = 0.0)
 def _record_attempt(trainer, folder: RunFolder, attempt: Decision, start: int) -> None:
     """attempts.jsonl gets this attempt (world, layout, the step it resumed from); a restart
     also gets a record in metrics.jsonl, after the cut a resume makes."""
-    plan = trainer.spec.plan
+    plan = getattr(trainer, "plan", None) or trainer.spec.plan  # (the layout this start runs: elastic.py)
+    resize = getattr(trainer, "resize", None)
     rec = record_attempt(folder.path, attempt, int(os.environ.get("WORLD_SIZE", "1")),
-                         {"pp": plan.pp, "dp": plan.dp, "tp": plan.tp}, start if start else None)
+                         {"pp": plan.pp, "dp": plan.dp, "tp": plan.tp}, start if start else None,
+                         resize.record() if resize is not None and resize.changed else None)
     if attempt.attempt > 0:
         folder.write({**restart_record(rec, start), "time": round(folder.elapsed(), 4)})
 

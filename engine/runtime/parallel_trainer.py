@@ -19,18 +19,20 @@ import torch
 import torch.distributed as dist
 
 from . import dist_checkpoint
-from .batches import forward, rows, to_device
-from .folder import save_tensors, write_failure
+from .batches import chunks, forward, rows, to_device
+from .folder import CHECKPOINTS, latest_checkpoint, save_tensors, write_failure
 from .loop import fit
+from .elastic import fit_world
 from .plan import V_SHAPED
 from .records import RankError, RunStatus
-from .recovery import Decision
+from .recovery import Decision, decide, give_up
 from .spec import RunSpec
 from .distributed.stages import top_blocks
 from .steps import compute_loss, eval_sums, peak_mem_mb, seed_all
 from .trainer import BaseTrainer
-from .distributed.data_parallel import BF16_MODES, average_grads, dp_by_hand
-from .distributed.mesh import ParallelDims, build_mesh, init_distributed
+from .distributed.ckpt_share import CheckpointSharing
+from .distributed.data_parallel import BF16_MODES, average_grads, dp_by_hand, grad_sync
+from .distributed.mesh import ParallelDims, build_mesh, device_memory, init_distributed
 from .distributed.parallelize import complete_plan, parallelize
 from .distributed.pipeline import by_node_id, forward_only_schedule, infer_stage_shapes, local_stages, make_schedule
 
@@ -42,14 +44,25 @@ class ParallelTrainer(BaseTrainer):
 
     def __init__(self, run_dir: Path, spec: RunSpec, device: torch.device):
         super().__init__(run_dir, spec, device)
-        if spec.training.grad_accumulation > 1:
-            raise ValueError(f"training.grad_accumulation {spec.training.grad_accumulation} runs in one process "
-                             f"only; set it to 1 (a pipeline cuts the batch into placement.microbatches itself)")
         full = self.build_model()
         self.rank, world = dist.get_rank(), dist.get_world_size()
         if spec.training.checkpoint_async:  # the writers' collectives on a group of their own (save_async)
             self.ckpt_group = dist.new_group(backend="gloo")
-        self.plan = plan = complete_plan(spec.plan, full, world)
+        # run folders on several nodes (SSH): each checkpoint whole in rank 0's (ckpt_share.py)
+        self.sharing = CheckpointSharing(run_dir)
+        self.share_group = (self.ckpt_group or dist.new_group(backend="gloo")) if self.sharing.needed else None
+        # the world this start got (torchrun --nnodes MIN:MAX may start it on fewer or more
+        # devices than planned): the data axis takes it, the global batch stays (elastic.py)
+        self.resize = fit_world(complete_plan(spec.plan, full, world), world, self.batch_size,
+                                predicted_step_s=spec.predicted.step_s, peak_bytes=spec.predicted.peak_bytes,
+                                device_bytes=device_memory(device))
+        self.plan = plan = self.resize.plan
+        # micro-batches per step and replica: training.grad_accumulation times what a smaller
+        # data axis needs (a pipeline takes them as more micro-batches instead)
+        self.accumulate = spec.training.grad_accumulation * (self.resize.accumulation if plan.pp == 1 else 1)
+        if plan.pp > 1 and spec.training.grad_accumulation > 1:
+            raise ValueError(f"training.grad_accumulation {spec.training.grad_accumulation} with a pipeline: set it "
+                             f"to 1 and raise placement.microbatches (the pipeline cuts the batch itself)")
         dims = ParallelDims(plan.pp, plan.dp, plan.tp, world)
         self.dims = dims
         self.mesh = build_mesh(dims, device.type)
@@ -61,6 +74,10 @@ class ParallelTrainer(BaseTrainer):
             raise ValueError(f"training.batch_size {self.batch_size} is not divisible by dp={dims.dp} x "
                              f"microbatches={m}; change batch_size or placement.microbatches")
         self.local_batch = self.batch_size // dims.dp
+        if self.local_batch % self.accumulate:
+            raise ValueError(f"a replica's batch ({self.local_batch}: training.batch_size {self.batch_size} / dp "
+                             f"{dims.dp}) does not split into {self.accumulate} equal micro-batches "
+                             f"(training.grad_accumulation); change batch_size or grad_accumulation")
         # this replica's share of every global batch, all it reads (tp peers read the same)
         lo = self.dp_rank * self.local_batch
         self.open_data((lo, lo + self.local_batch), local_world=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
@@ -105,11 +122,18 @@ class ParallelTrainer(BaseTrainer):
             x, y = to_device(x, self.device), to_device(y, self.device)
         self.opt.zero_grad(set_to_none=True)
         local = None
-        if self.schedule is None:
+        if self.schedule is None and self.accumulate == 1:
             with self.autocast():
                 loss = compute_loss(self.loss_kind, forward(self.model, x), y, self.loss_options)
             loss.backward()
             local = loss.detach()
+        elif self.schedule is None:  # equal micro-batches, one optimizer step; gradients synced on the last
+            k = self.accumulate
+            for i, (xm, ym) in enumerate(zip(chunks(x, k), y.chunk(k))):
+                with grad_sync(self.model, i == k - 1), self.autocast():
+                    loss = compute_loss(self.loss_kind, forward(self.model, xm), ym, self.loss_options) / k
+                loss.backward()
+                local = loss.detach() if local is None else local + loss.detach()
         else:
             losses: list[torch.Tensor] = []
             args = (x,) if self.is_first else ()
@@ -235,6 +259,23 @@ class ParallelTrainer(BaseTrainer):
         dist.all_reduce(t)
         return [round(float(v), 1) for v in t]
 
+    def save_checkpoint(self, path: Path, extra: dict, asynchronous: bool = False):
+        """BaseTrainer's, then (run folders on several nodes) the other folders' parts sent to
+        rank 0's, before `latest` names it: behind the steps too, for an asynchronous save."""
+        pending = super().save_checkpoint(path, extra, asynchronous)
+        if not self.sharing.needed:
+            return pending
+        if pending is None:
+            self.sharing.gather(path, self.share_group)
+            return None
+        return pending.then(lambda: self.sharing.gather(path, self.share_group))
+
+    def share_latest(self) -> None:
+        """Before a resume: every run folder gets rank 0's latest checkpoint."""
+        if self.sharing.needed:
+            ckpt = latest_checkpoint(self.run_dir) if self.rank == 0 else None
+            self.sharing.spread(self.run_dir / CHECKPOINTS, ckpt.name if ckpt else None, self.share_group)
+
     def save_final(self, path: Path) -> None:
         full = dist_checkpoint.full_model_state(self.state_model)
         if self.rank == 0:
@@ -247,8 +288,11 @@ def _ended(run_dir: Path) -> bool:
     return st is not None and st.done
 
 
-def run_distributed(run_dir: str | Path, *, resume: bool = False, attempt: Decision | None = None) -> RunStatus:
-    """Every rank runs this; rank 0 writes metrics and status (loop.fit)."""
+def run_distributed(run_dir: str | Path, *, resume: bool = False, restarts: bool = True) -> RunStatus:
+    """Every rank runs this; rank 0 writes metrics and status (loop.fit). `restarts`: this
+    start may be a restart by torchrun's agent (training.restarts): rank 0 decides from the
+    run folder whether to go on and from which checkpoint (recovery.decide), and every rank
+    follows (their folders may differ: one per node over SSH)."""
     run_dir = Path(run_dir)
     rank = int(os.environ.get("RANK", 0))
     (run_dir / "logs").mkdir(exist_ok=True)
@@ -260,10 +304,22 @@ def run_distributed(run_dir: str | Path, *, resume: bool = False, attempt: Decis
 
         try:
             device = init_distributed()
+            attempt = None
+            if restarts:
+                attempt, resume = agreed_start(run_dir, spec, resume)
+                if attempt.stop:
+                    if rank == 0:
+                        give_up(run_dir, attempt, spec.total_steps, log)
+                    return RunStatus(state="failed", error=f"stopped restarting: {attempt.stop}")
+                time.sleep(attempt.wait_s)
             seed_all(spec.training.seed)
             trainer = ParallelTrainer(run_dir, spec, device)
             log(f"rank {rank}: pp {trainer.pp_rank}/{trainer.dims.pp} dp {trainer.dp_rank}/{trainer.dims.dp} "
                 f"tp {trainer.tp_rank}/{trainer.dims.tp} on {device}")
+            if trainer.resize.changed:
+                log(f"rank {rank}: {trainer.resize.describe()}")
+            if resume:
+                trainer.share_latest()
             status = fit(trainer, run_dir, resume=resume, writes_metrics=rank == 0, log=log, attempt=attempt)
             peaks = trainer.peak_mem_per_rank()
             if trainer.tied.copies:
@@ -284,3 +340,15 @@ def run_distributed(run_dir: str | Path, *, resume: bool = False, attempt: Decis
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+
+def agreed_start(run_dir: Path, spec: RunSpec, resume: bool) -> tuple[Decision, bool]:
+    """Rank 0's decision (go on or stop, the backoff) and whether to resume, on every rank:
+    only rank 0's folder holds the run's lineage and `latest`."""
+    box: list = [None]
+    if dist.get_rank() == 0:
+        d = decide(run_dir, spec.training.restarts.max_restarts, spec.training.restarts.backoff_s)
+        box = [(d, resume or (d.attempt > 0 and latest_checkpoint(run_dir) is not None))]
+    dist.broadcast_object_list(box, src=0)
+    decision, resume = box[0]
+    return decision, resume

@@ -109,11 +109,15 @@ def decide(run_dir: Path, max_restarts: int, backoff_s: float) -> Decision:
     return Decision(k, None, failure, min(MAX_BACKOFF_S, backoff_s * 2 ** (k - 1)), now)
 
 
-def record_attempt(run_dir: Path, decision: Decision, world: int, layout: dict, resumed_from: int | None) -> dict:
+def record_attempt(run_dir: Path, decision: Decision, world: int, layout: dict, resumed_from: int | None,
+                   resized: dict | None = None) -> dict:
     """Rank 0 appends this attempt to attempts.jsonl: when, on what world and layout, from
-    which checkpoint, and how the attempt before it ended ("after")."""
+    which checkpoint, how the attempt before it ended ("after"), and, on a world other than
+    the planned one, how the plan was laid out again for it ("resized": elastic.Resize.record)."""
     rec = {"attempt": decision.attempt, "started": round(time.time(), 3), "world": world, "layout": layout,
            "resumed_from": resumed_from}
+    if resized:
+        rec["resized"] = resized
     if decision.failure is not None:
         rec["after"] = decision.failure
     if decision.wait_s:
@@ -133,6 +137,9 @@ def restart_record(rec: dict, start: int) -> dict:
     after = rec.get("after") or {}
     out = {"step": start, "event": "restart", "attempt": rec["attempt"], "reason": after.get("error"),
            "failed_at_step": after.get("step"), "world": rec.get("world")}
+    if rec.get("resized"):
+        out["layout"] = rec["layout"]
+        out["accumulation"] = rec["resized"]["accumulation"]
     if after.get("at") is not None:
         out["down_s"] = round(max(0.0, rec["started"] - after["at"]), 3)
     return out

@@ -17,6 +17,7 @@ import torch
 from .folder import latest_checkpoint, write_failure
 from .loop import ProgressFn, fit
 from .records import RunStatus
+from .elastic import Resize, fit_world
 from .recovery import Decision, decide, give_up
 from .spec import RunSpec
 from .steps import seed_all
@@ -47,13 +48,30 @@ def run(run_dir: str | Path, *, resume: bool = False, progress: ProgressFn | Non
             logf.write(msg.rstrip() + "\n")
             logf.flush()
         try:
+            resize = None
+            if spec.world > 1:  # planned for several processes, started on one (elastic.py)
+                spec, resize = one_process(spec, log)
             seed_all(spec.training.seed)
             trainer = Trainer(run_dir, spec, pick_device())
+            trainer.resize = resize
         except BaseException as exc:
             log(traceback.format_exc())
             write_failure(run_dir, spec.total_steps, f"{type(exc).__name__}: {exc}")
             raise
         return fit(trainer, run_dir, resume=resume, progress=progress, log=log, attempt=attempt)
+
+
+def one_process(spec: RunSpec, log) -> tuple[RunSpec, Resize]:
+    """The spec of a run planned for several processes as one process runs it: the whole
+    global batch, in as many micro-batches as a replica's share of it was (torchrun
+    restarted the run on the one device left, or `--nproc 1` was asked)."""
+    import dataclasses
+
+    resize = fit_world(spec.plan, 1, spec.training.batch_size, predicted_step_s=spec.predicted.step_s)
+    log(resize.describe())
+    k = spec.training.grad_accumulation * resize.accumulation
+    return dataclasses.replace(spec, plan=resize.plan,
+                               training=dataclasses.replace(spec.training, grad_accumulation=k)), resize
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,23 +80,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", action="store_true")
     args = ap.parse_args(argv)
     run_dir = Path(args.run_dir)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: the distributed trainer
+        from .parallel_trainer import run_distributed  # (torch.distributed: imported only under torchrun)
+
+        # rank 0 decides whether this (re)start goes on, and from which checkpoint; every rank follows
+        status = run_distributed(run_dir, resume=args.resume)
+        return 0 if status.ok or (status.error or "").startswith("stopped restarting") else 1  # (no restart after a stop)
     # torchrun --max-restarts (training.restarts) starts the workers again after a failure:
     # go on from the latest checkpoint instead of training from step 0 again, unless the
     # failure is one no restart cures (recovery.decide)
     spec = RunSpec.load(run_dir)
     attempt = decide(run_dir, spec.training.restarts.max_restarts, spec.training.restarts.backoff_s)
     if attempt.stop:
-        if int(os.environ.get("RANK", "0")) == 0:
-            give_up(run_dir, attempt, spec.total_steps, print)
-        return 0  # (every rank alike: the agent must not start them again)
+        give_up(run_dir, attempt, spec.total_steps, print)
+        return 0  # (the agent must not start it again)
     time.sleep(attempt.wait_s)
     resume = args.resume or (attempt.attempt > 0 and latest_checkpoint(run_dir) is not None)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: the distributed trainer
-        from .parallel_trainer import run_distributed  # (torch.distributed: imported only under torchrun)
-
-        status = run_distributed(run_dir, resume=resume, attempt=attempt)
-    else:
-        status = run(run_dir, resume=resume, attempt=attempt)
+    status = run(run_dir, resume=resume, attempt=attempt)
     return 0 if status.ok else 1
 
 

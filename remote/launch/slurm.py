@@ -233,16 +233,16 @@ def node_script(job: Job, cluster: Cluster, nnodes: int, nproc: int) -> str:
     env = {TOKEN_VAR: job.token, "PYTHONUNBUFFERED": "1", **cluster.env}
     exports = "\n".join(f"export {k}={quote(v)}" for k, v in env.items())
     py = quote(cluster.python)
-    if nnodes == 1 and nproc == 1 and cluster.max_restarts == 0:
+    if nnodes == 1 and nproc == 1 and not cluster.max_restarts:
         run = f"exec {py} -m {ENTRY} run"  # one process: no agent
     elif nnodes == 1:
         run = (f"exec {py} -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node={nproc} "
-               f"--max-restarts={cluster.max_restarts} -m {ENTRY} run")
+               f"--max-restarts={cluster.max_restarts or 0} -m {ENTRY} run")
     else:
         run = (f"exec {py} -m torch.distributed.run --nnodes=\"$SLURM_NNODES\" --nproc-per-node={nproc} "
                f"--rdzv-backend=c10d --rdzv-endpoint=\"$LAYERFLOW_RDZV_ADDR:{cluster.rdzv_port}\" "
                f"--rdzv-id=\"$SLURM_JOB_ID\" --rdzv-conf=is_host=\"$is_host\" --local-addr=\"$me\" "
-               f"--max-restarts={cluster.max_restarts} -m {ENTRY} run")
+               f"--max-restarts={cluster.max_restarts or 0} -m {ENTRY} run")
     return f"""#!/bin/bash
 # Layerflow job {job.id}: one of {nnodes} node(s), started by srun in the job folder.
 set -u

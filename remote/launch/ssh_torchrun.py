@@ -100,14 +100,30 @@ def _endpoint(addr: str, port: int) -> str:
     return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"  # IPv6 needs brackets
 
 
+LAST_CALL_S = 5  # the rendezvous waits this long for more nodes once it has the fewest it may start with
+
+
+def node_bounds(cluster: Cluster, nnodes: int, nproc: int, group: int) -> tuple[int, int]:
+    """(min, max) nodes of torchrun --nnodes MIN:MAX: the profile's, else the fewest nodes
+    whose processes hold whole pp x tp groups (`group`), and every node deployed on."""
+    fewest = next((n for n in range(1, nnodes + 1) if (n * nproc) % group == 0), nnodes)
+    lo = cluster.min_nodes if cluster.min_nodes is not None else fewest
+    hi = cluster.max_nodes if cluster.max_nodes is not None else nnodes
+    return max(1, min(lo, nnodes)), max(min(lo, nnodes), min(hi, nnodes))
+
+
 def _torchrun(job: Job, cluster: Cluster, i: int, nnodes: int, nproc: int) -> str:
     # One node needs no rendezvous port of the cluster's: torchrun --standalone picks a free one.
+    lo, hi = job.extra.get("nodes_bounds") or (nnodes, nnodes)
+    # node 0 hosts the rendezvous (on loopback or one host every agent would think it is the
+    # host: the first to bind would win); a lost node's heartbeat stops after a few seconds
+    conf = f"is_host={1 if i == 0 else 0},last_call_timeout={LAST_CALL_S},keep_alive_interval=1,keep_alive_max_attempt=5"
     rdzv = ["--standalone"] if nnodes == 1 else [
         f"--node-rank={i}", "--rdzv-backend=c10d", f"--rdzv-endpoint={_endpoint(rdzv_address(cluster), cluster.rdzv_port)}",
-        f"--rdzv-id={job.token}"]
+        f"--rdzv-id={job.token}", f"--rdzv-conf={conf}"]
     return " ".join(quote(a) for a in [
-        cluster.python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", *rdzv,
-        f"--max-restarts={cluster.max_restarts}", "--monitor-interval=1",
+        cluster.python, "-m", "torch.distributed.run", f"--nnodes={lo}:{hi}" if lo != hi else f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc}", *rdzv, f"--max-restarts={cluster.max_restarts or 0}", "--monitor-interval=1",
         "-m", ENTRY, "run"])
 
 
@@ -124,7 +140,7 @@ def _board_keeper(job: Job, cluster: Cluster, i: int) -> str:
 def node_script(job: Job, cluster: Cluster, i: int, nnodes: int, nproc: int) -> str:
     env = {TOKEN_VAR: job.token, "PYTHONUNBUFFERED": "1", **cluster.env}
     exports = "\n".join(f"export {k}={quote(v)}" for k, v in env.items())
-    if nnodes * nproc == 1 and cluster.max_restarts == 0:
+    if nnodes * nproc == 1 and not cluster.max_restarts:
         # one process and no restarts: torchrun would only add an agent (and a second torch import)
         torchrun = " ".join(quote(a) for a in [cluster.python, "-m", ENTRY, "run"])
     else:
@@ -160,7 +176,9 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
     spec = run_spec(run_dir)
     world = spec.world
     nnodes, nproc = layout(cluster, world)
-    cluster_used = cluster.model_copy(update={"hosts": cluster.hosts[:nnodes]})
+    # the run's restart policy unless the profile sets its own
+    restarts = cluster.max_restarts if cluster.max_restarts is not None else spec.training.restarts.max_restarts
+    cluster_used = cluster.model_copy(update={"hosts": cluster.hosts[:nnodes], "max_restarts": restarts})
     conns = [Connection.to(cluster, h, accept) for h in cluster_used.hosts]
     try:
         # the rendezvous port is checked only where one is used: several nodes
@@ -184,6 +202,8 @@ def deploy(cluster: Cluster, run_dir: str | Path, *, name: str | None = None, ac
         job.extra = {"world_size": world, "nproc_per_node": nproc, "bundle": bundle.sha256,
                      "remote_data": remote_data if dplan.mode == "link" else None,
                      "gpus": sum(min(len(h.gpus), nproc) for h in report.hosts)}
+        if nnodes > 1:  # torchrun --nnodes MIN:MAX: lost nodes shrink the data axis (engine/runtime/elastic.py)
+            job.extra["nodes_bounds"] = list(node_bounds(cluster, nnodes, nproc, spec.plan.pp * spec.plan.tp))
         if dplan.mode == "cache" and dplan.npz:
             job.extra["data_link"] = dplan.path
         job.nodes, sent = stage_all(conns, cluster, job, bundle, dplan, progress)

@@ -2,6 +2,8 @@
 and CPU offload) or DDP; a pipeline's DDP gradients averaged by hand (dp_by_hand)."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -73,6 +75,26 @@ def apply_dp(module: nn.Module, dp_mesh: DeviceMesh, kind: str, reshard_after_fo
         # gradients live in DDP's buckets: no second copy of them
         return DDP(module, process_group=dp_mesh.get_group(), gradient_as_bucket_view=True)
     raise ValueError(f"data_parallel '{kind}' is not ddp or fsdp")
+
+
+@contextlib.contextmanager
+def grad_sync(model: nn.Module, sync: bool):
+    """Gradient accumulation's micro-batches: only the last one's backward syncs gradients
+    over the data axis (DDP's no_sync; FSDP2's set_requires_gradient_sync, whose sharded
+    gradients are then reduced once for the sum of all micro-batches)."""
+    if sync:
+        yield
+    elif hasattr(model, "no_sync"):  # DDP
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:  # one replica, or nothing to sync
+        yield
 
 
 def dp_by_hand(plan: RunPlan) -> bool:

@@ -30,6 +30,30 @@ def build_mesh(dims: ParallelDims, device_type: str) -> DeviceMesh:
     return init_device_mesh(device_type, (dims.pp, dims.dp, dims.tp), mesh_dim_names=("pp", "dp", "tp"))
 
 
+def generation_store(store, world: int):
+    """The store under a prefix of this start's own, the same on every rank of it. The
+    agents' restart counts cannot be it: a node that joins (or comes back) has an agent of
+    its own whose count starts at 0. Instead every worker counts its arrival; the workers
+    of one start arrive after all of the start before them (the agents stop every worker
+    before the next rendezvous completes), so arrival n belongs to the start whose first
+    arrival is the largest at or below n, and each start's first arrival says its size."""
+    n = store.add("layerflow/arrivals", 1)
+    store.set(f"layerflow/arrival/{n}", str(world))
+    first = 1
+    while True:
+        size = int(store.get(f"layerflow/arrival/{first}"))
+        if n < first + size:
+            return dist.PrefixStore(f"layerflow/start{first}/", store)
+        first += size
+
+
+def device_memory(device: torch.device) -> int | None:
+    """What one device of this kind has (bytes); None on the CPU (not checked)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).total_memory
+
+
 def init_distributed() -> torch.device:
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", 0))
@@ -39,15 +63,14 @@ def init_distributed() -> torch.device:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
-        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        if restart == 0:
+        if "TORCHELASTIC_RUN_ID" not in os.environ:  # (not under torchrun: env:// as given)
             dist.init_process_group(backend=backend)
         else:
-            # after torchrun restarted the workers the agent's store still holds the last
-            # attempt's keys: gloo then read a peer's old address at once and failed
-            # ("connectFullMesh failed ... Connection refused") before the peer wrote its new
-            # one. Each attempt gets keys of its own.
+            # after torchrun restarted the workers, its store still holds the last start's
+            # keys: gloo then read a peer's old address at once and failed ("connectFullMesh
+            # failed ... Connection refused") before the peer wrote its new one. Each start
+            # (generation) of the workers gets keys of its own (generation_store).
             store, rank, world = next(dist.rendezvous("env://"))
-            dist.init_process_group(backend=backend, store=dist.PrefixStore(f"layerflow/attempt{restart}/", store),
+            dist.init_process_group(backend=backend, store=generation_store(store, world),
                                     rank=rank, world_size=world)
     return device

@@ -1,0 +1,95 @@
+"""A job that loses a node goes on with the nodes left (engine/runtime/elastic.py, torchrun
+--nnodes MIN:MAX): the two loopback sshd hosts of the fixtures, real torchrun on each, the
+second host's processes killed and its sshd stopped mid-run. The job finishes on the first
+host with dp halved and two micro-batches per step, its losses those of an unbroken dp=2 run."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.project import load_project
+from remote.cluster import parse_cluster
+from remote.jobctl import job_pids
+from remote.launch.local import launch_local
+from remote.launch.ssh_torchrun import deploy, prepare
+from remote.tracker import Tracker
+from engine.runtime.recovery import read_attempts
+
+from sshd_helpers import free_port
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "resources" / "examples"
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("remote-deploy")]
+
+
+def _losses(metrics: Path) -> dict[int, float]:
+    recs = [json.loads(line) for line in metrics.read_text().splitlines()]
+    steps = [r["step"] for r in recs if "loss" in r]
+    assert len(steps) == len(set(steps)), "a step is in metrics.jsonl twice"
+    return {r["step"]: r["loss"] for r in recs if "loss" in r}
+
+
+def _cwd(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return ""
+
+
+def test_a_lost_host_shrinks_the_job_which_ends_as_an_unbroken_run(sshd_pair, tmp_path, config_dir):
+    project = load_project(EXAMPLES / "mlp_digits.lflow")
+    project.training = project.training.model_copy(update={
+        "steps": 300, "checkpoint_interval": 40, "eval_interval": 10_000, "log_interval": 1})
+    run = prepare(project, tmp_path / "prepared" / "run", steps=300, placement={"dp": 2})
+    unbroken = tmp_path / "unbroken"
+    shutil.copytree(run, unbroken)
+    assert launch_local(unbroken, 2).wait(timeout=300) == 0
+    want = _losses(unbroken / "metrics.jsonl")
+
+    c = parse_cluster(sshd_pair.cluster("two", tmp_path / "work", rdzv_port=free_port("127.0.0.2")))
+    job = deploy(c, run)
+    assert job.extra["nodes_bounds"] == [1, 2]
+    second = sshd_pair.servers[1]
+    node1 = job.nodes[1]
+    try:
+        with Tracker(job.id, lost_after=3.0) as tr:
+            deadline = time.monotonic() + 240
+            while not (tr.poll().step or 0) >= 90:  # past the checkpoint at step 80
+                assert time.monotonic() < deadline, "the job did not reach step 90"
+                time.sleep(0.2)
+            pid = int(Path(node1.jobdir, "node1.pid").read_text())
+            # the host is gone: every process of the job there (the hosts share this machine: those
+            # whose folder is node 1's), then its sshd
+            for p in [q for q in job_pids(job.token, pid) + [pid] if _cwd(q).startswith(node1.jobdir)]:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            second.stop()
+            job = tr.follow(interval=0.5)
+    finally:
+        second.start()
+    assert job.state == "succeeded", job.error
+    assert job.extra.get("lost_nodes") == [node1.host]
+    home = Path(job.nodes[0].jobdir) / "run"
+    got = _losses(home / "metrics.jsonl")
+    assert sorted(got) == list(range(1, 301))
+    for s in got:
+        assert got[s] == pytest.approx(want[s], rel=1e-4, abs=1e-6), s
+    attempts = read_attempts(home)
+    assert attempts[0]["world"] == 2 and attempts[-1]["world"] == 1
+    assert attempts[-1]["resized"]["to"] == {"pp": 1, "dp": 1, "tp": 1}
+    assert attempts[-1]["resized"]["accumulation"] == 2 and attempts[-1]["resumed_from"] >= 80
+    restart = [json.loads(line) for line in (home / "metrics.jsonl").read_text().splitlines()
+               if '"restart"' in line]
+    assert restart and restart[-1]["world"] == 1
+    # the checkpoint it resumed from was whole on node 0: node 1's parts had been sent there
+    assert len(list((home / "checkpoints" / f"step_{attempts[-1]['resumed_from']}").glob("*.distcp"))) >= 1
+    for n in job.nodes:  # nothing left on either host
+        pid = int(Path(n.jobdir, f"node{n.index}.pid").read_text())
+        assert job_pids(job.token, pid) == []
