@@ -99,3 +99,43 @@ def test_no_suggestion_without_measured_checkpoints(tmp_path):
     got = ci.suggest_for_runs(tmp_path / "runs", device_mtbf_h=4.0)
     assert (got.devices, got.step_s, got.cost_s) == (4, 0.1, 2.0)  # the world the run ran on
     assert got.tau_s == pytest.approx(math.sqrt(2 * 2.0 * 3600))
+
+
+def test_runs_table_and_cli_show_each_attempts_layout_and_the_suggestion(tmp_path, capsys):
+    """A run that lost a node: attempts.jsonl says dp2, then dp1 (and dp1 again); the runs
+    table's row and `layerflow runs` say "dp2 → dp1", and the CLI prints the interval."""
+    from app.cli import main
+    from engine.runs.history import attempt_layouts, run_row
+
+    d = tmp_path / "runs" / "lost-a-node"
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"name": "lost-a-node", "total_steps": 100, "training": {
+        "batch_size": 32, "checkpoint_interval": 10}, "plan": {"pp": 1, "dp": 2, "tp": 1}}))
+    (d / "status.json").write_text(json.dumps({"state": "succeeded", "step": 100, "total_steps": 100,
+                                               "started": 1000.0, "ended": 1100.0}))
+    lines = [{"step": s, "time": s * 0.5, "loss": 1.0 / s, "samples_per_s": 64.0} for s in range(1, 101)]
+    lines += [{"step": s, "event": "checkpoint", "blocked_s": 1.5, "write_s": 1.5, "time": s * 0.5}
+              for s in (10, 20, 30)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    attempts = [{"attempt": 0, "started": 1000.0, "world": 2, "layout": {"pp": 1, "dp": 2, "tp": 1}},
+                {"attempt": 1, "started": 1030.0, "world": 1, "layout": {"pp": 1, "dp": 1, "tp": 1},
+                 "after": {"step": 25, "error": "rank 1 lost", "at": 1020.0}},
+                {"attempt": 2, "started": 1060.0, "world": 1, "layout": {"pp": 1, "dp": 1, "tp": 1},
+                 "after": {"step": 45, "error": "preempted", "at": 1055.0}}]
+    (d / "attempts.jsonl").write_text("".join(json.dumps(a) + "\n" for a in attempts))
+    assert attempt_layouts(attempts[:1]) == "dp2"
+    assert attempt_layouts([{"attempt": 0, "world": 4, "layout": {"pp": 2, "dp": 2, "tp": 1}},
+                            {"attempt": 1, "world": 3}]) == "pp2×dp2 → world 3"
+    row = run_row(d)
+    assert (row["restarts"], row["down_s"], row["layouts"], row["checkpoint_s"]) == (2, 15.0, "dp2 → dp1", 1.5)
+
+    assert main(["runs", str(tmp_path / "runs"), "--mtbf-hours", "2"]) == 0
+    out = capsys.readouterr().out
+    header, first = out.splitlines()[:2]
+    assert "restarts" in header and "layouts" in header and "checkpoint_s" in header
+    assert "dp2 → dp1" in first and "1.5" in first
+    # C 1.5 s, M 2 h / 1 device (the world of its last attempt), 0.5 s steps: sqrt(2 x 1.5 x 7200) = 147 s = 294 steps
+    want = ci.suggest(1.5, 0.5, 1, 2.0, saves=3, run="lost-a-node", total_steps=100)
+    assert want.steps == 294
+    assert f"checkpoint_interval, from lost-a-node (it ran with 10): {want.line}" in out, out
+    assert "median of 3 in lost-a-node" in want.line and "longer than the run (100 steps)" in want.line
