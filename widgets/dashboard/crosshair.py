@@ -1,9 +1,11 @@
 """The dashboard's crosshair: a dotted line at the mouse's x on every plot, and the bar's
-readout of each visible run's values at the nearest point. A part of Dashboard
+readout of each visible run's values at the nearest point (and, on a restart's marker,
+what happened there). A part of Dashboard
 (widget.py), which it is mixed into.
 """
 from __future__ import annotations
 
+import html
 import math
 
 import numpy as np
@@ -20,12 +22,17 @@ class Crosshair:
 
     def show_crosshair(self, x: float) -> str:
         """Put the crosshair at x on every plot; the readout lists each visible run's
-        values at the nearest point. Returns the readout as plain text."""
+        values at the nearest point, after what happened there when x is on a marker of
+        its recovery (a restart: its step, the time lost, the world after, why). Returns
+        the readout as plain text."""
         for line in self._vlines.values():
             line.setPos(x)
             line.setVisible(True)
         unit = "step" if self._x_mode == "step" else "t"
         parts_html, parts_text = [], []
+        for run, m in self._markers_near(x):  # a restart's line under the crosshair: what happened there, first
+            parts_text.append(f"{run.short}: {m.short}" if len(self._runs) > 1 else m.short)
+            parts_html.append(f"<span style='color:{run.color}'>┆</span> <b>{html.escape(parts_text[-1])}</b>")
         for run in self._runs.values():
             if not run.visible:
                 continue

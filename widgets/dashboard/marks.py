@@ -1,11 +1,17 @@
 """What the dashboard marks on its plots beside the curves: a compiled run's first compile
-(a dashed line on the throughput plot, its seconds in the bar) and each rank's peak
-memory at the run's end (a marker per rank). A part of Dashboard (widget.py), which it
-is mixed into.
+(a dashed line on the throughput plot, its seconds in the bar), each rank's peak memory
+at the run's end (a marker per rank), and what the run's recovery did: each restart, a
+preemption, a failed checkpoint, as a vertical line on the loss plot at its step,
+labelled ("restart 2"), with why, the time lost and the world after it as its tooltip
+and in the crosshair's readout (events.py says them). The lines live in the plot's view
+coordinates, so they hold through zooming and panning; they come with the records
+(live, or a run opened again) and move with the x axis (step or wall time). A part of
+Dashboard (widget.py), which it is mixed into.
 """
 from __future__ import annotations
 
 import pyqtgraph as pg
+from PySide6 import QtGui
 from PySide6.QtCore import Qt
 
 from widgets.dashboard.fit import fit_legend
@@ -70,3 +76,75 @@ class Marks:
         fit_legend(pi)
         run.peak_values = [float(v) for v in peaks]
         self._fit(["memory"])
+
+    # ----- what recovery did -------------------------------------------------------
+    MARKER_STYLES = {"restart": Qt.DashDotLine, "preempted": Qt.DashLine, "checkpoint_failed": Qt.DotLine}
+    MARKER_PLOT = "loss"
+
+    def _show_markers(self) -> None:
+        """Each run's new markers drawn, and all of them placed at the x axis's x (the
+        step, or the wall time)."""
+        pi = self.plots[self.MARKER_PLOT].getPlotItem()
+        for run in self._runs.values():
+            if not run.markers_dirty:
+                continue
+            run.markers_dirty = False
+            for i in range(len(run.marker_lines), len(run.markers)):
+                run.marker_lines.append(self._marker_line(pi, run, run.markers[i], i))
+            for m, line in zip(run.markers, run.marker_lines):
+                line.setPos(m.step if self._x_mode == "step" else m.time)
+                line.setVisible(run.visible)
+
+    def _marker_line(self, pi, run, m, i: int) -> pg.InfiniteLine:
+        """One marker: a vertical line at its x, its label near the top (staggered: markers
+        close together stay readable), its text as the tooltip of both."""
+        bg = QtGui.QColor(self.palette().color(QtGui.QPalette.Base))
+        bg.setAlpha(200)
+        line = pg.InfiniteLine(angle=90, movable=False,
+                               pen=pg.mkPen(run.color, width=1.5, style=self.MARKER_STYLES.get(m.kind, Qt.DashLine)),
+                               label=m.label, labelOpts={"position": 0.92 - 0.12 * (i % 3), "color": run.color,
+                                                         "fill": bg, "anchors": [(0, 0.5), (0, 0.5)]})
+        line.marker = m
+        self._marker_tip(run, line)
+        pi.addItem(line, ignoreBounds=True)  # (the ranges follow the curves, not the markers)
+        return line
+
+    def _marker_tip(self, run, line) -> None:
+        """The marker's text as its tooltip, beginning with its run's name beside other runs
+        (Dashboard._relabel says it again when runs come or go)."""
+        tip = f"{run.label}: {line.marker.text}" if len(self._runs) > 1 else line.marker.text
+        line.setToolTip(tip)
+        line.label.setToolTip(tip)
+
+    def markers(self, key: str) -> list[dict]:
+        """A run's markers as drawn: {kind, label, text, step, x (where its line is), visible}."""
+        run = self._runs[key]
+        return [{"kind": m.kind, "label": m.label, "text": m.text, "step": m.step,
+                 "x": line.value(), "visible": line.isVisible()}
+                for m, line in zip(run.markers, run.marker_lines)]
+
+    def _markers_near(self, x: float) -> list[tuple]:
+        """(run, marker) of the visible runs whose line is within a few pixels of x."""
+        vb = self.plots[self.MARKER_PLOT].getPlotItem().vb
+        tol = 4 * abs(vb.viewPixelSize()[0]) or 0.5
+        out = []
+        for run in self._runs.values():
+            if run.visible:
+                out += [(run, line.marker) for line in run.marker_lines if abs(line.value() - x) <= tol]
+        return out
+
+    def _drop_marks(self, run) -> None:
+        """The run's marks off the plots (the run removed, or replaced by its records read again)."""
+        if run.peaks is not None:
+            self.plots["memory"].getPlotItem().removeItem(run.peaks)
+        if run.compile_line is not None:
+            self.plots["throughput"].getPlotItem().removeItem(run.compile_line)
+        for line in run.marker_lines:
+            self.plots[self.MARKER_PLOT].getPlotItem().removeItem(line)
+        run.marker_lines = []
+
+    def _show_marks(self, run) -> None:
+        """The run's marks shown or hidden with it."""
+        for item in (run.peaks, run.compile_line, *run.marker_lines):
+            if item is not None:
+                item.setVisible(run.visible)

@@ -160,6 +160,9 @@ class Dashboard(Layout, Following, Marks, Crosshair, QtWidgets.QWidget):
                 set_legend_name(label, self._series_name(run, s.spec))
                 label.setToolTip(f"{run.label}: {s.spec.label}")
             fit_legend(pi)
+        for run in runs:  # the markers' tooltips name their run beside others
+            for line in run.marker_lines:
+                self._marker_tip(run, line)
 
     def _series_name(self, run: Run, spec) -> str:
         return spec.label if len(self._runs) == 1 else f"{run.short}: {spec.label}"
@@ -173,10 +176,7 @@ class Dashboard(Layout, Following, Marks, Crosshair, QtWidgets.QWidget):
                 self._pw(s.spec.plot).getPlotItem().removeItem(s.curve)
             if s.segments is not None:
                 self._pw(s.spec.plot).getPlotItem().vb.removeItem(s.segments)
-        if run.peaks is not None:
-            self.plots["memory"].getPlotItem().removeItem(run.peaks)
-        if run.compile_line is not None:
-            self.plots["throughput"].getPlotItem().removeItem(run.compile_line)
+        self._drop_marks(run)  # (its compile line, peak markers, recovery markers)
         for i in range(self.run_list.count()):
             if self.run_list.item(i).data(Qt.UserRole) == key:
                 self.run_list.takeItem(i)
@@ -296,10 +296,7 @@ class Dashboard(Layout, Following, Marks, Crosshair, QtWidgets.QWidget):
         for s in run.series.values():
             if s.curve is not None:
                 s.curve.setVisible(visible)
-        if run.peaks is not None:
-            run.peaks.setVisible(visible)
-        if run.compile_line is not None:
-            run.compile_line.setVisible(visible)
+        self._show_marks(run)
         self._compile_text()
         for i in range(self.run_list.count()):
             item = self.run_list.item(i)
@@ -333,6 +330,7 @@ class Dashboard(Layout, Following, Marks, Crosshair, QtWidgets.QWidget):
         self._mark_all_dirty()
         for run in self._runs.values():
             run.compile_dirty = run.compiled is not None  # its line moves to the other x
+            run.markers_dirty = bool(run.markers)  # and so do its markers
         self.flush()
         self.auto_range()
 
@@ -555,6 +553,8 @@ class Dashboard(Layout, Following, Marks, Crosshair, QtWidgets.QWidget):
                 s.dirty = False
         if any(run.compile_dirty for run in self._runs.values()):
             self._show_compiles()
+        if any(run.markers_dirty for run in self._runs.values()):
+            self._show_markers()
         if not self.system_note.isHidden() and any(s.spec.plot in self.system_plots
                                                 for run in self._runs.values() for s in run.series.values()):
             self.system_note.setVisible(False)
