@@ -111,6 +111,8 @@ class Suggestion:
     current: int | None = None  # that run's checkpoint_interval
     total_steps: int | None = None
     line: str = ""  # the formula with its numbers, one line
+    short: str = ""  # the same without where C and M come from
+    formula: str = ""  # the formula with its numbers alone: "tau = sqrt(...) = ... s, at ... s a step"
 
     def __str__(self) -> str:
         return self.line
@@ -142,15 +144,17 @@ def suggest(cost_s: float, step_s: float, devices: int = 1, device_mtbf_h: float
     tau = young_daly_s(cost_s, mtbf_s)
     steps = max(1, round(tau / step_s))
     many = f"{devices} devices" if devices > 1 else "1 device"
-    line = (f"every {steps:,} steps: tau = sqrt(2 x C x M) = sqrt(2 x {_num(cost_s)} s x {_num(mtbf_s)} s) "
-            f"= {_num(tau)} s, at {_num(step_s)} s a step (C: what a save blocked the steps, median of {saves}"
+    formula = (f"tau = sqrt(2 x C x M) = sqrt(2 x {_num(cost_s)} s x {_num(mtbf_s)} s) = {_num(tau)} s, "
+               f"at {_num(step_s)} s a step")
+    short = f"every {steps:,} steps: {formula}"
+    line = (f"{short} (C: what a save blocked the steps, median of {saves}"
             f"{f' in {run}' if run else ''}; M: {device_mtbf_h:,.0f} h per device / {many}, {source})")
     if cost_s > mtbf_s / 2:
         line += "; the saves take longer than half the time between failures: the formula no longer holds"
     elif total_steps and steps >= total_steps:
         line += f"; longer than the run ({total_steps:,} steps): its last checkpoint is the one that counts"
     return Suggestion(steps, tau, cost_s, mtbf_s, step_s, devices, device_mtbf_h, source, saves, write_s, run,
-                      current, total_steps, line)
+                      current, total_steps, line, short, formula)
 
 
 def _read_json(path: Path) -> dict:
@@ -210,9 +214,11 @@ def suggest_for_run(run_dir: str | os.PathLike, device_mtbf_h: float | None = No
 
 
 def suggest_for_runs(directory: str | os.PathLike, device_mtbf_h: float | None = None,
-                     max_runs: int = 20) -> Suggestion | None:
+                     max_runs: int = 20, name: str | None = None) -> Suggestion | None:
     """The suggestion from the newest run under `directory` (a project's runs folder) that
-    measured its checkpoints, looking at `max_runs` runs at most; None when none did."""
+    measured its checkpoints, looking at `max_runs` runs at most; None when none did.
+    `name`: only the runs of that project (the name run.json records; projects in one
+    folder share its runs folder)."""
     from engine.runs.history import is_run_dir
     from engine.runtime.records import RunStatus
 
@@ -228,7 +234,9 @@ def suggest_for_runs(directory: str | os.PathLike, device_mtbf_h: float | None =
             return p.stat().st_mtime
         except OSError:
             return 0.0
-    runs = sorted((p for p in d.iterdir() if is_run_dir(p)), key=lambda p: (started(p), p.name), reverse=True)
+    runs = sorted((p for p in d.iterdir() if is_run_dir(p)
+                   and (name is None or (_read_json(p / "run.json").get("name") or p.name) == name)),
+                  key=lambda p: (started(p), p.name), reverse=True)
     for p in runs[:max_runs]:
         got = suggest_for_run(p, device_mtbf_h)
         if got is not None:
