@@ -122,9 +122,9 @@ class RunsCompare(QWidget):
 
 
 def _metric_cols():
-    from engine.runs.history import METRIC_COLUMNS
+    from engine.runs.history import METRIC_COLUMNS, TEXT_COLUMNS
 
-    return METRIC_COLUMNS
+    return (*METRIC_COLUMNS, *TEXT_COLUMNS)  # (not settings: the parallel coordinates leave them out)
 
 
 class SweepUI(QObject):

@@ -3,7 +3,10 @@ training settings and precision/sync placement as a form (widgets/training_panel
 
 Each valid edit is one undo step (controller.set_training / set_mesh): it marks the
 project modified and recompiles, so the summary's FLOPs per step and the plan follow
-the batch size. Undo, redo and another project reload the form.
+the batch size. Undo, redo and another project reload the form. The checkpoint interval
+the project's latest run with measured checkpoints suggests (Young/Daly,
+engine/runs/checkpoint_interval.py) is shown under its field, read again when a project
+opens and when a run ends.
 """
 from __future__ import annotations
 
@@ -93,6 +96,24 @@ def install(window) -> tuple[TrainingPanel, QDockWidget]:
     def reload() -> None:
         p = window.project
         panel.set_project(p.training, p.placement)
+        suggest_interval(panel, window)
     window.project_changed.connect(reload)
+    run_ui = getattr(window, "run_ui", None)  # (installed before this dock: app/window.py)
+    if run_ui is not None:
+        run_ui.controller.finished.connect(lambda *_: suggest_interval(panel, window))
     reload()
     return panel, dock
+
+
+def suggest_interval(panel: TrainingPanel, window) -> None:
+    """The checkpoint interval the project's runs suggest, under its field; what it needs when
+    no run measured its saves. (Reads status.json of the runs and the metrics of the newest
+    ones until one has checkpoint records.)"""
+    from engine.runs.checkpoint_interval import NEEDS, suggest_for_runs
+    from engine.runs.history import runs_dir
+
+    try:  # (projects in one folder share runs/: this project's own, by the name each run records)
+        got = suggest_for_runs(runs_dir(window.project.directory), name=window.project.name)
+    except (OSError, ValueError):
+        got = None
+    panel.show_checkpoint_suggestion(got, f"none yet: it needs {NEEDS}")

@@ -1,5 +1,6 @@
 """The runs table: one row per run (engine/runs/history.py run_row), settings as columns, final
-and best metrics, throughput, peak memory, predicted against measured step time.
+and best metrics, throughput, peak memory, predicted against measured step time, the
+restarts, the time they cost and the layout each attempt ran ("dp2 → dp1").
 Sortable (numbers as numbers) and filterable through a QSortFilterProxyModel: the filter
 box takes text (any column contains it) or expressions as `layerflow runs --filter`
 takes them (`dp=2 lr<0.01`). The best run by the chosen metric is in bold. No business
@@ -11,7 +12,7 @@ import math
 from PySide6 import QtCore, QtGui, QtWidgets
 from PySide6.QtCore import Qt
 
-from engine.runs.history import LOWER_IS_BETTER, METRIC_COLUMNS, best_row, filter_rows
+from engine.runs.history import LOWER_IS_BETTER, METRIC_COLUMNS, TEXT_COLUMNS, best_row, filter_rows
 
 RAW = Qt.UserRole + 1  # the value itself, for sorting and tests
 PATH = Qt.UserRole + 2
@@ -20,7 +21,8 @@ HEADERS = {"final_loss": "final loss", "best_loss": "best loss", "final_val_loss
            "best_val_loss": "best val loss", "best_val_acc": "best val acc", "samples_per_s": "samples/s",
            "peak_mem_mb": "peak MB", "predicted_step_s": "predicted step s", "measured_step_s": "measured step s",
            "step_time_ratio": "measured/predicted", "cpu_pct_mean": "mean CPU %", "rss_mb_peak": "peak RSS MB",
-           "gpu_util_pct_mean": "mean GPU %", "gpu_mem_mb_peak": "peak GPU MB"}
+           "gpu_util_pct_mean": "mean GPU %", "gpu_mem_mb_peak": "peak GPU MB", "down_s": "down s",
+           "checkpoint_s": "checkpoint s", "layouts": "layout per attempt"}
 
 
 def _text(v) -> str:
@@ -41,7 +43,7 @@ class RunsModel(QtCore.QAbstractTableModel):
     def set_rows(self, rows: list[dict], settings: list[str]) -> None:
         self.beginResetModel()
         self.rows = list(rows)
-        self.columns = ["run", "state", *settings, *METRIC_COLUMNS, "step"]
+        self.columns = ["run", "state", *settings, *METRIC_COLUMNS, *TEXT_COLUMNS, "step"]
         self.endResetModel()
 
     def value(self, row: int, col: int):

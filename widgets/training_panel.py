@@ -11,6 +11,10 @@ The form edits a draft (the models as dicts). After each edit the draft is valid
 pydantic: a valid one is reported (training_edited / placement_edited), an invalid one is
 shown above the form with pydantic's field path and message and reported nowhere, so the
 project keeps its last valid settings. The panel never changes the project itself.
+
+Under checkpoint_interval, the interval the project's runs suggest (given by the caller,
+show_checkpoint_suggestion: app/training_ui.py, from engine/runs/checkpoint_interval.py)
+and a button that sets it, an edit like any other.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from engine.data.sources import Dataset
 _BIG = 2**31 - 1
 KINDS = {get_args(m.model_fields["kind"].annotation)[0]: m for m in get_args(Dataset)}
 KIND = ("training", "dataset", "kind")
+INTERVAL = ("training", "checkpoint_interval")
 PRECISION = ("mixed_precision", "sync_batchnorm", "reshard_after_forward")  # the placement fields shown here
 FILE_FILTERS = {"npz": "NumPy arrays (*.npz)", "csv": "CSV files (*.csv *.txt)"}
 
@@ -72,7 +77,8 @@ HELP = {
     "eval_interval": "optimizer steps between two evaluations on the validation set",
     "log_interval": "optimizer steps between two metrics records (their mean loss); off: chosen so that\n"
                     "records come about 4 times a second and cost under 1% of the training time",
-    "checkpoint_interval": "optimizer steps between two checkpoints",
+    "checkpoint_interval": "optimizer steps between two checkpoints (the suggestion under it: Young/Daly's\n"
+                           "sqrt(2 x C x M) from a run's measured saves, C, and the time between failures, M)",
     "seed": "seed of the weights' initialisation and the batch order",
     "grad_clip": "clip the gradients' global norm to this value",
     "grad_accumulation": "micro-batches per optimizer step in one process: batch_size must be a multiple",
@@ -270,6 +276,7 @@ class TrainingPanel(QWidget):
                 self._length_row(form)
             elif name not in ("dataset", "optimizer", "schedule", "restarts", "epochs"):
                 self._row(form, ("training", name), info)
+        self._interval_hint(form)
         form = self._group(lay, "Precision && sync")
         for name in PRECISION:
             self._row(form, ("placement", name), Placement.model_fields[name])
@@ -497,6 +504,58 @@ class TrainingPanel(QWidget):
         form.addRow(ed.label, box)
         self.editors[path] = ed
 
+    def _interval_hint(self, form: QFormLayout) -> None:
+        """Under checkpoint_interval: the interval the project's runs suggest (Young/Daly,
+        engine/runs/checkpoint_interval.py; the caller gives it, show_checkpoint_suggestion)
+        and a button that sets it."""
+        field = self.editors[INTERVAL].widget
+        row, _ = form.getWidgetPosition(field)
+        box = QWidget()
+        col = QVBoxLayout(box)
+        col.setContentsMargins(0, 0, 0, 4)
+        col.setSpacing(2)
+        self.interval_hint = QLabel()
+        self.interval_hint.setObjectName("hint")
+        self.interval_hint.setWordWrap(True)
+        self.interval_hint.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.interval_apply = QPushButton()
+        self.interval_apply.setObjectName("apply_interval")
+        self.interval_apply.clicked.connect(self.apply_suggested_interval)
+        col.addWidget(self.interval_hint)
+        col.addWidget(self.interval_apply, 0, Qt.AlignLeft)
+        form.insertRow(row + 1, box)  # (the whole width: the dock is narrow)
+        self.suggestion = None
+        self.show_checkpoint_suggestion(None)
+
+    def show_checkpoint_suggestion(self, suggestion, needs: str | None = None) -> None:
+        """The suggested checkpoint_interval (an engine.runs.checkpoint_interval.Suggestion),
+        or, with None, what a suggestion needs (`needs`)."""
+        self.suggestion = suggestion
+        if suggestion is None:
+            self.interval_hint.setText("Suggested interval: " + (needs or "none yet: it needs a run of this "
+                                                                 "project that wrote a checkpoint"))
+            self.interval_hint.setToolTip("Young/Daly: tau = sqrt(2 x C x M), C the time a checkpoint blocks the "
+                                          "steps, M the time between failures of the run's devices")
+            self.interval_apply.hide()
+            return
+        where = f", measured in {suggestion.run}" if suggestion.run else ""
+        self.interval_hint.setText(f"Suggested: every {suggestion.steps:,} steps (Young/Daly)\n"
+                                   f"{suggestion.formula}{where}")
+        self.interval_hint.setToolTip(suggestion.line)
+        self.interval_apply.setText(f"Use {suggestion.steps:,}")
+        self.interval_apply.setToolTip(f"checkpoint_interval = {suggestion.steps} (one undo step)")
+        self.interval_apply.show()
+        self._interval_state()
+
+    def apply_suggested_interval(self) -> None:
+        """checkpoint_interval = the suggestion (an edit like typing it: one undo step)."""
+        if self.suggestion is not None:
+            self.editors[INTERVAL].widget.setValue(int(min(self.suggestion.steps, _BIG)))
+
+    def _interval_state(self) -> None:
+        if getattr(self, "suggestion", None) is not None:
+            self.interval_apply.setEnabled(self.draft["training"]["checkpoint_interval"] != self.suggestion.steps)
+
     # ----- state in -------------------------------------------------------------
     def set_project(self, training: Training, placement: Placement) -> None:
         """Another project: show its settings, whatever the form held."""
@@ -624,6 +683,7 @@ class TrainingPanel(QWidget):
 
     def _refresh(self) -> None:
         """Which rows apply, and the errors: listed above the form, their labels in red."""
+        self._interval_state()
         for path, (dep, values) in RELEVANT.items():
             ed, ok = self.editors[path], _dig(self.draft, dep) in values
             if path[0] == "placement":

@@ -25,6 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--filter", action="append", default=[], metavar="EXPR",
                    help="KEY=VALUE, KEY<X, KEY>X or KEY~TEXT (repeatable), e.g. --filter dp=2 --filter 'lr<0.01'")
     p.add_argument("--sweep", metavar="ID", help="only the runs of this sweep")
+    p.add_argument("--mtbf-hours", type=float, metavar="H", help="hours between failures of one device, for the "
+                   "suggested checkpoint interval (default: the setting device_mtbf_h, else Llama 3's ~50,700)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_runs)
 
@@ -111,11 +113,31 @@ def cmd_runs(args) -> int:
     settings = [k for k in rows[0]["settings"] if any(r["settings"].get(k) not in (None, "") for r in rows)
                 and len({json.dumps(r["settings"].get(k), default=str) for r in rows}) > 1] or ["lr", "dp"]
     system = [c for c in ("cpu_pct_mean", "rss_mb_peak", "gpu_util_pct_mean") if any(r.get(c) is not None for r in rows)]
+    # a run that restarted: how often, the time it was down, the layout of each attempt ("dp2 → dp1")
+    recovery = ["restarts", "down_s", "layouts"] if any(r.get("restarts") for r in rows) else []
+    saves = ["checkpoint_s"] if any(r.get("checkpoint_s") is not None for r in rows) else []
     cols = ["run", "state", *settings, "final_loss", "best_val_loss", "best_val_acc", "samples_per_s",
-            "peak_mem_mb", "predicted_step_s", "measured_step_s", *system]
+            "peak_mem_mb", "predicted_step_s", "measured_step_s", *system, *recovery, *saves]
     table = [cols] + [[_fmt(_value(r, c)) for c in cols] for r in rows]
     print(_table(table))
+    if saves:
+        print(_interval_line(rows, args.mtbf_hours))
     return 0
+
+
+def _interval_line(rows: list[dict], mtbf_hours: float | None) -> str:
+    """The Young/Daly checkpoint interval from the newest listed run that measured its saves."""
+    from engine.runs.checkpoint_interval import suggest_for_run
+
+    if mtbf_hours is not None and not (math.isfinite(mtbf_hours) and mtbf_hours > 0):
+        raise CliError(f"--mtbf-hours {mtbf_hours}: give the hours between failures of one device, a positive number")
+    for r in sorted((r for r in rows if r.get("checkpoint_s") is not None), key=lambda r: r.get("started") or 0,
+                    reverse=True):
+        s = suggest_for_run(r["path"], mtbf_hours)
+        if s is not None:
+            now = f" (it ran with {s.current:,})" if s.current else ""
+            return f"checkpoint_interval, from {r['run']}{now}: {s.line}"
+    return "checkpoint_interval: no listed run measured its step time and its saves"
 
 
 def _value(row: dict, key: str):

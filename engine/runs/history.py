@@ -200,8 +200,12 @@ METRIC_COLUMNS = ("final_loss", "best_loss", "final_val_loss", "best_val_loss", 
                   # from the ranks' system samples (engine/runtime/sysmetrics.py system_summary)
                   "cpu_pct_mean", "rss_mb_peak", "gpu_util_pct_mean", "gpu_mem_mb_peak",
                   # the restarts after a failed or hung rank, and the time the run was down for them
-                  "restarts", "down_s")
-LOWER_IS_BETTER = {"restarts", "down_s", "final_loss", "best_loss", "final_val_loss", "best_val_loss", "peak_mem_mb", "measured_step_s",
+                  "restarts", "down_s",
+                  # what a checkpoint blocked the steps (median; engine/runs/checkpoint_interval.py)
+                  "checkpoint_s")
+# Columns of text after the metrics: the layout each attempt ran ("dp2 → dp1": its world changed)
+TEXT_COLUMNS = ("layouts",)
+LOWER_IS_BETTER = {"restarts", "down_s", "checkpoint_s", "final_loss", "best_loss", "final_val_loss", "best_val_loss", "peak_mem_mb", "measured_step_s",
                    "predicted_step_s", "duration"}
 
 
@@ -256,6 +260,7 @@ def run_row(path: str | os.PathLike) -> dict:
         **{k: None for k in ("cpu_pct_mean", "rss_mb_peak", "gpu_util_pct_mean", "gpu_mem_mb_peak")},
         **system_summary(p),
         **restarts_summary(p),
+        "checkpoint_s": checkpoint_cost(records),
     }
     return {"name": s.name if s.name != "run" else p.name, "run": p.name, "path": str(p), "state": shown_state(s),
             "sweep": s.sweep, "index": tag.get("index"), "step": s.step, "total_steps": s.total_steps,
@@ -264,7 +269,8 @@ def run_row(path: str | os.PathLike) -> dict:
 
 def restarts_summary(run_dir: Path) -> dict:
     """restarts: how often the run started again by itself (attempts.jsonl); down_s: the
-    seconds between each failure and the attempt after it, added up (engine/runtime/recovery.py)."""
+    seconds between each failure and the attempt after it, added up (engine/runtime/recovery.py);
+    layouts: the layout each attempt ran, "dp2 → dp1" where the world changed (attempt_layouts)."""
     from engine.runtime.recovery import read_attempts
 
     attempts = read_attempts(run_dir)
@@ -272,7 +278,43 @@ def restarts_summary(run_dir: Path) -> dict:
             if isinstance(a.get("after"), dict) and isinstance(a["after"].get("at"), (int, float))
             and isinstance(a.get("started"), (int, float))]
     return {"restarts": max(0, len(attempts) - 1) if attempts else None,
-            "down_s": round(sum(max(0.0, d) for d in down), 3) if down else None}
+            "down_s": round(sum(max(0.0, d) for d in down), 3) if down else None,
+            "layouts": attempt_layouts(attempts)}
+
+
+def layout_text(layout, world=None) -> str | None:
+    """One attempt's layout, short: the mesh axes of more than one ("pp2×dp2"; "dp1" for one
+    process), or its world ("world 4") when the attempt recorded no layout."""
+    if isinstance(layout, dict):
+        axes = [(k, layout.get(k)) for k in ("pp", "dp", "tp", "ep", "cp")]
+        axes = [(k, v) for k, v in axes if isinstance(v, int) and not isinstance(v, bool) and v >= 1]
+        if axes:
+            return "×".join(f"{k}{v}" for k, v in axes if v > 1) or "dp1"
+    if isinstance(world, int) and not isinstance(world, bool):
+        return f"world {world}"
+    return None
+
+
+def attempt_layouts(attempts: list[dict]) -> str | None:
+    """The layouts a run's attempts ran (attempts.jsonl's records, oldest first), the same
+    one in a row said once: "dp2", or "dp2 → dp1" when a restart got a smaller world."""
+    out: list[str] = []
+    for a in attempts:
+        t = layout_text(a.get("layout"), a.get("world"))
+        if t is not None and (not out or out[-1] != t):
+            out.append(t)
+    return " → ".join(out) if out else None
+
+
+def checkpoint_cost(records: list[dict]) -> float | None:
+    """The median seconds a checkpoint blocked the steps (the Checkpointer's
+    {"event": "checkpoint", "blocked_s"} records); None: the run recorded none."""
+    blocked = sorted(v for v in (_finite(r.get("blocked_s")) for r in records if r.get("event") == "checkpoint")
+                     if v is not None)
+    if not blocked:
+        return None
+    n = len(blocked)
+    return blocked[n // 2] if n % 2 else (blocked[n // 2 - 1] + blocked[n // 2]) / 2
 
 
 def runs_table(directory: str | os.PathLike, *, sweep: str | None = None) -> list[dict]:

@@ -238,7 +238,15 @@ class Evaluator:
 class Checkpointer:
     """checkpoints/step_N every checkpoint_interval steps, at the last and where a run
     stops; `latest` names one only once it is whole (a half one is removed); then the
-    writer applies the policy (folder.py CheckpointPolicy: the last N and the best)."""
+    writer applies the policy (folder.py CheckpointPolicy: the last N and the best).
+
+    What each save cost goes into metrics.jsonl, once the checkpoint is whole:
+    {"step", "event": "checkpoint", "checkpoint", "blocked_s", "write_s", "time"}:
+    blocked_s what the steps waited for it, write_s the whole save (the same for a save
+    made while the steps wait; for one written behind them, until its files were whole).
+    engine/runs/checkpoint_interval.py suggests an interval from them. (A resume cuts
+    metrics.jsonl at its checkpoint's offset, taken before the save: the record of the
+    checkpoint it resumes from goes with the lines after it.)"""
 
     def __init__(self, trainer, folder: RunFolder, every: int, policy: CheckpointPolicy | None = None,
                  asynchronous: bool = False, log=print):
@@ -247,7 +255,8 @@ class Checkpointer:
         # training.checkpoint_async: the files are written behind the next steps, one save in
         # flight at most; `latest` names it once rank 0's save is whole (all ranks' parts then are)
         self.asynchronous, self.log = asynchronous, log
-        self.pending: tuple | None = None  # (PendingSave, folder, step, rec)
+        self.pending: tuple | None = None  # (PendingSave, folder, step, rec, its cost: {t0, blocked_s[, ended]})
+        self.blocked_s = 0.0  # what the steps waited for the last save
 
     def due(self, step: int) -> bool:
         return step % self.every == 0 or step == self.trainer.total_steps
@@ -284,15 +293,20 @@ class Checkpointer:
                      + (" (written behind the next steps)" if pending is not None else ""))
         if pending is None:
             self._whole(d, rec)
+            self._cost(step, d, self.blocked_s, self.blocked_s)
         else:
-            self.pending = (pending, d, step, rec)
+            cost = {"t0": t0, "blocked_s": self.blocked_s}
+            future = getattr(pending, "future", None)  # (its writer thread says when the files are whole,
+            if hasattr(future, "add_done_callback"):  # not the log step that looks next)
+                future.add_done_callback(lambda _f: cost.setdefault("ended", time.perf_counter()))
+            self.pending = (pending, d, step, rec, cost)
 
     def settle(self, block: bool = False) -> None:
         """An asynchronous save that has ended: `latest` names it, or, if it failed, the
         failure is named and the checkpoint before it stays the latest. `block`: wait for it."""
         if self.pending is None:
             return
-        pending, d, step, rec = self.pending
+        pending, d, step, rec, cost = self.pending
         if not block and not pending.done():
             return
         self.pending = None
@@ -307,6 +321,12 @@ class Checkpointer:
                                "time": round(self.folder.elapsed(), 4)})
             return
         self._whole(d, rec)
+        self._cost(step, d, cost["blocked_s"], cost.get("ended", time.perf_counter()) - cost["t0"])
+
+    def _cost(self, step: int, d: Path, blocked_s: float, write_s: float) -> None:
+        """The checkpoint record of a whole save (rank 0's; the others write none)."""
+        self.folder.write({"step": step, "event": "checkpoint", "checkpoint": d.name, "blocked_s": round(blocked_s, 6),
+                           "write_s": round(max(write_s, blocked_s), 6), "time": round(self.folder.elapsed(), 4)})
 
     def _whole(self, d: Path, rec: dict | None) -> None:
         self.folder.mark_latest(d)

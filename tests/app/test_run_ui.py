@@ -180,7 +180,7 @@ def test_history_restart_overlay_csv_delete_and_screenshot(qtbot, open_window, p
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
     lines = [json.loads(ln) for ln in (a / "metrics.jsonl").read_text().splitlines()]
-    assert [{k: (v if k in ("event", "state") else json.loads(v)) for k, v in r.items() if v != "" and k != "run"}
+    assert [{k: (v if k in ("event", "state", "checkpoint") else json.loads(v)) for k, v in r.items() if v != "" and k != "run"}
             for r in rows] == lines
 
     B = QMessageBox.StandardButton

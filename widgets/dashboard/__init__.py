@@ -4,16 +4,22 @@
                   PLOTS, spec_for, series_values); plain Python
     buffers.py    growable float64 buffers with min/max levels (MinMaxBuffer), the
                   envelope of a series from them, the EMA; numpy only
-    runs.py       what the dashboard keeps per run and series (Run, Series) and how a
+    ingest.py     what the dashboard keeps per run and series (Run, Series) and how a
                   poll's values reach them (ingest); no Qt
     segments.py   Segments: the graphics item that draws an envelope
     axis.py       GridAxis (opaque grid, cached and shared tick layouts) and the
                   painting caches of titles, labels and legends
+    fit.py        titles and legend rows fitted to their plot
     confusion.py  ConfusionMatrixWidget
-    widget.py     Dashboard: the plots, the run list, the 10 Hz updates, export
+    widget.py     Dashboard: the runs, their records, the 10 Hz updates, the curves,
+                  export; with the parts it is made of (mixins):
+      layout.py     the bar, the plots' grid, the System tab, the run list, legends
+      follow.py     the ranges while the plots follow their data; Fit; log y
+      marks.py      the first compile's line, the peak memory per rank
+      crosshair.py  the crosshair and the bar's readout
 
 The names below are looked up on first use (PEP 562), not imported with the package:
-`import widgets.dashboard.buffers` (or series, runs) then loads neither Qt nor
+`import widgets.dashboard.buffers` (or series, ingest) then loads neither Qt nor
 pyqtgraph, so those parts run and are tested without them
 (tests/widgets/test_dashboard_buffers.py). `from widgets.dashboard import Dashboard`
 works as with any other package.

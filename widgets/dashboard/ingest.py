@@ -1,9 +1,9 @@
 """What the dashboard holds per run and per series, and how a poll's values get there.
 
 A `Run` keeps its records as they came (dicts or the lines of metrics.jsonl), its
-time origin and its `Series` by key; a `Series` keeps its steps, wall times, values
-and smoothed values in MinMaxBuffers (buffers.py), and the items that draw it,
-which the dashboard (widget.py) makes. `ingest` appends one poll's values (a table
+time origin, its `Series` by key and the markers of what its recovery did (events.py);
+a `Series` keeps its steps, wall times, values and smoothed values in MinMaxBuffers
+(buffers.py), and the items that draw it, which the dashboard (widget.py) makes. `ingest` appends one poll's values (a table
 of columns from engine/runs/tail.py's `columns`, and the records left over) to a run's
 series. No Qt here: the drawing items are only held.
 """
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from widgets.dashboard.buffers import MinMaxBuffer, ema
+from widgets.dashboard.events import MARKED, Marker, marker_of
 from widgets.dashboard.series import SeriesSpec, series_values, spec_for
 
 if TYPE_CHECKING:
@@ -72,6 +73,11 @@ class Run:
         self.compiled: tuple[float, float, float] | None = None
         self.compile_line: pg.InfiniteLine | None = None
         self.compile_dirty = False
+        # what its recovery did (restarts, a preemption, a failed checkpoint: events.py), in
+        # the order they came, and the lines that mark them on the loss plot (marks.py)
+        self.markers: list[Marker] = []
+        self.marker_lines: list[pg.InfiniteLine] = []
+        self.markers_dirty = False
 
 
 def ingest(run: Run, table: dict | None, records: list[dict], smoothing: float) -> None:
@@ -93,6 +99,9 @@ def ingest(run: Run, table: dict | None, records: list[dict], smoothing: float) 
             continue  # event lines (start/end) carry no point
         if r.get("event") == "compiled":
             _compiled(run, r, step)
+            continue
+        if r.get("event") in MARKED:
+            _marker(run, r, step)
             continue
         t = r.get("time")
         if (type(t) is float or type(t) is int) and math.isfinite(t):
@@ -137,6 +146,20 @@ def _compiled(run: Run, r: dict, step: float) -> None:
         run.t0 = t
     run.compiled = (float(sec), float(step), (t - run.t0) if t is not None else run.t_last)
     run.compile_dirty = True
+
+
+def _marker(run: Run, r: dict, step: float) -> None:
+    """A restart, a preemption or a failed checkpoint: a marker at its step (and time)."""
+    t = r.get("time")
+    if type(t) in (int, float) and math.isfinite(t):
+        if run.t0 is None:
+            run.t0 = t
+        rel = t - run.t0
+    else:
+        rel = run.t_last
+    label, text, short = marker_of(r)
+    run.markers.append(Marker(r["event"], float(step), rel, label, text, short))
+    run.markers_dirty = True
 
 
 def ingest_columns(run: Run, table: dict[str, np.ndarray], cols: dict) -> None:
