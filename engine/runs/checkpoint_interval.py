@@ -33,6 +33,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from .history import _read_json  # (one reader of a run folder's JSON files)
+
 # Llama 3 (Meta, 2024, section 3.3.4): 419 unexpected interruptions in 54 days on 16,384 GPUs
 LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16_384
 DEVICE_MTBF_H = LLAMA3_GPUS * LLAMA3_DAYS * 24 / LLAMA3_INTERRUPTIONS  # ~50,677 device-hours
@@ -155,14 +157,6 @@ def suggest(cost_s: float, step_s: float, devices: int = 1, device_mtbf_h: float
         line += f"; longer than the run ({total_steps:,} steps): its last checkpoint is the one that counts"
     return Suggestion(steps, tau, cost_s, mtbf_s, step_s, devices, device_mtbf_h, source, saves, write_s, run,
                       current, total_steps, line, short, formula)
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return d if isinstance(d, dict) else {}
 
 
 def _pos(v) -> float | None:

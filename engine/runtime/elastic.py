@@ -38,7 +38,7 @@ class ElasticError(ValueError):
 class Resize:
     planned: RunPlan  # the plan run.json holds (the world it was planned for)
     plan: RunPlan  # the plan this start runs
-    accumulation: int  # micro-batches per replica and step (1: none)
+    accumulation: int  # the factor a replica's micro-batches grow by (1: none; a pipeline: its micro-batches)
     predicted_step_s: float | None  # the planner's figure for the planned world ...
     new_step_s: float | None  # ... and what it becomes on this world
     peak_bytes: int | None  # the predicted peak per device on this world
@@ -115,4 +115,4 @@ def fit_world(plan: RunPlan, world: int, batch_size: int, *, predicted_step_s: f
         raise ElasticError(f"dp={dp} needs about {peak / 2**30:.1f} GiB per device (the shards the lost devices "
                            f"held); the device has {device_bytes / 2**30:.1f} GiB: the run waits for devices "
                            f"(or plan it again with activation checkpointing or CPU offload)")
-    return Resize(plan, new, k if plan.pp == 1 else 1, predicted_step_s, step_s, peak)
+    return Resize(plan, new, k, predicted_step_s, step_s, peak)
