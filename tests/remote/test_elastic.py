@@ -12,16 +12,15 @@ import time
 from pathlib import Path
 
 import pytest
+from sshd_helpers import free_port
 
 from engine.project import load_project
+from engine.runtime.recovery import read_attempts
 from remote.cluster import parse_cluster
 from remote.jobctl import job_pids
 from remote.launch.local import launch_local
 from remote.launch.ssh_torchrun import deploy, prepare
 from remote.tracker import Tracker
-from engine.runtime.recovery import read_attempts
-
-from sshd_helpers import free_port
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "resources" / "examples"
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("remote-deploy")]
