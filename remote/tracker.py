@@ -75,6 +75,17 @@ def _truncate_partial(path: Path) -> int:
     return keep
 
 
+def _last_line(path: Path, size: int) -> bytes:
+    """The last whole line of the first `size` bytes of `path` (b'' when there is none)."""
+    if size <= 0:
+        return b""
+    with open(path, "rb") as f:
+        f.seek(max(0, size - (64 << 10)))
+        tail = f.read(size - max(0, size - (64 << 10)))
+    cut = tail.rfind(b"\n", 0, len(tail) - 1)
+    return tail[cut + 1:] if cut >= 0 or size <= (64 << 10) else b""
+
+
 class Tracker:
     """Follows one job. Not thread-safe: drive it from one (worker) thread."""
 
@@ -253,8 +264,17 @@ class Tracker:
             offset = local.stat().st_size if local.exists() else 0
             if size < offset:  # rewritten on the node (torchrun restarted the run): find where
                 offset = self._resync(i, rel, local, size)
+            # a resume cuts metrics.jsonl back to its checkpoint and writes on at once, so the
+            # file may be longer again by the next poll: the first read takes our last line
+            # too, which the node's file must still hold where we have it
+            check = _last_line(local, offset)
             while size > offset:
-                data = self.conn(i).read_range(f"{self.job.nodes[i].jobdir}/{rel}", offset)
+                data = self.conn(i).read_range(f"{self.job.nodes[i].jobdir}/{rel}", offset - len(check))
+                if check:
+                    if data[:len(check)] != check:  # rewritten past our copy: keep what is common, read on from there
+                        offset, check = self._resync(i, rel, local, size), b""
+                        continue
+                    data, check = data[len(check):], b""
                 _, used = split_complete(data)
                 if not used:
                     break  # only a half-written line so far
