@@ -182,7 +182,7 @@ class Tracker:
 
     def _update_slurm_state(self, now: float) -> None:
         """Slurm knows the state of its jobs (jobctl asked it on the login node)."""
-        from remote.launch.slurm import describe, slurm_state
+        from remote.launch.slurm import describe, preemption, slurm_state
 
         job, old = self.job, (self.job.state, self.job.error, self.job.extra.get("slurm"))
         view = self.nodes[0]
@@ -196,7 +196,7 @@ class Tracker:
         else:
             info = view.info.get("slurm") or {}
             state = slurm_state(info.get("state") or "")
-            job.extra["slurm"] = {k: info.get(k) for k in ("state", "reason", "nodes", "exit", "source")}
+            job.extra["slurm"] = {k: info.get(k) for k in ("state", "reason", "nodes", "exit", "source", "restarts")}
             run = view.info.get("status") or {}
             if state is None:
                 job.state = "lost"
@@ -204,7 +204,10 @@ class Tracker:
                              f"no exit code: {info.get('error') or 'no record'}")
             else:
                 job.state, job.error = state, None
-                if state == "pending":
+                seen = preemption(state, info, run, job.extra.get("preempted"), view.info.get("checkpoint"), now)
+                if seen is not None:  # preempted, resuming, or a preemption Slurm did not requeue
+                    job.state, job.error, job.extra["preempted"] = seen
+                elif state == "pending":
                     reason = info.get("reason")
                     job.error = f"waiting in the queue: {reason}" if reason and reason != "None" else None
                 elif state == "succeeded" and run.get("state") == "cancelled":
