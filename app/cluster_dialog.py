@@ -215,7 +215,7 @@ class ClusterDialog(QDialog):
         self.shared_dir.setText(c.shared_dir or "")
         self.data_paths.setPlainText("\n".join(f"{k}={v}" for k, v in c.data_paths.items()))
         # what the form has no field for (set by `cluster add` or by hand) is kept as it was
-        self._kept = c.model_dump(include={"max_restarts", "connect_timeout", "command_timeout"})
+        self._kept = c.model_dump(include={"max_restarts", "connect_timeout", "command_timeout", "preempt_grace_s"})
         self.partition.setText(c.partition or "")
         self.time_limit.setText(c.time_limit or "")
         self.gpus.setValue(c.gpus_per_node or 0)

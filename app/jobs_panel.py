@@ -281,7 +281,7 @@ class JobsPanel(QWidget):
             except LookupError:
                 state = None
         cancel = self.buttons["Cancel"]
-        cancel.setEnabled(state in ("pending", "running", "lost") and not teammate)
+        cancel.setEnabled(state in ("pending", "running", "lost", "preempted", "resuming") and not teammate)
         cancel.setToolTip(f"a job of {teammate}'s: only its owner can cancel it" if teammate else "")
         for k in ("Open", "Fetch…"):
             self.buttons[k].setEnabled(jid is not None)

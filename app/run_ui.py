@@ -397,10 +397,11 @@ class RunUI(QObject):
     @staticmethod
     def _has_ended(run_dir: str, data: bytes) -> bool:
         """The run's end event among the last lines of `data`, or its status final."""
-        if any(r.get("event") == "end" for r in parse_jsonl(data.rsplit(b"\n", 4)[-4:])):
+        # (a preempted attempt's end is not the run's: under Slurm it is requeued and goes on)
+        if any(r.get("event") == "end" and r.get("state") != "preempted" for r in parse_jsonl(data.rsplit(b"\n", 4)[-4:])):
             return True
         st = RunStatus.read(run_dir)  # the state the run (or a remote job's tracker) wrote; its pid may be on another host
-        return st is None or st.done or st.state == "lost"
+        return st is None or (st.done and st.state != "preempted") or st.state == "lost"
 
     def _poll_followed(self) -> None:
         for key, tail in list(self._followed.items()):

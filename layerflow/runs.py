@@ -188,7 +188,7 @@ class Job:
         while True:
             st = self.status()
             yield from tail.poll_records()
-            if not follow or st.done:
+            if not follow or self.record.done:  # (the job's end: a preempted one is requeued and goes on)
                 return
             if end is not None and time.monotonic() > end:
                 raise TimeoutError(f"job {self.id} still going after {timeout} s")

@@ -99,6 +99,10 @@ class Cluster(Strict):
     partition: Optional[str] = None
     time_limit: Optional[str] = None  # e.g. "02:00:00"
     gpus_per_node: Optional[int] = Field(None, ge=0)
+    # seconds of warning Slurm gives before a preemption or the time limit (sbatch
+    # --signal=B:USR1@N): the run checkpoints and stops within them, and the job is requeued
+    # to go on; 0: no warning (Slurm's own SIGTERM at a preemption still checkpoints, within KillWait)
+    preempt_grace_s: int = Field(60, ge=0, le=3600)
 
     @field_validator("name")
     @classmethod

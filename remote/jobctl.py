@@ -25,6 +25,10 @@ import sys
 import time
 
 TOKEN_VAR = "LAYERFLOW_JOB_TOKEN"
+# engine/runtime/records.py CANCEL_FILE (this file ships alone: the name is repeated here):
+# written into the run folder before a cancel signals the run, so that the run ends as
+# cancelled, never as preempted (engine/runtime/loop.py StopSignal)
+CANCEL_FILE = "cancel.requested"
 
 
 def read(path: str) -> str | None:
@@ -108,10 +112,20 @@ def signal_all(pids: list[int], pgid: int | None, sig: int) -> None:
             pass
 
 
-def cancel(jobdir: str, node: int, grace: float) -> dict:
-    """TERM the job's processes on this node, wait up to `grace` s, KILL what is left, verify."""
+def request_cancel(jobdir: str) -> None:
+    """The job folder's `cancelled` (the tracker's record) and the run's CANCEL_FILE (the run's)."""
     with open(os.path.join(jobdir, "cancelled"), "a"):
         pass
+    try:
+        with open(os.path.join(jobdir, "run", CANCEL_FILE), "w") as f:
+            f.write(f"{time.time():.3f}\n")
+    except OSError:
+        pass  # no run folder: nothing there to tell
+
+
+def cancel(jobdir: str, node: int, grace: float) -> dict:
+    """TERM the job's processes on this node, wait up to `grace` s, KILL what is left, verify."""
+    request_cancel(jobdir)
     pid = read(os.path.join(jobdir, f"node{node}.pid"))
     pgid = int(pid) if pid else None
     token = read(os.path.join(jobdir, "token")) or ""
@@ -138,7 +152,7 @@ def node_state(info: dict) -> str:
     if info["exit"] is not None:
         if info["exit"]:
             return "failed"
-        return "cancelled" if run_state == "cancelled" else "succeeded"
+        return run_state if run_state in ("cancelled", "preempted") else "succeeded"
     if info["cancelled"] and not info["alive"]:
         return "cancelled"
     if info["alive"]:
@@ -207,7 +221,8 @@ def slurm_job(jobdir: str, slurm_id: str) -> dict:
         kv = kv_pairs(line)
         return {"source": "scontrol", "state": kv.get("JobState"), "reason": kv.get("Reason"),
                 "nodes": kv.get("NodeList"), "exit": kv.get("ExitCode"), "run_time": kv.get("RunTime"),
-                "time_limit": kv.get("TimeLimit"), "batch_host": kv.get("BatchHost")}
+                "time_limit": kv.get("TimeLimit"), "batch_host": kv.get("BatchHost"),
+                "restarts": kv.get("Restarts")}  # (how often Slurm requeued it)
     rc, out, _ = _slurm_cmd(["sacct", "-j", slurm_id, "-X", "-n", "-P", "-o", "State,Reason,NodeList,ExitCode"])
     rows = [ln.split("|") for ln in out.splitlines() if ln.strip()]
     if rc == 0 and rows and len(rows[0]) == 4:
@@ -247,8 +262,7 @@ def slurm_steps(slurm_id: str) -> list[str]:
 
 def slurm_cancel(jobdir: str, slurm_id: str, grace: float) -> dict:
     """scancel, then wait (up to grace s) until Slurm says the job ended and no step is left."""
-    with open(os.path.join(jobdir, "cancelled"), "a"):
-        pass
+    request_cancel(jobdir)
     rc, _, err = _slurm_cmd(["scancel", slurm_id])
     deadline = time.monotonic() + grace
     while True:

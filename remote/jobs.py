@@ -24,7 +24,9 @@ from remote.cluster import Cluster, config_dir
 
 # the states of engine/runtime/records.py a job can have ("interrupted" is a local run's)
 STATES = tuple(s for s in RUN_STATES if s != "interrupted")
-TERMINAL = set(ENDED_STATES) - {"interrupted"}  # timeout: Slurm ended it at its time limit; lost is polled again
+# timeout: Slurm ended it at its time limit; lost is polled again; preempted (the run stopped
+# at a preemption, checkpointed) and resuming (Slurm requeued it) are no end: the job goes on
+TERMINAL = set(ENDED_STATES) - {"interrupted", "preempted"}
 
 
 class JobError(LayerflowError, LookupError):

@@ -75,6 +75,17 @@ def _truncate_partial(path: Path) -> int:
     return keep
 
 
+def _last_line(path: Path, size: int) -> bytes:
+    """The last whole line of the first `size` bytes of `path` (b'' when there is none)."""
+    if size <= 0:
+        return b""
+    with open(path, "rb") as f:
+        f.seek(max(0, size - (64 << 10)))
+        tail = f.read(size - max(0, size - (64 << 10)))
+    cut = tail.rfind(b"\n", 0, len(tail) - 1)
+    return tail[cut + 1:] if cut >= 0 or size <= (64 << 10) else b""
+
+
 class Tracker:
     """Follows one job. Not thread-safe: drive it from one (worker) thread."""
 
@@ -171,7 +182,7 @@ class Tracker:
 
     def _update_slurm_state(self, now: float) -> None:
         """Slurm knows the state of its jobs (jobctl asked it on the login node)."""
-        from remote.launch.slurm import describe, slurm_state
+        from remote.launch.slurm import describe, preemption, slurm_state
 
         job, old = self.job, (self.job.state, self.job.error, self.job.extra.get("slurm"))
         view = self.nodes[0]
@@ -185,7 +196,7 @@ class Tracker:
         else:
             info = view.info.get("slurm") or {}
             state = slurm_state(info.get("state") or "")
-            job.extra["slurm"] = {k: info.get(k) for k in ("state", "reason", "nodes", "exit", "source")}
+            job.extra["slurm"] = {k: info.get(k) for k in ("state", "reason", "nodes", "exit", "source", "restarts")}
             run = view.info.get("status") or {}
             if state is None:
                 job.state = "lost"
@@ -193,7 +204,10 @@ class Tracker:
                              f"no exit code: {info.get('error') or 'no record'}")
             else:
                 job.state, job.error = state, None
-                if state == "pending":
+                seen = preemption(state, info, run, job.extra.get("preempted"), view.info.get("checkpoint"), now)
+                if seen is not None:  # preempted, resuming, or a preemption Slurm did not requeue
+                    job.state, job.error, job.extra["preempted"] = seen
+                elif state == "pending":
                     reason = info.get("reason")
                     job.error = f"waiting in the queue: {reason}" if reason and reason != "None" else None
                 elif state == "succeeded" and run.get("state") == "cancelled":
@@ -253,8 +267,17 @@ class Tracker:
             offset = local.stat().st_size if local.exists() else 0
             if size < offset:  # rewritten on the node (torchrun restarted the run): find where
                 offset = self._resync(i, rel, local, size)
+            # a resume cuts metrics.jsonl back to its checkpoint and writes on at once, so the
+            # file may be longer again by the next poll: the first read takes our last line
+            # too, which the node's file must still hold where we have it
+            check = _last_line(local, offset)
             while size > offset:
-                data = self.conn(i).read_range(f"{self.job.nodes[i].jobdir}/{rel}", offset)
+                data = self.conn(i).read_range(f"{self.job.nodes[i].jobdir}/{rel}", offset - len(check))
+                if check:
+                    if data[:len(check)] != check:  # rewritten past our copy: keep what is common, read on from there
+                        offset, check = self._resync(i, rel, local, size), b""
+                        continue
+                    data, check = data[len(check):], b""
                 _, used = split_complete(data)
                 if not used:
                     break  # only a half-written line so far

@@ -14,7 +14,8 @@ from PySide6.QtCore import Qt
 from engine.runtime.records import RESUMABLE_STATES
 
 STATE_COLORS = {"running": "#1f77b4", "succeeded": "#2ca02c", "failed": "#d62728",
-                "cancelled": "#ff7f0e", "interrupted": "#9467bd", "pending": "#7f7f7f"}
+                "cancelled": "#ff7f0e", "interrupted": "#9467bd", "pending": "#7f7f7f", "preempted": "#bcbd22",
+                "resuming": "#17becf"}
 COLUMNS = ("Run", "Status", "Time", "Steps", "Best val")
 
 

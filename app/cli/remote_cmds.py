@@ -114,6 +114,9 @@ def _profile_flags(a: argparse.ArgumentParser) -> None:
     s.add_argument("--partition", help="partition to submit to (default: the cluster's default partition)")
     s.add_argument("--time-limit", metavar="TIME", help="sbatch --time, e.g. 02:00:00 (default: the partition's)")
     s.add_argument("--gpus-per-node", type=int, metavar="N", help="GPUs asked per node (sbatch --gpus-per-node)")
+    s.add_argument("--preempt-grace", type=int, metavar="SECONDS", dest="preempt_grace_s",
+                   help="warning before a preemption or the time limit (sbatch --signal=B:USR1@SECONDS): the run "
+                        "checkpoints and stops within it, and the job is requeued to go on; 0: none (default 60)")
 
 
 def _profile(args, hosts: list[dict]):
@@ -135,7 +138,8 @@ def _profile(args, hosts: list[dict]):
             "backend": args.backend, "nproc_per_node": args.nproc_per_node, "rdzv_port": args.rdzv_port,
             "max_restarts": args.max_restarts, "min_nodes": args.min_nodes, "max_nodes": args.max_nodes,
             "known_hosts": args.known_hosts, "shared_dir": args.shared_dir,
-            "partition": args.partition, "time_limit": args.time_limit, "gpus_per_node": args.gpus_per_node}
+            "partition": args.partition, "time_limit": args.time_limit, "gpus_per_node": args.gpus_per_node,
+            "preempt_grace_s": getattr(args, "preempt_grace_s", None)}
     return parse_cluster({k: v for k, v in data.items() if v is not None}, f"cluster {args.name!r}")
 
 

@@ -44,7 +44,7 @@ from engine.runtime.sysmetrics import KEYS as SYSTEM_KEYS
 
 URI_ENV = "MLFLOW_TRACKING_URI"
 STATE_FILE = "mlflow.json"
-END_STATES = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
+END_STATES = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED", "preempted": "KILLED"}
 BATCH = 1000  # metrics per log_batch call (MLflow's limit)
 INSTALL = "pip install 'layerflow[mlflow]' (mlflow-skinny, sqlalchemy, alembic)"
 

@@ -308,8 +308,8 @@ class RunFolder:
         final state (what a full disk cannot stop: it is rewritten in place), the lock
         released. Returns the status."""
         try:
-            if state == "cancelled":  # (a stop request or Ctrl-C: it checkpointed where it stopped)
-                _say(log, f"cancelled at step {step}")
+            if state in ("cancelled", "preempted"):  # (a stop request, a preemption or Ctrl-C: it checkpointed there)
+                _say(log, f"{state} at step {step}")
             if self.rank_metrics:
                 self.rank_metrics.close()
             if self.sampler:

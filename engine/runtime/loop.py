@@ -8,15 +8,17 @@ picks the trainer.
     Evaluator      the validation set, every eval_interval steps and at the last
     Checkpointer   every checkpoint_interval steps, at the last, where a run stops; resume
     StopSignal     SIGTERM, or the process that started the run gone: finish the step,
-                   checkpoint, end as cancelled
+                   checkpoint, end as cancelled; a preemption (SIGUSR1, or Slurm's own
+                   SIGTERM without a cancel request): the same, ending as preempted
 
 What it writes is folder.py's RunFolder:
 
   metrics.jsonl    one JSON object a line: {step, epoch, time, loss, lr, samples_per_s,
                    peak_mem_mb[, steps]}; evaluation lines {step, epoch, time, lr, val_loss,
                    val_acc}; with training.compile, a first line {"event": "compiled",
-                   "seconds": ...}; a last line {"event": "end", "state": ...}
-  status.json      {state: running|succeeded|failed|cancelled, step, total_steps, ...}
+                   "seconds": ...}; at a preemption {"event": "preempted", "step": ...}
+                   (before its checkpoint: a resume keeps it); a last line {"event": "end", "state": ...}
+  status.json      {state: running|succeeded|failed|cancelled|preempted, step, total_steps, ...}
   logs/rank0.log   progress and, on failure, the traceback
   logs/rankR.system.jsonl  each rank's CPU %, memory (and GPU) every few seconds, from a
                    thread of its own (sysmetrics.py; the steps do nothing for it)
@@ -51,7 +53,7 @@ from .folder import (  # noqa: F401
 from .steps import (  # noqa: F401
     compute_loss, correct_count, lr_lambda, make_optimizer, peak_mem_mb, rng_state, seed_all, set_rng_state,
 )
-from .records import RunStatus, pid_alive
+from .records import RunStatus, cancel_requested, pid_alive
 from .recovery import Decision, HangWatch, record_attempt, restart_record, under_agent
 from .tensorboard import TensorBoardLog
 
@@ -69,7 +71,7 @@ def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: Progres
                                asynchronous=tr.checkpoint_async, log=log)
     evaluator = Evaluator(trainer, folder, tr.eval_interval, log)
     state, start, step, watch = "running", 0, 0, None
-    with StopSignal() as stop:
+    with StopSignal(folder.path) as stop:
         try:
             start = step = folder.open(checkpoints.load_latest(log) if resume else None,
                                        device=getattr(trainer, "device", None))
@@ -95,7 +97,10 @@ def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: Progres
                         or (stop.requested and not trainer.distributed)):  # (distributed: at log steps, agreed)
                     continue
                 # a log step: one host sync (and, distributed, one collective) for all the steps since the last
-                rec, stop_now = metrics.log(step, stop.requested)
+                rec, stop_now = metrics.log(step, stop.code)
+                ending = stop.ending(stop_now) if stop_now else None  # (every rank alike: the agreed code)
+                if ending == "preempted":  # before this step's checkpoint, whose offset a resume cuts back to
+                    folder.write({"step": step, "event": "preempted", "time": round(folder.elapsed(), 4)})
                 checkpoints.settle()  # (a save written behind the steps that has ended)
                 if watch is not None and (evaluator.due(step) or checkpoints.due(step)):
                     watch.hold()  # an evaluation or a save is no step: its time is not a hang
@@ -109,7 +114,7 @@ def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: Progres
                 if stop_now:  # (distributed: every rank, at the same log step)
                     checkpoints.save(step, rec)
                     checkpoints.settle(block=True)
-                    state = "cancelled"
+                    state = ending
                     break
                 metrics.restart_clock()  # (evaluating and checkpointing took no step's time)
                 if watch is not None:
@@ -339,29 +344,79 @@ class Checkpointer:
                 pass
 
 
-class StopSignal:
-    """A request to stop: SIGTERM (what a launcher's stop sends), or the process that
-    started the run gone (watch_parent). The loop finishes its step, checkpoints, and ends
-    as cancelled; distributed, at the next log step, where the ranks agree on it."""
+PREEMPT_SIGNAL = signal.SIGUSR1  # "the cluster wants these machines back": Slurm's warning, forwarded
+PREEMPTED = 1 << 20  # a preemption's stop code: above any sum of plain stops (log_sync adds the ranks' codes)
 
-    def __init__(self) -> None:
+
+def under_slurm() -> bool:
+    """This process is a step of a Slurm job (srun or the batch script started it)."""
+    return "SLURM_JOB_ID" in os.environ
+
+
+class StopSignal:
+    """A request to stop: SIGTERM (what a launcher's stop sends), SIGUSR1 (a preemption),
+    or the process that started the run gone (watch_parent). The loop finishes its step,
+    checkpoints, and ends as cancelled or preempted; distributed, at the next log step,
+    where the ranks agree on it (log_sync adds the ranks' stop codes, so a rank that got
+    no signal itself ends the way the one that did).
+
+    A user's cancel and a preemption are told apart by a file, not by the signal alone:
+    Slurm sends the same SIGTERM for `scancel`, a preemption, `scontrol requeue` and a node
+    going down, and a signal loses its sender on the way (slurmstepd, srun, torchrun each
+    pass it on), so no signal can say who asked. Layerflow's own cancel paths (jobctl's
+    cancel and slurm-cancel, which the tracker's cancel runs; LocalJob's stop) write
+    records.CANCEL_FILE into the run folder before they signal; each rank looks for it at
+    the agreed stop step, after the signal came, on the file system it shares with the
+    writer, which no forwarding can lose. So, at the stop:
+
+        CANCEL_FILE present       cancelled (the user's cancel wins over a preemption)
+        SIGUSR1                   preempted: Slurm's warning (sbatch --signal=B:USR1@GRACE,
+                                  before a preemption or the time limit), which the batch
+                                  script passes to the workers (torchrun ignores it)
+        SIGTERM under Slurm       preempted: Slurm's own TERM at a preemption or a requeue
+                                  (a bare `scancel` typed by hand reads so too; the job's
+                                  Slurm state, CANCELLED, still says what it was)
+        SIGTERM elsewhere, the parent gone, Ctrl-C: cancelled, as before
+
+    Launchers remove a stale CANCEL_FILE before they start an attempt."""
+
+    def __init__(self, run_dir: str | Path | None = None) -> None:
         self.requested = False
-        self._old = None
+        self.preempt = False
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self._old: dict = {}
 
     def __call__(self, signum, frame) -> None:
         self.requested = True
+        if signum == PREEMPT_SIGNAL or (signum == signal.SIGTERM and under_slurm()):
+            self.preempt = True
+
+    @property
+    def code(self) -> int:
+        """This rank's stop code for log_sync: 0 go on, 1 stop, PREEMPTED a preemption."""
+        if not self.requested:
+            return 0
+        return PREEMPTED if self.preempt else 1
+
+    def ending(self, agreed: float) -> str:
+        """How the run ends at an agreed stop; `agreed`: the ranks' stop codes added."""
+        if self.run_dir is not None and cancel_requested(self.run_dir):
+            return "cancelled"
+        return "preempted" if agreed >= PREEMPTED else "cancelled"
 
     def __enter__(self) -> StopSignal:
         watch_parent(self)
-        try:
-            self._old = signal.signal(signal.SIGTERM, self)
-        except ValueError:  # not the main thread (tests, GUI): no signal handling
-            pass
+        for sig in (signal.SIGTERM, PREEMPT_SIGNAL):
+            try:
+                self._old[sig] = signal.signal(sig, self)
+            except ValueError:  # not the main thread (tests, GUI): no signal handling
+                pass
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
+        for sig, old in self._old.items():
+            if old is not None:
+                signal.signal(sig, old)
 
 
 PARENT_ENV = "LAYERFLOW_PARENT_PID"  # set by the launcher of a run that must not outlive it

@@ -157,17 +157,18 @@ class ParallelTrainer(BaseTrainer):
     def log_sync(self, loss_sum: torch.Tensor, stop: bool, step_s: float) -> tuple[float, float | None, bool, float]:
         """At a log step, one all-reduce for all of it: (the loss summed over the steps since
         the last log, as the whole batch's mean; this replica's own part, on the last stage;
-        whether any rank was asked to stop (SIGTERM reaches ranks at different moments);
+        whether any rank was asked to stop, and how (the ranks' stop codes added: a signal
+        reaches ranks at different moments);
         the ranks' mean step time). Every rank gets the same numbers, so all take the same
         next log step."""
         counts = self.is_last and self.tp_rank == 0  # one rank per replica adds its loss
         t = torch.stack([loss_sum.double() * (1.0 if counts else 0.0),
-                         torch.tensor(1.0 if stop else 0.0, dtype=torch.float64, device=self.device),
+                         torch.tensor(float(stop), dtype=torch.float64, device=self.device),  # (a stop code: loop.StopSignal)
                          torch.tensor(step_s, dtype=torch.float64, device=self.device)])
         own = float(loss_sum.item()) if self.is_last else None
         dist.all_reduce(t)
         total, stop_any, mean_s = t.tolist()
-        return total / self.dims.dp, own, stop_any > 0, mean_s / dist.get_world_size()
+        return total / self.dims.dp, own, stop_any, mean_s / dist.get_world_size()
 
     def skipped_samples(self) -> int:
         """Every replica's count, once (tp peers and a pipeline's two reading ends read the same samples)."""

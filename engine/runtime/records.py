@@ -15,22 +15,34 @@ import errno
 import json
 import math
 import os
+import time
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
 
 # A run's (and a remote job's) states, one vocabulary for the runtime, the run list, the
-# job database and the Python API. The run writes pending..cancelled itself; the host
+# job database and the Python API. The run writes pending..preempted itself; the host
 # concludes the others when the run cannot say: a local run whose process died without
 # writing its end (interrupted), one Slurm ended at its time limit (timeout), a remote
-# job whose processes its nodes no longer show (lost: a later poll may find it again).
-FINAL_STATES = ("succeeded", "failed", "cancelled")  # what a run writes when it ends
-STATES = ("pending", "running", *FINAL_STATES, "interrupted", "timeout", "lost")
-ENDED_STATES = (*FINAL_STATES, "interrupted", "timeout")  # nothing more will happen to it
-RESUMABLE_STATES = ("cancelled", "failed", "interrupted")  # a checkpoint to go on from
-OK_STATES = ("succeeded", "cancelled")  # ended as asked: finished, or stopped by the user (a checkpoint kept)
+# job whose processes its nodes no longer show (lost: a later poll may find it again), a
+# Slurm job requeued after a preemption, waiting to go on from its checkpoint (resuming).
+# preempted: the attempt was stopped by the cluster, not by the user (loop.py StopSignal),
+# and checkpointed where it stopped; a run folder's attempt that has ended, but a Slurm
+# job that Slurm requeues goes on (remote/jobs.py: no terminal state of a job).
+FINAL_STATES = ("succeeded", "failed", "cancelled", "preempted")  # what a run writes when it ends
+STATES = ("pending", "running", *FINAL_STATES, "interrupted", "timeout", "lost", "resuming")
+ENDED_STATES = (*FINAL_STATES, "interrupted", "timeout")  # nothing more will happen to it (here)
+RESUMABLE_STATES = ("cancelled", "failed", "interrupted", "preempted")  # a checkpoint to go on from
+# ended as asked: finished, or stopped by the user or the cluster (a checkpoint kept); the
+# trainer exits 0, so torchrun's agent spends no restart on a preemption
+OK_STATES = ("succeeded", "cancelled", "preempted")
 
 STATUS_FILE = "status.json"
+# Written in the run folder by Layerflow's own cancel paths (remote/jobctl.py cancel and
+# slurm-cancel, LocalJob's stop) before they signal the run: the signal then reads as the
+# user's cancel, not as a preemption (loop.py StopSignal says why a file). A launcher
+# removes a stale one before it starts an attempt.
+CANCEL_FILE = "cancel.requested"
 STATUS_BYTES = 2048  # status.json is padded to this: on a full disk it is rewritten in place, in blocks it owns
 DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 
@@ -275,3 +287,23 @@ def last_traceback(text: str) -> str | None:
     if i < 0:
         return None
     return text[i:].strip()
+
+
+def request_cancel(run_dir: str | Path) -> None:
+    """Mark the run as cancelled by its user, before the stop signal is sent (CANCEL_FILE)."""
+    try:
+        (Path(run_dir) / CANCEL_FILE).write_text(f"{time.time():.3f}\n")
+    except OSError:
+        pass  # (no folder yet, or a full disk: the signal still stops the run)
+
+
+def clear_cancel(run_dir: str | Path) -> None:
+    """Before a new attempt starts: an old cancel request is not this attempt's."""
+    try:
+        (Path(run_dir) / CANCEL_FILE).unlink()
+    except OSError:
+        pass
+
+
+def cancel_requested(run_dir: str | Path) -> bool:
+    return (Path(run_dir) / CANCEL_FILE).exists()

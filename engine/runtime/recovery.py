@@ -5,12 +5,14 @@ starts every worker again after one fails. What this module adds is what the age
 not know:
 
     at each (re)start     decide(): go on, or stop for good (the same error twice at the
-                          same step: no restart cures it); the wait before the restart
+                          same step: no restart cures it; a preemption never counts); the wait before the restart
                           (backoff, doubling); the attempt recorded in the one run folder
                           (attempts.jsonl) and as a "restart" record in metrics.jsonl, the
                           curves' marker; the run then resumes from its latest checkpoint
                           (train.py), whose batches are those of an unbroken run, since the
-                          batch of step s is a function of (seed, s)
+                          batch of step s is a function of (seed, s). A start after a
+                          preemption (Slurm's requeue, or a resume of a preempted run) is
+                          the next attempt of the same lineage, its "after" marked preempted
     while it runs         HangWatch: a rank with no step for the timeout (fixed, or derived
                           from the measured step time) ends itself, so the agent restarts
                           the group: no run waits forever on a stopped or stuck peer
@@ -31,6 +33,7 @@ from .records import RankError, RunStatus, write_text_atomic
 
 ATTEMPTS_FILE = "attempts.jsonl"
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun's agent: 0, then 1, 2, ... per restart
+REQUEUE_ENV = "SLURM_RESTART_COUNT"  # set by Slurm in a job it requeued: 1, 2, ... per requeue
 HUNG_EXIT = 75  # a rank that ended itself because it saw no step for the hang timeout
 MAX_BACKOFF_S = 60.0
 HANG_FLOOR_S = 120.0  # the derived timeout is never below this (a slow evaluation, a checkpoint)
@@ -85,6 +88,40 @@ def previous_failure(run_dir: Path) -> dict:
     return {"step": st.step, "error": error, "rank": rank, "at": at}
 
 
+def _env_int(name: str) -> int:
+    try:
+        return max(0, int(os.environ.get(name, "0")))
+    except ValueError:
+        return 0
+
+
+def after_preemption(run_dir: Path, k: int) -> dict | None:
+    """How the attempt before this one ended, when the cluster stopped it: status.json says
+    preempted (it checkpointed at the signal), or this is the first start of a job Slurm
+    requeued (the attempt before may have been killed before it could say). None otherwise."""
+    run_dir = Path(run_dir)
+    st = RunStatus.read(run_dir)
+    said = st is not None and st.state == "preempted"
+    if not said and not (k == 0 and _env_int(REQUEUE_ENV) > 0):
+        return None
+    try:
+        at = round((run_dir / "status.json").stat().st_mtime, 3)
+    except OSError:
+        at = None
+    error = "preempted" if said else "requeued by Slurm (the attempt before ended without a checkpoint at its stop)"
+    return {"step": st.step if st is not None else 0, "error": error, "rank": None, "at": at, "preempted": True}
+
+
+def _lineage(run_dir: Path) -> tuple[int, int]:
+    """(the next attempt number of the run's lineage, the number the attempts of this
+    agent's group count from: that of the last start after a preemption, else 0)."""
+    attempts = read_attempts(run_dir)
+    numbers = [a["attempt"] for a in attempts if type(a.get("attempt")) is int]
+    base = next((a["attempt"] for a in reversed(attempts) if type(a.get("attempt")) is int
+                 and isinstance(a.get("after"), dict) and a["after"].get("preempted")), 0)
+    return (max(numbers) + 1 if numbers else 1), base
+
+
 @dataclass
 class Decision:
     attempt: int
@@ -96,17 +133,23 @@ class Decision:
 
 def decide(run_dir: Path, max_restarts: int, backoff_s: float) -> Decision:
     """What this (re)start does. Every rank decides alike from the same files, written by
-    earlier attempts only, so they agree without talking."""
+    earlier attempts only, so they agree without talking. After a preemption: the next
+    attempt of the lineage at once (no backoff, no stop rule: no error happened; and no
+    restart of torchrun's used, since a preempted rank exits 0)."""
     k, now = attempt_number(), time.time()
+    preempted = after_preemption(run_dir, k)
+    if preempted is not None:
+        return Decision(_lineage(run_dir)[0], None, preempted, 0.0, now)
     if k == 0:
         return Decision(0, None, None, 0.0, now)
     failure = previous_failure(run_dir)
-    earlier = [a.get("after") for a in read_attempts(run_dir) if isinstance(a.get("after"), dict)]
+    earlier = [a.get("after") for a in read_attempts(run_dir)
+               if isinstance(a.get("after"), dict) and not a["after"].get("preempted")]  # (a preemption is no error)
     if earlier and (earlier[-1].get("step"), earlier[-1].get("error")) == (failure["step"], failure["error"]):
         why = (f"the same error twice at step {failure['step']} ({failure['error']}): a restart does not cure it; "
                f"fix it and resume the run (train --resume)")
-        return Decision(k, why, failure, 0.0, now)
-    return Decision(k, None, failure, min(MAX_BACKOFF_S, backoff_s * 2 ** (k - 1)), now)
+        return Decision(_lineage(run_dir)[1] + k, why, failure, 0.0, now)
+    return Decision(_lineage(run_dir)[1] + k, None, failure, min(MAX_BACKOFF_S, backoff_s * 2 ** (k - 1)), now)
 
 
 def record_attempt(run_dir: Path, decision: Decision, world: int, layout: dict, resumed_from: int | None,

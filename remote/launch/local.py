@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 
 from engine.runtime import ENTRY
-from engine.runtime.records import RankError, RunStatus, last_traceback
+from engine.runtime.records import RankError, RunStatus, clear_cancel, last_traceback, request_cancel
 from engine.runtime.spec import RunSpec
 from remote.launch import procs
 
@@ -49,6 +49,9 @@ class LocalJob:
     def __post_init__(self) -> None:
         if self.tree is None:
             self.tree = procs.ProcessTree(self.proc, signal.SIGTERM)
+        # a stop from here (terminate, Ctrl-C, the GUI's stop through the tree) is the user's
+        # cancel, even where the run would read a bare SIGTERM as a preemption (under Slurm)
+        self.tree.before_stop = lambda: request_cancel(self.run_dir)
 
     @property
     def pid(self) -> int:
@@ -133,6 +136,23 @@ class LocalJob:
         self.tree.stop(grace)
         self._reap()
         return self.returncode  # type: ignore[return-value]
+
+    def preempt(self) -> list[int]:
+        """What a cluster's preemption warning does: the preemption signal (SIGUSR1) to every
+        worker, not to torchrun (whose default for it is to die). The run checkpoints at
+        its next log step and ends as preempted. Returns the pids signalled."""
+        from engine.runtime.loop import PREEMPT_SIGNAL
+
+        if self.nproc == 1 and self.rank_pid(0) is None:  # the trainer itself, no torchrun
+            pids = [self.proc.pid]
+        else:
+            pids = [p for p in (self.rank_pid(r) for r in range(self.nproc)) if p]
+        for p in pids:
+            try:
+                os.kill(p, PREEMPT_SIGNAL)
+            except OSError:
+                pass
+        return pids
 
     def kill(self) -> None:
         """SIGKILL to torchrun, its group, every worker seen and every group they lead."""
@@ -270,6 +290,7 @@ def launch_local(run_dir: str | os.PathLike, nproc: int, *, resume: bool = False
     logs.mkdir(parents=True, exist_ok=True)
     for stale in logs.glob("rank*.error"):
         stale.unlink()
+    clear_cancel(run_dir)  # (a cancel of an earlier attempt is not this one's)
     if torchrun is None:
         torchrun = nproc > 1
     if not torchrun and nproc != 1:

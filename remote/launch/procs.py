@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Callable
 
 import psutil
 
@@ -206,8 +207,18 @@ class ProcessTree:
         self.seen: Seen = {}
         self.stop_requested = False
         self.kill_at: float | None = None  # monotonic time to escalate to SIGKILL
+        # called before a stop is sent: LocalJob marks the run as cancelled by its user there
+        # (engine/runtime/records.py CANCEL_FILE), so the run never reads the stop as a preemption
+        self.before_stop: Callable[[], None] | None = None
         self._last_scan = 0.0
         self.scan()
+
+    def _before_stop(self) -> None:
+        if self.before_stop is not None and not self.stop_requested:
+            try:
+                self.before_stop()
+            except Exception:  # noqa: BLE001 - marking the stop must never keep it from being sent
+                pass
 
     @property
     def pid(self) -> int:
@@ -233,6 +244,7 @@ class ProcessTree:
     def request_stop(self, grace_s: float | None = None) -> None:
         """Ask the run to stop (its stop_signal to the group); poll() SIGKILLs what is left
         after `grace_s` (default: the tree's)."""
+        self._before_stop()
         self.stop_requested = True
         self.kill_at = time.monotonic() + (self.grace_s if grace_s is None else grace_s)
         self.scan()
@@ -263,6 +275,7 @@ class ProcessTree:
     def stop(self, grace_s: float | None = None) -> int:
         """request_stop, then wait: SIGKILL to the whole tree after the grace period
         (stop_tree). Returns the launcher's exit code."""
+        self._before_stop()
         self.stop_requested = True
         grace = self.grace_s if grace_s is None else grace_s
         stop_tree(self.root or self.pid, self.pgid, grace, self.stop_signal, seen=self.seen)

@@ -13,6 +13,18 @@
          node.sh starts torchrun (c10d rendezvous hosted by node 0 of the allocation)
          and writes its output to node<N>.out. The Slurm job id is recorded.
 
+Preemption: the job is submitted with `--requeue` and, unless the profile's
+preempt_grace_s is 0, `--signal=B:USR1@GRACE`. Slurm's warning (GRACE s before a
+preemption, with PreemptParameters=send_user_signal, or before the time limit) reaches the
+batch script, which passes USR1 to the workers (`scancel --signal=USR1`, the steps only;
+node.sh makes torchrun ignore it); the run checkpoints and ends as preempted, and the
+batch script requeues the job when that checkpoint is new. Slurm's own SIGTERM at a
+preemption or `scontrol requeue` reads as a preemption too (no cancel request:
+engine/runtime/loop.py StopSignal). When Slurm starts the requeued job again
+(SLURM_RESTART_COUNT > 0), node.sh runs `train --resume` from the run's latest checkpoint;
+the run folder keeps one lineage (attempts.jsonl). Meanwhile the job shows as preempted,
+then resuming; neither is an end.
+
 Tracking asks `layerflow_jobctl.py slurm` on the login node (one SSH command a round):
 Slurm's state and reason (scontrol while Slurm remembers the job, then sacct when
 accounting is on, then the batch script's own exit file), and the sizes of the files
@@ -30,6 +42,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from engine.runtime import ENTRY
+from engine.runtime.records import CANCEL_FILE
 from remote.bundle import extract, make_bundle, upload
 from remote.cluster import Cluster, config_dir
 from remote.node_data import DataProblem, link_line, plan_data, stage_data
@@ -44,13 +57,13 @@ from remote.ssh import Connection, SSHError, quote
 
 # Slurm job states (scontrol/sacct/squeue) -> Layerflow job states
 SLURM_STATES = {
-    "PENDING": "pending", "CONFIGURING": "pending", "REQUEUED": "pending", "REQUEUE_HOLD": "pending",
-    "REQUEUE_FED": "pending", "RESV_DEL_HOLD": "pending", "SPECIAL_EXIT": "failed",
+    "PENDING": "pending", "CONFIGURING": "pending", "REQUEUED": "resuming", "REQUEUE_HOLD": "resuming",
+    "REQUEUE_FED": "resuming", "RESV_DEL_HOLD": "pending", "SPECIAL_EXIT": "failed",
     "RUNNING": "running", "COMPLETING": "running", "SUSPENDED": "running", "STAGE_OUT": "running",
     "RESIZING": "running", "SIGNALING": "running", "STOPPED": "running",
     "COMPLETED": "succeeded", "CANCELLED": "cancelled", "TIMEOUT": "timeout",
     "FAILED": "failed", "OUT_OF_MEMORY": "failed", "DEADLINE": "failed",
-    "PREEMPTED": "failed", "BOOT_FAIL": "failed", "NODE_FAIL": "lost", "REVOKED": "cancelled",
+    "PREEMPTED": "preempted", "BOOT_FAIL": "failed", "NODE_FAIL": "lost", "REVOKED": "cancelled",
 }
 TOOLS = ("sbatch", "sinfo", "scontrol", "scancel", "squeue")
 # node states (sinfo %T) a job can be started on, now or once they are free
@@ -63,6 +76,52 @@ def slurm_state(text: str) -> str | None:
         word = line.strip().split(" ")[0].rstrip("+")
         if word:
             return SLURM_STATES.get(word, "running")
+    return None
+
+
+PREEMPT_SETTLE_S = 300.0  # Slurm requeues a preempted job once its steps have ended; one still PREEMPTED after this is not
+
+
+def _count(v) -> int:
+    try:
+        return max(0, int(v))
+    except (TypeError, ValueError):
+        return 0
+
+
+def preemption(state: str, info: dict, run: dict, mark: dict | None, ckpt: str | None,
+               now: float) -> tuple[str, str | None, dict] | None:
+    """The job's (state, note, mark) where a preemption is under way, else None. `state`:
+    Slurm's, mapped (SLURM_STATES); `info`: what jobctl said of Slurm (its restart count);
+    `run`: the run's status.json; `mark`: {restarts, since} of the preemption seen last
+    (the job keeps it). Slurm PREEMPTED, or the run stopped at a preemption while Slurm still
+    runs the allocation: preempted. Requeued (REQUEUED, or pending after a restart), or a new
+    allocation whose run has not started yet: resuming. A preemption Slurm did not requeue
+    (still PREEMPTED after PREEMPT_SETTLE_S, or forgotten; or the batch script ended after
+    the warning without requeueing): failed, saying how to go on."""
+    restarts, run_state = _count(info.get("restarts")), run.get("state")
+    where = f"; latest checkpoint: {ckpt}" if ckpt else ""
+    at = f" at step {run['step']}" if isinstance(run.get("step"), int) and run_state == "preempted" else ""
+    if state == "pending" and restarts > 0 or state == "resuming":
+        reason = info.get("reason")
+        queue = f"; waiting in the queue: {reason}" if reason and reason not in ("None", "(null)") else ""
+        return "resuming", f"requeued after a preemption{at} (Slurm restart {restarts}): it goes on from its checkpoint{queue}",             mark or {"restarts": restarts - 1, "since": now}
+    if state == "running" and run_state == "preempted":
+        if mark is not None and restarts > mark["restarts"]:  # the next allocation, before its run has started
+            return "resuming", f"Slurm started it again (restart {restarts}): resuming{where}", mark
+        state = "preempted"
+    if state == "preempted":
+        if mark is None or mark["restarts"] != restarts:
+            mark = {"restarts": restarts, "since": now}
+        gone = info.get("source") != "scontrol"
+        if (info.get("state") or "").startswith("PREEMPTED") and (gone or now - mark["since"] > PREEMPT_SETTLE_S):
+            return "failed", (f"Slurm preempted the job{at} and did not requeue it (is the partition's PreemptMode "
+                              f"REQUEUE?){where}; `fetch` it and `train --resume` the folder to go on"), mark
+        return "preempted", f"preempted{at}: checkpointed, Slurm requeues it{where}", mark
+    if state == "succeeded" and run_state == "preempted":
+        return "failed", (f"the run stopped at Slurm's warning{at} but the job was not requeued (no checkpoint "
+                          f"newer than its start, or scontrol requeue refused){where}; `fetch` it and "
+                          f"`train --resume` the folder to go on"), mark or {"restarts": restarts, "since": now}
     return None
 
 
@@ -200,12 +259,30 @@ def _safe(text: str, allowed: str) -> str:
     return re.sub(f"[^{allowed}]", "", text)
 
 
+def warning_s(cluster: Cluster) -> int | None:
+    """The seconds of Slurm's warning signal (sbatch --signal=B:USR1@N), or None: the
+    profile's preempt_grace_s is 0, or the time limit leaves no room for it (a warning
+    due before half the time has gone would stop every allocation near its start)."""
+    grace = cluster.preempt_grace_s
+    if not grace:
+        return None
+    limit = parse_time(cluster.time_limit)
+    if limit is not None and limit < 2 * grace:
+        return None
+    return grace
+
+
 def sbatch_script(job: Job, cluster: Cluster, nnodes: int, nproc: int) -> str:
     """The batch script: it runs on the first node of the allocation and starts node.sh
-    on every node with srun."""
+    on every node with srun; at Slurm's warning it passes USR1 to the workers, and once
+    they have checkpointed and stopped (the run says preempted) it requeues the job. In a
+    requeued job (SLURM_RESTART_COUNT > 0) node.sh resumes from the latest checkpoint."""
     safe_name = re.sub(r"[^A-Za-z0-9_.-]", "_", job.name)[:64] or "layerflow"
     directives = [f"--job-name={safe_name}", f"--nodes={nnodes}", "--ntasks-per-node=1",
-                  "--output=slurm-%j.out", "--open-mode=append"]
+                  "--output=slurm-%j.out", "--open-mode=append", "--requeue"]
+    warn = warning_s(cluster)
+    if warn:
+        directives.append(f"--signal=B:USR1@{warn}")
     if cluster.gpus_per_node:
         directives.append(f"--gpus-per-node={cluster.gpus_per_node}")
     if cluster.partition:
@@ -215,35 +292,60 @@ def sbatch_script(job: Job, cluster: Cluster, nnodes: int, nproc: int) -> str:
     lines = ["#!/bin/bash", *[f"#SBATCH {d}" for d in directives],
              f"# Layerflow job {job.id}: node.sh on every node (srun), torchrun's rendezvous on the first.",
              "set -u",
+             # this allocation's: a cancel request and an exit file of the one before are not
+             f"rm -f run/{CANCEL_FILE} batch.exit",
              'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
              # how the other nodes reach the first: its NodeAddr (the node name where none is set)
              'addr=$(scontrol show node "$head" -o | tr " " "\\n" | sed -n "s/^NodeAddr=//p" | head -n 1)',
              'export LAYERFLOW_RDZV_ADDR="${addr:-$head}"',
              "echo \"layerflow: $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous on $LAYERFLOW_RDZV_ADDR\"",
+             'start_ckpt=$(cat run/checkpoints/latest 2>/dev/null)',
+             'export LAYERFLOW_RESUME=""',
+             'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && [ -n "$start_ckpt" ]; then',
+             '  LAYERFLOW_RESUME=--resume',
+             '  echo "layerflow: requeued (restart $SLURM_RESTART_COUNT): resuming from $start_ckpt"',
+             'fi',
+             # Slurm's warning (--signal=B:USR1): to the workers, not to this shell's steps' launchers
+             "warned=0",
+             "trap 'warned=1; echo \"layerflow: Slurm warns of a preemption or the time limit: "
+             "the run checkpoints and stops\"; scancel --signal=USR1 \"$SLURM_JOB_ID\"' USR1",
              "srun --kill-on-bad-exit=1 --nodes=\"$SLURM_NNODES\" --ntasks-per-node=1 --output=node%n.out "
-             "--open-mode=append bash node.sh",
+             "--open-mode=append bash node.sh &",
+             "step=$!",
+             # a trapped signal ends `wait` early: wait again until srun has ended, then take its code
+             'while kill -0 "$step" 2>/dev/null; do wait "$step"; done',
+             'wait "$step"',
              "rc=$?",
+             'if [ "$warned" = 1 ] && grep -q \'"state": "preempted"\' run/status.json 2>/dev/null '
+             '&& [ "$(cat run/checkpoints/latest 2>/dev/null)" != "$start_ckpt" ]; then',
+             '  echo "layerflow: checkpointed at $(cat run/checkpoints/latest); requeued to go on"',
+             '  scontrol requeue "$SLURM_JOB_ID" && exit 0',
+             'fi',
              "echo $rc > batch.exit.tmp && mv batch.exit.tmp batch.exit",
              "exit $rc", ""]
     return "\n".join(lines)
 
 
 def node_script(job: Job, cluster: Cluster, nnodes: int, nproc: int) -> str:
-    """What srun runs once on each node: torchrun over this node's processes."""
+    """What srun runs once on each node: torchrun over this node's processes (with
+    --resume in a requeued job: the batch script sets LAYERFLOW_RESUME). USR1 is ignored
+    from here on (torchrun would die of it); the workers set their own handler."""
     env = {TOKEN_VAR: job.token, "PYTHONUNBUFFERED": "1", **cluster.env}
     exports = "\n".join(f"export {k}={quote(v)}" for k, v in env.items())
     py = quote(cluster.python)
+    resume = '${LAYERFLOW_RESUME:-}'
     if nnodes == 1 and nproc == 1 and not cluster.max_restarts:
-        run = f"exec {py} -m {ENTRY} run"  # one process: no agent
+        run = f"exec {py} -m {ENTRY} run {resume}"  # one process: no agent
     elif nnodes == 1:
         run = (f"exec {py} -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node={nproc} "
-               f"--max-restarts={cluster.max_restarts or 0} -m {ENTRY} run")
+               f"--max-restarts={cluster.max_restarts or 0} -m {ENTRY} run {resume}")
     else:
         run = (f"exec {py} -m torch.distributed.run --nnodes=\"$SLURM_NNODES\" --nproc-per-node={nproc} "
                f"--rdzv-backend=c10d --rdzv-endpoint=\"$LAYERFLOW_RDZV_ADDR:{cluster.rdzv_port}\" "
                f"--rdzv-id=\"$SLURM_JOB_ID\" --rdzv-conf=is_host=\"$is_host\" --local-addr=\"$me\" "
-               f"--max-restarts={cluster.max_restarts or 0} -m {ENTRY} run")
+               f"--max-restarts={cluster.max_restarts or 0} -m {ENTRY} run {resume}")
     return f"""#!/bin/bash
+trap '' USR1
 # Layerflow job {job.id}: one of {nnodes} node(s), started by srun in the job folder.
 set -u
 me=$(scontrol show node "$SLURMD_NODENAME" -o 2>/dev/null | tr " " "\\n" | sed -n "s/^NodeAddr=//p" | head -n 1)
@@ -375,9 +477,9 @@ def state_text(job: Job) -> str:
     if job.backend != "slurm" or not sid:
         return job.state
     reason = (job.extra.get("slurm") or {}).get("reason")
-    why = f" ({reason})" if job.state == "pending" and reason and reason not in ("None", "(null)") else ""
+    why = f" ({reason})" if job.state in ("pending", "resuming") and reason and reason not in ("None", "(null)") else ""
     return f"{job.state}{why}, Slurm {sid}"
 
 
-__all__ = ["state_text", "deploy", "sbatch_script", "node_script", "slurm_state", "parse_time", "parse_gpus", "parse_kv",
+__all__ = ["state_text", "deploy", "preemption", "warning_s", "sbatch_script", "node_script", "slurm_state", "parse_time", "parse_gpus", "parse_kv",
            "check_slurm", "layout", "describe"]

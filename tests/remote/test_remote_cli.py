@@ -45,6 +45,13 @@ def test_cluster_commands(sshd_pair, config_dir, tmp_path, capsys):
     code, _, err = run(capsys, *add_args(sshd_pair, "bad", tmp_path), "--data-path", "/here=relative/there")
     assert code == 2 and "relative/there" in err and "absolute" in err
     run(capsys, "cluster", "remove", "data")
+    code, _, err = run(capsys, *add_args(sshd_pair, "hpc", tmp_path, n=1), "--backend", "slurm", "--preempt-grace", "120")
+    assert code == 0, err
+    assert ClusterStore().get("hpc").preempt_grace_s == 120  # Slurm's warning before a preemption (sbatch --signal)
+    assert ClusterStore().get("lab").preempt_grace_s == 60  # the default
+    code, _, err = run(capsys, *add_args(sshd_pair, "bad", tmp_path, n=1), "--backend", "slurm", "--preempt-grace", "-5")
+    assert code == 2 and "preempt_grace_s" in err
+    run(capsys, "cluster", "remove", "hpc")
     code, out, _ = run(capsys, "cluster", "check", "lab")
     assert code == 0 and "127.0.0.2" in out and "NO" not in out
     code, _, err = run(capsys, "cluster", "add", "bad", "--host", "root@h:99999")

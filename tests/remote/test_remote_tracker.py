@@ -206,6 +206,33 @@ def test_run_restarted_on_the_node_rewrites_metrics(sshd_pair, tmp_path, config_
     assert [(r["step"], r["try"]) for r in got] == [(s, 0) for s in range(1, 11)] + [(s, 1) for s in range(3, 12)]
 
 
+def test_a_resume_that_cuts_and_writes_on_between_two_polls_is_mirrored_whole(sshd_pair, tmp_path, config_dir):
+    """A resume cuts metrics.jsonl back to its checkpoint (here only the preempted attempt's
+    end line) and writes on at once: by the next poll the file is longer than the mirror
+    again, with other bytes where the mirror's last line was. The mirror must not read on
+    from its own size (half a line of garbage): it finds the common lines and goes on."""
+    job = fake_job(sshd_pair, tmp_path)
+    d = Path(job.nodes[0].jobdir)
+    p = start_node(job)
+    remote = d / "run" / "metrics.jsonl"
+    loss = b"".join(json.dumps({"step": s, "loss": 1.0}).encode() + b"\n" for s in range(1, 6))
+    remote.write_bytes(loss + b'{"event": "end", "state": "preempted", "step": 5}\n')
+    got = []
+    try:
+        with Tracker(job.id, on_metrics=got.extend) as tr:
+            tr.poll()
+            remote.write_bytes(loss + json.dumps({"step": 5, "event": "restart", "attempt": 1, "reason": "preempted",
+                                                  "failed_at_step": 5, "world": 2}).encode() + b"\n"
+                               + json.dumps({"step": 6, "loss": 0.5}).encode() + b"\n")
+            tr.poll()
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    mirror = JobDB().mirror_dir(job.id) / "metrics.jsonl"
+    assert mirror.read_bytes() == remote.read_bytes()
+    assert [r.get("event") or r["step"] for r in got] == [1, 2, 3, 4, 5, "end", "restart", 6]
+
+
 def test_system_samples_of_every_node_are_mirrored(sshd_pair, tmp_path, config_dir):
     """Each rank's logs/rankR.system.jsonl (its CPU and memory samples) comes back into the
     mirror's logs/ by byte offset, half lines waiting, for the dashboard's System tab; the

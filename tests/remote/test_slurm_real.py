@@ -327,3 +327,72 @@ def test_a_sweep_submits_one_slurm_job_per_run_and_scancels_the_one_a_rule_stops
     for j in jobs:
         assert j.extra["slurm_id"] not in slurm_env.cluster.jobs()
         assert job_processes(j.token) == []
+
+
+def test_a_preempted_job_checkpoints_is_requeued_resumes_and_equals_an_unbroken_run(slurm_env, tmp_path, config_dir):
+    """One job, preempted twice while it trains (dp=2), no checkpoint of its own (the
+    interval is past the end: each stop must write one): first Slurm's warning (what
+    --signal=B:USR1@GRACE sends the batch shell; the batch script passes it to the workers,
+    which checkpoint and stop, then requeues the job), then `scontrol requeue` (Slurm's own
+    SIGTERM to every step, no cancel request). Each time the job shows as resuming with its
+    Slurm id, Slurm starts it again (the test lifts the BeginTime hold Slurm puts on a
+    requeued job) and the run goes on from the checkpoint of its stop. It ends succeeded,
+    its losses step for step those of an unbroken local run, no step missing or twice, one
+    lineage in attempts.jsonl, and nothing left running."""
+    steps = 1200
+    proj = project(tmp_path, dp=2, steps=steps, checkpoint_interval=10 ** 6)
+    add_profile(slurm_env, tmp_path)
+    job_id = cli("deploy", str(proj), "--cluster", "hpc").stdout.strip().splitlines()[-1]
+    job = JobDB().get(job_id)
+    sid, run = job.extra["slurm_id"], Path(job.nodes[0].jobdir) / "run"
+    states: list[str] = []
+    tr = Tracker(job_id, on_state=lambda j: states.append(j.state))
+
+    def slurm(*args: str) -> str:
+        return slurm_env.cluster.run(*args).stdout.strip()
+
+    def preempt_and_resume(how: list[str], after_step: int, restarts: int) -> int:
+        wait_for(lambda: tr.poll().state == "running" and (tr.job.step or 0) >= after_step, timeout=180,
+                 what=f"the job trains past step {after_step}")
+        slurm(*how)
+        job = wait_for(lambda: (j := tr.poll()).state == "resuming" and j.extra["slurm"]["state"] == "PENDING" and j,
+                       timeout=60, what="the job is requeued and waits in the queue")
+        assert job.extra["slurm"]["restarts"] == str(restarts) and not job.done
+        st = json.loads((run / "status.json").read_text())
+        assert st["state"] == "preempted", st  # it checkpointed where it stopped
+        assert (run / "checkpoints" / "latest").read_text().strip() == f"step_{st['step']}"
+        assert f"{job_id} " in (jobs := cli("jobs", "--no-refresh").stdout) and f"resuming (BeginTime), Slurm {sid}" in jobs
+        slurm("scontrol", "update", f"JobId={sid}", "StartTime=now")  # (Slurm holds a requeued job back ~2 min)
+        return st["step"]
+
+    try:
+        first = preempt_and_resume(["scancel", "--batch", "--signal=USR1", sid], 20, 1)  # the warning
+        second = preempt_and_resume(["scontrol", "requeue", sid], first + 20, 2)  # Slurm's own SIGTERM
+        job = tr.follow(interval=0.5)
+    finally:
+        tr.close()
+    assert job.state == "succeeded", (job.state, job.error)
+    assert "preempted" in states and states[-1] == "succeeded"
+    out = (run.parent / f"slurm-{sid}.out").read_text()
+    assert "Slurm warns of a preemption" in out and "requeued to go on" in out
+    assert f"resuming from step_{first}" in out and f"resuming from step_{second}" in out
+
+    remote = losses(run / "metrics.jsonl")  # (asserts no step twice)
+    assert sorted(remote) == list(range(1, steps + 1))
+    recs = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["event"], r["step"]) for r in recs if r.get("event") in ("preempted", "restart")] == [
+        ("preempted", first), ("restart", first), ("preempted", second), ("restart", second)]
+    attempts = [json.loads(ln) for ln in (run / "attempts.jsonl").read_text().splitlines()]
+    assert [a["attempt"] for a in attempts] == [0, 1, 2]
+    assert [a["resumed_from"] for a in attempts] == [None, first, second]
+    assert all(a["after"]["preempted"] and a["after"]["error"] == "preempted" for a in attempts[1:])
+    mirrored = losses(JobDB().mirror_dir(job_id) / "metrics.jsonl")  # the tracker's copy, through both cuts
+    assert mirrored == remote
+
+    local = tmp_path / "local"
+    cli("train", str(proj), "--nproc", "2", "--out", str(local))
+    mine = losses(local / "metrics.jsonl")
+    assert sorted(mine) == sorted(remote)
+    for s in remote:
+        assert remote[s] == pytest.approx(mine[s], rel=1e-4, abs=1e-6), s
+    assert job_processes(job.token) == [] and sid not in slurm_env.cluster.jobs()
