@@ -73,6 +73,18 @@ class ClusterDialog(QDialog):
         self.backend.addItems(["ssh", "slurm"])
         self.nproc = QSpinBox(minimum=0, maximum=1024, specialValueText="auto")
         self.rdzv_port = QSpinBox(minimum=1, maximum=65535, value=29400)
+        # elastic bounds and restarts (0 = "auto": the run's own restarts; the fewest nodes the
+        # plan runs on; every node deployed on)
+        self.restarts = QSpinBox(minimum=-1, maximum=100, value=-1, specialValueText="the run's")
+        self.restarts.setToolTip("Restarts after a rank or node fails (torchrun --max-restarts); "
+                                 "the run's: its own training.restarts")
+        self.min_nodes = QSpinBox(minimum=0, maximum=4096, specialValueText="auto")
+        self.min_nodes.setToolTip("A job goes on with at least this many of its nodes when others are lost: "
+                                  "the data axis shrinks, the global batch is kept by accumulation. "
+                                  "auto: the fewest its plan runs on; the node count: never shrink")
+        self.max_nodes = QSpinBox(minimum=0, maximum=4096, specialValueText="auto")
+        self.max_nodes.setToolTip("Nodes a shrunk job takes back when they return, at most. "
+                                  "auto: those it was deployed on")
         self.known_hosts = QLineEdit()
         self.shared_dir = QLineEdit()
         self.shared_dir.setPlaceholderText("e.g. /shared/layerflow (optional)")
@@ -106,6 +118,14 @@ class ClusterDialog(QDialog):
         form.addRow("Backend", self.backend)
         form.addRow("Processes per node", self.nproc)
         form.addRow("Rendezvous port", self.rdzv_port)
+        form.addRow("Restarts", self.restarts)
+        bounds = QHBoxLayout()
+        bounds.addWidget(QLabel("at least"))
+        bounds.addWidget(self.min_nodes)
+        bounds.addWidget(QLabel("at most"))
+        bounds.addWidget(self.max_nodes)
+        bounds.addStretch()
+        form.addRow("Nodes (elastic)", _wrap(bounds))
         form.addRow("known_hosts", self.known_hosts)
         form.addRow("Shared job board folder", self.shared_dir)
         form.addRow("Data already there", self.data_paths)
@@ -170,6 +190,9 @@ class ClusterDialog(QDialog):
         self.backend.setCurrentText("ssh")
         self.nproc.setValue(0)
         self.rdzv_port.setValue(29400)
+        self.restarts.setValue(-1)
+        self.min_nodes.setValue(0)
+        self.max_nodes.setValue(0)
         self.known_hosts.setText("")
         self.shared_dir.setText("")
         self.data_paths.setPlainText("")
@@ -211,11 +234,14 @@ class ClusterDialog(QDialog):
         self.backend.setCurrentText(c.backend)
         self.nproc.setValue(c.nproc_per_node or 0)
         self.rdzv_port.setValue(c.rdzv_port)
+        self.restarts.setValue(-1 if c.max_restarts is None else c.max_restarts)
+        self.min_nodes.setValue(c.min_nodes or 0)
+        self.max_nodes.setValue(c.max_nodes or 0)
         self.known_hosts.setText(c.known_hosts or "")
         self.shared_dir.setText(c.shared_dir or "")
         self.data_paths.setPlainText("\n".join(f"{k}={v}" for k, v in c.data_paths.items()))
         # what the form has no field for (set by `cluster add` or by hand) is kept as it was
-        self._kept = c.model_dump(include={"max_restarts", "connect_timeout", "command_timeout", "preempt_grace_s"})
+        self._kept = c.model_dump(include={"connect_timeout", "command_timeout", "preempt_grace_s"})
         self.partition.setText(c.partition or "")
         self.time_limit.setText(c.time_limit or "")
         self.gpus.setValue(c.gpus_per_node or 0)
@@ -256,6 +282,8 @@ class ClusterDialog(QDialog):
                 "name": self.name.text().strip(), "hosts": hosts, "workdir": self.workdir.text().strip(),
                 "python": self.python.text().strip(), "env": env, "backend": self.backend.currentText(),
                 "nproc_per_node": self.nproc.value() or None, "rdzv_port": self.rdzv_port.value(),
+                "max_restarts": None if self.restarts.value() < 0 else self.restarts.value(),
+                "min_nodes": self.min_nodes.value() or None, "max_nodes": self.max_nodes.value() or None,
                 "known_hosts": self.known_hosts.text().strip() or None,
                 "shared_dir": self.shared_dir.text().strip() or None}
         if data["backend"] == "slurm":

@@ -458,7 +458,8 @@ class Project:
 
     def deploy(self, cluster: str, *, steps: int | None = None, name: str | None = None,
                out: str | os.PathLike | None = None, accept_host_key: Iterable[str] = (),
-               remote_data: str | None = None, progress=None, on_preflight=None, on_prepared=None) -> Job:
+               remote_data: str | None = None, progress=None, on_preflight=None, on_prepared=None,
+               min_nodes: int | None = None, max_nodes: int | None = None, max_restarts: int | None = None) -> Job:
         """Run on a cluster profile (`layerflow cluster add`): preflight, upload, torchrun on
         every node; returns the Job at once. An unknown host key stops with its
         fingerprint; pass it in accept_host_key once checked. progress(host, done, total)
@@ -466,12 +467,15 @@ class Project:
         check, on_prepared(run_dir) the local run folder. The data set: remote_data is its path
         on the cluster (checked on every node by fingerprint, nothing sent); else the
         profile's data_paths may map its folder there; else it is uploaded once into the
-        cluster's cache and reused (remote/node_data.py)."""
+        cluster's cache and reused (remote/node_data.py). min_nodes/max_nodes: this job's
+        elastic bounds (it goes on with at least min_nodes when nodes are lost, takes nodes
+        back up to max_nodes), max_restarts its restarts; None: the profile's (then the run's)."""
         from remote.cluster import ClusterStore
         from remote.launch import deploy
         from remote.launch.ssh_torchrun import prepare
 
-        profile = ClusterStore().get(cluster)
+        profile = ClusterStore().get(cluster).with_settings(
+            f"deploy to {cluster!r}", min_nodes=min_nodes, max_nodes=max_nodes, max_restarts=max_restarts)
         run_dir = prepare(self._runnable(), out, steps=steps)
         if on_prepared:
             on_prepared(run_dir)

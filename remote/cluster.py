@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from filelock import FileLock, Timeout
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from engine.errors import LayerflowError
 from engine.schema import Strict
@@ -128,6 +128,20 @@ class Cluster(Strict):
             if not ENV_RE.match(k):
                 raise ValueError(f"not an environment variable name: {k!r}")
         return v
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "Cluster":
+        if self.min_nodes is not None and self.max_nodes is not None and self.min_nodes > self.max_nodes:
+            raise ValueError(f"min_nodes ({self.min_nodes}) is above max_nodes ({self.max_nodes})")
+        return self
+
+    def with_settings(self, where: str, **settings) -> "Cluster":
+        """This profile with some settings of one job's (those not None), checked as a
+        profile is: e.g. deploy --min-nodes; the stored profile is unchanged."""
+        given = {k: v for k, v in settings.items() if v is not None}
+        if not given:
+            return self
+        return parse_cluster({**self.model_dump(mode="json"), **given}, where)
 
     def known_hosts_files(self) -> tuple[Path, list[Path]]:
         """(the file new keys are pinned in, files read only)."""

@@ -60,6 +60,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--accept-host-key", action="append", default=[], metavar="FINGERPRINT")
     p.add_argument("--remote-data", metavar="PATH", help="the data set is already at PATH on every node (a folder, "
                    "a file): read it there, checked against the local copy's fingerprint, instead of uploading it")
+    p.add_argument("--min-nodes", type=int, metavar="N", help="this job goes on with at least N of its nodes when "
+                   "others are lost (default: the profile's, else the fewest its plan runs on)")
+    p.add_argument("--max-nodes", type=int, metavar="N", help="nodes this job takes back when they return, at most "
+                   "(default: the profile's, else those it was deployed on)")
+    p.add_argument("--max-restarts", type=int, metavar="N", help="restarts after a rank or node fails (default: the "
+                   "profile's, else the run's training.restarts)")
     p.set_defaults(func=cmd_deploy)
 
     p = sub.add_parser("jobs", help="list remote jobs (refreshes the ones still running); --all: everyone's")
@@ -262,6 +268,7 @@ def cmd_deploy(args) -> int:
     job = Project.load(args.project).deploy(
         args.cluster, steps=args.steps, name=args.name, out=args.out, accept_host_key=args.accept_host_key,
         remote_data=args.remote_data, progress=_Bar(), on_preflight=show,
+        min_nodes=args.min_nodes, max_nodes=args.max_nodes, max_restarts=args.max_restarts,
         on_prepared=lambda run_dir: print(f"run folder: {run_dir}", file=sys.stderr))
     print(job.id)
     from remote.node_data import sent_line

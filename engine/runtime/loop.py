@@ -170,7 +170,8 @@ def _record_attempt(trainer, folder: RunFolder, attempt: Decision, start: int) -
     resize = getattr(trainer, "resize", None)
     rec = record_attempt(folder.path, attempt, int(os.environ.get("WORLD_SIZE", "1")),
                          {"pp": plan.pp, "dp": plan.dp, "tp": plan.tp}, start if start else None,
-                         resize.record() if resize is not None and resize.changed else None)
+                         resize.record() if resize is not None and resize.changed else None,
+                         getattr(getattr(trainer, "sharing", None), "here", None))
     if attempt.attempt > 0:
         folder.write({**restart_record(rec, start), "time": round(folder.elapsed(), 4)})
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -65,27 +66,45 @@ def read_attempts(run_dir: Path) -> list[dict]:
     return out
 
 
+# what a rank sees when a peer ends under it (gloo, NCCL, the store): never the cause itself
+PEER_ERROR = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|"
+                        r"remote process exited|network error|DistNetworkError|Socket Timeout|"
+                        r"communicator was aborted|Connection refused|peer closed", re.I)
+
+
 def previous_failure(run_dir: Path) -> dict:
     """How the attempt before this one ended: {step, error, rank, at}. The error is the one
     of the rank that failed first (its logs/rank{R}.error; those of earlier attempts were
-    cleared when the attempt after them was recorded),
-    not what its peers saw after it (a closed connection, whose text changes from run to
-    run); else status.json's. A status still saying running: the attempt ended without a
-    word (a rank killed by a signal, or hung)."""
+    cleared when the attempt after them was recorded), not what its peers saw after it (a
+    closed connection, whose text changes from run to run). When every error written is a
+    peer's and a rank of this folder wrote none, that rank ended without a word (SIGKILL,
+    the out-of-memory killer): it is the cause, and the peers' first error is kept as
+    "seen". Else status.json's. A status still saying running: the attempt ended without
+    a word (a rank killed by a signal, or hung)."""
     run_dir = Path(run_dir)
     st = RunStatus.read(run_dir) or RunStatus()
     try:
         at = round((run_dir / "status.json").stat().st_mtime, 3)
     except OSError:
         at = None
-    errors = [e for e in map(RankError.read, (run_dir / "logs").glob("rank*.error")) if e is not None]
-    first = min(errors, key=lambda e: e.time) if errors else None
-    if first is not None:
-        error, rank = first.error, first.rank
+    errors = sorted((e for e in map(RankError.read, (run_dir / "logs").glob("rank*.error")) if e is not None),
+                    key=lambda e: e.time)
+    own = [e for e in errors if not PEER_ERROR.search(e.error)]
+    attempts = read_attempts(run_dir)
+    here = attempts[-1].get("ranks_here") if attempts else None  # the ranks that write into this folder
+    silent = sorted(set(here) - {e.rank for e in errors}) if isinstance(here, list) and errors and not own else []
+    out = {"step": st.step, "at": at}
+    if own:
+        out.update(error=own[0].error, rank=own[0].rank)
+    elif silent:
+        out.update(error=f"rank {silent[0]} ended without a word (killed by a signal: SIGKILL, the out-of-memory "
+                         f"killer)", rank=silent[0], seen=f"rank {errors[0].rank}: {errors[0].error}")
+    elif errors:
+        out.update(error=errors[0].error, rank=errors[0].rank)
     else:
-        error = "ended without a word (a rank was killed or hung)" if st.state == "running" else (st.error or st.state)
-        rank = st.failed_rank
-    return {"step": st.step, "error": error, "rank": rank, "at": at}
+        out.update(error="ended without a word (a rank was killed or hung)" if st.state == "running"
+                   else (st.error or st.state), rank=st.failed_rank)
+    return out
 
 
 def _env_int(name: str) -> int:
@@ -153,7 +172,7 @@ def decide(run_dir: Path, max_restarts: int, backoff_s: float) -> Decision:
 
 
 def record_attempt(run_dir: Path, decision: Decision, world: int, layout: dict, resumed_from: int | None,
-                   resized: dict | None = None) -> dict:
+                   resized: dict | None = None, ranks_here: list[int] | None = None) -> dict:
     """Rank 0 appends this attempt to attempts.jsonl: when, on what world and layout, from
     which checkpoint, how the attempt before it ended ("after"), and, on a world other than
     the planned one, how the plan was laid out again for it ("resized": elastic.Resize.record)."""
@@ -161,6 +180,8 @@ def record_attempt(run_dir: Path, decision: Decision, world: int, layout: dict, 
            "resumed_from": resumed_from}
     if resized:
         rec["resized"] = resized
+    if ranks_here is not None:  # (the ranks whose error files land here: previous_failure)
+        rec["ranks_here"] = ranks_here
     if decision.failure is not None:
         rec["after"] = decision.failure
     if decision.wait_s:

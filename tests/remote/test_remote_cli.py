@@ -130,3 +130,31 @@ def test_deploy_jobs_status_logs_fetch(sshd_pair, config_dir, tmp_path, capsys):
     assert json.loads(metrics[-1])["event"] == "end"
     code, _, err = run(capsys, "status", "no-such-job")
     assert code == 2 and "no job" in err
+
+
+def test_deploy_sets_this_jobs_node_bounds_and_restarts(sshd_pair, config_dir, tmp_path, capsys):
+    """deploy --min-nodes/--max-nodes/--max-restarts: this job's, over the profile's, checked
+    as a profile is (nothing prepared or launched on a bad pair); the node script's torchrun
+    gets them."""
+    from remote.cluster import ClusterStore
+    from remote.jobs import Job
+    from remote.launch.ssh_torchrun import _torchrun, node_bounds
+
+    run(capsys, *add_args(sshd_pair, "two", tmp_path))
+    proj = tmp_path / "proj" / "mlp.lflow"
+    proj.parent.mkdir()
+    shutil.copy(EXAMPLES / "mlp_digits.lflow", proj)
+    code, _, err = run(capsys, "deploy", proj, "--cluster", "two", "--min-nodes", "3", "--max-nodes", "2",
+                       "--out", tmp_path / "rd")
+    assert code == 2 and "min_nodes (3) is above max_nodes (2)" in err and "deploy to 'two'" in err
+    assert not (tmp_path / "rd").exists()
+    profile = ClusterStore().get("two")
+    assert node_bounds(profile, 2, 1, 1) == (1, 2)  # elastic by default: down to one node
+    c = profile.with_settings("t", min_nodes=2, max_restarts=0)
+    assert (c.min_nodes, c.max_restarts, ClusterStore().get("two").min_nodes) == (2, 0, None)
+    lo, hi = node_bounds(c, 2, 1, 1)
+    job = Job(id="j", name="j", cluster=c.model_dump(mode="json"), created=0.0, token="t" * 24)
+    job.extra = {"nodes_bounds": [lo, hi]}
+    line = _torchrun(job, c, 0, 2, 1)
+    assert "--nnodes=2 " in line and "--max-restarts=0" in line  # every node needed: not elastic
+    assert "--nnodes=1:2" in _torchrun(Job(**{**job.__dict__, "extra": {"nodes_bounds": [1, 2]}}), profile, 0, 2, 1)

@@ -102,6 +102,36 @@ def test_cluster_dialog_keeps_what_it_has_no_field_for_and_edits_data_paths(qtbo
     assert store.get("lab").data_paths == {str(tmp_path / "d"): "/scratch/d", str(tmp_path / "e"): "/scratch/e"}
 
 
+def test_cluster_dialog_edits_restarts_and_the_elastic_node_bounds(qtbot, config_dir):
+    """Restarts and the node bounds (`cluster add --max-restarts/--min-nodes/--max-nodes`) are
+    fields of the form: shown, kept on a save, 'auto'/'the run's' for none, a bad pair an
+    error line that leaves the stored profile as it was."""
+    from remote.cluster import parse_cluster
+
+    store = ClusterStore()
+    store.save(parse_cluster({"name": "lab", "hosts": [{"address": "127.0.0.1"}, {"address": "127.0.0.2"}],
+                              "max_restarts": 2, "min_nodes": 1, "max_nodes": 2}, "t"))
+    dlg = ClusterDialog()
+    qtbot.addWidget(dlg)
+    dlg._load("lab")
+    assert (dlg.restarts.value(), dlg.min_nodes.value(), dlg.max_nodes.value()) == (2, 1, 2)
+    dlg.workdir.setText("~/w")
+    assert dlg.save()
+    c = store.get("lab")
+    assert (c.workdir, c.max_restarts, c.min_nodes, c.max_nodes) == ("~/w", 2, 1, 2)
+    dlg.restarts.setValue(-1)
+    dlg.min_nodes.setValue(0)
+    assert dlg.restarts.text() == "the run's" and dlg.min_nodes.text() == "auto"
+    assert dlg.save()
+    c = store.get("lab")
+    assert (c.max_restarts, c.min_nodes, c.max_nodes) == (None, None, 2)
+    dlg.min_nodes.setValue(3)
+    assert not dlg.save() and "min_nodes (3) is above max_nodes (2)" in dlg.error.text()
+    assert store.get("lab").min_nodes is None
+    dlg.new_cluster()
+    assert (dlg.restarts.value(), dlg.min_nodes.value(), dlg.max_nodes.value()) == (-1, 0, 0)
+
+
 def test_jobs_panel_reattaches_follows_and_cancels(qtbot, sshd_pair, config_dir, tmp_path):
     done_job = fake_job(sshd_pair, tmp_path)
     d = Path(done_job.nodes[0].jobdir)

@@ -63,6 +63,7 @@ class CheckpointSharing:
         for r, i in enumerate(ids):
             first.setdefault(i, r)
         self.home = ids[0]
+        self.here = [r for r, i in enumerate(ids) if i == self.home]  # the ranks that write into rank 0's folder
         self.keepers = sorted(r for i, r in first.items() if i != self.home)  # one rank per other folder
 
     @property

@@ -82,7 +82,11 @@ def test_a_killed_rank_restarts_the_run_which_ends_as_an_unbroken_run(tmp_path, 
     recs = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
     restart = [r for r in recs if r.get("event") == "restart"]  # the curves' marker
     assert len(restart) == 1 and restart[0]["attempt"] == 1 and restart[0]["step"] == attempts[1]["resumed_from"]
-    assert restart[0]["down_s"] >= 0 and restart[0]["reason"]
+    assert restart[0]["down_s"] >= 0
+    # the cause is the killed rank, which wrote nothing, not its peer's closed connection
+    assert attempts[0]["ranks_here"] == [0, 1] and attempts[1]["after"]["rank"] == 1
+    assert restart[0]["reason"].startswith("rank 1 ended without a word (killed by a signal")
+    assert attempts[1]["after"]["seen"].startswith("rank 0: ")
     assert not [p for p in [job.pid, *job.seen] if alive(p)]
     from engine.runs.history import run_row
 
@@ -149,6 +153,19 @@ def test_decide_reads_only_what_earlier_attempts_wrote(tmp_path, monkeypatch):
     (rd / "attempts.jsonl").write_text(json.dumps({"attempt": 2, "started": 1.0,
                                                    "after": {"step": 12, "error": "ValueError: bad"}}) + "\n")
     assert "the same error twice at step 12 (ValueError: bad)" in decide(rd, 3, 2.0).stop
+    # a peer's error only, and a rank of this folder that wrote none: that rank is the cause
+    (rd / "logs" / "rank1.error").unlink()
+    (rd / "logs" / "rank0.error").write_text(json.dumps(RankError(
+        0, time.time(), "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+        "[127.0.0.1]:5123").to_json()))
+    (rd / "attempts.jsonl").write_text(json.dumps({"attempt": 0, "started": 1.0, "ranks_here": [0, 1]}) + "\n")
+    silent = decide(rd, 9, 2.0).failure
+    assert (silent["rank"], silent["error"]) == (1, "rank 1 ended without a word (killed by a signal: SIGKILL, "
+                                                     "the out-of-memory killer)")
+    assert silent["seen"].startswith("rank 0: RuntimeError: [../gloo")
+    # the ranks here all wrote (the one that ended first is on another node): the first error
+    (rd / "attempts.jsonl").write_text(json.dumps({"attempt": 0, "started": 1.0, "ranks_here": [0]}) + "\n")
+    assert decide(rd, 9, 2.0).failure["rank"] == 0
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "9")
     (rd / "attempts.jsonl").write_text("")
     assert decide(rd, 9, 30.0).wait_s == 60.0
