@@ -7,6 +7,9 @@
         until the job ends: state and step every SECONDS, and once more at the end
     python layerflow_jobctl.py slurm JOBDIR SLURM_ID         -> one JSON line (on the login node)
     python layerflow_jobctl.py slurm-cancel JOBDIR SLURM_ID GRACE -> one JSON line
+    python layerflow_jobctl.py rejoin JOBDIR NODE        -> one JSON line
+        starts the node's script again (a node of an elastic job that came back: the
+        tracker asks), after ending what is left of its old processes here
 
 Asking the node itself keeps each tracker round to one SSH command per node and
 keeps shell quoting out of the logic. A job's processes are found two ways: the
@@ -146,6 +149,54 @@ def cancel(jobdir: str, node: int, grace: float) -> dict:
     return {"node": node, "killed": killed, "left": pids}
 
 
+def _here(pid: int, jobdir: str) -> bool:
+    """The process works in this job folder (several nodes of a job on one machine, as on
+    loopback, carry the same token: the folder tells them apart)."""
+    try:
+        return os.readlink(f"/proc/{pid}/cwd").startswith(os.path.realpath(jobdir))
+    except OSError:
+        return False
+
+
+REJOIN_EVERY_S = 60.0  # a node is started again at most this often (several trackers may ask)
+
+
+def rejoin(jobdir: str, node: int) -> dict:
+    """Start node NODE's script again, in a session of its own as deploy did, after ending
+    what is left here of its old processes (a node cut off and back: its workers may still
+    wait on their peers). The rendezvous takes it in (torchrun --nnodes MIN:MAX)."""
+    import fcntl
+
+    mark = os.path.join(jobdir, f"node{node}.rejoin")
+    with open(mark, "a+") as m:
+        fcntl.flock(m, fcntl.LOCK_EX)  # (two trackers asking at once: one start)
+        m.seek(0)
+        try:
+            since = time.time() - float(m.read().strip())
+        except ValueError:  # (never started again)
+            since = None
+        if since is not None and since < REJOIN_EVERY_S:
+            return {"node": node, "started": False, "why": f"started again {since:.0f} s ago"}
+        pid = read(os.path.join(jobdir, f"node{node}.pid"))
+        pgid = int(pid) if pid else None
+        token = read(os.path.join(jobdir, "token")) or ""
+        old = [p for p in job_pids(token, pgid) if _here(p, jobdir)]
+        if old:
+            signal_all(old, None, signal.SIGKILL)
+        for name in (f"node{node}.pid", f"node{node}.exit", os.path.join("run", CANCEL_FILE)):
+            try:
+                os.unlink(os.path.join(jobdir, name))
+            except OSError:
+                pass
+        with open(os.path.join(jobdir, f"node{node}.out"), "ab") as out:
+            proc = subprocess.Popen(["sh", f"node{node}.sh"], cwd=jobdir, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        m.seek(0)
+        m.truncate()
+        m.write(f"{time.time():.3f}\n")
+    return {"node": node, "started": True, "pid": proc.pid, "killed": old}
+
+
 def node_state(info: dict) -> str:
     """A node's job state from its status(): what the tracker concludes for one node."""
     run_state = (info.get("status") or {}).get("state")
@@ -277,13 +328,15 @@ def slurm_cancel(jobdir: str, slurm_id: str, grace: float) -> dict:
 
 def main(argv: list[str]) -> int:
     cmd, jobdir = argv[0], argv[1]
-    node = int(argv[2]) if cmd in ("status", "cancel", "board") else 0
+    node = int(argv[2]) if cmd in ("status", "cancel", "board", "rejoin") else 0
     if cmd == "status":
         out = status(jobdir, node)
     elif cmd == "cancel":
         out = cancel(jobdir, node, float(argv[3]))
     elif cmd == "board":
         out = board(jobdir, node, argv[3], float(argv[4]))
+    elif cmd == "rejoin":
+        out = rejoin(jobdir, node)
     elif cmd == "slurm":
         out = slurm_status(jobdir, argv[2])
     elif cmd == "slurm-cancel":

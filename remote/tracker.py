@@ -33,6 +33,7 @@ from filelock import FileLock
 
 from engine.errors import LayerflowError
 from engine.project import atomic_write
+from engine.runtime.records import RESIZE_FILE
 from engine.runs.tail import parse_jsonl, read_from, split_complete
 from remote.node_data import restore_run_json
 from remote.jobs import TERMINAL, Job, JobDB
@@ -42,6 +43,7 @@ MetricsFn = Callable[[list[dict]], None]
 LogFn = Callable[[str, list[str]], None]  # (log name, new lines)
 SystemFn = Callable[[str, list[dict]], None]  # (file name, new samples of its rank)
 SYSTEM_SUFFIX = ".system.jsonl"  # logs/rankR.system.jsonl: a rank's CPU/memory samples (engine/runtime/sysmetrics.py)
+REJOIN_MAX = 3  # a lost node is started again at most this often (a host that keeps failing stays out)
 SYSTEM_LIST_S = 5.0  # how often a node's logs/ is listed for them (when its jobctl does not report their sizes)
 
 
@@ -104,6 +106,7 @@ class Tracker:
         self.mirror = self.db.mirror_dir(self.job.id)
         self.mirror.mkdir(parents=True, exist_ok=True)
         self.nodes = {n.index: NodeView() for n in self.job.nodes}
+        self._rejoining: dict[int, float] = {}  # nodes started again, until their script says its pid
         self._conns: dict[int, Connection] = {}
         with self._mirror_lock():
             for p in [self.mirror / "metrics.jsonl", *self.mirror.glob("logs/*")]:
@@ -352,10 +355,16 @@ class Tracker:
         infos = {i: v.info for i, v in self.nodes.items() if v.reachable}
         unreachable = [i for i, v in self.nodes.items() if not v.reachable]
         bounds = job.extra.get("nodes_bounds")  # an elastic job goes on without a lost node (torchrun --nnodes MIN:MAX)
-        failed_here = {i: inf.get("exit") for i, inf in infos.items() if inf.get("exit") not in (None, 0)}
+        if bounds and bounds[0] >= bounds[1]:
+            bounds = None  # (it needs every node: one lost, or failed, ends it)
         gone = [i for i in unreachable if now - self.nodes[i].since_unreachable > self.lost_after]
-        if gone and bounds:
-            job.extra["lost_nodes"] = sorted({*job.extra.get("lost_nodes", []), *(job.nodes[i].host for i in gone)})
+        if bounds:  # a lost node (never node 0, which hosts the rendezvous) is no longer the job's, until it rejoins;
+            # nor is one whose torchrun failed: node 0's goes on without it (or fails, and says so)
+            self._mark_lost([i for i in gone if i] + [i for i, inf in infos.items() if i and inf.get("exit") not in (None, 0)])
+            out = self._lost()
+            infos = {i: inf for i, inf in infos.items() if i not in out}
+            unreachable, gone = [i for i in unreachable if i not in out], [i for i in gone if i not in out]
+        failed_here = {i: inf.get("exit") for i, inf in infos.items() if inf.get("exit") not in (None, 0)}
         if job.state in TERMINAL:
             pass
         elif unreachable and failed_here:
@@ -365,7 +374,7 @@ class Tracker:
             job.error = ("; ".join(f"{job.nodes[i].host}: torchrun exited with {e}" for i, e in failed_here.items())
                          + "; unreachable: " + ", ".join(job.nodes[i].host for i in unreachable) + self._error_hint())
             self._kill_rest()
-        elif unreachable and not (bounds and 0 in infos and len(infos) >= bounds[0] and gone == unreachable):
+        elif unreachable:  # (not for long yet: the next polls say; an elastic job's lost nodes are out)
             if gone:
                 job.state = "lost"
                 job.error = "; ".join(f"{job.nodes[i].host} unreachable for more than {self.lost_after:g} s: "
@@ -374,9 +383,7 @@ class Tracker:
             if bounds:  # a node whose processes vanished is one the job went on without
                 vanished = [i for i, inf in infos.items() if i and inf.get("pid") and not inf["alive"]
                             and inf.get("exit") is None]
-                if vanished:
-                    job.extra["lost_nodes"] = sorted({*job.extra.get("lost_nodes", []),
-                                                      *(job.nodes[i].host for i in vanished)})
+                self._mark_lost(vanished)
                 infos = {i: inf for i, inf in infos.items() if i not in vanished}
             exits = {i: inf.get("exit") for i, inf in infos.items()}
             run_state = (infos.get(job.metrics_node, {}).get("status") or {}).get("state") \
@@ -398,13 +405,65 @@ class Tracker:
                 self._kill_rest()
             elif any(inf.get("pid") and not inf["alive"] and inf.get("exit") is None for inf in infos.values()):
                 job.state, job.error = "lost", "a node's processes vanished without an exit code (host rebooted?)"
-            elif all(inf.get("pid") for inf in infos.values()):
+            elif all(inf.get("pid") or i in self._rejoining for i, inf in infos.items()):
                 job.state, job.error = "running", None
+                if bounds and len(infos) < bounds[0]:
+                    job.error = (f"waiting for nodes: {len(infos)} of the {bounds[0]} it needs at least are left "
+                                 f"(lost: {', '.join(job.extra.get('lost_nodes', []))})")
+                elif bounds and self._may_grow(infos.get(0)):
+                    self._rejoin(now, bounds)
             else:
                 job.state = "pending"
         self.db.save(job)  # also records step and metrics_node
         if (job.state, job.error) != old and self.on_state:
             self.on_state(job)
+
+    # ----- elastic jobs: nodes lost, and taken back ----------------------------
+    def _lost(self) -> set[int]:
+        lost = set(self.job.extra.get("lost_nodes", []))
+        return {n.index for n in self.job.nodes if n.host in lost}
+
+    def _mark_lost(self, nodes: Iterable[int]) -> None:
+        hosts = {self.job.nodes[i].host for i in nodes}
+        if hosts:
+            self.job.extra["lost_nodes"] = sorted({*self.job.extra.get("lost_nodes", []), *hosts})
+            for i in nodes:
+                self._rejoining.pop(i, None)
+
+    def _may_grow(self, home: dict | None) -> bool:
+        """Node 0's run is training, with steps left to train (a node taken in at the end
+        would find no rendezvous)."""
+        st = (home or {}).get("status") or {}
+        total = st.get("total_steps") or self.job.total_steps
+        return bool(home and home.get("alive") and st.get("state") == "running"
+                    and (total is None or (st.get("step") or 0) < total))
+
+    def _rejoin(self, now: float, bounds: list[int]) -> None:
+        """A lost node of a running elastic job that can be reached again is started again,
+        while the job has fewer nodes than its maximum (each host at most REJOIN_MAX times):
+        rank 0's run folder is told first (records.RESIZE_FILE), so that the stop torchrun's
+        agents make to take the node in reads as the cluster's (a checkpoint, the attempt
+        ended preempted), then the node's script runs again and joins the rendezvous. The
+        next attempt lays the plan out on the larger world (engine/runtime/elastic.py)."""
+        job = self.job
+        for i in sorted(self._lost()):
+            active = len(job.nodes) - len(self._lost())
+            host = job.nodes[i].host
+            done = [r for r in job.extra.get("rejoined", []) if r.get("host") == host]
+            if active >= bounds[1] or not self.nodes[i].reachable or len(done) >= REJOIN_MAX:
+                continue
+            note = json.dumps({"host": host, "at": round(now, 3)}).encode()
+            try:
+                self.conn(0).write_bytes(f"{job.nodes[0].jobdir}/run/{RESIZE_FILE}", note, 0o644)
+                res = self._ctl(i, "rejoin", timeout=60)
+            except (SSHError, OSError, ValueError, IndexError) as exc:
+                self.nodes[i].error = f"could not start it again: {exc}"
+                continue
+            if not res.get("started"):
+                continue
+            job.extra["lost_nodes"] = [h for h in job.extra.get("lost_nodes", []) if h != host]
+            job.extra.setdefault("rejoined", []).append({"host": host, "at": round(now, 3), "step": job.step})
+            self._rejoining[i] = now
 
     def _error_hint(self) -> str:
         log = self.mirror / "logs" / "rank0.log"

@@ -53,7 +53,7 @@ from .folder import (  # noqa: F401
 from .steps import (  # noqa: F401
     compute_loss, correct_count, lr_lambda, make_optimizer, peak_mem_mb, rng_state, seed_all, set_rng_state,
 )
-from .records import RunStatus, cancel_requested, pid_alive
+from .records import RunStatus, cancel_requested, pid_alive, resize_requested
 from .recovery import Decision, HangWatch, record_attempt, restart_record, under_agent
 from .tensorboard import TensorBoardLog
 
@@ -377,6 +377,9 @@ class StopSignal:
         SIGTERM under Slurm       preempted: Slurm's own TERM at a preemption or a requeue
                                   (a bare `scancel` typed by hand reads so too; the job's
                                   Slurm state, CANCELLED, still says what it was)
+        SIGTERM with RESIZE_FILE  preempted: torchrun's agent stopping the workers to take
+                                  in a node that came back (the tracker wrote the file
+                                  before it started that node): the next attempt grows
         SIGTERM elsewhere, the parent gone, Ctrl-C: cancelled, as before
 
     Launchers remove a stale CANCEL_FILE before they start an attempt."""
@@ -403,6 +406,8 @@ class StopSignal:
         """How the run ends at an agreed stop; `agreed`: the ranks' stop codes added."""
         if self.run_dir is not None and cancel_requested(self.run_dir):
             return "cancelled"
+        if self.run_dir is not None and resize_requested(self.run_dir) is not None:
+            return "preempted"
         return "preempted" if agreed >= PREEMPTED else "cancelled"
 
     def __enter__(self) -> StopSignal:

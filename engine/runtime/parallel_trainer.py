@@ -295,16 +295,21 @@ def run_distributed(run_dir: str | Path, *, resume: bool = False, restarts: bool
     run folder whether to go on and from which checkpoint (recovery.decide), and every rank
     follows (their folders may differ: one per node over SSH)."""
     run_dir = Path(run_dir)
-    rank = int(os.environ.get("RANK", 0))
     (run_dir / "logs").mkdir(exist_ok=True)
     spec = RunSpec.load(run_dir)
+    try:  # (first: it may number the ranks again, in node order; a failure is logged below)
+        device, failed = init_distributed(), None
+    except Exception as exc:
+        device, failed = None, exc
+    rank = int(os.environ.get("RANK", 0))
     with open(run_dir / "logs" / f"rank{rank}.log", "a") as logf:
         def log(msg: str) -> None:
             logf.write(msg.rstrip() + "\n")
             logf.flush()
 
         try:
-            device = init_distributed()
+            if failed is not None:
+                raise failed
             attempt = None
             if restarts:
                 attempt, resume = agreed_start(run_dir, spec, resume)

@@ -43,6 +43,11 @@ STATUS_FILE = "status.json"
 # user's cancel, not as a preemption (loop.py StopSignal says why a file). A launcher
 # removes a stale one before it starts an attempt.
 CANCEL_FILE = "cancel.requested"
+# Written in rank 0's run folder by the tracker before it starts a returning node again
+# (remote/tracker.py): torchrun's agents then stop the workers (SIGTERM) to take the node in,
+# and the run reads that stop as the cluster's, not the user's: it checkpoints, ends the
+# attempt preempted, and the next one (on more devices) resumes there. {"host", "at"}.
+RESIZE_FILE = "resize.requested"
 STATUS_BYTES = 2048  # status.json is padded to this: on a full disk it is rewritten in place, in blocks it owns
 DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 
@@ -303,6 +308,15 @@ def clear_cancel(run_dir: str | Path) -> None:
         (Path(run_dir) / CANCEL_FILE).unlink()
     except OSError:
         pass
+
+
+def resize_requested(run_dir: str | Path) -> dict | None:
+    """RESIZE_FILE's content ({"host", "at"}), or None when there is none."""
+    try:
+        got = json.loads((Path(run_dir) / RESIZE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return got if isinstance(got, dict) else {}
 
 
 def cancel_requested(run_dir: str | Path) -> bool:

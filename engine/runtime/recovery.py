@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .records import RankError, RunStatus, write_text_atomic
+from .records import RESIZE_FILE, RankError, RunStatus, resize_requested, write_text_atomic
 
 ATTEMPTS_FILE = "attempts.jsonl"
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun's agent: 0, then 1, 2, ... per restart
@@ -128,17 +128,19 @@ def after_preemption(run_dir: Path, k: int) -> dict | None:
     except OSError:
         at = None
     error = "preempted" if said else "requeued by Slurm (the attempt before ended without a checkpoint at its stop)"
-    return {"step": st.step if st is not None else 0, "error": error, "rank": None, "at": at, "preempted": True}
+    out = {"step": st.step if st is not None else 0, "error": error, "rank": None, "at": at, "preempted": True}
+    joined = resize_requested(run_dir) if said else None
+    if joined is not None:  # stopped to take in a node that came back (records.RESIZE_FILE)
+        out.update(error=f"grown: {joined.get('host') or 'a node'} joined again", joined=joined.get("host"))
+    return out
 
 
-def _lineage(run_dir: Path) -> tuple[int, int]:
-    """(the next attempt number of the run's lineage, the number the attempts of this
-    agent's group count from: that of the last start after a preemption, else 0)."""
-    attempts = read_attempts(run_dir)
-    numbers = [a["attempt"] for a in attempts if type(a.get("attempt")) is int]
-    base = next((a["attempt"] for a in reversed(attempts) if type(a.get("attempt")) is int
-                 and isinstance(a.get("after"), dict) and a["after"].get("preempted")), 0)
-    return (max(numbers) + 1 if numbers else 1), base
+def _next_attempt(run_dir: Path) -> int:
+    """The next attempt number of the run's lineage (attempts.jsonl), whoever started it:
+    torchrun's agent (its restart count runs on across membership changes and is 0 again in
+    a job Slurm requeued) or a resume. Only rank 0 reads and writes the file (agreed_start)."""
+    numbers = [a["attempt"] for a in read_attempts(run_dir) if type(a.get("attempt")) is int]
+    return max(numbers) + 1 if numbers else 1
 
 
 @dataclass
@@ -151,14 +153,14 @@ class Decision:
 
 
 def decide(run_dir: Path, max_restarts: int, backoff_s: float) -> Decision:
-    """What this (re)start does. Every rank decides alike from the same files, written by
-    earlier attempts only, so they agree without talking. After a preemption: the next
+    """What this (re)start does, from the files earlier attempts wrote (rank 0 decides and
+    tells the others: parallel_trainer.agreed_start). After a preemption: the next
     attempt of the lineage at once (no backoff, no stop rule: no error happened; and no
     restart of torchrun's used, since a preempted rank exits 0)."""
     k, now = attempt_number(), time.time()
     preempted = after_preemption(run_dir, k)
     if preempted is not None:
-        return Decision(_lineage(run_dir)[0], None, preempted, 0.0, now)
+        return Decision(_next_attempt(run_dir), None, preempted, 0.0, now)
     if k == 0:
         return Decision(0, None, None, 0.0, now)
     failure = previous_failure(run_dir)
@@ -167,8 +169,8 @@ def decide(run_dir: Path, max_restarts: int, backoff_s: float) -> Decision:
     if earlier and (earlier[-1].get("step"), earlier[-1].get("error")) == (failure["step"], failure["error"]):
         why = (f"the same error twice at step {failure['step']} ({failure['error']}): a restart does not cure it; "
                f"fix it and resume the run (train --resume)")
-        return Decision(_lineage(run_dir)[1] + k, why, failure, 0.0, now)
-    return Decision(_lineage(run_dir)[1] + k, None, failure, min(MAX_BACKOFF_S, backoff_s * 2 ** (k - 1)), now)
+        return Decision(_next_attempt(run_dir), why, failure, 0.0, now)
+    return Decision(_next_attempt(run_dir), None, failure, min(MAX_BACKOFF_S, backoff_s * 2 ** (k - 1)), now)
 
 
 def record_attempt(run_dir: Path, decision: Decision, world: int, layout: dict, resumed_from: int | None,
@@ -188,6 +190,7 @@ def record_attempt(run_dir: Path, decision: Decision, world: int, layout: dict, 
         rec["waited_s"] = round(decision.wait_s, 3)
     with open(Path(run_dir) / ATTEMPTS_FILE, "a") as f:
         f.write(json.dumps(rec) + "\n")
+    (Path(run_dir) / RESIZE_FILE).unlink(missing_ok=True)  # (counted in "after")
     for p in (Path(run_dir) / "logs").glob("rank*.error"):  # counted in "after": the next decide reads only new ones
         e = RankError.read(p)
         if e is not None and e.time < decision.at:

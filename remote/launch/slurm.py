@@ -351,6 +351,7 @@ set -u
 me=$(scontrol show node "$SLURMD_NODENAME" -o 2>/dev/null | tr " " "\\n" | sed -n "s/^NodeAddr=//p" | head -n 1)
 me=${{me:-$SLURMD_NODENAME}}
 if [ "$SLURM_NODEID" = 0 ]; then is_host=1; else is_host=0; fi
+export LAYERFLOW_NODE="$SLURM_NODEID"  # ranks in node order (engine/runtime/distributed/mesh.py)
 echo "layerflow job {job.id}: node $SLURM_NODEID of $SLURM_NNODES ($SLURMD_NODENAME, $me)"
 {link_line(job)}{exports}
 {run}

@@ -138,7 +138,15 @@ def _board_keeper(job: Job, cluster: Cluster, i: int) -> str:
 
 
 def node_script(job: Job, cluster: Cluster, i: int, nnodes: int, nproc: int) -> str:
-    env = {TOKEN_VAR: job.token, "PYTHONUNBUFFERED": "1", **cluster.env}
+    env = {TOKEN_VAR: job.token, "PYTHONUNBUFFERED": "1", "LAYERFLOW_NODE": str(i)}  # (ranks in node order: mesh.py)
+    lo, hi = job.extra.get("nodes_bounds") or (nnodes, nnodes)
+    if nnodes > 1 and lo != hi:
+        # a node that joins a running job (tracker.py takes a returning node back) waits
+        # forever for the round's MASTER_ADDR when the agents share the rendezvous store:
+        # torch's c10d handler publishes it only in its first round. Unshared, every round's
+        # rank 0 publishes it (and its workers host their own store, on a free port)
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    env.update(cluster.env)
     exports = "\n".join(f"export {k}={quote(v)}" for k, v in env.items())
     if nnodes * nproc == 1 and not cluster.max_restarts:
         # one process and no restarts: torchrun would only add an agent (and a second torch import)

@@ -79,10 +79,40 @@ class Sshd:
         wait_port(self.addr, self.port)
 
     def stop(self) -> None:
+        """The daemon stops listening; the sessions it serves go on (as OpenSSH's do)."""
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(10)
         self.proc = None
+
+    def lose(self) -> None:
+        """The host is gone: the daemon and every session it serves end at once."""
+        sessions = _descendants(self.proc.pid) if self.proc else []
+        self.stop()
+        for pid in sessions:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below pid (from /proc's parent links)."""
+    parent = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+                parent[int(name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        todo += kids
+    return out
 
 
 class Relay:

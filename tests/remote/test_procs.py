@@ -159,3 +159,42 @@ def test_a_process_tree_stop_waits_and_returns_the_exit_code(cleanup):
     cleanup += [leader.pid, worker, helper]
     tree = ProcessTree(leader, signal.SIGTERM)
     assert tree.stop(20.0) == 7 and tree.leftovers() == [] and not alive(worker)
+
+
+def test_jobctl_rejoin_ends_what_is_left_of_the_node_and_starts_its_script_once(tmp_path):
+    """jobctl rejoin (the tracker, for a returning node of an elastic job): a process of the
+    node's job still working in its folder is ended first, the node's script runs again in a
+    session of its own (a fresh pid file, no stale exit code or cancel request), and a second
+    ask within REJOIN_EVERY_S starts nothing."""
+    from remote import jobctl
+
+    jobdir = tmp_path / "node1"
+    (jobdir / "run").mkdir(parents=True)
+    (jobdir / "token").write_text("tok")
+    (jobdir / "node1.exit").write_text("1")
+    (jobdir / "run" / jobctl.CANCEL_FILE).write_text("0")
+    (jobdir / "node1.sh").write_text("echo $$ > node1.pid\nexec sleep 60\n")
+    old = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=jobdir,
+                           env={**os.environ, jobctl.TOKEN_VAR: "tok"})
+    elsewhere = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=tmp_path,
+                                 env={**os.environ, jobctl.TOKEN_VAR: "tok"})  # another node's, on this machine
+    try:
+        time.sleep(0.3)
+        got = jobctl.rejoin(str(jobdir), 1)
+        assert got["started"] and got["killed"] == [old.pid]
+        assert old.wait(5) == -signal.SIGKILL and elsewhere.poll() is None
+        assert not (jobdir / "node1.exit").exists() and not (jobdir / "run" / jobctl.CANCEL_FILE).exists()
+        for _ in range(50):
+            if (jobdir / "node1.pid").exists():
+                break
+            time.sleep(0.1)
+        pid = int((jobdir / "node1.pid").read_text())
+        assert pid == got["pid"] and os.getpgid(pid) == pid and alive(pid)
+        again = jobctl.rejoin(str(jobdir), 1)
+        assert not again["started"] and "ago" in again["why"] and alive(pid)
+    finally:
+        for p in (old, elsewhere):
+            p.kill()
+            p.wait()
+        if (jobdir / "node1.pid").exists():
+            os.killpg(int((jobdir / "node1.pid").read_text()), signal.SIGKILL)

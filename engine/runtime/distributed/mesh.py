@@ -47,6 +47,24 @@ def generation_store(store, world: int):
         first += size
 
 
+NODE_ENV = "LAYERFLOW_NODE"  # this node's place in its job (the node scripts set it): the ranks follow it
+
+
+def node_ordered_rank(store, rank: int, world: int) -> int:
+    """This worker's rank with the ranks numbered by (node, local rank). torchrun numbers
+    the nodes of each round in its rendezvous' own order (host names, pids), so rank 0 may
+    land on any node, and on another one after a node joins; the run's lineage (metrics,
+    attempts, the checkpoints made whole) lives in rank 0's folder, which must stay node
+    0's: the node that hosts the rendezvous and never leaves an elastic job. Without
+    $LAYERFLOW_NODE (one machine): torchrun's rank."""
+    node = os.environ.get(NODE_ENV)
+    if node is None or world == 1:
+        return rank
+    store.set(f"layerflow/place/{rank}", f"{int(node)} {int(os.environ.get('LOCAL_RANK', 0))}")
+    places = sorted((tuple(map(int, store.get(f"layerflow/place/{r}").decode().split())), r) for r in range(world))
+    return [r for _, r in places].index(rank)
+
+
 def device_memory(device: torch.device) -> int | None:
     """What one device of this kind has (bytes); None on the CPU (not checked)."""
     if device.type != "cuda":
@@ -71,6 +89,8 @@ def init_distributed() -> torch.device:
             # failed ... Connection refused") before the peer wrote its new one. Each start
             # (generation) of the workers gets keys of its own (generation_store).
             store, rank, world = next(dist.rendezvous("env://"))
-            dist.init_process_group(backend=backend, store=generation_store(store, world),
-                                    rank=rank, world_size=world)
+            store = generation_store(store, world)
+            rank = node_ordered_rank(store, rank, world)
+            os.environ["RANK"] = str(rank)
+            dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
     return device
