@@ -33,6 +33,8 @@ def _menu_actions(menu: QMenu, path: str):
     for a in menu.actions():
         if a.isSeparator():
             continue
+        if a.menu() is not None and a.menu().property("lf_file_list"):
+            continue
         if a.menu() is not None:
             yield from _menu_actions(a.menu(), f"{path} ▸ {_plain(a.text())}")
         else:
@@ -40,26 +42,28 @@ def _menu_actions(menu: QMenu, path: str):
 
 
 def shortcut_rows(window) -> list[tuple[str, str, str]]:
-    """(where, action, keys) for every action of `window` that has a shortcut: its menus
-    first (in menu order, "Run ▸ Run"), then toolbar and window actions no menu shows."""
+    """(where, action, keys): every command of `window`'s menus, in menu order ("Run ▸ Run";
+    keys "" where it has none, so the list is also where a command is found), then the
+    toolbar and window actions no menu shows that have a shortcut. Lists of files (Open
+    Recent, Examples: menus with the property lf_file_list) are not commands."""
     from shiboken6 import getCppPointer
 
     rows: list[tuple[str, str, str]] = []
     seen: set[int] = set()
 
-    def add(where: str, a: QAction) -> None:
+    def add(where: str, a: QAction, always: bool = False) -> None:
         key = getCppPointer(a)[0]  # (two Python wrappers of one action may differ)
         if key in seen or isinstance(a, QWidgetAction) or a.isSeparator():
             return
-        seen.add(key)
         keys = [k.toString(QKeySequence.NativeText) for k in a.shortcuts() if not k.isEmpty()]
-        if keys:
+        if keys or always:
+            seen.add(key)
             rows.append((where, _plain(a.text()), ", ".join(keys)))
 
     for top in window.menuBar().actions():
         if top.menu() is not None and top.isVisible():
             for where, a in _menu_actions(top.menu(), _plain(top.text())):
-                add(where, a)
+                add(where, a, always=a.isVisible())
     for tb in window.findChildren(QToolBar):
         for a in tb.actions():
             add(f"{tb.windowTitle()} toolbar", a)

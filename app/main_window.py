@@ -249,8 +249,12 @@ class EditorWindow(QMainWindow):
         for k in ("new", "open"):
             m.addAction(a[k])
         self.recent_menu = m.addMenu("Open &Recent")
+        self.recent_menu.setProperty("lf_file_list", True)  # (files, not commands: not in the shortcuts list)
         self.recent_menu.aboutToShow.connect(self._fill_recent)
         self._fill_recent()
+        self.examples_menu = m.addMenu("&Examples")
+        self.examples_menu.setProperty("lf_file_list", True)
+        self._fill_examples()
         m.addSeparator()
         for k in ("save", "save_as"):
             m.addAction(a[k])
@@ -334,13 +338,40 @@ class EditorWindow(QMainWindow):
         self.run_menu.menuAction().setVisible(any(not a.isSeparator() for a in self.run_menu.actions()))
 
     def _fill_recent(self) -> None:
+        """Filled again whenever the list changes (a disabled menu never shows, so never
+        gets aboutToShow): after every open and save."""
         self.recent_menu.clear()
         files = self.settings.recent_files()
         for path in files:
             act = self.recent_menu.addAction(Path(path).name, lambda p=path: self.open_project(p))
             act.setToolTip(path)
+            act.setStatusTip(path)
             act.setEnabled(Path(path).exists())
+        if files:
+            self.recent_menu.addSeparator()
+            self.recent_menu.addAction("Clear List", self._clear_recent)
         self.recent_menu.setEnabled(bool(files))
+
+    def _clear_recent(self) -> None:
+        self.settings.clear_recent()
+        self._fill_recent()
+
+    def _fill_examples(self) -> None:
+        """File ▸ Examples: every bundled example, by its project's name and what it shows;
+        each opens as the user's own copy (_example_copy)."""
+        from engine.runs.history import INSTALLED_EXAMPLES
+
+        self.examples_menu.clear()
+        for path in sorted(INSTALLED_EXAMPLES.glob(f"*{SUFFIX}")):
+            try:
+                p = load_project(path)
+                title, tip = p.name or path.stem, (p.description or "").strip().splitlines()
+            except (ProjectError, OSError):
+                continue
+            act = self.examples_menu.addAction(f"{title}  ({path.name})", lambda p=path: self.open_project(p))
+            act.setToolTip(tip[0] if tip else str(path))
+            act.setStatusTip(tip[0] if tip else str(path))
+        self.examples_menu.setEnabled(not self.examples_menu.isEmpty())
 
     # ----- wiring -------------------------------------------------------------
     def _wire(self) -> None:
@@ -664,6 +695,7 @@ class EditorWindow(QMainWindow):
         self.ask_trust(project)
         self.set_project(project)
         self.settings.add_recent(path)
+        self._fill_recent()
         self.statusBar().showMessage(note or f"Opened {path}", 8000)
         return True
 
@@ -760,6 +792,7 @@ class EditorWindow(QMainWindow):
             return False
         self.controller.stack.setClean()
         self.settings.add_recent(path)
+        self._fill_recent()
         self._remove_autosave()
         self._update_title()
         self.statusBar().showMessage(f"Saved {path}", 5000)

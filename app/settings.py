@@ -45,6 +45,10 @@ class Settings:
         self.qs.setValue("last_project", path)
         self.qs.sync()
 
+    def clear_recent(self) -> None:
+        self.qs.setValue("recent", [])
+        self.qs.sync()
+
     def last_project(self) -> str | None:
         v = self.qs.value("last_project")
         return v if v and Path(v).exists() else None

@@ -157,8 +157,8 @@ class SweepUI(QObject):
         self.compare.table.selection_changed.connect(self.overlay)
         from PySide6.QtGui import QAction
 
-        self.actions = [QAction("S&weep…", window, triggered=self.show),
-                        QAction("Runs &Table", window, triggered=self.show_runs)]  # Run menu (main_window._fill_run_menu)
+        self.actions = [QAction("S&weep…", window, triggered=self.show, shortcut="Ctrl+Alt+S"),
+                        QAction("Runs &Table", window, triggered=self.show_runs, shortcut="Ctrl+Alt+T")]  # Run menu (main_window._fill_run_menu)
         window.project_changed.connect(self._project_changed)
 
     # ----- the sweep file ---------------------------------------------------------------

@@ -56,10 +56,26 @@ def test_save_reopen_equal_and_recent_files(qtbot, asked, tmp_path):
     assert w2.project.graph == w.project.graph
     assert w2.project.graph.nodes["fc"].group == "head"
     assert set(w2.scene.node_items) == {"x", "fc", "y"}
-    # recent files: newest first, shown in File > Open Recent
-    w2._fill_recent()
+    # recent files: newest first, shown in File > Open Recent, which the open itself filled
+    # (a menu disabled while the list was empty gets no aboutToShow)
+    assert w2.recent_menu.isEnabled()
     assert [a.toolTip() for a in w2.recent_menu.actions()][0] == str(path.resolve())
     assert w2.settings.last_project() == str(path.resolve())
+    w2.recent_menu.actions()[-1].trigger()  # Clear List
+    assert w2.settings.recent_files() == [] and not w2.recent_menu.isEnabled()
+
+
+def test_file_examples_lists_every_bundled_example_and_opens_the_users_copy(qtbot, asked, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERFLOW_PROJECTS_DIR", str(tmp_path / "mine"))
+    w = window(qtbot)
+    bundled = sorted(p.name for p in (ROOT / "resources" / "examples").glob("*.lflow"))
+    acts = w.examples_menu.actions()
+    assert sorted(a.text().rsplit("(", 1)[1].rstrip(")") for a in acts) == bundled and len(bundled) >= 4
+    assert all(a.toolTip() and a.isEnabled() for a in acts)  # what the example shows, from its description
+    cnn = next(a for a in acts if "cnn_digits.lflow" in a.text())
+    cnn.trigger()
+    assert w.project.name == "cnn_digits" and w.project.path == tmp_path / "mine" / "examples" / "cnn_digits.lflow"
+    assert w.recent_menu.actions()[0].toolTip() == str(w.project.path.resolve())
 
 
 def test_open_refuses_a_bad_file_with_a_message(qtbot, asked, tmp_path):

@@ -137,6 +137,35 @@ def test_shortcuts_dialog_lists_the_actions_as_they_are(win, qtbot):
     w.shortcuts_dialog.close()
 
 
+def test_the_shortcuts_list_is_every_command_of_the_menus(win, qtbot):
+    """Help ▸ Keyboard Shortcuts lists every command the menus have, with its keys or none,
+    and no file of Open Recent or Examples; Sweep… and Runs Table have keys of their own."""
+    from app.help_ui import _plain
+
+    def commands(menu, path):
+        for a in menu.actions():
+            if a.isSeparator() or isinstance(a, QWidgetAction) or not a.isVisible():
+                continue
+            if a.menu() is not None:
+                if not a.menu().property("lf_file_list"):
+                    yield from commands(a.menu(), f"{path} ▸ {_plain(a.text())}")
+            else:
+                yield (_plain(a.text()), path)
+
+    for top in win.menuBar().actions():
+        if top.menu() is not None:
+            top.menu().aboutToShow.emit()  # (menus filled when shown)
+    want = {c for top in win.menuBar().actions() if top.menu() is not None and top.isVisible()
+            for c in commands(top.menu(), _plain(top.text()))}
+    win.actions["shortcuts"].trigger()
+    rows = win.shortcuts_dialog.rows()
+    assert want <= {(r[0], r[2]) for r in rows}, want - {(r[0], r[2]) for r in rows}
+    keys = {r[0]: r[1] for r in rows}
+    assert keys["Sweep…"] and keys["Runs Table"]
+    assert not [r for r in rows if r[2].startswith(("File ▸ Open Recent", "File ▸ Examples"))]
+    win.shortcuts_dialog.close()
+
+
 def test_getting_started_page(win, qtbot):
     win.actions["getting_started"].trigger()
     dlg = win.getting_started_dialog
