@@ -109,30 +109,46 @@ class EditorController(Analysis, QObject):
         return cmd.node.id
 
     def connect_ports(self, src: str, src_port: str, dst: str, dst_port: str) -> bool:
-        why = self.graph.check_connect(src, src_port, dst, dst_port)
+        """A wire dropped on an input. One that already has a wire gets the new one in its
+        place (one undo step), as node editors do; a refused wire changes nothing."""
+        why = self.graph.check_connect(src, src_port, dst, dst_port, taken_ok=True)
         if why:
             self.status.emit(f"Cannot connect: {why}")
             return False
-        ok = self.push(C.Connect(self.graph, Edge(src, src_port, dst, dst_port)))
+        old = self.graph.incoming(dst).get(dst_port)
+        if old == Edge(src, src_port, dst, dst_port):
+            return True  # (the same wire again)
+        if old is None:
+            ok = self.push(C.Connect(self.graph, Edge(src, src_port, dst, dst_port)))
+        else:
+            self.stack.beginMacro(f"Replace {old.src}.{old.src_port} → {dst}.{dst_port} with {src}.{src_port}")
+            self.push(C.Disconnect(self.graph, [old]))
+            ok = self.push(C.Connect(self.graph, Edge(src, src_port, dst, dst_port)))
+            self.stack.endMacro()
         if ok:
-            self.status.emit(f"Connected {src}.{src_port} → {dst}.{dst_port}")
+            self.status.emit(f"Connected {src}.{src_port} → {dst}.{dst_port}"
+                             + (f" (in place of {old.src}.{old.src_port})" if old is not None else ""))
         return ok
 
     def rewire(self, old: Edge, new_end) -> bool:
-        """A wire dragged off its input: to another input (one step), or dropped
-        on empty canvas (removed). A refused target leaves the wire where it was."""
+        """A wire dragged off its input: to another input (one step; an input that has a
+        wire gets this one in its place), or dropped on empty canvas (removed). A refused
+        target leaves the wire where it was."""
         if new_end is None:
             self.push(C.Disconnect(self.graph, [old]))
             return True
         dst, port = new_end
         # the old wire ends elsewhere and cannot be on a path back to its source,
         # so the usual check applies unchanged
-        why = self.graph.check_connect(old.src, old.src_port, dst, port)
+        why = self.graph.check_connect(old.src, old.src_port, dst, port, taken_ok=True)
         if why:
             self.status.emit(f"Cannot connect: {why}")
             return False
+        taken = self.graph.incoming(dst).get(port)
+        if taken == old:
+            return True  # (dropped back where it was)
         self.stack.beginMacro(f"Reconnect {old.src}.{old.src_port} → {dst}.{port}")
-        self.push(C.Disconnect(self.graph, [old]))
+        self.push(C.Disconnect(self.graph, [old] + ([taken] if taken is not None else [])))
         self.push(C.Connect(self.graph, Edge(old.src, old.src_port, dst, port)))
         self.stack.endMacro()
         return True

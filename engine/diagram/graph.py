@@ -408,8 +408,10 @@ class Graph:
         self.ties = {moved(k): moved(v) for k, v in self.ties.items()}
         self._emit(GraphEvent("node_renamed", node=new, old=old, new=new))
 
-    def check_connect(self, src: str, src_port: str, dst: str, dst_port: str) -> str | None:
-        """Why this connection is refused, or None if it is allowed."""
+    def check_connect(self, src: str, src_port: str, dst: str, dst_port: str, *,
+                      taken_ok: bool = False) -> str | None:
+        """Why this connection is refused, or None if it is allowed. taken_ok: an input
+        that already has a wire is no reason (the editor replaces that wire)."""
         if src not in self.nodes:
             return f"no node named '{src}'"
         if dst not in self.nodes:
@@ -423,7 +425,7 @@ class Graph:
             return f"node '{dst}' ({d.type}) has no input port '{dst_port}'"
         if src == dst or self.reaches(dst, src):
             return f"connecting '{src}' to '{dst}' would make a cycle"
-        if dst_port in self.incoming(dst):
+        if dst_port in self.incoming(dst) and not taken_ok:
             return f"input '{dst_port}' of node '{dst}' is already connected"
         return None
 

@@ -148,13 +148,28 @@ def test_refused_connections_say_why_in_the_status_bar(qtbot, asked):
     w = make_window(qtbot, chain_project("Input", "Linear", "ReLU", "Output", params={"Input": {"shape": [8]}}))
     g = w.project.graph
     before = snapshot(w)
-    drag_port(w, "input1", "out", "relu1", "in")  # relu1.in is taken by linear1
-    assert "input 'in' of node 'relu1' is already connected" in w.statusBar().currentMessage()
     drag_port(w, "relu1", "out", "linear1", "in")  # would close a loop
     assert "would make a cycle" in w.statusBar().currentMessage()
     drag(w, port_point(w, "input1", "out", False), port_point(w, "relu1", "out", False))  # output to output
     assert "has no input port" in w.statusBar().currentMessage()
     assert snapshot(w) == before and w.controller.stack.count() == 0
+
+
+def test_a_wire_dropped_on_a_taken_input_replaces_its_wire_in_one_undo_step(qtbot, asked):
+    """As in node editors: the input's old wire goes, the new one comes, one undo step
+    named in the Edit menu; the same wire dropped again changes nothing."""
+    w = make_window(qtbot, chain_project("Input", "Linear", "ReLU", "Output", params={"Input": {"shape": [8]}}))
+    g = w.project.graph
+    before = snapshot(w)
+    drag_port(w, "input1", "out", "relu1", "in")  # relu1.in is taken by linear1
+    assert Edge("input1", "out", "relu1", "in") in g.edges and Edge("linear1", "out", "relu1", "in") not in g.edges
+    assert "in place of linear1.out" in w.statusBar().currentMessage()
+    assert w.actions["undo"].text() == "&Undo Replace linear1.out → relu1.in with input1.out"
+    assert w.controller.stack.count() == 1
+    drag_port(w, "input1", "out", "relu1", "in")  # the same wire again
+    assert w.controller.stack.count() == 1
+    w.controller.stack.undo()
+    assert snapshot(w) == before
 
 
 def test_inspector_edit_changes_the_shape_on_the_next_edge(qtbot, asked):
@@ -363,9 +378,13 @@ def test_a_wire_picked_up_by_its_input_end_moves_or_goes(qtbot, asked):
     w = make_window(qtbot, transformer_block_project())
     g = w.project.graph
     before = snapshot(w)
-    # move res.b's wire (from x) onto out.in? occupied -> refused, wire stays
+    # move res.b's wire (from x) onto out.in, which has a wire: this one takes its place, one step
+    taken = g.incoming("out")["in"]
     drag(w, port_point(w, "res", "b", True), port_point(w, "out", "in", True))
-    assert "already connected" in w.statusBar().currentMessage() and snapshot(w) == before
+    assert Edge("x", "out", "out", "in") in g.edges and taken not in g.edges
+    assert Edge("x", "out", "res", "b") not in g.edges
+    w.controller.stack.undo()
+    assert snapshot(w) == before
     assert w.scene.edge_items[Edge("x", "out", "res", "b")].isVisible()
     # drop it on empty canvas: the wire is removed (one undo step)
     a = port_point(w, "res", "b", True)
