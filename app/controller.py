@@ -15,7 +15,7 @@ from app import undo_commands as C
 from app.analysis import BIG_DIAGRAM, Analysis, data_key
 from engine.diagram.editing import EditError, plan_group, plan_paste, plan_repeat, plan_ungroup
 from engine.diagram.graph import Edge, GraphError
-from engine.diagram.catalog import get_layer
+from engine.diagram.catalog import get_layer, unknown_type
 from engine.diagram.layout import lay_out, layered_layout, view_layout
 from engine.project import Project
 from widgets.node_scene import NodeScene
@@ -92,7 +92,7 @@ class EditorController(Analysis, QObject):
     # ----- nodes and edges ----------------------------------------------------
     def add_node(self, node_type: str, pos: QPointF | tuple = (0.0, 0.0), params: dict | None = None) -> str | None:
         if get_layer(node_type) is None:
-            self.status.emit(f"unknown layer type '{node_type}'")
+            self.status.emit(unknown_type(node_type))
             return None
         if isinstance(pos, QPointF):
             pos = (pos.x(), pos.y())

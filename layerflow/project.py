@@ -169,12 +169,10 @@ class Project:
         """Add a layer and wire `inputs` to its input ports in order (Add's a and b, ...);
         returns its id (default: the type in lower case, numbered). An input is a node id
         (its only output) or "node.port"."""
-        from engine.diagram.catalog import CATALOG
+        from engine.diagram.catalog import CATALOG, unknown_type
 
         if type not in CATALOG:
-            near = difflib.get_close_matches(type, list(CATALOG), n=3, cutoff=0.6)
-            hint = f" (did you mean {', '.join(near)}?)" if near else ""
-            raise GraphError(f"no layer type '{type}' in the catalog{hint}")
+            raise GraphError(unknown_type(type))
         spec = CATALOG[type]
         _check_params(spec, params, type)
         ins = ports_of(type, {**spec.defaults(), **params})[0]

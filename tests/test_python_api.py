@@ -66,7 +66,7 @@ def test_editing_and_its_errors_name_what_is_wrong():
     p = _mlp()
     assert p.nodes == ["input1", "fc1", "act", "head", "out"]
     assert p.graph.incoming("head")["in"].src == "act"
-    with pytest.raises(lf.GraphError, match="no layer type 'Linaer' in the catalog \\(did you mean Linear"):
+    with pytest.raises(lf.GraphError, match="unknown layer type 'Linaer' \\(did you mean Linear"):
         p.add("Linaer", "act")
     with pytest.raises(lf.GraphError, match="Linear: unknown parameter 'out_feature' \\(did you mean out_features"):
         p.add("Linear", "act", out_feature=3)

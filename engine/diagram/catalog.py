@@ -8,6 +8,8 @@ batch dimension is left out.
 """
 from __future__ import annotations
 
+import difflib
+
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -574,6 +576,22 @@ _add(LayerSpec("Op", "Generic", "Any ATen computation the catalog has no layer f
 
 def get_layer(node_type: str) -> LayerSpec | None:
     return CATALOG.get(node_type)
+
+
+def near_types(node_type: str, n: int = 3) -> list[str]:
+    """The catalog's types a mistyped one was likely meant as: the same letters in another
+    case first (Relu: ReLU), then the closest spellings, compared without case."""
+    same = [t for t in CATALOG if t.lower() == node_type.lower()]
+    if same:
+        return same
+    folded = {t.lower(): t for t in CATALOG}
+    return [folded[t] for t in difflib.get_close_matches(node_type.lower(), list(folded), n=n, cutoff=0.7)]
+
+
+def unknown_type(node_type: str) -> str:
+    """The one line for a layer type the catalog has not: the CLI, the API and the editor."""
+    near = near_types(node_type)
+    return f"unknown layer type '{node_type}'" + (f" (did you mean {' or '.join(near)}?)" if near else "")
 
 
 def categories() -> dict[str, list[str]]:

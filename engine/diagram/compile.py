@@ -22,7 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from engine import trust
 from engine.diagram.graph import CycleError, Edge, Graph
-from engine.diagram.catalog import FieldError, LayerSpec, get_layer
+from engine.diagram.catalog import FieldError, LayerSpec, get_layer, unknown_type
 from engine.runtime.layers import FUNCTION_LAYERS, build_layer
 from engine.runtime.model import build_graph_module
 
@@ -163,7 +163,7 @@ def compile_graph(graph: Graph) -> CompileResult:
             _err(errors, nid, node.type, f"the name '{nid}' is reserved by torch.nn.Module; rename the node")
         spec = get_layer(node.type)
         if spec is None:
-            _err(errors, nid, node.type, f"unknown layer type '{node.type}'")
+            _err(errors, nid, node.type, unknown_type(node.type))
             continue
         specs[nid] = spec
         merged, perrs = spec.check_params(node.params)

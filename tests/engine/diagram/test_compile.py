@@ -98,6 +98,20 @@ def test_unknown_type_and_bad_param_types_all_at_once():
     assert "node 'fc2' (Linear): bias must be true or false, not 1" in m
 
 
+def test_a_mistyped_layer_type_gets_a_did_you_mean():
+    """The same letters in another case first, then the closest spellings; one wording for
+    the CLI, the API and the editor (catalog.unknown_type)."""
+    from engine.diagram.catalog import near_types, unknown_type
+
+    g = mlp_graph()
+    g.add_node("Relu", id="r")
+    g.add_node("Lienar", id="l")
+    m = msgs(g)
+    assert "node 'r' (Relu): unknown layer type 'Relu' (did you mean ReLU?)" in m
+    assert any(e.startswith("node 'l' (Lienar): unknown layer type 'Lienar' (did you mean Linear") for e in m)
+    assert near_types("conv2D") == ["Conv2d"] and unknown_type("Zzzzqx") == "unknown layer type 'Zzzzqx'"
+
+
 def test_out_of_range_param():
     g = mlp_graph()
     g.set_param("fc1", "out_features", 0)
