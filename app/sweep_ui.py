@@ -140,6 +140,9 @@ class SweepUI(QObject):
         # a tab of the bottom area (Problems, Summary, Dashboard), not a second row beside it:
         # the area keeps one height, which the dashboard gives back when the user leaves it
         window.tabifyDockWidget(window.problems_dock, self.runs_table_dock)
+        # read again whenever it comes into view (a workspace, the View menu, its tab): runs
+        # made or ended meanwhile are in it without a Refresh
+        self.runs_table_dock.visibilityChanged.connect(lambda shown: shown and self.refresh_runs())
         for d in (self.dock, self.runs_table_dock):
             d.hide()  # shown from Panels, Run ▸ Sweep… or when a sweep starts
         self.runner: SweepRunner | None = None

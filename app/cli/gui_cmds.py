@@ -36,6 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--select", help="node to select (shown in the inspector)")
     p.add_argument("--zoom", type=float, help="zoom in percent (default: fit, but at least 60%% from the left)")
     p.add_argument("--run", help="a run folder to show in the run dashboard (needs the dashboard)")
+    p.add_argument("--workspace", choices=("Design", "Place", "Train", "Compare"),
+                   help="the workspace to show (default: Design; with --run, Train)")
     p.set_defaults(func=cmd_screenshot)
 
 
@@ -169,6 +171,10 @@ def _shoot(app, project, args, w_px: int, h_px: int, settings) -> int:
                 w.open_run(args.run)
             except RuntimeError as exc:
                 raise CliError(str(exc)) from None
+        if getattr(args, "workspace", None):
+            w.show_workspace(args.workspace)
+            app.processEvents()
+            w.default_dock_sizes()
         for _ in range(3):
             app.processEvents()
         _frame(w.view, args.zoom)

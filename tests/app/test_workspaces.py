@@ -126,3 +126,26 @@ def test_a_run_brings_train_with_the_dashboard_large_and_its_runs(make, tmp_path
     for title, d in w.workspaces.docks().items():
         if d.isVisible() and not d.visibleRegion().isEmpty():  # (a tab behind another is not on show)
             assert w.rect().contains(d.geometry()), title
+
+
+def test_compare_shows_the_projects_runs_without_a_refresh(make, tmp_path, monkeypatch):
+    """The Runs Table reads the runs again whenever it comes into view: Compare lists the
+    project's runs without a press of Refresh."""
+    import shutil
+
+    from app.main_window import EXAMPLE
+    from engine.project import load_project
+    from engine.runs.build import prepare_run
+    from engine.runs.history import runs_dir
+    from engine.runtime.train import run as train
+
+    monkeypatch.setenv("LAYERFLOW_PROJECTS_DIR", str(tmp_path / "mine"))
+    w = make(EXAMPLE)  # (the user's copy of the example, where its runs go)
+    d = prepare_run(load_project(w.project.path), runs_dir(w.project.directory) / "r1", steps=3)
+    assert train(d).state == "succeeded"
+    w2 = make(w.project.path)
+    assert w2.sweep_ui.compare.table.model.rowCount() == 0  # (not read while out of view)
+    w2.show_workspace("Compare")
+    settle()
+    assert visible(w2, "Runs Table") and w2.sweep_ui.compare.table.model.rowCount() == 1
+    shutil.rmtree(d)
