@@ -175,6 +175,15 @@ def _record_attempt(trainer, folder: RunFolder, attempt: Decision, start: int) -
         folder.write({**restart_record(rec, start), "time": round(folder.elapsed(), 4)})
 
 
+def wait_for_device(device) -> None:
+    """Until the work queued on `device` has run (a GPU's stream; nothing to wait for on the CPU)."""
+    device = torch.device(device) if device is not None else None
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device is not None and device.type not in ("cpu", "meta") and hasattr(torch, "accelerator"):
+        torch.accelerator.synchronize(device)
+
+
 class MetricLogger:
     """The log steps and their records. Between two, the losses are summed on the device;
     at a log step the trainer's log_sync reads them (one host sync, and distributed, one
@@ -194,7 +203,12 @@ class MetricLogger:
 
     def log(self, step: int, stop: bool) -> tuple[dict, bool]:
         """The record of the steps since the last log step, written; whether to stop now."""
-        tr, now, n = self.trainer, time.perf_counter(), step - self.last
+        tr, n = self.trainer, step - self.last
+        # the steps' device work is queued (the loop never waits for it): their time ends when
+        # it has run, not when the host queued the last kernel (samples_per_s, the automatic
+        # log interval and every bench ratio read this clock)
+        wait_for_device(tr.device)
+        now = time.perf_counter()
         own_s = (now - self.t_last) / n  # this rank's own step time
         loss_total, own, stop_now, step_s = tr.log_sync(self.loss_sum, stop, own_s)
         value = loss_total / n
