@@ -201,7 +201,10 @@ class ParallelTrainer(BaseTrainer):
         sq = torch.zeros((), dtype=torch.float32, device=self.device)
         local_grads: list[torch.Tensor] = []
         for (_, dims), (mesh, *tensors) in groups.items():
-            part = torch.stack([n.float() for n in torch._foreach_norm(tensors)]).pow(2).sum()
+            # the norms where the gradients are (FSDP2's cpu_offload keeps them on the host),
+            # the sum on this rank's device, where its collectives run (NCCL on GPUs)
+            part = sum(torch.stack([n.float() for n in torch._foreach_norm(ts)]).pow(2).sum().to(self.device)
+                       for ts in _by_device(tensors).values())
             for d in dims:
                 dist.all_reduce(part, group=mesh.get_group(d))
             sq += part
@@ -209,7 +212,9 @@ class ParallelTrainer(BaseTrainer):
         if self.dims.pp > 1:
             dist.all_reduce(sq, group=self.mesh["pp"].get_group())
         coef = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)  # torch's clip_grad_norm_ formula
-        torch._foreach_mul_(local_grads + scaled_only, coef)
+        # as torch's clip_grad_norm_: each device's gradients scaled by the coefficient on that device
+        for dev, ts in _by_device(local_grads + scaled_only).items():
+            torch._foreach_mul_(ts, coef.to(dev))
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -281,6 +286,14 @@ class ParallelTrainer(BaseTrainer):
         full = dist_checkpoint.full_model_state(self.state_model)
         if self.rank == 0:
             save_tensors(full, path)
+
+
+def _by_device(tensors: list[torch.Tensor]) -> dict[torch.device, list[torch.Tensor]]:
+    """Tensors grouped by device (the multi-tensor kernels take one device per call)."""
+    out: dict[torch.device, list[torch.Tensor]] = {}
+    for t in tensors:
+        out.setdefault(t.device, []).append(t)
+    return out
 
 
 def _ended(run_dir: Path) -> bool:

@@ -33,3 +33,106 @@ def test_wait_for_device_on_the_cpu_returns():
 
     wait_for_device("cpu")
     wait_for_device(None)
+
+
+# ----- one torchrun launch (2 processes, gloo) for the distributed trainer's findings --------
+import json  # noqa: E402
+import math  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[3]
+WORKER = Path(__file__).with_name("_gpu_ready_worker.py")
+RTOL = 1e-4
+VAL = 40  # 200 samples, a fifth for validation: batches of 32 and 8, so rank 1's share of the second is empty
+
+
+def _mlp(steps=6, **training):
+    from test_compile_runtime import mlp
+
+    return mlp("off", steps=steps, dataset={"kind": "synthetic_classification", "n_samples": 200},
+               eval_interval=3, **training)
+
+
+def _wide(width=2048, layers=4):
+    """An MLP of `layers` Linear(width, width): 16 MiB a weight at 2048, 64 MiB in all."""
+    from engine.diagram.graph import Graph
+    from engine.project import Project
+    from engine.project import Training
+
+    g = Graph()
+    g.add_node("Input", {"shape": [32]}, id="x")
+    g.add_node("Linear", {"out_features": width}, id="fc0")
+    prev = "fc0"
+    g.connect("x", "out", "fc0", "in")
+    for i in range(1, layers + 1):
+        g.add_node("Linear", {"out_features": width}, id=f"fc{i}")
+        g.connect(prev, "out", f"fc{i}", "in")
+        prev = f"fc{i}"
+    g.add_node("Linear", {"out_features": 4}, id="head")
+    g.add_node("Output", {"loss": "cross_entropy"}, id="out")
+    g.connect(prev, "out", "head", "in")
+    g.connect("head", "out", "out", "in")
+    tr = Training.model_validate({"dataset": {"kind": "synthetic_classification", "n_samples": 80},
+                                  "optimizer": {"name": "sgd", "lr": 0.01}, "batch_size": 16, "steps": 1,
+                                  "eval_interval": 100, "checkpoint_interval": 100, "log_interval": 1})
+    return Project(g, name="wide", training=tr)
+
+
+def _losses(rd: Path) -> list[float]:
+    from engine.runs.tail import read_metrics
+
+    return [r["loss"] for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
+
+
+def _val(rd: Path) -> list[float]:
+    from engine.runs.tail import read_metrics
+
+    return [r["val_loss"] for r in read_metrics(rd / "metrics.jsonl") if "val_loss" in r]
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    from engine.planning.planner import make_plan
+    from engine.runs.build import prepare_run
+    from engine.runtime.train import run
+
+    tmp = tmp_path_factory.mktemp("gpu_ready")
+    ref = prepare_run(_mlp(grad_clip=0.05), tmp / "ref")
+    assert run(ref).state == "succeeded"
+    dirs, jobs = {"ref": ref}, []
+
+    def add(name, project, placement, rss=False, **plan_changes):
+        plan = make_plan(project, 2, placement=placement)
+        assert plan.ok, plan.errors
+        rp = {**plan.runtime_plan(), **plan_changes}
+        dirs[name] = prepare_run(project, tmp / name, placement=placement, plan=rp)
+        jobs.append({"run_dir": str(dirs[name]), "rss": rss})
+
+    # FSDP2 with its state offloaded to the host, and gradient clipping tight enough to act every step
+    add("offload_clip", _mlp(grad_clip=0.05), {"dp": 2, "data_parallel": "fsdp"}, cpu_offload=True)
+    add("pp_clip", _mlp(grad_clip=0.05), {"pp": 2, "microbatches": 2, "schedule": "1f1b"})
+    spec = tmp / "jobs.json"
+    spec.write_text(json.dumps(jobs))
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        str(WORKER), str(spec)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    if r.returncode:
+        logs = "\n".join(f"--- {p}\n{p.read_text()[-2000:]}" for d in dirs.values() for p in sorted(d.glob("logs/rank*.log")))
+        pytest.fail(f"torchrun failed ({r.returncode}):\n{r.stderr[-4000:]}\n{logs}")
+    return dirs
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("torchrun")
+def test_cpu_offload_with_grad_clip_trains_as_one_process(launched):
+    """FSDP2 cpu_offload + grad_clip: the norm summed per device group and the coefficient
+    applied on each group's device (as torch's clip_grad_norm_), losses those of one process.
+    (On the CPU every group is the host's: the GPU case, a device norm and host gradients,
+    is the same code with two groups.)"""
+    want = _losses(launched["ref"])
+    for name in ("offload_clip", "pp_clip"):
+        got = _losses(launched[name])
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert a == pytest.approx(b, rel=RTOL), (name, got, want)
