@@ -218,15 +218,23 @@ class ParallelTrainer(BaseTrainer):
 
     @torch.no_grad()
     def evaluate(self) -> dict:
+        """The validation set, each replica on its share of each batch (the rows a training
+        step gives it), the sums added over the replicas: a dp-th of the work and of the
+        activations per rank. (Before, every replica ran the whole set: dp times the work.)"""
         self.model.eval()
         sums = [0.0] * 5
-        bs = self.local_batch if self.schedule is not None else self.batch_size  # (what training fits)
-        for x, y in self.data.val_batches(bs):
-            k = rows(x)
-            if self.schedule is not None and k < bs:  # the pipeline was shaped for bs rows: pad, then drop
-                pad = bs - k
-                x = torch.cat([x, x[:1].expand(pad, *x.shape[1:])])
-                y = torch.cat([y, y[:1].expand(pad, *y.shape[1:])])
+        lo, share = self.dp_rank * self.local_batch, self.local_batch
+        # every replica runs a forward for every batch, even one whose share is empty (FSDP's
+        # all-gathers and TP's collectives need every rank); a pipeline was shaped for a
+        # replica's batch: a short share is padded, the padding dropped
+        need = share if self.schedule is not None else 1
+        for xb, yb in self.data.val_batches(self.batch_size):
+            n = rows(xb)
+            a, b = min(lo, n), min(lo + share, n)
+            k = b - a
+            x, y = _take(xb, a, b), yb[a:b]
+            if k < need:
+                x, y = _pad(x, _take(xb, 0, 1), need - k), _pad(y, yb[:1], need - k)
             x, y = to_device(x, self.device), y.to(self.device)
             if self.schedule is None:
                 out = forward(self.model, x)
@@ -235,14 +243,13 @@ class ParallelTrainer(BaseTrainer):
             else:  # the last stage computes the schedule's loss too, so it needs targets
                 args = (x,) if self.is_first else ()
                 out = self.schedule.eval(*args, target=y if self.is_last else None)
-            y = y[:k]
-            if out is not None and (self.schedule is None or self.is_last):
-                sums = [a + b for a, b in zip(sums, eval_sums(self.loss_kind, out[:k], y, self.loss_options))]
+            if k and out is not None and (self.schedule is None or self.is_last):
+                sums = [a_ + b_ for a_, b_ in zip(sums, eval_sums(self.loss_kind, out[:k], y[:k], self.loss_options))]
         self.model.train()
         if self.schedule is not None:
             self.after_pipeline_eval()
-        # every replica evaluated the whole set: take one replica's numbers
-        mine = self.is_last and self.tp_rank == 0 and self.dp_rank == 0
+        # the replicas' sums added (one rank per replica: tp peers hold the same numbers)
+        mine = self.is_last and self.tp_rank == 0
         t = torch.tensor(sums if mine else [0.0] * 5, dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
         return self.eval_record(t.tolist())
@@ -286,6 +293,18 @@ class ParallelTrainer(BaseTrainer):
         full = dist_checkpoint.full_model_state(self.state_model)
         if self.rank == 0:
             save_tensors(full, path)
+
+
+def _take(x, a: int, b: int):
+    """Rows a:b of a batch's inputs (a tensor, or a dict of them)."""
+    return {k: v[a:b] for k, v in x.items()} if isinstance(x, dict) else x[a:b]
+
+
+def _pad(x, filler, n: int):
+    """x with n more rows, copies of filler's one row (a tensor, or a dict of them)."""
+    if isinstance(x, dict):
+        return {k: _pad(v, filler[k], n) for k, v in x.items()}
+    return torch.cat([x, filler[:1].expand(n, *filler.shape[1:])])
 
 
 def _by_device(tensors: list[torch.Tensor]) -> dict[torch.device, list[torch.Tensor]]:

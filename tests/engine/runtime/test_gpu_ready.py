@@ -136,3 +136,22 @@ def test_cpu_offload_with_grad_clip_trains_as_one_process(launched):
         assert len(got) == len(want)
         for a, b in zip(got, want):
             assert a == pytest.approx(b, rel=RTOL), (name, got, want)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("torchrun")
+def test_each_replica_evaluates_its_share_and_the_sums_are_added(launched):
+    """Under dp=2 each replica runs half the validation rows (before: all of them, on each),
+    an empty share still joins FSDP's all-gathers (one padded row, dropped), and the
+    validation loss is the one process's."""
+    want = _val(launched["ref"])
+    got = _val(launched["offload_clip"])
+    assert len(got) == len(want) == 2
+    for a, b in zip(got, want):
+        assert a == pytest.approx(b, rel=RTOL), (got, want)
+    ranks = json.loads((launched["offload_clip"] / "gpu_ready.json").read_text())
+    rows = [r["eval_rows"] for r in ranks]
+    assert rows == [16 + 8, 16 + 1], rows  # batches of 32 and 8: rank 1's second share is empty (1 padded row)
+    assert all(math.isclose(r["eval"]["val_loss"], want[-1], rel_tol=RTOL) for r in ranks)
+    pp = json.loads((launched["pp_clip"] / "gpu_ready.json").read_text())
+    assert pp[0]["eval"]["val_loss"] == pytest.approx(want[-1], rel=RTOL)
