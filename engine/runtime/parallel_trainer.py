@@ -290,7 +290,13 @@ class ParallelTrainer(BaseTrainer):
             self.sharing.spread(self.run_dir / CHECKPOINTS, ckpt.name if ckpt else None, self.share_group)
 
     def save_final(self, path: Path) -> None:
-        full = dist_checkpoint.full_model_state(self.state_model)
+        """model.pt, from rank 0: each stage gathered whole (one tensor at a time) on its first
+        replica's first tp rank only, then, in a pipeline, the stages sent to rank 0 over gloo."""
+        keep = self.dp_rank == 0 and self.tp_rank == 0
+        group = None
+        if self.dims.pp > 1:  # (every rank is here: fit calls save_final on all of them)
+            group = self.ckpt_group or self.share_group or dist.new_group(backend="gloo")
+        full = dist_checkpoint.full_model_state(self.state_model, keep=keep, gather_group=group)
         if self.rank == 0:
             save_tensors(full, path)
 

@@ -113,6 +113,7 @@ def launched(tmp_path_factory):
     # FSDP2 with its state offloaded to the host, and gradient clipping tight enough to act every step
     add("offload_clip", _mlp(grad_clip=0.05), {"dp": 2, "data_parallel": "fsdp"}, cpu_offload=True)
     add("pp_clip", _mlp(grad_clip=0.05), {"pp": 2, "microbatches": 2, "schedule": "1f1b"})
+    add("wide", _wide(), {"dp": 2, "data_parallel": "fsdp"}, rss=True)
     spec = tmp / "jobs.json"
     spec.write_text(json.dumps(jobs))
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -155,3 +156,27 @@ def test_each_replica_evaluates_its_share_and_the_sums_are_added(launched):
     assert all(math.isclose(r["eval"]["val_loss"], want[-1], rel_tol=RTOL) for r in ranks)
     pp = json.loads((launched["pp_clip"] / "gpu_ready.json").read_text())
     assert pp[0]["eval"]["val_loss"] == pytest.approx(want[-1], rel=RTOL)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("torchrun")
+def test_save_final_gathers_once_to_one_rank(launched):
+    """model.pt is the whole model (FSDP's shards and a pipeline's stages gathered) equal to
+    one process's; while full_model_state runs, the rank that does not write holds about one
+    whole tensor at a time (16 MiB of a 64 MiB model) and the writer about the model once,
+    where the gather it replaced held world x model bytes on every rank."""
+    import torch
+
+    want = torch.load(launched["ref"] / "model.pt", weights_only=True)
+    for name in ("offload_clip", "pp_clip"):
+        got = torch.load(launched[name] / "model.pt", weights_only=True)
+        assert sorted(got) == sorted(want), name
+        for k in want:
+            assert torch.allclose(got[k], want[k], rtol=1e-3, atol=1e-5), (name, k)
+    ranks = json.loads((launched["wide"] / "gpu_ready.json").read_text())
+    model = ranks[0]["model_mb"]
+    assert 60 < model < 70, ranks
+    print("save_final host memory rise per rank (MiB):", [(r["final_rss_mb"], r["old_rss_mb"]) for r in ranks])
+    assert ranks[1]["final_rss_mb"] < 0.5 * model, ranks
+    assert ranks[0]["final_rss_mb"] < 1.5 * model, ranks
+    assert all(r["old_rss_mb"] > 1.5 * model for r in ranks), ranks  # (what the old gather cost, measured)
