@@ -57,8 +57,14 @@ def make_optimizer(params, optimizer) -> torch.optim.Optimizer:
 def compute_loss(kind: str, out: torch.Tensor, y: torch.Tensor, options=None) -> torch.Tensor:
     """The Output node's loss: cross_entropy (per sample, or per token of (B, T, C) logits:
     a language model's shifted targets), bce (multi-label: logits against 0/1 targets),
-    mse. `options` (the run spec's loss_options): label_smoothing, ignore_index."""
+    mse. `options` (the run spec's loss_options): label_smoothing, ignore_index.
+
+    In float32 whatever the model computed in (torchtitan's way): FSDP's bf16 policy hands
+    bf16 outputs straight here (no autocast there to lift the loss), and a bf16 loss, or MSE
+    and BCE targets cast down to bf16 (8 bits of mantissa), lose what the loss is about."""
     opts = options or {}
+    if out.is_floating_point() and out.dtype in (torch.float16, torch.bfloat16):
+        out = out.float()
     if kind == "cross_entropy":
         ls, ignore = float(opts.get("label_smoothing", 0.0)), int(opts.get("ignore_index", -100))
         if out.dim() > 2:  # per-token logits (B, T, C) against targets (B, T)

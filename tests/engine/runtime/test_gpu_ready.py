@@ -180,3 +180,29 @@ def test_save_final_gathers_once_to_one_rank(launched):
     assert ranks[1]["final_rss_mb"] < 0.5 * model, ranks
     assert ranks[0]["final_rss_mb"] < 1.5 * model, ranks
     assert all(r["old_rss_mb"] > 1.5 * model for r in ranks), ranks  # (what the old gather cost, measured)
+
+
+def test_the_loss_is_computed_in_float32_from_bf16_outputs():
+    """FSDP's bf16 policy hands the loss bf16 outputs (no autocast there): compute_loss lifts
+    them to float32 and leaves MSE/BCE targets in float32 (before: the loss in bf16, the
+    targets rounded to 8 bits of mantissa)."""
+    import torch
+    import torch.nn.functional as F
+
+    from engine.runtime.steps import compute_loss, eval_sums
+
+    g = torch.Generator().manual_seed(0)
+    out = torch.randn(64, 3, generator=g).bfloat16()
+    y = out.float() + 1e-3 * torch.randn(64, 3, generator=g)  # closer than bf16 can tell apart
+    loss = compute_loss("mse", out, y)
+    assert loss.dtype == torch.float32
+    assert torch.equal(loss, F.mse_loss(out.float(), y))
+    assert float(loss) == pytest.approx(1e-6, rel=0.3)  # (bf16 targets: mostly 0, or a bf16 step's square)
+    labels = (torch.rand(64, 3, generator=g) > 0.5).float()
+    assert compute_loss("bce", out, labels).dtype == torch.float32
+    cls = torch.randint(0, 3, (64,), generator=g)
+    ce = compute_loss("cross_entropy", out, cls)
+    assert ce.dtype == torch.float32 and torch.equal(ce, F.cross_entropy(out.float(), cls))
+    assert eval_sums("mse", out, y)[0] == pytest.approx(float(loss) * 64)
+    # float64 stays float64
+    assert compute_loss("mse", out.double(), y.double()).dtype == torch.float64
