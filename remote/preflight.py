@@ -339,7 +339,8 @@ def device_spec(report: PreflightReport, nproc_per_node: int = 1):
         flops = known.flops_per_s if known else 0.4 * 100e12
         link = known.link_bytes_per_s if known else 25e9
         return DeviceSpec(g.name, int(free_mb * 2 ** 20), flops, link, 10e-6,
-                          update_bytes_per_s=known.update_bytes_per_s if known else None)
+                          update_bytes_per_s=known.update_bytes_per_s if known else None,
+                          precision_flops=known.precision_flops if known else ())
     mems = [h.mem_bytes for h in report.hosts if h.mem_bytes]
     mem = min(mems) // max(1, nproc_per_node) if mems else 8 * 2 ** 30
     return DeviceSpec("cpu", int(mem), flops_per_s=1.5e10, link_bytes_per_s=1e9, latency_s=50e-6)

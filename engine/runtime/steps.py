@@ -166,6 +166,17 @@ def left_as_it_was(modules):
             m.zero_grad(set_to_none=True)
 
 
+def set_matmul_precision(device) -> None:
+    """A GPU's float32 matmuls (and convolutions) on TF32 tensor cores: torch's default,
+    "highest", leaves them on the CUDA cores, about 1/8 of an H100's TF32 rate (the planner
+    prices float32 at the TF32 rate: engine/planning/cost.py). TF32 keeps float32's range
+    with a 10-bit mantissa in the products; accumulation stays float32 (torchtitan and
+    nanoGPT set the same). Called where the runtime picks its device; the CPU's matmuls
+    stay exact float32 (what the CPU tests compare)."""
+    if torch.device(device).type == "cuda":
+        torch.set_float32_matmul_precision("high")
+
+
 def seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)

@@ -62,6 +62,9 @@ def init_distributed() -> torch.device:
         backend = "cpu:gloo,cuda:nccl"  # nccl for tensors, gloo for the CPU-side objects
     else:
         device, backend = torch.device("cpu"), "gloo"
+    from ..steps import set_matmul_precision
+
+    set_matmul_precision(device)  # (TF32 on a GPU)
     if not dist.is_initialized():
         if "TORCHELASTIC_RUN_ID" not in os.environ:  # (not under torchrun: env:// as given)
             dist.init_process_group(backend=backend)

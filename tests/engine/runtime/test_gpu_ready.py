@@ -206,3 +206,46 @@ def test_the_loss_is_computed_in_float32_from_bf16_outputs():
     assert eval_sums("mse", out, y)[0] == pytest.approx(float(loss) * 64)
     # float64 stays float64
     assert compute_loss("mse", out.double(), y.double()).dtype == torch.float64
+
+
+def test_tf32_is_set_for_a_gpu_and_the_cpu_stays_float32(monkeypatch):
+    """set_matmul_precision (called where the runtime picks its device: train.pick_device,
+    mesh.init_distributed) turns TF32 on for a CUDA device and leaves the CPU's float32 exact.
+    (torch sets the flag without a GPU; what it does to the kernels is a GPU's.)"""
+    import torch
+
+    from engine.runtime.steps import set_matmul_precision
+    from engine.runtime.train import pick_device
+
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert pick_device().type == "cpu" and torch.get_float32_matmul_precision() == "highest"
+        set_matmul_precision(torch.device("cuda", 0))
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_the_device_table_has_one_rate_per_precision():
+    """float32 on a GPU is priced at its TF32 rate (half of bf16's), not at the bf16 peak, and
+    the planner prices a plan at its precision's rate."""
+    from test_compile_runtime import mlp
+
+    from engine.planning.cost import GPUS
+    from engine.planning.planner import make_plan
+
+    for name, dev in GPUS.items():
+        fp32, bf16 = dev.at_precision("none").flops_per_s, dev.at_precision("bf16").flops_per_s
+        assert fp32 == pytest.approx(bf16 / 2, rel=0.01), name
+        assert dev.at_precision("float8").flops_per_s == bf16 and dev.flops_per_s == bf16
+    h100 = GPUS["h100-80gb"]
+    assert h100.at_precision("none").flops_per_s == pytest.approx(0.4 * 494.7e12)
+    plans = {}
+    for mp in ("none", "bf16"):
+        p = mlp("off")
+        p.placement.mixed_precision = mp
+        plans[mp] = make_plan(p, 1, h100)
+        assert plans[mp].ok, plans[mp].errors
+    assert plans["none"].device.flops_per_s == pytest.approx(plans["bf16"].device.flops_per_s / 2, rel=0.01)
+    assert plans["none"].predicted.step_s > plans["bf16"].predicted.step_s
