@@ -30,8 +30,10 @@ def load_spec(run_dir: str | Path) -> RunSpec:
 
 
 def pick_device() -> torch.device:
+    from .distributed.mesh import cuda_device_order
     from .steps import set_matmul_precision
 
+    cuda_device_order()  # (before CUDA starts: cuda:i is nvidia-smi's GPU i)
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local)

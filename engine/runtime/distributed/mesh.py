@@ -54,7 +54,16 @@ def device_memory(device: torch.device) -> int | None:
     return torch.cuda.get_device_properties(device).total_memory
 
 
+def cuda_device_order() -> None:
+    """CUDA numbers GPUs as nvidia-smi does, by PCI bus id (its default, FASTEST_FIRST, may
+    not): cuda:LOCAL_RANK is then the GPU preflight checked for that rank
+    (remote/preflight.py rank_gpus). Read by CUDA when it starts: call before any CUDA call.
+    A setting of the user's own is kept."""
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+
+
 def init_distributed() -> torch.device:
+    cuda_device_order()
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local)
