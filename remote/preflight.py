@@ -137,7 +137,22 @@ t["optional"] = opt
 print(json.dumps(t))' 2>&1
 echo "@@nvidia"; if command -v nvidia-smi >/dev/null 2>&1; then {nvq} 2>&1; fi
 echo "@@disk"; mkdir -p {wd} && df -Pk {wd} | tail -n 1
+echo "@@network"; {network}
 """
+
+
+def _network_probe() -> str:
+    """A python program for the probe: the interface of this node that reaches argv[1]:argv[2]
+    (the rendezvous address) and the node's interface names, as JSON. The runtime's own
+    function (engine/runtime/distributed/mesh.py socket_ifname), so preflight says what the
+    ranks will set."""
+    import inspect
+
+    from engine.runtime.distributed.mesh import socket_ifname
+
+    return ("from __future__ import annotations\nimport json, socket, sys\n" + inspect.getsource(socket_ifname)
+            + "\nprint(json.dumps({'ifname': socket_ifname(sys.argv[1], int(sys.argv[2])), "
+              "'interfaces': [n for _, n in socket.if_nameindex()]}))\n")
 
 
 @dataclass
@@ -159,6 +174,8 @@ class HostReport:
     unknown_key: str | None = None  # the fingerprint to show the user when the host key is not known yet
     unknown_key_type: str | None = None
     cuda_visible_devices: str | None = None  # as the node's shell sets it (None: not set)
+    socket_ifname: str | None = None  # the interface that reaches the rendezvous address (GLOO/NCCL_SOCKET_IFNAME)
+    interfaces: list[str] = field(default_factory=list)  # the node's network interface names
 
     def optional_text(self) -> str:
         """The optional packages as the table shows them: "tensorboard 2.21.0" or "no tensorboard"
@@ -218,8 +235,10 @@ def probe_host(conn: Connection, cluster: Cluster, timeout: float) -> HostReport
     rep = HostReport(conn.label)
     try:
         wd = conn.abspath(cluster.workdir)
+        network = (f"{quote(cluster.python)} -c {quote(_network_probe())} {quote(rdzv_address(cluster))} "
+                   f"{int(cluster.rdzv_port)} 2>&1")
         res = conn.run(PROBE.format(py=quote(cluster.python), nvq=NVIDIA_QUERY, wd=quote(wd),
-                                    optional=repr(tuple(OPTIONAL)).replace("'", '"')),
+                                    optional=repr(tuple(OPTIONAL)).replace("'", '"'), network=network),
                        timeout=timeout, check=False)
     except UnknownHostKey as exc:
         rep.unknown_key, rep.unknown_key_type = exc.fingerprint, exc.key_type
@@ -242,6 +261,11 @@ def probe_host(conn: Connection, cluster: Cluster, timeout: float) -> HostReport
     if not rep.torch:
         return rep.fail(f"torch is not importable by {cluster.python} ({info.get('torch_error')})")
     rep.gpus, rep.warnings = parse_nvidia_smi("\n".join(parts.get("nvidia", [])))
+    try:
+        net = json.loads((parts.get("network") or [""])[-1])
+        rep.socket_ifname, rep.interfaces = net.get("ifname"), [str(n) for n in net.get("interfaces") or []]
+    except (ValueError, AttributeError):
+        pass  # (an interpreter too old for the probe: the runtime still sets them itself)
     disk = " ".join(parts.get("disk", [])).split()
     try:
         rep.free_disk_gb = int(disk[3]) / 1024 ** 2
@@ -338,11 +362,42 @@ def preflight(cluster: Cluster, *, accept: Iterable[str] = (), timeout: float | 
             reports = list(ex.map(lambda c: probe_host(c, cluster, timeout), conns))
         if rendezvous and all(r.ok for r in reports):
             check_rendezvous(conns, cluster, reports, timeout)
-        return PreflightReport(reports)
+        return PreflightReport(reports, network_notes(cluster, reports))
     finally:
         if own:
             for c in conns:
                 c.close()
+
+
+SOCKET_ENVS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def network_notes(cluster: Cluster, reports: list[HostReport]) -> list[str]:
+    """Several nodes: the network interface gloo and NCCL will bind on each (the profile's
+    env, else the one that reaches the rendezvous address, which the runtime sets:
+    engine/runtime/distributed/mesh.py set_socket_ifname), and a warning where the profile
+    names an interface a node does not have."""
+    if len(reports) < 2:
+        return []
+    env = {k: v for k, v in (getattr(cluster, "env", None) or {}).items() if k in SOCKET_ENVS}
+    addr = f"{rdzv_address(cluster)}:{cluster.rdzv_port}"
+    notes = []
+    if len(env) == len(SOCKET_ENVS):
+        notes.append("network: " + ", ".join(f"{k}={v}" for k, v in env.items()) + " (the profile's env)")
+    else:
+        per_host = ", ".join(f"{r.host} {r.socket_ifname or '?'}" for r in reports)
+        notes.append(f"network: GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME set by the runtime to the interface that "
+                     f"reaches the rendezvous address {addr}: {per_host}"
+                     + (f"; the profile's env keeps {', '.join(f'{k}={v}' for k, v in env.items())}" if env else ""))
+    gloo = env.get("GLOO_SOCKET_IFNAME")
+    for r in reports:
+        if gloo and r.interfaces and gloo not in r.interfaces:
+            notes.append(f"WARNING {r.host}: GLOO_SOCKET_IFNAME={gloo} but the node's interfaces are "
+                         f"{', '.join(r.interfaces)}: gloo will not start; fix the profile's env")
+        elif not env and r.ok and r.socket_ifname is None:
+            notes.append(f"WARNING {r.host}: no interface found that reaches {addr}: set GLOO_SOCKET_IFNAME and "
+                         f"NCCL_SOCKET_IFNAME in the profile's env")
+    return notes
 
 
 def check_devices(report: PreflightReport, world_size: int, nproc_per_node: int,

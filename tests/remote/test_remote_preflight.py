@@ -84,6 +84,11 @@ def test_preflight_two_hosts(sshd_pair, tmp_path):
             assert h.optional["tensorboard"] == here
         assert (f"tensorboard {here}" if here else "no tensorboard") in h.optional_text()
         assert "nvidia-ml-py" not in h.optional_text()  # no GPUs here
+    # the interface gloo/NCCL will bind on each node: the one reaching the rendezvous address (loopback here)
+    assert all(h.socket_ifname == "lo" and "lo" in h.interfaces for h in rep.hosts), rep.hosts
+    net = [n for n in rep.notes if n.startswith("network: ")]
+    assert len(net) == 1 and "set by the runtime" in net[0] and net[0].count(" lo") == 2, rep.notes
+    assert net[0] in table
 
 
 def test_preflight_names_the_failing_host(sshd_pair, tmp_path):
@@ -176,3 +181,21 @@ def test_the_runtime_numbers_cuda_devices_in_pci_order(monkeypatch):
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
     cuda_device_order()
     assert os.environ["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
+
+
+def test_network_notes_name_the_profiles_interface_and_a_node_without_it():
+    from remote.preflight import HostReport, network_notes
+
+    c = parse_cluster({"name": "two", "hosts": [{"address": "10.0.0.1"}, {"address": "10.0.0.2"}], "env": {"GLOO_SOCKET_IFNAME": "ib0",
+                                                                               "NCCL_SOCKET_IFNAME": "ib0"}})
+    hosts = [HostReport("a", ok=True, socket_ifname="eth0", interfaces=["lo", "eth0", "ib0"]),
+             HostReport("b", ok=True, socket_ifname="eth0", interfaces=["lo", "eth0"])]
+    notes = network_notes(c, hosts)
+    assert notes[0] == "network: GLOO_SOCKET_IFNAME=ib0, NCCL_SOCKET_IFNAME=ib0 (the profile's env)"
+    assert notes[1].startswith("WARNING b: GLOO_SOCKET_IFNAME=ib0 but the node's interfaces are lo, eth0")
+    assert network_notes(c, hosts[:1]) == []  # one node: nothing crosses a network
+    c2 = parse_cluster({"name": "two", "hosts": [{"address": "10.0.0.1"}, {"address": "10.0.0.2"}]})
+    hosts[1].socket_ifname = None
+    notes = network_notes(c2, hosts)
+    assert notes[0].endswith("reaches the rendezvous address 10.0.0.1:29400: a eth0, b ?")
+    assert notes[1].startswith("WARNING b: no interface found that reaches 10.0.0.1:29400")

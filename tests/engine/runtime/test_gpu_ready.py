@@ -249,3 +249,58 @@ def test_the_device_table_has_one_rate_per_precision():
         assert plans[mp].ok, plans[mp].errors
     assert plans["none"].device.flops_per_s == pytest.approx(plans["bf16"].device.flops_per_s / 2, rel=0.01)
     assert plans["none"].predicted.step_s > plans["bf16"].predicted.step_s
+
+
+def test_the_runtime_sets_the_socket_interfaces_from_the_rendezvous_address():
+    """Several nodes: GLOO/NCCL_SOCKET_IFNAME name the interface that reaches the rendezvous
+    address (the profile's env wins); one node: left alone."""
+    from engine.runtime.distributed.mesh import set_socket_ifname, socket_ifname
+
+    assert socket_ifname("127.0.0.1") == "lo" and socket_ifname("name.invalid") is None
+    env = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "LAYERFLOW_RDZV_ENDPOINT": "127.0.0.2:29400"}
+    assert set_socket_ifname(env).startswith("network interface lo (reaches the rendezvous address 127.0.0.2)")
+    assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "lo"
+    env = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "LAYERFLOW_RDZV_ENDPOINT": "127.0.0.2:29400",
+           "NCCL_SOCKET_IFNAME": "^docker,veth"}  # (NCCL's own list syntax: kept, not given to gloo)
+    set_socket_ifname(env)
+    assert env["NCCL_SOCKET_IFNAME"] == "^docker,veth" and env["GLOO_SOCKET_IFNAME"] == "lo"
+    env = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GLOO_SOCKET_IFNAME": "ib0", "NCCL_SOCKET_IFNAME": "ib0"}
+    assert "from the profile's env" in set_socket_ifname(env) and env["GLOO_SOCKET_IFNAME"] == "ib0"
+    # a host name that its own node maps to loopback is no answer (the other nodes reach it elsewhere)
+    env = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "LAYERFLOW_RDZV_ENDPOINT": "localhost:29400"}
+    assert set_socket_ifname(env).startswith("no network interface found") and "GLOO_SOCKET_IFNAME" not in env
+    assert set_socket_ifname({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}) is None
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("torchrun")
+def test_two_torchrun_nodes_bind_gloo_to_the_rendezvous_interface(tmp_path):
+    """Two real torchrun agents (--nnodes 2, c10d rendezvous on 127.0.0.1): each worker reads
+    its agent's --rdzv-endpoint, sets GLOO_SOCKET_IFNAME=lo before its process group, and
+    an all-reduce over gloo runs."""
+    import socket
+
+    script = tmp_path / "w.py"
+    script.write_text(f"""import json, os, sys
+sys.path.insert(0, {str(ROOT)!r})
+import torch, torch.distributed as dist
+from engine.runtime.distributed.mesh import init_distributed
+init_distributed()
+t = torch.ones(1); dist.all_reduce(t)
+json.dump({{k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}} | {{"sum": t.item()}},
+          open({str(tmp_path)!r} + "/rank%s.json" % os.environ["RANK"], "w"))
+dist.destroy_process_group()
+""")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "ifname", str(script)]
+    agents = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+              for _ in range(2)]
+    outs = [a.communicate(timeout=300)[0] for a in agents]
+    assert all(a.returncode == 0 for a in agents), outs
+    for r in (0, 1):
+        got = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert got == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "sum": 2.0}, got
+    assert any("layerflow: network interface lo (reaches the rendezvous address 127.0.0.1)" in o for o in outs), outs
