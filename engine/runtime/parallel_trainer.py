@@ -31,7 +31,7 @@ from .distributed.stages import top_blocks
 from .steps import compute_loss, eval_sums, peak_mem_mb, seed_all
 from .trainer import BaseTrainer
 from .distributed.ckpt_share import CheckpointSharing
-from .distributed.data_parallel import BF16_MODES, average_grads, dp_by_hand, grad_sync
+from .distributed.data_parallel import BF16_MODES, average_grads, dp_by_hand, grad_sync, wraps_dp
 from .distributed.mesh import ParallelDims, build_mesh, device_memory, init_distributed
 from .distributed.parallelize import complete_plan, parallelize
 from .distributed.pipeline import by_node_id, forward_only_schedule, infer_stage_shapes, local_stages, make_schedule
@@ -110,7 +110,7 @@ class ParallelTrainer(BaseTrainer):
         # bf16 (and float8, whose unconverted layers run in bf16): FSDP2 casts through its
         # MixedPrecisionPolicy; everything else autocasts the forward
         self.autocast = self.autocast_for(plan.mixed_precision in BF16_MODES
-                                          and not (dims.dp > 1 and plan.data_parallel == "fsdp"))
+                                          and not (wraps_dp(plan) and plan.data_parallel == "fsdp"))
 
     # ---- one step ----
     def train_step(self, step: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from ..plan import RunPlan
-from .data_parallel import apply_dp, dp_by_hand
+from .data_parallel import apply_dp, wraps_dp
 from .stages import apply_checkpointing, build_stage_module, even_stages
 from .tensor_parallel import apply_tp
 
@@ -45,7 +45,7 @@ def parallelize(full: nn.Module, plan: RunPlan, mesh: DeviceMesh, device: torch.
         apply_tp(mod, mesh["tp"], plan.tp_plan)
     if compile_model is not None:
         mod = compile_model(mod)
-    if plan.dp > 1 and not dp_by_hand(plan):
+    if wraps_dp(plan):
         mod = apply_dp(mod, mesh["dp"], plan.data_parallel, plan.reshard_after_forward, plan.mixed_precision,
                        plan.cpu_offload)
     return mod

@@ -304,3 +304,18 @@ dist.destroy_process_group()
         got = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert got == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "sum": 2.0}, got
     assert any("layerflow: network interface lo (reaches the rendezvous address 127.0.0.1)" in o for o in outs), outs
+
+
+def test_fsdp_with_cpu_offload_wraps_at_dp_1():
+    """FSDP2's CPU offload is a memory saving on one device too: parallelize() wraps at dp=1
+    when the plan offloads (before: dropped without a word); nothing else changes at dp=1."""
+    from engine.runtime.distributed.data_parallel import wraps_dp
+    from engine.runtime.plan import RunPlan
+
+    def plan(**kw):
+        return RunPlan.from_json({"pp": 1, "dp": 1, "tp": 1, **kw}, "plan")
+
+    assert wraps_dp(plan(data_parallel="fsdp", cpu_offload=True))
+    assert not wraps_dp(plan(data_parallel="fsdp")) and not wraps_dp(plan(data_parallel="ddp"))
+    assert wraps_dp(plan(dp=2, data_parallel="ddp"))
+    assert not wraps_dp(plan(pp=2, dp=2, data_parallel="ddp", stages=[["a"], ["b"]]))  # (a pipeline's DDP: by hand)
