@@ -268,7 +268,7 @@ class ParallelTrainer(BaseTrainer):
 
     def peak_mem_per_rank(self) -> list[float]:
         t = torch.zeros(dist.get_world_size(), dtype=torch.float64, device=self.device)
-        t[self.rank] = peak_mem_mb(self.device)
+        t[self.rank] = max(peak_mem_mb(self.device), getattr(self, "peak_seen_mb", 0.0))  # (the steps' peak)
         dist.all_reduce(t)
         return [round(float(v), 1) for v in t]
 

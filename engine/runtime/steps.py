@@ -132,6 +132,14 @@ def peak_mem_mb(device: torch.device) -> float:
         return 0.0
 
 
+def reset_peak_mem(device: torch.device) -> None:
+    """The device's peak counter starts again from what is allocated now (a GPU's; the CPU's
+    ru_maxrss cannot be reset): each metrics record then says its own steps' peak, not one
+    that includes compiling, a checkpoint's load or the pipeline's shape inference."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}

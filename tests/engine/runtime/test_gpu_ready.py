@@ -319,3 +319,25 @@ def test_fsdp_with_cpu_offload_wraps_at_dp_1():
     assert not wraps_dp(plan(data_parallel="fsdp")) and not wraps_dp(plan(data_parallel="ddp"))
     assert wraps_dp(plan(dp=2, data_parallel="ddp"))
     assert not wraps_dp(plan(pp=2, dp=2, data_parallel="ddp", stages=[["a"], ["b"]]))  # (a pipeline's DDP: by hand)
+
+
+def test_each_record_has_its_own_steps_peak_memory(tmp_path, monkeypatch):
+    """The peak counter is reset when the steps start (after compiling, a resume's load) and
+    after each record, so a record's peak_mem_mb is its own steps'; the run's highest is
+    kept. A GPU's counters (max_memory_allocated, reset_peak_memory_stats) are stood in for:
+    the first window peaks at 500 MB (a compile, say), the steps at 100."""
+    from test_compile_runtime import mlp, train
+
+    from engine.runtime import loop
+
+    peak = {"mb": 500.0, "resets": 0}
+
+    def reset(device):
+        peak["resets"] += 1
+        peak["mb"] = 100.0
+
+    monkeypatch.setattr(loop, "peak_mem_mb", lambda device: peak["mb"])
+    monkeypatch.setattr(loop, "reset_peak_mem", reset)
+    _, recs, _ = train(mlp("off", steps=3), tmp_path / "run")
+    assert [r["peak_mem_mb"] for r in recs if "loss" in r] == [100.0] * 3  # (reset before the first step)
+    assert peak["resets"] == 1 + 3
