@@ -236,13 +236,14 @@ class ParallelTrainer(BaseTrainer):
             if k < need:
                 x, y = _pad(x, _take(xb, 0, 1), need - k), _pad(y, yb[:1], need - k)
             x, y = to_device(x, self.device), y.to(self.device)
-            if self.schedule is None:
-                out = forward(self.model, x)
-            elif self.eval_schedule is not None:  # (forward only: no loss, no targets)
-                out = self.eval_schedule.step(*((x,) if self.is_first else ()))
-            else:  # the last stage computes the schedule's loss too, so it needs targets
-                args = (x,) if self.is_first else ()
-                out = self.schedule.eval(*args, target=y if self.is_last else None)
+            with self.autocast():  # (bf16 as in training: what fits there fits here, and the numbers are its)
+                if self.schedule is None:
+                    out = forward(self.model, x)
+                elif self.eval_schedule is not None:  # (forward only: no loss, no targets)
+                    out = self.eval_schedule.step(*((x,) if self.is_first else ()))
+                else:  # the last stage computes the schedule's loss too, so it needs targets
+                    args = (x,) if self.is_first else ()
+                    out = self.schedule.eval(*args, target=y if self.is_last else None)
             if k and out is not None and (self.schedule is None or self.is_last):
                 sums = [a_ + b_ for a_, b_ in zip(sums, eval_sums(self.loss_kind, out[:k], y[:k], self.loss_options))]
         self.model.train()

@@ -341,3 +341,24 @@ def test_each_record_has_its_own_steps_peak_memory(tmp_path, monkeypatch):
     _, recs, _ = train(mlp("off", steps=3), tmp_path / "run")
     assert [r["peak_mem_mb"] for r in recs if "loss" in r] == [100.0] * 3  # (reset before the first step)
     assert peak["resets"] == 1 + 3
+
+
+def test_evaluation_autocasts_as_training_does(tmp_path):
+    """A bf16 run evaluates in bf16 too (before: float32 weights and activations in
+    evaluation, twice the activation memory of training's); the loss stays float32."""
+    import torch
+
+    from test_compile_runtime import mlp
+
+    from engine.runs.build import prepare_run
+    from engine.runtime.spec import RunSpec
+    from engine.runtime.trainer import Trainer
+
+    p = mlp("off", steps=2)
+    p.placement.mixed_precision = "bf16"
+    rd = prepare_run(p, tmp_path / "run")
+    t = Trainer(rd, RunSpec.load(rd), torch.device("cpu"))
+    seen = []
+    t.model.fc1.register_forward_hook(lambda _m, _a, out: seen.append(out.dtype))
+    rec = t.evaluate()
+    assert seen and set(seen) == {torch.bfloat16} and isinstance(rec["val_loss"], float)
