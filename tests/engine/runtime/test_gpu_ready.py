@@ -362,3 +362,19 @@ def test_evaluation_autocasts_as_training_does(tmp_path):
     t.model.fc1.register_forward_hook(lambda _m, _a, out: seen.append(out.dtype))
     rec = t.evaluate()
     assert seen and set(seen) == {torch.bfloat16} and isinstance(rec["val_loss"], float)
+
+
+def test_npz_batches_are_the_same_rows_pinned_or_not():
+    """A GPU run gathers npz batches into pinned memory (batches.Batches pin_memory); without
+    CUDA the flag is off and the rows are the plain gather's. (Pinning itself needs a GPU.)"""
+    import numpy as np
+    import torch
+
+    from engine.runtime.batches import Batches
+
+    x, y = np.arange(200, dtype=np.float32).reshape(100, 2), np.arange(100)
+    plain, pinned = Batches(x, y, 10, 3), Batches(x, y, 10, 3, pin_memory=True)
+    assert pinned.pin == torch.cuda.is_available()
+    for step in (0, 9, 10, 23):
+        (a, b), (c, d) = plain.batch(step), pinned.batch(step)
+        assert torch.equal(a, c) and torch.equal(b, d) and c.is_pinned() == pinned.pin
