@@ -378,3 +378,38 @@ def test_npz_batches_are_the_same_rows_pinned_or_not():
     for step in (0, 9, 10, 23):
         (a, b), (c, d) = plain.batch(step), pinned.batch(step)
         assert torch.equal(a, c) and torch.equal(b, d) and c.is_pinned() == pinned.pin
+
+
+def test_a_checkpointed_region_calls_the_sync_batchnorm_swapped_after_the_cut(tmp_path):
+    """convert_sync_batchnorm (parallelize() runs it after the cut) replaces a stage's
+    BatchNorm children; a checkpointed region holding one must call the SyncBatchNormCPU
+    (a real gloo group of one process here), not the BatchNorm it was cut with."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from engine.runtime.distributed.stages import apply_checkpointing
+    from engine.runtime.sync_bn import SyncBatchNormCPU, convert_sync_batchnorm
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn, self.head = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.head(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+    gm = torch.fx.symbolic_trace(Net())
+    ids = [n.name for n in gm.graph.nodes if n.op in ("call_module", "call_function", "call_method")]
+    stage = apply_checkpointing(gm, {"conv", "bn", "relu"})
+    assert hasattr(stage, "checkpointed_0") and "mean" in ids
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        stage = convert_sync_batchnorm(stage, dist.group.WORLD, "cpu")
+        assert isinstance(stage.bn, SyncBatchNormCPU)
+        calls = []
+        stage.bn.register_forward_hook(lambda *_a: calls.append(1))
+        stage(torch.randn(2, 3, 8, 8)).sum().backward()
+        assert calls and stage.bn.weight.grad is not None and int(stage.bn.num_batches_tracked) >= 1
+    finally:
+        dist.destroy_process_group()
