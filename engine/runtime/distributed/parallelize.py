@@ -34,7 +34,12 @@ def parallelize(full: nn.Module, plan: RunPlan, mesh: DeviceMesh, device: torch.
         mod = build_stage_module(full, plan.stages, stage_index, ckpt, blocks)
     else:
         mod = apply_checkpointing(full, ckpt, blocks)
-    mod.to(device).train()
+    # FSDP2 moves each unit's parameters to the device as it shards them (one unit whole at a
+    # time); moving the stage first would put the whole model on every rank's device before
+    # the sharding (and, with cpu_offload, copy it back again). Everything else moves now.
+    if not (wraps_dp(plan) and plan.data_parallel == "fsdp"):
+        mod.to(device)
+    mod.train()
     if plan.sync_batchnorm and plan.dp > 1:
         # batch statistics over the whole data-parallel batch (torch's SyncBatchNorm on GPUs,
         # sync_bn.py's all-reduce version on CPU, where torch has none)
