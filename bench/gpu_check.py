@@ -30,6 +30,12 @@ Issue 47's rows (a second table; --no-variants skips them):
   - each pipeline schedule (gpipe, 1f1b, interleaved1f1b, interleavedzb, zbv, dualpipev) at pp=2 under
     torchrun against one process: on GPUs 0 and 1 with NCCL where there are two, else on
     the CPU with gloo (the runtime puts rank r on GPU r; NCCL needs a GPU per rank).
+The distributed trainer at world size 1 (bench/gpu_check_dist.py; issue 57), a third table:
+ParallelTrainer and fit under torchrun with NCCL: fp32 (TF32) with a save and a resume from the
+middle checkpoint, FSDP2 with cpu_offload and grad_clip in bf16, float8 with a checkpointed
+block under FSDP2, bf16 autocast; a predicted / measured step time outside 0.5-2 is a PROBLEM.
+`python bench/gpu_check.py --only-dist` runs it alone (about a minute on a GPU, estimated: four
+launches of ~10 s and a resume); --no-dist leaves it out.
 On an H100 they should add about 3 to 4 minutes (estimated, not yet measured on a GPU: the
 compiles take most of it); with the first table's 8 minutes that passes 10, so a device
 session with a 10-minute limit runs them as two calls: `--no-variants`, then `--only-variants`.
@@ -137,6 +143,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip issue 47's rows (compile modes, pipeline schedules, float8 against bf16)")
     ap.add_argument("--only-variants", action="store_true",
                     help="run issue 47's rows alone (no first table, examples or NCCL checks)")
+    ap.add_argument("--no-dist", action="store_true", help="skip the distributed trainer at world size 1")
+    ap.add_argument("--only-dist", action="store_true",
+                    help="run the distributed trainer at world size 1 alone (issue 57: DDP, FSDP + offload + clip, "
+                         "float8 + a checkpointed block, bf16, save and resume)")
+    ap.add_argument("--dist-hidden", type=int, default=None, help="the distributed rows' MLP width (8192; 64 on the CPU)")
+    ap.add_argument("--dist-batch", type=int, default=None, help="the distributed rows' batch (4096; 32 on the CPU)")
     args = ap.parse_args(argv)
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not args.cpu_smoke and n == 0:
@@ -156,13 +168,21 @@ def main(argv: list[str] | None = None) -> int:
     examples = [] if args.no_examples else sorted((ROOT / "resources" / "examples").glob("*.lflow"))
     lines = [what]
     t0 = time.perf_counter()
+    only = args.only_variants or args.only_dist
     with tempfile.TemporaryDirectory(prefix="lf_gpu_check_") as tmpdir:
-        rows = [] if args.only_variants else single.run_single(Path(tmpdir), device, spec, args.cpu_smoke, steps,
-                                                                 examples)
+        rows = [] if only else single.run_single(Path(tmpdir), device, spec, args.cpu_smoke, steps, examples)
         variants, sched, sched_head = [], [], ""
-        if not args.no_variants:
+        if not args.no_variants and not args.only_dist:
             variants = single.compile_and_float8_rows(Path(tmpdir), device, spec, args.cpu_smoke, steps)
             sched_head, sched = single.schedule_rows(Path(tmpdir), n, args.cpu_smoke, steps)
+        dist_lines, dist_problems = [], []
+        if not args.no_dist and not args.only_variants:
+            import gpu_check_dist
+
+            cuda = not args.cpu_smoke
+            dist_lines, dist_problems = gpu_check_dist.run_dist(
+                Path(tmpdir), cuda, args.steps or (40 if cuda else 8), args.dist_hidden or (8192 if cuda else 64),
+                args.dist_batch or (4096 if cuda else 32), spec)
     if rows:
         lines += single.format_rows(rows)
     problems = [p for r in rows for p in r.problems]
@@ -178,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     if timed:
         lines.append("predicted / measured step time: " + ", ".join(
             f"{r.name} {r.precision} {r.pred_ms / r.step_ms:.2f}" for r in timed))
-    if args.only_variants:
+    lines += dist_lines
+    problems += dist_problems
+    if only:
         pass
     elif args.cpu_smoke:
         lines.append("NCCL multi-rank checks: not run in the CPU smoke (bench/dist_overhead.py is their CPU twin)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -18,7 +19,10 @@ from typing import Iterable
 from remote.cluster import Cluster
 from remote.ssh import Connection, SSHError, UnknownHostKey, quote
 
-NVIDIA_QUERY = ("nvidia-smi --query-gpu=index,name,memory.total,memory.used,utilization.gpu "
+# the PCI bus id first: nvidia-smi numbers GPUs in PCI bus order, CUDA by default fastest first;
+# the runtime sets CUDA_DEVICE_ORDER=PCI_BUS_ID (engine/runtime/distributed/mesh.py), so a rank's
+# cuda:LOCAL_RANK is the LOCAL_RANK-th GPU by bus id (of CUDA_VISIBLE_DEVICES, where set)
+NVIDIA_QUERY = ("nvidia-smi --query-gpu=index,pci.bus_id,uuid,name,memory.total,memory.used,utilization.gpu "
                 "--format=csv,noheader,nounits")
 MIN_FREE_GB = 1.0
 
@@ -30,6 +34,8 @@ class GPU:
     memory_total_mb: float | None
     memory_used_mb: float | None
     utilization: float | None
+    pci_bus_id: str | None = None  # "00000000:18:00.0" (older captures: None)
+    uuid: str | None = None  # "GPU-5c8b..." (what CUDA_VISIBLE_DEVICES may name)
 
     @property
     def memory_free_mb(self) -> float | None:
@@ -46,23 +52,62 @@ def _num(s: str) -> float | None:
         return None  # "[N/A]", "[Not Supported]", "[Unknown Error]"
 
 
+_BUS_ID = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]$")
+
+
 def parse_nvidia_smi(text: str) -> tuple[list[GPU], list[str]]:
-    """GPUs from `nvidia-smi --query-gpu=index,name,memory.total,memory.used,utilization.gpu
-    --format=csv,noheader,nounits`, and warnings for lines that could not be read.
+    """GPUs from NVIDIA_QUERY's output (`index,pci.bus_id,uuid,name,memory.total,memory.used,
+    utilization.gpu --format=csv,noheader,nounits`; the older query without bus id and uuid
+    is read too), and warnings for lines that could not be read.
     Driver errors ("NVIDIA-SMI has failed ...") and an empty output mean no GPUs."""
     gpus, warnings = [], []
     for lineno, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line:
             continue
-        row = next(csv.reader([line], skipinitialspace=True))
+        row = [c.strip() for c in next(csv.reader([line], skipinitialspace=True))]
+        bus = uuid = None
+        if len(row) >= 7 and _BUS_ID.match(row[1]):
+            bus, uuid = row[1], row[2]
+            row = [row[0], *row[3:]]
         if len(row) > 5:  # a comma inside the name: the name is everything between index and the last 3
             row = [row[0], ", ".join(row[1:-3])] + row[-3:]
-        if len(row) != 5 or not row[0].strip().isdigit():
+        if len(row) != 5 or not row[0].isdigit():
             warnings.append(f"nvidia-smi line {lineno} not understood: {line[:120]}")
             continue
-        gpus.append(GPU(int(row[0]), row[1].strip(), _num(row[2]), _num(row[3]), _num(row[4])))
+        gpus.append(GPU(int(row[0]), row[1], _num(row[2]), _num(row[3]), _num(row[4]), bus, uuid))
     return gpus, warnings
+
+
+def cuda_order(gpus: list[GPU]) -> list[GPU]:
+    """The GPUs as CUDA numbers them under CUDA_DEVICE_ORDER=PCI_BUS_ID (the runtime's): by
+    PCI bus id (nvidia-smi's own index order too; the index where no bus id was captured)."""
+    return sorted(gpus, key=lambda g: (g.pci_bus_id.lower().split(":", 1)[-1] if g.pci_bus_id else "", g.index))
+
+
+def rank_gpus(gpus: list[GPU], nproc_per_node: int, visible: str | None = None) -> tuple[list[GPU], str | None]:
+    """The GPUs local ranks 0..nproc_per_node-1 take (cuda:LOCAL_RANK), in rank order, and a
+    problem, or None: CUDA_VISIBLE_DEVICES (`visible`, as the node's shell has it: indices
+    in PCI order, GPU-/MIG- uuids or their prefixes) picks and orders them, else all GPUs
+    in CUDA's order (cuda_order)."""
+    ordered = cuda_order(gpus)
+    if visible is not None and visible.strip() != "":
+        chosen = []
+        for item in (v.strip() for v in visible.split(",")):
+            if item.isdigit():
+                g = ordered[int(item)] if int(item) < len(ordered) else None
+            else:
+                g = next((x for x in ordered if x.uuid and x.uuid.lower().startswith(item.lower())), None)
+            if g is None:  # CUDA stops at the first entry it cannot use
+                break
+            chosen.append(g)
+        ordered = chosen
+        if len(ordered) < nproc_per_node:
+            return ordered, (f"CUDA_VISIBLE_DEVICES={visible} leaves {len(ordered)} GPU(s) for {nproc_per_node} "
+                             f"processes per node")
+    elif visible is not None:
+        return [], f"CUDA_VISIBLE_DEVICES is empty: no GPU for the {nproc_per_node} processes per node"
+    return ordered[:nproc_per_node], None
 
 
 # Optional packages a run uses on a node when they are there (each run says so in its log
@@ -80,7 +125,8 @@ try:
 except Exception as e:
     t = {{"torch": None, "torch_error": "%s: %s" % (type(e).__name__, e)}}
 t.update(python=platform.python_version(), cpus=os.cpu_count(), hostname=platform.node(),
-         mem_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+         mem_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
 opt = {{}}
 for name in {optional}:
     try:
@@ -91,7 +137,22 @@ t["optional"] = opt
 print(json.dumps(t))' 2>&1
 echo "@@nvidia"; if command -v nvidia-smi >/dev/null 2>&1; then {nvq} 2>&1; fi
 echo "@@disk"; mkdir -p {wd} && df -Pk {wd} | tail -n 1
+echo "@@network"; {network}
 """
+
+
+def _network_probe() -> str:
+    """A python program for the probe: the interface of this node that reaches argv[1]:argv[2]
+    (the rendezvous address) and the node's interface names, as JSON. The runtime's own
+    function (engine/runtime/distributed/mesh.py socket_ifname), so preflight says what the
+    ranks will set."""
+    import inspect
+
+    from engine.runtime.distributed.mesh import socket_ifname
+
+    return ("from __future__ import annotations\nimport json, socket, sys\n" + inspect.getsource(socket_ifname)
+            + "\nprint(json.dumps({'ifname': socket_ifname(sys.argv[1], int(sys.argv[2])), "
+              "'interfaces': [n for _, n in socket.if_nameindex()]}))\n")
 
 
 @dataclass
@@ -112,6 +173,9 @@ class HostReport:
     optional: dict[str, str | None] = field(default_factory=dict)  # OPTIONAL's packages: version, or None when missing
     unknown_key: str | None = None  # the fingerprint to show the user when the host key is not known yet
     unknown_key_type: str | None = None
+    cuda_visible_devices: str | None = None  # as the node's shell sets it (None: not set)
+    socket_ifname: str | None = None  # the interface that reaches the rendezvous address (GLOO/NCCL_SOCKET_IFNAME)
+    interfaces: list[str] = field(default_factory=list)  # the node's network interface names
 
     def optional_text(self) -> str:
         """The optional packages as the table shows them: "tensorboard 2.21.0" or "no tensorboard"
@@ -171,8 +235,10 @@ def probe_host(conn: Connection, cluster: Cluster, timeout: float) -> HostReport
     rep = HostReport(conn.label)
     try:
         wd = conn.abspath(cluster.workdir)
+        network = (f"{quote(cluster.python)} -c {quote(_network_probe())} {quote(rdzv_address(cluster))} "
+                   f"{int(cluster.rdzv_port)} 2>&1")
         res = conn.run(PROBE.format(py=quote(cluster.python), nvq=NVIDIA_QUERY, wd=quote(wd),
-                                    optional=repr(tuple(OPTIONAL)).replace("'", '"')),
+                                    optional=repr(tuple(OPTIONAL)).replace("'", '"'), network=network),
                        timeout=timeout, check=False)
     except UnknownHostKey as exc:
         rep.unknown_key, rep.unknown_key_type = exc.fingerprint, exc.key_type
@@ -188,11 +254,18 @@ def probe_host(conn: Connection, cluster: Cluster, timeout: float) -> HostReport
                         f" (set the cluster's python to an interpreter that has torch)")
     rep.python, rep.torch, rep.cuda = info.get("python"), info.get("torch"), info.get("cuda")
     rep.cpus, rep.hostname, rep.mem_bytes = info.get("cpus"), info.get("hostname"), info.get("mem_bytes")
+    cvd = info.get("cuda_visible_devices")
+    rep.cuda_visible_devices = cvd if isinstance(cvd, str) else None
     if isinstance(info.get("optional"), dict):
         rep.optional = {k: v if isinstance(v, str) else None for k, v in info["optional"].items() if k in OPTIONAL}
     if not rep.torch:
         return rep.fail(f"torch is not importable by {cluster.python} ({info.get('torch_error')})")
     rep.gpus, rep.warnings = parse_nvidia_smi("\n".join(parts.get("nvidia", [])))
+    try:
+        net = json.loads((parts.get("network") or [""])[-1])
+        rep.socket_ifname, rep.interfaces = net.get("ifname"), [str(n) for n in net.get("interfaces") or []]
+    except (ValueError, AttributeError):
+        pass  # (an interpreter too old for the probe: the runtime still sets them itself)
     disk = " ".join(parts.get("disk", [])).split()
     try:
         rep.free_disk_gb = int(disk[3]) / 1024 ** 2
@@ -289,11 +362,42 @@ def preflight(cluster: Cluster, *, accept: Iterable[str] = (), timeout: float | 
             reports = list(ex.map(lambda c: probe_host(c, cluster, timeout), conns))
         if rendezvous and all(r.ok for r in reports):
             check_rendezvous(conns, cluster, reports, timeout)
-        return PreflightReport(reports)
+        return PreflightReport(reports, network_notes(cluster, reports))
     finally:
         if own:
             for c in conns:
                 c.close()
+
+
+SOCKET_ENVS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def network_notes(cluster: Cluster, reports: list[HostReport]) -> list[str]:
+    """Several nodes: the network interface gloo and NCCL will bind on each (the profile's
+    env, else the one that reaches the rendezvous address, which the runtime sets:
+    engine/runtime/distributed/mesh.py set_socket_ifname), and a warning where the profile
+    names an interface a node does not have."""
+    if len(reports) < 2:
+        return []
+    env = {k: v for k, v in (getattr(cluster, "env", None) or {}).items() if k in SOCKET_ENVS}
+    addr = f"{rdzv_address(cluster)}:{cluster.rdzv_port}"
+    notes = []
+    if len(env) == len(SOCKET_ENVS):
+        notes.append("network: " + ", ".join(f"{k}={v}" for k, v in env.items()) + " (the profile's env)")
+    else:
+        per_host = ", ".join(f"{r.host} {r.socket_ifname or '?'}" for r in reports)
+        notes.append(f"network: GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME set by the runtime to the interface that "
+                     f"reaches the rendezvous address {addr}: {per_host}"
+                     + (f"; the profile's env keeps {', '.join(f'{k}={v}' for k, v in env.items())}" if env else ""))
+    gloo = env.get("GLOO_SOCKET_IFNAME")
+    for r in reports:
+        if gloo and r.interfaces and gloo not in r.interfaces:
+            notes.append(f"WARNING {r.host}: GLOO_SOCKET_IFNAME={gloo} but the node's interfaces are "
+                         f"{', '.join(r.interfaces)}: gloo will not start; fix the profile's env")
+        elif not env and r.ok and r.socket_ifname is None:
+            notes.append(f"WARNING {r.host}: no interface found that reaches {addr}: set GLOO_SOCKET_IFNAME and "
+                         f"NCCL_SOCKET_IFNAME in the profile's env")
+    return notes
 
 
 def check_devices(report: PreflightReport, world_size: int, nproc_per_node: int,
@@ -308,15 +412,22 @@ def check_devices(report: PreflightReport, world_size: int, nproc_per_node: int,
     for h in report.hosts:
         if h.gpus and len(h.gpus) < nproc_per_node:
             errs.append(f"{h.host}: {nproc_per_node} processes per node but only {len(h.gpus)} GPU(s)")
-        if h.gpus and peak_bytes:
-            # ranks take the GPUs with the most free memory first (CUDA_VISIBLE_DEVICES aside)
-            free = sorted((g for g in h.gpus if g.memory_free_mb is not None), key=lambda g: -g.memory_free_mb)
+            continue
+        if not h.gpus:
+            continue
+        # the GPUs the ranks will take: local rank r uses cuda:r, the r-th GPU in CUDA's order
+        # (CUDA_DEVICE_ORDER=PCI_BUS_ID, which the runtime sets), of CUDA_VISIBLE_DEVICES where set
+        used, problem = rank_gpus(h.gpus, nproc_per_node, h.cuda_visible_devices)
+        if problem:
+            errs.append(f"{h.host}: {problem}")
+        if peak_bytes:
             need_mb = peak_bytes / 2 ** 20
-            short = [g for g in free[:nproc_per_node] if g.memory_free_mb < need_mb]
-            if short:
-                g = short[0]
-                errs.append(f"{h.host}: GPU {g.index} ({g.name}) has {g.memory_free_mb:.0f} MiB free but the plan "
-                            f"needs {need_mb:.0f} MiB per rank; raise pp or tp, lower batch_size, or free the GPU")
+            for r, g in enumerate(used):
+                if g.memory_free_mb is not None and g.memory_free_mb < need_mb:
+                    errs.append(f"{h.host}: GPU {g.index} ({g.name}), local rank {r}'s, has {g.memory_free_mb:.0f} "
+                                f"MiB free but the plan needs {need_mb:.0f} MiB per rank; raise pp or tp, lower "
+                                f"batch_size, or free the GPU")
+                    break
     kinds = {bool(h.gpus) for h in report.hosts}
     if len(kinds) > 1:
         errs.append("some nodes have GPUs and some do not; use nodes of one kind")
@@ -339,7 +450,8 @@ def device_spec(report: PreflightReport, nproc_per_node: int = 1):
         flops = known.flops_per_s if known else 0.4 * 100e12
         link = known.link_bytes_per_s if known else 25e9
         return DeviceSpec(g.name, int(free_mb * 2 ** 20), flops, link, 10e-6,
-                          update_bytes_per_s=known.update_bytes_per_s if known else None)
+                          update_bytes_per_s=known.update_bytes_per_s if known else None,
+                          precision_flops=known.precision_flops if known else ())
     mems = [h.mem_bytes for h in report.hosts if h.mem_bytes]
     mem = min(mems) // max(1, nproc_per_node) if mems else 8 * 2 ** 30
     return DeviceSpec("cpu", int(mem), flops_per_s=1.5e10, link_bytes_per_s=1e9, latency_s=50e-6)

@@ -71,6 +71,30 @@ def test_the_cpu_smoke_runs_every_one_device_check_and_writes_its_table(tmp_path
         cells = var[("schedule", s)][37:].split()
         assert float(cells[1]) > 0 and float(cells[3]) < 1e-3  # ms/step; the losses are one process's
     assert "pipeline schedules at pp=2 (CPU, gloo)" in table
+    # issue 57: the distributed trainer at world size 1 under torchrun (gloo here, NCCL on a GPU)
+    assert "distributed trainer at world size 1 (torchrun, gloo (CPU smoke))" in table
+    dist = {line.split()[1]: line for line in table.splitlines() if line.startswith("dist ") and " config " not in line}
+    assert set(dist) >= {"ddp", "fsdp", "float8", "bf16"}, dist
+    for name, line in dist.items():
+        if name == "float8" and not float8.has_torchao():
+            assert "refused" in line, line
+            continue
+        cells = line.split()
+        assert float(cells[2]) > 0 and float(cells[3]) >= 0 and float(cells[6]) < float(cells[5]), line  # falling loss
+    assert re.search(r"save \+ resume at step 4: losses within 0\.0e\+00", dist["ddp"]), dist["ddp"]
+    if float8.has_torchao():
+        assert "2 Linear in float8 (emulated), fc1-fc2 one block" in dist["float8"], dist["float8"]
+
+
+def test_a_step_time_ratio_outside_half_to_double_is_a_problem():
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_check_dist import ratio_problem
+
+    assert ratio_problem("fsdp", 0.010, 0.012) is None and ratio_problem("fsdp", 0.010, 0.0051) is None
+    line = ratio_problem("fsdp", 0.010, 0.030)
+    assert line.startswith("dist fsdp: predicted / measured step time 0.33 (predicted 10.00 ms, measured 30.00 ms)")
+    assert "outside 0.5-2.0" in ratio_problem("bf16", 0.05, 0.01)
+    assert ratio_problem("ddp", None, 0.01).startswith("dist ddp: no step time")
 
 
 def test_without_a_gpu_it_says_so_in_one_line():

@@ -16,7 +16,7 @@ import math
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from engine.runtime.plan import V_SHAPED, ZERO_BUBBLE, rank_stages
@@ -37,9 +37,18 @@ class DeviceSpec:
     update_bytes_per_s: float | None = None
     # host <-> device copies (FSDP2's CPU offload): PCIe on a GPU, a memory copy on a CPU
     host_bytes_per_s: float = 25e9
+    # FLOP/s by placement.mixed_precision ("none", "bf16", "float8") where it differs from
+    # flops_per_s: a GPU's float32 matmuls run on TF32 tensor cores (the runtime turns TF32
+    # on: engine/runtime/steps.py matmul_precision), at half its bf16 rate; empty: one rate
+    precision_flops: tuple[tuple[str, float], ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def at_precision(self, mixed_precision: str | None) -> "DeviceSpec":
+        """This device with flops_per_s the rate of `mixed_precision` (precision_flops)."""
+        rate = dict(self.precision_flops).get(mixed_precision or "none")
+        return self if rate is None or rate == self.flops_per_s else replace(self, flops_per_s=rate)
 
 
 def _meminfo_bytes() -> int:
@@ -204,14 +213,32 @@ def optimizer_slots(name: str, momentum: float = 0.0) -> int:
     return 1 if momentum > 0 else 0
 
 
-# name -> memory, dense bf16/tf32 FLOP/s at a realistic 40% of peak, NVLink/PCIe bandwidth, latency, and
+# name -> memory, dense bf16 FLOP/s at a realistic 40% of peak, NVLink/PCIe bandwidth, latency, and
 # the optimizer step's rate: fused Adam moves 28 bytes per 16 of state, at ~70% of HBM bandwidth (~0.4 x HBM)
-GPUS = {
 # host link: PCIe 4.0 x16 (A100, RTX 4090) or 5.0 x16 (H100, H200) at ~80% of its 32 / 64 GB/s
-    "a100-80gb": DeviceSpec("a100-80gb", 80 * 2**30, 0.4 * 312e12, 200e9, 10e-6, 0.4 * 2.0e12, 25e9),
-    "h100-80gb": DeviceSpec("h100-80gb", 80 * 2**30, 0.4 * 989e12, 300e9, 10e-6, 0.4 * 3.35e12, 50e9),
-    "h200": DeviceSpec("h200", 141 * 2**30, 0.4 * 989e12, 300e9, 10e-6, 0.4 * 4.8e12, 50e9),
-    "rtx4090": DeviceSpec("rtx4090", 24 * 2**30, 0.4 * 165e12, 25e9, 15e-6, 0.4 * 1.0e12, 25e9),
+# one rate per precision (dense tensor-core peaks, NVIDIA's data sheets, at the same 40%):
+#   none    float32 weights, matmuls in TF32: A100 156, H100/H200 495, RTX 4090 82.6 TFLOP/s
+#   bf16    A100 312, H100/H200 989, RTX 4090 165 (float32 accumulation)
+#   float8  priced as bf16: torchao's float8 speeds up the eligible Linear matmuls only (the
+#           rest runs in bf16, and every cast costs a pass), so the whole step is not at the
+#           float8 peak (H100 1979); measured step times calibrate it (engine/runs/calibration.py)
+PRECISION_PEAKS = {  # name -> (TF32, bf16) dense peak FLOP/s
+    "a100-80gb": (156e12, 312e12), "h100-80gb": (494.7e12, 989e12), "h200": (494.7e12, 989e12),
+    "rtx4090": (82.6e12, 165.2e12),
+}
+
+
+def _gpu(name, memory, link, latency, update, host) -> DeviceSpec:
+    tf32, bf16 = (0.4 * r for r in PRECISION_PEAKS[name])
+    return DeviceSpec(name, memory, bf16, link, latency, update, host,
+                      precision_flops=(("none", tf32), ("bf16", bf16), ("float8", bf16)))
+
+
+GPUS = {
+    "a100-80gb": _gpu("a100-80gb", 80 * 2**30, 200e9, 10e-6, 0.4 * 2.0e12, 25e9),
+    "h100-80gb": _gpu("h100-80gb", 80 * 2**30, 300e9, 10e-6, 0.4 * 3.35e12, 50e9),
+    "h200": _gpu("h200", 141 * 2**30, 300e9, 10e-6, 0.4 * 4.8e12, 50e9),
+    "rtx4090": _gpu("rtx4090", 24 * 2**30, 25e9, 15e-6, 0.4 * 1.0e12, 25e9),
 }
 
 

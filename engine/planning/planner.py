@@ -195,7 +195,8 @@ def make_plan(project: Project, nproc: int | None = None, device: DeviceSpec | N
     pl = _placement(project, placement)
     pp, dp, tp = pl.pp, pl.dp, pl.tp
     nproc = nproc or pl.world
-    device = device or local_cpu(nproc)
+    # the device's rate for this precision (a GPU's float32 matmuls in TF32 at half its bf16 rate)
+    device = (device or local_cpu(nproc)).at_precision(pl.mixed_precision)
     if not compiled.ok:
         return Plan(None, ["the diagram has errors: " + "; ".join(map(str, compiled.errors))])
     graph, training = compiled.graph, project.training

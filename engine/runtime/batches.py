@@ -23,7 +23,7 @@ class Batches:
     """The batches of arrays held in memory (a run folder's data.npz)."""
 
     def __init__(self, x: np.ndarray, y: np.ndarray, batch_size: int, seed: int,
-                 share: tuple[int, int | None] = (0, None)):
+                 share: tuple[int, int | None] = (0, None), pin_memory: bool = False):
         if len(x) < batch_size:
             raise ValueError(f"batch_size {batch_size} is larger than the training set ({len(x)} samples); "
                              f"lower training.batch_size")
@@ -36,6 +36,16 @@ class Batches:
         self.skipped = 0  # (nothing to skip in arrays: the counter the loop reports)
         self._perm_epoch = -1
         self._perm: torch.Tensor | None = None
+        # a GPU run: each batch gathered straight into pinned host memory, so to_device's
+        # non_blocking copy overlaps (from pageable memory it is a synchronous staged copy).
+        # torch's caching host allocator keeps a block until the copies that read it are done.
+        self.pin = pin_memory and torch.cuda.is_available()
+
+    def _gather(self, src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        if not self.pin:
+            return src[idx]
+        out = torch.empty((len(idx), *src.shape[1:]), dtype=src.dtype, pin_memory=True)
+        return torch.index_select(src, 0, idx, out=out)
 
     def epoch_of(self, step: int) -> int:
         return step // self.steps_per_epoch
@@ -51,7 +61,7 @@ class Batches:
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = self.indices(step)[self.lo:self.hi]
-        return self.x[idx], self.y[idx]
+        return self._gather(self.x, idx), self._gather(self.y, idx)
 
     def close(self) -> None:
         pass
@@ -99,7 +109,7 @@ class RunData:
             self._arrays = None
         else:
             arrays = load_npz(run_dir, data.path)
-            self.train = Batches(arrays["x_train"], arrays["y_train"], batch_size, seed, share)
+            self.train = Batches(arrays["x_train"], arrays["y_train"], batch_size, seed, share, pin_memory=pin_memory)
             self._arrays = (arrays["x_val"], arrays["y_val"])
 
     def val_batches(self, batch_size: int):

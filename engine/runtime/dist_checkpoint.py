@@ -455,19 +455,41 @@ def _is_buffer_name(name: str, sd: dict) -> bool:
     return name.endswith(("running_mean", "running_var", "num_batches_tracked"))
 
 
-def full_model_state(model: nn.Module) -> dict:
-    """The whole model's state_dict on every rank (pipeline stages' parts gathered),
-    as plain CPU tensors: what model.pt holds whatever the layout."""
-    # (cpu_offload=True would hand the whole state to global rank 0 only, which holds no later stage)
-    part = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    part = {k: v.detach().cpu() for k, v in part.items()}
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return part
-    parts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, part)
+def full_model_state(model: nn.Module, *, keep: bool = True, gather_group=None) -> dict | None:
+    """The whole model's state_dict as plain CPU tensors (what model.pt holds whatever the
+    layout), on the ranks that `keep` it; None on the others.
+
+    One tensor at a time: a sharded one (FSDP2, TP: a DTensor) is gathered whole on the
+    device, copied to the host by the ranks that keep it and dropped by the others, so no
+    rank ever holds more than one whole tensor beyond what it keeps, and only the keeping
+    ranks hold the model in host memory, once. `gather_group` (a pipeline: each stage's
+    keeping rank holds its stage only): a gloo group over which the stages' parts go to
+    global rank 0, which returns them all (the others return None). Before, every rank
+    gathered the whole model and then all-gathered every rank's copy: world x model
+    bytes of host memory on each rank."""
+    from torch.distributed.tensor import DTensor
+
+    # the layout's own state (no gathering yet), under the model's names (DDP's module.
+    # prefix, compile's and checkpointing's wrappers taken off)
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
+    part: dict = {}
+    for k in list(state):
+        v = state.pop(k)
+        if isinstance(v, DTensor):
+            v = v.full_tensor()  # (a collective over the tensor's mesh: every rank of it, in this order)
+        if keep:
+            part[k] = v.detach().to("cpu")
+        del v
+    if gather_group is None or not dist.is_initialized() or dist.get_world_size() == 1:
+        return part if keep else None
+    rank = dist.get_rank()
+    parts: list | None = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(part if keep else None, parts, dst=0, group=gather_group)
+    if rank != 0:
+        return None
     full: dict = {}
     for p in parts:
-        full.update(p)
+        full.update(p or {})
     return full
 
 

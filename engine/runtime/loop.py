@@ -51,7 +51,8 @@ from .folder import (  # noqa: F401
     latest_checkpoint, save_tensors, write_json_atomic, write_text_atomic,
 )
 from .steps import (  # noqa: F401
-    compute_loss, correct_count, lr_lambda, make_optimizer, peak_mem_mb, rng_state, seed_all, set_rng_state,
+    compute_loss, correct_count, lr_lambda, make_optimizer, peak_mem_mb, reset_peak_mem, rng_state, seed_all,
+    set_rng_state,
 )
 from .records import RunStatus, cancel_requested, pid_alive, resize_requested
 from .recovery import Decision, HangWatch, record_attempt, restart_record, under_agent
@@ -87,6 +88,7 @@ def fit(trainer, run_dir: str | Path, *, resume: bool = False, progress: Progres
                 _record_attempt(trainer, folder, attempt, start)
             watch = HangWatch(folder.path, trainer.rank, tr.restarts.hang_timeout_s, log) if under_agent() else None
             metrics = MetricLogger(trainer, folder, start, tr.log_interval)
+            reset_peak_mem(trainer.device)  # (the steps' peak: not the compile's, nor a resume's load)
             while step < total:
                 # the hot path: the loss stays on the device; nothing waits for the step to end
                 metrics.add(trainer.train_step(step))
@@ -176,6 +178,15 @@ def _record_attempt(trainer, folder: RunFolder, attempt: Decision, start: int) -
         folder.write({**restart_record(rec, start), "time": round(folder.elapsed(), 4)})
 
 
+def wait_for_device(device) -> None:
+    """Until the work queued on `device` has run (a GPU's stream; nothing to wait for on the CPU)."""
+    device = torch.device(device) if device is not None else None
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device is not None and device.type not in ("cpu", "meta") and hasattr(torch, "accelerator"):
+        torch.accelerator.synchronize(device)
+
+
 class MetricLogger:
     """The log steps and their records. Between two, the losses are summed on the device;
     at a log step the trainer's log_sync reads them (one host sync, and distributed, one
@@ -195,7 +206,12 @@ class MetricLogger:
 
     def log(self, step: int, stop: bool) -> tuple[dict, bool]:
         """The record of the steps since the last log step, written; whether to stop now."""
-        tr, now, n = self.trainer, time.perf_counter(), step - self.last
+        tr, n = self.trainer, step - self.last
+        # the steps' device work is queued (the loop never waits for it): their time ends when
+        # it has run, not when the host queued the last kernel (samples_per_s, the automatic
+        # log interval and every bench ratio read this clock)
+        wait_for_device(tr.device)
+        now = time.perf_counter()
         own_s = (now - self.t_last) / n  # this rank's own step time
         loss_total, own, stop_now, step_s = tr.log_sync(self.loss_sum, stop, own_s)
         value = loss_total / n
@@ -205,7 +221,7 @@ class MetricLogger:
                                      f"(training.optimizer.lr) or set training.grad_clip")
         rec = {"step": step, "epoch": tr.batches.epoch_of(step - 1), "time": round(self.folder.elapsed(now), 4),
                "loss": value, "lr": tr.lr(), "samples_per_s": round(tr.batch_size / max(step_s, 1e-9), 2),
-               "peak_mem_mb": round(peak_mem_mb(tr.device), 1)}
+               "peak_mem_mb": round(self.peak(), 1)}
         if n > 1:
             rec["steps"] = n  # the loss is the mean over this many steps, ending at `step`
         if tr.data.source_kind:  # a data set read in place: corrupt samples it skipped so far
@@ -220,6 +236,16 @@ class MetricLogger:
 
     def restart_clock(self) -> None:
         self.t_last = time.perf_counter()
+
+    def peak(self) -> float:
+        """The peak memory of the steps since the last record (MB; the CPU: the process's
+        peak resident set), then the counter reset; the run's highest so far stays in
+        trainer.peak_seen_mb (what peak_mem_per_rank reports)."""
+        tr = self.trainer
+        value = peak_mem_mb(tr.device)
+        tr.peak_seen_mb = max(getattr(tr, "peak_seen_mb", 0.0), value)
+        reset_peak_mem(tr.device)
+        return value
 
 
 class Evaluator:

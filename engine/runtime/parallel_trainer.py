@@ -31,7 +31,7 @@ from .distributed.stages import top_blocks
 from .steps import compute_loss, eval_sums, peak_mem_mb, seed_all
 from .trainer import BaseTrainer
 from .distributed.ckpt_share import CheckpointSharing
-from .distributed.data_parallel import BF16_MODES, average_grads, dp_by_hand, grad_sync
+from .distributed.data_parallel import BF16_MODES, average_grads, dp_by_hand, grad_sync, wraps_dp
 from .distributed.mesh import ParallelDims, build_mesh, device_memory, init_distributed
 from .distributed.parallelize import complete_plan, parallelize
 from .distributed.pipeline import by_node_id, forward_only_schedule, infer_stage_shapes, local_stages, make_schedule
@@ -110,7 +110,7 @@ class ParallelTrainer(BaseTrainer):
         # bf16 (and float8, whose unconverted layers run in bf16): FSDP2 casts through its
         # MixedPrecisionPolicy; everything else autocasts the forward
         self.autocast = self.autocast_for(plan.mixed_precision in BF16_MODES
-                                          and not (dims.dp > 1 and plan.data_parallel == "fsdp"))
+                                          and not (wraps_dp(plan) and plan.data_parallel == "fsdp"))
 
     # ---- one step ----
     def train_step(self, step: int) -> torch.Tensor:
@@ -201,7 +201,10 @@ class ParallelTrainer(BaseTrainer):
         sq = torch.zeros((), dtype=torch.float32, device=self.device)
         local_grads: list[torch.Tensor] = []
         for (_, dims), (mesh, *tensors) in groups.items():
-            part = torch.stack([n.float() for n in torch._foreach_norm(tensors)]).pow(2).sum()
+            # the norms where the gradients are (FSDP2's cpu_offload keeps them on the host),
+            # the sum on this rank's device, where its collectives run (NCCL on GPUs)
+            part = sum(torch.stack([n.float() for n in torch._foreach_norm(ts)]).pow(2).sum().to(self.device)
+                       for ts in _by_device(tensors).values())
             for d in dims:
                 dist.all_reduce(part, group=mesh.get_group(d))
             sq += part
@@ -209,35 +212,45 @@ class ParallelTrainer(BaseTrainer):
         if self.dims.pp > 1:
             dist.all_reduce(sq, group=self.mesh["pp"].get_group())
         coef = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)  # torch's clip_grad_norm_ formula
-        torch._foreach_mul_(local_grads + scaled_only, coef)
+        # as torch's clip_grad_norm_: each device's gradients scaled by the coefficient on that device
+        for dev, ts in _by_device(local_grads + scaled_only).items():
+            torch._foreach_mul_(ts, coef.to(dev))
 
     @torch.no_grad()
     def evaluate(self) -> dict:
+        """The validation set, each replica on its share of each batch (the rows a training
+        step gives it), the sums added over the replicas: a dp-th of the work and of the
+        activations per rank. (Before, every replica ran the whole set: dp times the work.)"""
         self.model.eval()
         sums = [0.0] * 5
-        bs = self.local_batch if self.schedule is not None else self.batch_size  # (what training fits)
-        for x, y in self.data.val_batches(bs):
-            k = rows(x)
-            if self.schedule is not None and k < bs:  # the pipeline was shaped for bs rows: pad, then drop
-                pad = bs - k
-                x = torch.cat([x, x[:1].expand(pad, *x.shape[1:])])
-                y = torch.cat([y, y[:1].expand(pad, *y.shape[1:])])
+        lo, share = self.dp_rank * self.local_batch, self.local_batch
+        # every replica runs a forward for every batch, even one whose share is empty (FSDP's
+        # all-gathers and TP's collectives need every rank); a pipeline was shaped for a
+        # replica's batch: a short share is padded, the padding dropped
+        need = share if self.schedule is not None else 1
+        for xb, yb in self.data.val_batches(self.batch_size):
+            n = rows(xb)
+            a, b = min(lo, n), min(lo + share, n)
+            k = b - a
+            x, y = _take(xb, a, b), yb[a:b]
+            if k < need:
+                x, y = _pad(x, _take(xb, 0, 1), need - k), _pad(y, yb[:1], need - k)
             x, y = to_device(x, self.device), y.to(self.device)
-            if self.schedule is None:
-                out = forward(self.model, x)
-            elif self.eval_schedule is not None:  # (forward only: no loss, no targets)
-                out = self.eval_schedule.step(*((x,) if self.is_first else ()))
-            else:  # the last stage computes the schedule's loss too, so it needs targets
-                args = (x,) if self.is_first else ()
-                out = self.schedule.eval(*args, target=y if self.is_last else None)
-            y = y[:k]
-            if out is not None and (self.schedule is None or self.is_last):
-                sums = [a + b for a, b in zip(sums, eval_sums(self.loss_kind, out[:k], y, self.loss_options))]
+            with self.autocast():  # (bf16 as in training: what fits there fits here, and the numbers are its)
+                if self.schedule is None:
+                    out = forward(self.model, x)
+                elif self.eval_schedule is not None:  # (forward only: no loss, no targets)
+                    out = self.eval_schedule.step(*((x,) if self.is_first else ()))
+                else:  # the last stage computes the schedule's loss too, so it needs targets
+                    args = (x,) if self.is_first else ()
+                    out = self.schedule.eval(*args, target=y if self.is_last else None)
+            if k and out is not None and (self.schedule is None or self.is_last):
+                sums = [a_ + b_ for a_, b_ in zip(sums, eval_sums(self.loss_kind, out[:k], y[:k], self.loss_options))]
         self.model.train()
         if self.schedule is not None:
             self.after_pipeline_eval()
-        # every replica evaluated the whole set: take one replica's numbers
-        mine = self.is_last and self.tp_rank == 0 and self.dp_rank == 0
+        # the replicas' sums added (one rank per replica: tp peers hold the same numbers)
+        mine = self.is_last and self.tp_rank == 0
         t = torch.tensor(sums if mine else [0.0] * 5, dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
         return self.eval_record(t.tolist())
@@ -256,7 +269,7 @@ class ParallelTrainer(BaseTrainer):
 
     def peak_mem_per_rank(self) -> list[float]:
         t = torch.zeros(dist.get_world_size(), dtype=torch.float64, device=self.device)
-        t[self.rank] = peak_mem_mb(self.device)
+        t[self.rank] = max(peak_mem_mb(self.device), getattr(self, "peak_seen_mb", 0.0))  # (the steps' peak)
         dist.all_reduce(t)
         return [round(float(v), 1) for v in t]
 
@@ -278,9 +291,35 @@ class ParallelTrainer(BaseTrainer):
             self.sharing.spread(self.run_dir / CHECKPOINTS, ckpt.name if ckpt else None, self.share_group)
 
     def save_final(self, path: Path) -> None:
-        full = dist_checkpoint.full_model_state(self.state_model)
+        """model.pt, from rank 0: each stage gathered whole (one tensor at a time) on its first
+        replica's first tp rank only, then, in a pipeline, the stages sent to rank 0 over gloo."""
+        keep = self.dp_rank == 0 and self.tp_rank == 0
+        group = None
+        if self.dims.pp > 1:  # (every rank is here: fit calls save_final on all of them)
+            group = self.ckpt_group or self.share_group or dist.new_group(backend="gloo")
+        full = dist_checkpoint.full_model_state(self.state_model, keep=keep, gather_group=group)
         if self.rank == 0:
             save_tensors(full, path)
+
+
+def _take(x, a: int, b: int):
+    """Rows a:b of a batch's inputs (a tensor, or a dict of them)."""
+    return {k: v[a:b] for k, v in x.items()} if isinstance(x, dict) else x[a:b]
+
+
+def _pad(x, filler, n: int):
+    """x with n more rows, copies of filler's one row (a tensor, or a dict of them)."""
+    if isinstance(x, dict):
+        return {k: _pad(v, filler[k], n) for k, v in x.items()}
+    return torch.cat([x, filler[:1].expand(n, *filler.shape[1:])])
+
+
+def _by_device(tensors: list[torch.Tensor]) -> dict[torch.device, list[torch.Tensor]]:
+    """Tensors grouped by device (the multi-tensor kernels take one device per call)."""
+    out: dict[torch.device, list[torch.Tensor]] = {}
+    for t in tensors:
+        out.setdefault(t.device, []).append(t)
+    return out
 
 
 def _ended(run_dir: Path) -> bool:

@@ -57,8 +57,14 @@ def make_optimizer(params, optimizer) -> torch.optim.Optimizer:
 def compute_loss(kind: str, out: torch.Tensor, y: torch.Tensor, options=None) -> torch.Tensor:
     """The Output node's loss: cross_entropy (per sample, or per token of (B, T, C) logits:
     a language model's shifted targets), bce (multi-label: logits against 0/1 targets),
-    mse. `options` (the run spec's loss_options): label_smoothing, ignore_index."""
+    mse. `options` (the run spec's loss_options): label_smoothing, ignore_index.
+
+    In float32 whatever the model computed in (torchtitan's way): FSDP's bf16 policy hands
+    bf16 outputs straight here (no autocast there to lift the loss), and a bf16 loss, or MSE
+    and BCE targets cast down to bf16 (8 bits of mantissa), lose what the loss is about."""
     opts = options or {}
+    if out.is_floating_point() and out.dtype in (torch.float16, torch.bfloat16):
+        out = out.float()
     if kind == "cross_entropy":
         ls, ignore = float(opts.get("label_smoothing", 0.0)), int(opts.get("ignore_index", -100))
         if out.dim() > 2:  # per-token logits (B, T, C) against targets (B, T)
@@ -126,6 +132,14 @@ def peak_mem_mb(device: torch.device) -> float:
         return 0.0
 
 
+def reset_peak_mem(device: torch.device) -> None:
+    """The device's peak counter starts again from what is allocated now (a GPU's; the CPU's
+    ru_maxrss cannot be reset): each metrics record then says its own steps' peak, not one
+    that includes compiling, a checkpoint's load or the pipeline's shape inference."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
@@ -158,6 +172,17 @@ def left_as_it_was(modules):
             torch.cuda.set_rng_state_all(cuda_rng)
         for m in modules:
             m.zero_grad(set_to_none=True)
+
+
+def set_matmul_precision(device) -> None:
+    """A GPU's float32 matmuls (and convolutions) on TF32 tensor cores: torch's default,
+    "highest", leaves them on the CUDA cores, about 1/8 of an H100's TF32 rate (the planner
+    prices float32 at the TF32 rate: engine/planning/cost.py). TF32 keeps float32's range
+    with a 10-bit mantissa in the products; accumulation stays float32 (torchtitan and
+    nanoGPT set the same). Called where the runtime picks its device; the CPU's matmuls
+    stay exact float32 (what the CPU tests compare)."""
+    if torch.device(device).type == "cuda":
+        torch.set_float32_matmul_precision("high")
 
 
 def seed_all(seed: int) -> None:

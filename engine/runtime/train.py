@@ -30,11 +30,18 @@ def load_spec(run_dir: str | Path) -> RunSpec:
 
 
 def pick_device() -> torch.device:
+    from .distributed.mesh import cuda_device_order
+    from .steps import set_matmul_precision
+
+    cuda_device_order()  # (before CUDA starts: cuda:i is nvidia-smi's GPU i)
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local)
-        return torch.device("cuda", local)
-    return torch.device("cpu")
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    set_matmul_precision(device)  # (TF32 on a GPU)
+    return device
 
 
 def run(run_dir: str | Path, *, resume: bool = False, progress: ProgressFn | None = None,

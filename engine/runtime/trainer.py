@@ -321,7 +321,9 @@ class Trainer(BaseTrainer):
         # logits are batch x seq x vocab: 256 windows of 1024 tokens at 50k words were 52 GB)
         for x, y in self.data.val_batches(self.batch_size):
             x, y = to_device(x, self.device), to_device(y, self.device)
-            sums = [a + b for a, b in zip(sums, eval_sums(self.loss_kind, forward(self.model, x), y, self.loss_options))]
+            with self.autocast():  # (bf16 as in training: the loss itself is computed in float32)
+                out = forward(self.model, x)
+            sums = [a + b for a, b in zip(sums, eval_sums(self.loss_kind, out, y, self.loss_options))]
         self.model.train()
         return self.eval_record(sums)
 

@@ -352,6 +352,7 @@ me=$(scontrol show node "$SLURMD_NODENAME" -o 2>/dev/null | tr " " "\\n" | sed -
 me=${{me:-$SLURMD_NODENAME}}
 if [ "$SLURM_NODEID" = 0 ]; then is_host=1; else is_host=0; fi
 export LAYERFLOW_NODE="$SLURM_NODEID"  # ranks in node order (engine/runtime/distributed/mesh.py)
+export LAYERFLOW_RDZV_ENDPOINT="$LAYERFLOW_RDZV_ADDR:{cluster.rdzv_port}" CUDA_DEVICE_ORDER="${{CUDA_DEVICE_ORDER:-PCI_BUS_ID}}"
 echo "layerflow job {job.id}: node $SLURM_NODEID of $SLURM_NNODES ($SLURMD_NODENAME, $me)"
 {link_line(job)}{exports}
 {run}

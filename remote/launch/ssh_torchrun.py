@@ -138,7 +138,10 @@ def _board_keeper(job: Job, cluster: Cluster, i: int) -> str:
 
 
 def node_script(job: Job, cluster: Cluster, i: int, nnodes: int, nproc: int) -> str:
-    env = {TOKEN_VAR: job.token, "PYTHONUNBUFFERED": "1", "LAYERFLOW_NODE": str(i)}  # (ranks in node order: mesh.py)
+    env = {TOKEN_VAR: job.token, "PYTHONUNBUFFERED": "1", "LAYERFLOW_NODE": str(i),  # (ranks in node order: mesh.py)
+           "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # (CUDA's numbers as nvidia-smi's, which preflight checked)
+    if nnodes > 1:  # (the interface that reaches it is gloo's and NCCL's: mesh.set_socket_ifname)
+        env["LAYERFLOW_RDZV_ENDPOINT"] = _endpoint(rdzv_address(cluster), cluster.rdzv_port)
     lo, hi = job.extra.get("nodes_bounds") or (nnodes, nnodes)
     if nnodes > 1 and lo != hi:
         # a node that joins a running job (tracker.py takes a returning node back) waits

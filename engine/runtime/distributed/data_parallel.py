@@ -97,6 +97,15 @@ def grad_sync(model: nn.Module, sync: bool):
         yield
 
 
+def wraps_dp(plan: RunPlan) -> bool:
+    """Whether parallelize() wraps a stage in DDP/FSDP2: over dp > 1 replicas; and FSDP2 with
+    cpu_offload at dp=1 too, whose offload is a memory saving of its own on one device (it
+    was dropped there without a word). Not a pipeline's DDP (dp_by_hand)."""
+    if dp_by_hand(plan):
+        return False
+    return plan.dp > 1 or (plan.data_parallel == "fsdp" and plan.cpu_offload)
+
+
 def dp_by_hand(plan: RunPlan) -> bool:
     """DDP inside a pipeline stage fails at its second step (its first-iteration bucket
     rebuild counts every micro-batch's gradients: an internal assert in torch's reducer),

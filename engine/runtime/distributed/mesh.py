@@ -3,6 +3,7 @@ and the process group a rank joins under torchrun."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -72,7 +73,105 @@ def device_memory(device: torch.device) -> int | None:
     return torch.cuda.get_device_properties(device).total_memory
 
 
+def cuda_device_order() -> None:
+    """CUDA numbers GPUs as nvidia-smi does, by PCI bus id (its default, FASTEST_FIRST, may
+    not): cuda:LOCAL_RANK is then the GPU preflight checked for that rank
+    (remote/preflight.py rank_gpus). Read by CUDA when it starts: call before any CUDA call.
+    A setting of the user's own is kept."""
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+
+
+SOCKET_ENVS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def socket_ifname(addr: str, port: int = 29500) -> str | None:
+    """The name of this host's network interface that talks to `addr` (IPv4): the one that
+    holds it (the first node: the rendezvous address is its own), else the one the kernel
+    routes to it through (a UDP connect sends nothing). None where it cannot tell.
+    Standard library only: preflight (remote/preflight.py) runs this very function on
+    every node."""
+    import fcntl
+    import socket
+    import struct
+
+    try:
+        ip = socket.getaddrinfo(addr, port, socket.AF_INET, socket.SOCK_DGRAM)[0][4][0]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((ip, port))
+            local = s.getsockname()[0]
+    except (OSError, IndexError):
+        return None
+    named = {}
+    for _, name in socket.if_nameindex():
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # SIOCGIFADDR: the interface's IPv4
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            named[socket.inet_ntoa(packed[20:24])] = name
+        except OSError:
+            continue
+    return named.get(ip) or named.get(local)
+
+
+def _rdzv_endpoint() -> str | None:
+    """The rendezvous address torchrun's agent (this worker's parent) was started with:
+    --rdzv-endpoint HOST:PORT (the profile's rdzv_address or first host). MASTER_ADDR is no
+    substitute: it is node 0's host name, which its own /etc/hosts often maps to 127.0.1.1."""
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            args = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    for i, a in enumerate(args):
+        for flag in ("--rdzv-endpoint", "--rdzv_endpoint"):
+            if a == flag and i + 1 < len(args):
+                return args[i + 1]
+            if a.startswith(flag + "="):
+                return a.split("=", 1)[1]
+    return None
+
+
+def _split_endpoint(endpoint: str) -> tuple[str, int]:
+    host, _, port = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", "")
+    return host.strip("[]"), int(port) if port.isdigit() else 29500
+
+
+def set_socket_ifname(env=os.environ) -> str | None:
+    """Several nodes: gloo (object collectives, barriers, CPU tensors beside NCCL) and NCCL's
+    bootstrap bind to the interface that reaches the rendezvous address, unless the profile's
+    env already names one (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME: the one named is used for
+    both). Without it gloo takes the interface of the host name, which may be loopback or a
+    management network the other nodes cannot reach. Returns a line for the run log; None
+    on one node. (`env` other than os.environ: a test's, LAYERFLOW_RDZV_ENDPOINT standing in
+    for the agent's --rdzv-endpoint.)"""
+    try:
+        several = int(env.get("WORLD_SIZE", "1")) > int(env.get("LOCAL_WORLD_SIZE") or env.get("WORLD_SIZE", "1"))
+    except ValueError:
+        several = False
+    if not several:
+        return None
+    given = {k: env[k] for k in SOCKET_ENVS if env.get(k)}
+    if len(given) == len(SOCKET_ENVS):
+        return "network interfaces from the profile's env: " + ", ".join(f"{k}={v}" for k, v in given.items())
+    # the launcher's (remote/launch: the node scripts export it), else the agent's own argument
+    endpoint = env.get("LAYERFLOW_RDZV_ENDPOINT") or (_rdzv_endpoint() if env is os.environ else None)
+    host, port = _split_endpoint(endpoint) if endpoint else (env.get("MASTER_ADDR", ""), 29500)
+    name = socket_ifname(host, port) if host else None
+    if name == "lo" and not host.startswith("127."):  # a host name its own node maps to 127.0.1.1
+        name = None
+    if name is None:
+        return (f"no network interface found for the rendezvous address {host or '?'}: gloo and NCCL choose "
+                f"their own (set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME in the profile's env)")
+    for k in SOCKET_ENVS:  # (one the profile sets is kept: NCCL's may be a list or a prefix, gloo's may not)
+        env.setdefault(k, name)
+    return (f"network interface {name} (reaches the rendezvous address {host}): "
+            + ", ".join(f"{k}={env[k]}" + (" (the profile's)" if k in given else "") for k in SOCKET_ENVS))
+
+
 def init_distributed() -> torch.device:
+    cuda_device_order()
+    net = set_socket_ifname()  # (before the process group: gloo and NCCL read them when it starts)
+    if net and int(os.environ.get("RANK", "0")) % int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) == 0:
+        print(f"layerflow: {net}", file=sys.stderr, flush=True)  # (each node's first rank, in the job's log)
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local)
@@ -80,6 +179,9 @@ def init_distributed() -> torch.device:
         backend = "cpu:gloo,cuda:nccl"  # nccl for tensors, gloo for the CPU-side objects
     else:
         device, backend = torch.device("cpu"), "gloo"
+    from ..steps import set_matmul_precision
+
+    set_matmul_precision(device)  # (TF32 on a GPU)
     if not dist.is_initialized():
         if "TORCHELASTIC_RUN_ID" not in os.environ:  # (not under torchrun: env:// as given)
             dist.init_process_group(backend=backend)

@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from ..plan import RunPlan
-from .data_parallel import apply_dp, dp_by_hand
+from .data_parallel import apply_dp, wraps_dp
 from .stages import apply_checkpointing, build_stage_module, even_stages
 from .tensor_parallel import apply_tp
 
@@ -34,7 +34,12 @@ def parallelize(full: nn.Module, plan: RunPlan, mesh: DeviceMesh, device: torch.
         mod = build_stage_module(full, plan.stages, stage_index, ckpt, blocks)
     else:
         mod = apply_checkpointing(full, ckpt, blocks)
-    mod.to(device).train()
+    # FSDP2 moves each unit's parameters to the device as it shards them (one unit whole at a
+    # time); moving the stage first would put the whole model on every rank's device before
+    # the sharding (and, with cpu_offload, copy it back again). Everything else moves now.
+    if not (wraps_dp(plan) and plan.data_parallel == "fsdp"):
+        mod.to(device)
+    mod.train()
     if plan.sync_batchnorm and plan.dp > 1:
         # batch statistics over the whole data-parallel batch (torch's SyncBatchNorm on GPUs,
         # sync_bn.py's all-reduce version on CPU, where torch has none)
@@ -45,7 +50,7 @@ def parallelize(full: nn.Module, plan: RunPlan, mesh: DeviceMesh, device: torch.
         apply_tp(mod, mesh["tp"], plan.tp_plan)
     if compile_model is not None:
         mod = compile_model(mod)
-    if plan.dp > 1 and not dp_by_hand(plan):
+    if wraps_dp(plan):
         mod = apply_dp(mod, mesh["dp"], plan.data_parallel, plan.reshard_after_forward, plan.mixed_precision,
                        plan.cpu_offload)
     return mod

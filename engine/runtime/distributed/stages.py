@@ -107,14 +107,31 @@ def contiguous_grad(x: torch.Tensor) -> torch.Tensor:
 class _Region(nn.Module):
     """A checkpointed region of a stage: its fx graph (sharing the stage's layer objects,
     held outside the module tree so parameters keep their names) run under
-    torch.utils.checkpoint. Holds no parameters of its own."""
+    torch.utils.checkpoint. Holds no parameters of its own.
 
-    def __init__(self, region: fx.GraphModule, names: list[str]):
+    The region calls the layers the stage holds when it runs, not the ones it was cut
+    with: what comes after the cut swaps a stage's children for others (float8's
+    Float8Linear, SyncBatchNorm) and would otherwise never be called here (the region
+    then trained the old layers, in bf16 beside FSDP's sharded float8 ones)."""
+
+    def __init__(self, region: fx.GraphModule, names: list[str], layers: list[str]):
         super().__init__()
         object.__setattr__(self, "region", region)  # not a submodule: the stage root owns its layers
+        object.__setattr__(self, "owner", None)  # the stage (build_stage_module sets it); not a submodule either
         self.names = names
+        self.layers = layers  # the stage's children the region's graph calls
+
+    def _sync(self) -> None:
+        owner, mods = self.owner, self.region._modules
+        if owner is None:
+            return
+        for name in self.layers:
+            m = owner._modules.get(name)
+            if m is not None and mods.get(name) is not m:
+                mods[name] = m
 
     def forward(self, *args):
+        self._sync()
         return _checkpoint(self.region, *args, use_reentrant=False)
 
     def extra_repr(self) -> str:
@@ -174,7 +191,9 @@ def build_stage_module(gm: fx.GraphModule, stages: list[list[str]], s: int,
             if n.name == regions[i][0]:  # the region runs where its first node did (its inputs are made by then)
                 rgm, inputs, outputs = _region_module(gm, [by_name[x] for x in regions[i]])
                 name = f"checkpointed_{i}"
-                root.add_module(name, _Region(rgm, regions[i]))
+                layers = sorted({str(x.target).split(".")[0] for x in rgm.graph.nodes
+                                 if x.op in ("call_module", "get_attr")})
+                root.add_module(name, _Region(rgm, regions[i], layers))
                 call = g.call_module(name, tuple(env[a.name] for a in inputs))
                 for j, o in enumerate(outputs):
                     env[o.name] = g.call_function(operator.getitem, (call, j))
@@ -208,6 +227,9 @@ def build_stage_module(gm: fx.GraphModule, stages: list[list[str]], s: int,
     for name, mod in root.named_children():  # the layers only a region calls: the stage still owns
         if not hasattr(stage, name):        # them (its parameters, state_dict keys, FSDP units)
             stage.add_module(name, mod)
+    for mod in stage.children():  # a region looks its layers up in the stage when it runs
+        if isinstance(mod, _Region):
+            object.__setattr__(mod, "owner", stage)
     return stage
 
 

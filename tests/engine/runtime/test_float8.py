@@ -254,3 +254,84 @@ def test_auto_placement_recommends_bf16_on_gpus_and_keeps_the_users_choice():
     assert "mixed_precision" not in auto_place(p, 2).placement  # the CPU: as the project has it
     p.placement.mixed_precision = "float8"
     assert "mixed_precision" not in auto_place(p, 2, GPUS["h100-80gb"]).placement
+
+
+def _checkpointed_mlp(steps=4):
+    """test_compile_runtime's MLP with fc1/act1/fc2 checkpointed: one region of two
+    float8-eligible layers (what the planner does by itself when memory is short)."""
+    from test_compile_runtime import mlp
+
+    p = mlp("off", steps=steps)
+    p.training.optimizer.lr = 0.003
+    for n in ("fc1", "act1", "fc2"):
+        p.graph.set_placement(n, checkpoint=True)
+    return p
+
+
+def _calls(modules) -> list[int]:
+    counts = [0] * len(modules)
+    for i, m in enumerate(modules):
+        m.register_forward_hook(lambda *_a, i=i: counts.__setitem__(i, counts[i] + 1))
+    return counts
+
+
+@needs_torchao
+def test_a_checkpointed_region_calls_the_float8_layers_swapped_after_the_cut():
+    """The region is cut before float8 converts the stage's layers: it calls the layers the
+    stage holds when it runs (before: Float8Linear.forward ran 0 times, the region trained
+    the replaced nn.Linear objects)."""
+    from engine.diagram.compile import compile_graph
+    from engine.runtime.distributed.stages import apply_checkpointing
+    from engine.runtime.model import build_graph_module
+
+    p = _checkpointed_mlp()
+    gm = build_graph_module(compile_graph(p.graph).spec, seed=0)
+    stage = apply_checkpointing(gm, {"fc1", "act1", "fc2"})
+    assert [n for n, _ in stage.named_children() if n.startswith("checkpointed_")] == ["checkpointed_0"]
+    assert float8.convert(stage, emulate=True, head="head") == ["fc1", "fc2"]
+    counts = _calls([stage.fc1, stage.fc2])
+    stage(torch.randn(8, 32)).sum().backward()
+    assert min(counts) >= 1, counts  # (the backward's recomputation may stop before the last)
+    assert stage.fc1.weight.grad is not None and stage.fc2.weight.grad is not None
+    # any swap after the cut (SyncBatchNorm's conversion replaces children the same way)
+    old = stage.fc2
+    stage.fc2 = nn.Sequential(old)
+    counts = _calls([stage.fc2])
+    stage(torch.randn(8, 32))
+    assert counts == [1]
+
+
+@needs_torchao
+@pytest.mark.slow
+@pytest.mark.xdist_group("torchrun")
+def test_float8_with_a_checkpointed_block_trains_under_fsdp(tmp_path, monkeypatch):
+    """Under FSDP dp=2 (real torchrun processes, emulated float8) a checkpointed block's
+    Float8Linear layers run and train: the run succeeds (before: "mat1 and mat2 must have
+    the same dtype" at step 1) and the block's weights moved."""
+    from test_dist_equivalence import _torchrun
+
+    from engine.diagram.compile import compile_graph
+    from engine.planning.planner import make_plan
+    from engine.runs.build import prepare_run
+    from engine.runs.tail import read_metrics
+    from engine.runtime.model import build_graph_module
+
+    monkeypatch.setenv(float8.EMULATE_ENV, "1")
+    p = _checkpointed_mlp(steps=3)
+    placement = {"dp": 2, "data_parallel": "fsdp", "mixed_precision": "float8"}
+    plan = make_plan(p, 2, placement=placement)
+    assert plan.ok, plan.errors
+    rd = prepare_run(p, tmp_path / "fsdp", placement=placement, plan=plan.runtime_plan())
+    _torchrun(2, [{"run_dir": str(rd)}], tmp_path)
+    got = [r["loss"] for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
+    assert len(got) == 3 and all(math.isfinite(v) for v in got), got
+    logs = [(rd / "logs" / f"rank{r}.log").read_text() for r in (0, 1)]
+    assert all("2 Linear layers in float8" in log for log in logs), logs
+    import json
+
+    measured = json.loads((rd / "measured.json").read_text())
+    assert all({"fc1", "fc2"} <= set(m["shapes"]) for m in measured), measured  # the Float8Linear layers ran
+    before = build_graph_module(compile_graph(p.graph).spec, seed=p.training.seed).state_dict()
+    after = torch.load(rd / "model.pt", weights_only=True)
+    for k in ("fc1.weight", "fc2.weight"):
+        assert after[k].shape == before[k].shape and not torch.equal(after[k].float(), before[k].float()), k
