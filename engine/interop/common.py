@@ -15,6 +15,11 @@ from engine.errors import InteropError  # noqa: F401  (raised by every interop m
 from engine.diagram.graph import MAX_ID_LEN
 from engine.project import Project, atomic_write, save_project, weights_name
 
+
+class ModelRunError(RuntimeError):
+    """A run of an imported model that failed at a part its message names, in one line
+    for the user (which node, on which inputs, and what to do); the importer says it as is."""
+
 # Names a node may not take: fx would rename it (keywords, builtins, names fx's
 # generated code uses) or nn.Module already has the attribute (compile refuses those).
 _RESERVED = (set(dir(nn.Module)) | {"forward", "code", "graph"} | set(keyword.kwlist)

@@ -157,6 +157,22 @@ def test_a_cycle_or_a_dangling_input_is_named(tmp_path):
     refused(path, "graph output 'y' is made by no node")
 
 
+@pytest.mark.parametrize("op", ["Gemm", "MatMul"])
+def test_declared_input_dims_that_disagree_with_the_first_layer_name_the_input_and_the_node(tmp_path, op):
+    """[1, 64, 1] into a layer of 64 features: one line naming both, not torch's matmul error alone."""
+    w = numpy_helper.from_array(np.ones((128, 64) if op == "Gemm" else (64, 128), np.float32), "W")
+    node = helper.make_node(op, ["x", "W"], ["y"], name="fc1", **({"transB": 1} if op == "Gemm" else {}))
+    path = save(tmp_path, f"{op}.onnx", [node], inputs=[helper.make_tensor_value_info("x", F, [1, 64, 1])],
+                inits=[w])
+    text = refused(path, f"{op}.onnx: node 'fc1' ({op}) failed on its inputs 'x' [3, 64, 1]",
+                   "mat1 and mat2 shapes cannot be multiplied", "The file declares input 'x' as [1, 64, 1]",
+                   "correct the input's shape in the file")
+    assert "running it on inputs" not in text
+    r = cli("import", path, "-o", tmp_path / f"{op}.lflow")
+    one_line(r, "node 'fc1'", "input 'x' as [1, 64, 1]")
+    assert not (tmp_path / f"{op}.lflow").exists()
+
+
 def test_nodes_out_of_order_are_put_in_order(tmp_path):
     path = save(tmp_path, "unsorted.onnx", [helper.make_node("Relu", ["a"], ["y"], name="second"),
                                             helper.make_node("Neg", ["x"], ["a"], name="first")])

@@ -32,7 +32,7 @@ import torch
 from torch import fx, nn
 
 from engine.diagram.graph import Edge, Graph
-from engine.interop.common import (Imported, InteropError, best_effort, check_imported, make_id,
+from engine.interop.common import (Imported, InteropError, ModelRunError, best_effort, check_imported, make_id,
                                    synthetic_training)
 from engine.interop.module.faithful import check_arity as _check_arity, check_outputs as _check_outputs
 from engine.interop.progress import phase
@@ -996,6 +996,8 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
     try:
         with torch.no_grad():
             module(*samples)
+    except ModelRunError as exc:  # (it names the part that failed: an ONNX node)
+        raise InteropError(f"{source}: {exc}") from None
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
         raise InteropError(f"{source}: running it on inputs of shape "
