@@ -256,6 +256,7 @@ class _Reader:
                     val = module.get_buffer(t)
                 self.lifted[spec.arg.name] = (kind, val)
         self.graph = Graph()
+        self._fx_names: frozenset[str] | None = None
         self.taken: set[str] = set()
         self.ids: dict[fx.Node, str] = {}
         self.state: dict[str, torch.Tensor] = {}
@@ -386,7 +387,9 @@ class _Reader:
         values: dict[str, torch.Tensor] = {}
         inputs: list[fx.Node] = []
         names: dict[fx.Node, str] = {}
-        taken = {n.name for n in self.gm.graph.nodes}
+        if self._fx_names is None:  # (the fx graph is fixed while it is read: its names once, not once per call)
+            self._fx_names = frozenset(n.name for n in self.gm.graph.nodes)
+        taken = self._fx_names
 
         def enc(v):
             if isinstance(v, fx.Node):
@@ -958,6 +961,19 @@ def _export(module: nn.Module, samples: list[torch.Tensor], source: str):
 
 
 def _export_as_is(module: nn.Module, samples: list[torch.Tensor], source: str):
+    """(torch.export records a stack trace per call, a third of its time on a long chain;
+    a module whose source lines are not the user's, an ONNX file's, records none.)"""
+    import torch.fx.config as fx_config
+
+    keep = fx_config.do_not_emit_stack_traces
+    fx_config.do_not_emit_stack_traces = keep or not getattr(module, "user_source_lines", True)
+    try:
+        return _export_traced(module, samples, source)
+    finally:
+        fx_config.do_not_emit_stack_traces = keep
+
+
+def _export_traced(module: nn.Module, samples: list[torch.Tensor], source: str):
     from torch.export import Dim, export
 
     import inspect

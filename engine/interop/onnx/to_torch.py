@@ -147,6 +147,8 @@ def _pads(pads, nd: int):
 class OnnxModule(nn.Module):
     """Runs an ONNX graph with torch calls; weights are its parameters."""
 
+    user_source_lines = False  # its calls' source lines are this file's, nothing the user wrote (no stack traces)
+
     def __init__(self, model, source: str):
         super().__init__()
         g = model.graph
