@@ -170,9 +170,8 @@ def synthetic_training(project: Project) -> str | None:
             project.graph.set_param(out_id, "loss", "cross_entropy")
         ds = SyntheticSequence(kind="synthetic_sequence", seq_len=shape[0], vocab_size=classes, n_classes=classes)
         project.training = project.training.model_copy(update={"dataset": ds})
-        return (f"the model returns only the last position's logits (shape (1, {classes}) per sequence): it trains "
-                "with cross_entropy on one token per sequence (synthetic: the token each sequence repeats most); "
-                "to train it on next tokens at every position, return the logits of all positions from forward")
+        return (f"with one position's logits (shape (1, {classes}) per sequence) it trains with cross_entropy on one "
+                "token per sequence (synthetic: the token each sequence repeats most)")
     elif loss == "cross_entropy" and len(pred.shape) == 1 and classes >= 2:
         if inp.params["dtype"] == "int64" and len(shape) == 1:
             vocab = min((n.params["num_embeddings"] for n in result.nodes.values() if n.type == "Embedding"), default=32)

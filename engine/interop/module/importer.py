@@ -997,6 +997,20 @@ def _export_traced(module: nn.Module, samples: list[torch.Tensor], source: str):
                                "forward or make the branch a submodule") from None
 
 
+def _one_position(samples: list[torch.Tensor], out) -> str | None:
+    """The note for a forward that keeps one position of a sequence (nanoGPT's, called
+    without targets, returns the last position's logits): training on a token file's
+    per-position targets needs every position's."""
+    tokens = [x for x in samples if not x.is_floating_point() and x.dim() == 2 and x.shape[1] > 1]
+    if not tokens or not isinstance(out, torch.Tensor) or out.dim() != 3 or out.shape[1] != 1:
+        return None
+    return (f"the traced forward keeps one position: its output is {list(out.shape[1:])} per sample for "
+            f"{tokens[0].shape[1]} input positions (a GPT's forward called without targets returns only the last "
+            "position's logits); the diagram computes just that, so a token file's per-position targets are "
+            "refused before Run: to train on next tokens at every position, return the logits of all positions "
+            "from forward and import it again")
+
+
 def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: list[str] | None = None,
                 source: str | None = None, name: str | None = None,
                 input_names: list[str] | None = None, vocab: int | None = None) -> Imported:
@@ -1011,7 +1025,7 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
     phase("tracing", "running the model on sample inputs")
     try:
         with torch.no_grad():
-            module(*samples)
+            first_out = module(*samples)
     except ModelRunError as exc:  # (it names the part that failed: an ONNX node)
         raise InteropError(f"{source}: {exc}") from None
     except Exception as exc:
@@ -1030,6 +1044,9 @@ def from_module(module: nn.Module, input_shapes: list[list[int]], input_dtypes: 
     reader = _Reader(root, ep, batch_sym, input_names)
     if batch_sym is None:
         reader.notes.append(f"the model fixes its batch size in forward: exported for a batch of {SAMPLE_BATCH}")
+    one = _one_position(samples, first_out)
+    if one:
+        reader.notes.append(one)
     reader.read()
     notes = reader.notes
     strip = f"{root._name}." if isinstance(root, _Root) else ""
