@@ -384,6 +384,7 @@ class DataInfo:
     source: dict | None = None
     fingerprint: dict | None = None
     arrays: Arrays | None = None
+    target_shape: tuple[int, ...] | None = None  # one sample's target ((): a label; (T,): one per position)
 
 
 def source_settings(project: Project) -> dict | None:
@@ -423,9 +424,10 @@ def describe_source(settings: dict, *, with_fingerprint: bool = True) -> DataInf
     if "shape" not in x:  # several named inputs: each feeds the Input node of its name
         first = next(iter(x.values()))
         return DataInfo(tuple(first["shape"]), first["dtype"], train.task, train.n_classes, len(train), len(val),
-                        None, {k: (tuple(v["shape"]), v["dtype"]) for k, v in x.items()}, settings, fp)
+                        None, {k: (tuple(v["shape"]), v["dtype"]) for k, v in x.items()}, settings, fp,
+                        target_shape=tuple(spec["y"]["shape"]))
     return DataInfo(tuple(x["shape"]), x["dtype"], train.task, train.n_classes, len(train), len(val),
-                    None, None, settings, fp)
+                    None, None, settings, fp, target_shape=tuple(spec["y"]["shape"]))
 
 
 def describe(project: Project) -> DataInfo:
@@ -518,4 +520,4 @@ def info_of(a: Arrays) -> DataInfo:
     if a.x_train.dtype.kind in "iu":  # token ids: the largest must fit every Embedding
         top = max(int(a.x_train.max()) if a.x_train.size else 0, int(a.x_val.max()) if a.x_val.size else 0)
     return DataInfo(a.sample_shape, str(a.x_train.dtype), a.task, a.n_classes, len(a.x_train), len(a.x_val),
-                    top, arrays=a)
+                    top, arrays=a, target_shape=tuple(a.y_train.shape[1:]))

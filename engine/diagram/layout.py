@@ -120,19 +120,19 @@ def _layered(ids: list[str], succ: dict[str, list[str]], pred: dict[str, list[st
     # 2. barycenter sweeps
     pos_in_col = {}
 
-    def index():
-        for col in cols:
-            for i, n in enumerate(col):
-                pos_in_col[n] = i
+    def index(col):  # (only the column just sorted moved: indexing every column each time is quadratic)
+        for i, n in enumerate(col):
+            pos_in_col[n] = i
 
-    index()
+    for col in cols:
+        index(col)
     for _ in range(4):
         for c in range(1, n_layers):
             cols[c].sort(key=lambda n: (sum(pos_in_col[p] for p in pred[n]) / len(pred[n])) if pred[n] else pos_in_col[n])
-            index()
+            index(cols[c])
         for c in range(n_layers - 2, -1, -1):
             cols[c].sort(key=lambda n: (sum(pos_in_col[s] for s in succ[n]) / len(succ[n])) if succ[n] else pos_in_col[n])
-            index()
+            index(cols[c])
     # 3. coordinates
     heights = {n: sizes[n][1] for n in ids}
     heights.update({d: DUMMY_H for d in dummies})

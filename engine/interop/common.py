@@ -15,6 +15,11 @@ from engine.errors import InteropError  # noqa: F401  (raised by every interop m
 from engine.diagram.graph import MAX_ID_LEN
 from engine.project import Project, atomic_write, save_project, weights_name
 
+
+class ModelRunError(RuntimeError):
+    """A run of an imported model that failed at a part its message names, in one line
+    for the user (which node, on which inputs, and what to do); the importer says it as is."""
+
 # Names a node may not take: fx would rename it (keywords, builtins, names fx's
 # generated code uses) or nn.Module already has the attribute (compile refuses those).
 _RESERVED = (set(dir(nn.Module)) | {"forward", "code", "graph"} | set(keyword.kwlist)
@@ -165,9 +170,8 @@ def synthetic_training(project: Project) -> str | None:
             project.graph.set_param(out_id, "loss", "cross_entropy")
         ds = SyntheticSequence(kind="synthetic_sequence", seq_len=shape[0], vocab_size=classes, n_classes=classes)
         project.training = project.training.model_copy(update={"dataset": ds})
-        return (f"the model returns only the last position's logits (shape (1, {classes}) per sequence): it trains "
-                "with cross_entropy on one token per sequence (synthetic: the token each sequence repeats most); "
-                "to train it on next tokens at every position, return the logits of all positions from forward")
+        return (f"with one position's logits (shape (1, {classes}) per sequence) it trains with cross_entropy on one "
+                "token per sequence (synthetic: the token each sequence repeats most)")
     elif loss == "cross_entropy" and len(pred.shape) == 1 and classes >= 2:
         if inp.params["dtype"] == "int64" and len(shape) == 1:
             vocab = min((n.params["num_embeddings"] for n in result.nodes.values() if n.type == "Embedding"), default=32)

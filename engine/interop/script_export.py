@@ -669,6 +669,14 @@ def export_script(project: Project, path: str | Path, plan: dict | None = None, 
     weights_file = f"{stem}.weights.pt" if project.weights or run_bytes is not None else None
     text = script_text(project, plan, data_file, weights_file)
     compile(text, str(path), "exec")  # a generated syntax error is our bug: never write it
+    weights_bytes = run_bytes
+    if weights_bytes is None and weights_file:  # read (tensors only) before anything is written
+        from engine.runs.weights import project_weights_bytes
+
+        src = project.resolve_path(project.weights)
+        if not src.exists():
+            raise InteropError(f"weights: {src} does not exist")
+        weights_bytes = project_weights_bytes(project, src)
     if data_file:
         buf = io.BytesIO()
         a = edata.load_arrays(project)
@@ -676,12 +684,7 @@ def export_script(project: Project, path: str | Path, plan: dict | None = None, 
 
         np.savez(buf, x_train=a.x_train, y_train=a.y_train, x_val=a.x_val, y_val=a.y_val)
         atomic_write(path.with_name(data_file), buf.getvalue())
-    if run_bytes is not None:
-        atomic_write(path.with_name(weights_file), run_bytes)
-    elif weights_file:
-        src = project.resolve_path(project.weights)
-        if not src.exists():
-            raise InteropError(f"weights: {src} does not exist")
-        atomic_write(path.with_name(weights_file), src.read_bytes())
+    if weights_bytes is not None:
+        atomic_write(path.with_name(weights_file), weights_bytes)
     atomic_write(path, text.encode("utf-8"))
     return path

@@ -89,24 +89,29 @@ def tp_layouts(graph, compiled: CompileResult, styles: dict[str, str], stage: di
     out: dict[str, TPEntry] = {}
     errors: list[str] = []
     nodes = graph.nodes
+    preds_of: dict[str, list[str]] = {}  # (read once: graph.predecessors scans every edge, per node)
+    succs_of: dict[str, list[str]] = {}
+    for e in graph.edges:
+        preds_of.setdefault(e.dst, []).append(e.src)
+        succs_of.setdefault(e.src, []).append(e.dst)
     compute = [n for n in compiled.order if nodes[n].type not in ("Input", "Output")]
     # ---- the sequence-parallel region: the norms, and what joins them ----
     seq = {n for n, s in styles.items() if s == "sequence"}
     feeds_seq: set[str] = set()  # outside the region, handing it Shard(1) (to all their consumers)
     grew = bool(seq)
     while grew:
-        feeds_seq = {n for n in compiled.order if n not in seq and any(c in seq for c in graph.successors(n))}
+        feeds_seq = {n for n in compiled.order if n not in seq and any(c in seq for c in succs_of.get(n, []))}
         grew = False
         for n in compute:
             if n in seq or nodes[n].type not in JOINS_SEQUENCE or styles.get(n, "replicate") != "replicate":
                 continue
-            if any(p in seq or p in feeds_seq for p in graph.predecessors(n)) or \
-                    any(c in seq for c in graph.successors(n)):
+            if any(p in seq or p in feeds_seq for p in preds_of.get(n, [])) or \
+                    any(c in seq for c in succs_of.get(n, [])):
                 seq.add(n)
                 grew = True
     for n in sorted(feeds_seq & {n for n in compiled.order if nodes[n].type == "Input"}):
         errors.append(f"node '{n}' (Input) feeds the sequence-parallel region directly; put a layer between it "
-                      f"and {', '.join(c for c in graph.successors(n) if c in seq)}, or set the norms' tp style "
+                      f"and {', '.join(c for c in succs_of.get(n, []) if c in seq)}, or set the norms' tp style "
                       f"to replicate")
     for n in seq | feeds_seq:
         info = compiled.nodes[n].out if n in compiled.nodes else None
@@ -126,7 +131,7 @@ def tp_layouts(graph, compiled: CompileResult, styles: dict[str, str], stage: di
         if styles.get(n) == "sequence" and isinstance(ns, (list, tuple)) and len(ns) > 1:
             errors.append(f"node '{n}' ({nodes[n].type}): sequence parallelism needs a norm over the last dimension "
                           f"only, but normalized_shape is {compiled.nodes[n].params['normalized_shape']}")
-        for c in graph.successors(n):
+        for c in succs_of.get(n, []):
             if nodes[c].type in ("Output", "Concat"):
                 errors.append(f"edge {n} -> {c}: {c} ({nodes[c].type}) cannot read a sequence shard; put a "
                               f"replicated layer between them or set the norms' tp style to replicate")
@@ -151,7 +156,7 @@ def tp_layouts(graph, compiled: CompileResult, styles: dict[str, str], stage: di
     layout: dict[str, Layout] = {}
     for n in compiled.order:
         ntype, style = nodes[n].type, styles.get(n)
-        preds = graph.predecessors(n)
+        preds = preds_of.get(n, [])
         if n in seq or n in feeds_seq:
             layout[n] = SEQ
         elif n in pair_colwise:
@@ -164,7 +169,7 @@ def tp_layouts(graph, compiled: CompileResult, styles: dict[str, str], stage: di
         ntype, style = nodes[n].type, styles.get(n)
         if ntype in ("Input", "Output") or (n in seq and style != "sequence"):
             continue  # joined layers run on their shard as they are
-        preds = graph.predecessors(n)
+        preds = preds_of.get(n, [])
         given = layout[preds[0]] if preds else REPLICATE
         if style in (None, "replicate"):
             if given != SEQ and layout[n] != SEQ:

@@ -124,7 +124,36 @@ def check_data(result, data: DataInfo | Arrays) -> list[str]:
             errs.append(f"node '{src.src}' ({result.nodes[src.src].type}): outputs {pred.shape[-1]} values per sample "
                         f"but the data set has {what or ''}{' ' if what else ''}{data.n_classes} "
                         f"{'tokens' if what else 'labels' if loss == 'bce' else 'classes'}")
+    if src and out_id and loss == "cross_entropy" and data.target_shape is not None:
+        pred = result.nodes[src.src].out
+        want = tuple(data.target_shape)
+        if pred and pred.shape and _positions(pred.shape[:-1]) != _positions(want):
+            errs.append(_positions_message(out_id, tuple(pred.shape), want))
     return errs
+
+
+def _positions(shape: tuple) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _positions_message(out_id: str, pred: tuple, want: tuple) -> str:
+    """The Output's logits and the data set's targets count different positions: the loss
+    would fail at the first step (cross_entropy's 'Expected input batch_size (32) to match
+    target batch_size (2048)'); said before Run, with both shapes and what to do."""
+    per = (f"one per position ({want[0]:,} positions)" if len(want) == 1 else f"{_positions(want):,} per sample") \
+        if want else "one per sample"
+    line = (f"node '{out_id}' (Output): the model's logits are {list(pred)} per sample but the data set's targets "
+            f"are {list(want)}, {per}: the loss would compare {_positions(pred[:-1]):,} prediction(s) per sample "
+            f"with {_positions(want):,} target(s)")
+    if want and _positions(pred[:-1]) == 1:
+        return (line + "; the model keeps one position of its output (a GPT's forward called without targets returns "
+                "the last position's logits only): make it return every position's logits (its head applied to "
+                "every position, not to x[:, [-1], :]) and import it again, or train on a data set with one target "
+                "per sample")
+    return line + "; make the model's output hold one row of logits per target, or use a data set whose targets match it"
 
 
 def _check_weights(src: Path, result) -> None:

@@ -193,6 +193,29 @@ def _dcp_state(project: Project, result, run: Path, path: Path) -> dict[str, tor
     return {k: v.detach().cpu().contiguous().clone() for k, v in gm.state_dict().items()}
 
 
+def weights_error(wpath, exc: Exception) -> InteropError:
+    """The project's weights file that could not be loaded, in one line that names it once
+    (a refusal or an OSError says the file itself; torch's size mismatch does not)."""
+    from engine.files import os_error_text
+
+    text = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
+    if str(wpath) in text:
+        return InteropError(f"weights: {text}")
+    return InteropError(f"cannot load the project's weights {wpath}: {text}")
+
+
+def project_weights_bytes(project: Project, wpath) -> bytes:
+    """The project's weights file as tensors only, saved again: read by the one safe reader
+    (runtime/model.py read_weights: no pickled object is ever run or passed on), so what an
+    export writes beside its script is a state_dict of tensors, whatever the file held."""
+    from engine.runtime.model import read_weights
+
+    try:
+        return state_bytes(read_weights(wpath))
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise weights_error(wpath, exc) from None
+
+
 def state_bytes(state: dict[str, torch.Tensor]) -> bytes:
     buf = io.BytesIO()
     torch.save({k: v.detach().cpu().contiguous() for k, v in state.items()}, buf)
@@ -213,7 +236,7 @@ def trained_module(project: Project, run_dir=None, checkpoint: str | None = None
         try:
             load_weights(gm, str(wpath))
         except (OSError, RuntimeError, ValueError) as exc:
-            raise InteropError(f"cannot load the project's weights {wpath}: {exc}") from None
+            raise weights_error(wpath, exc) from None
     return gm.eval(), result.spec
 
 

@@ -214,3 +214,37 @@ def test_an_npz_over_the_whole_file_limit_is_read_in_place_as_the_run_does(qtbot
     type_into(qtbot, panel.path_edit, "data/big.npz")
     settle(w)
     assert w.project.training.dataset.kind == "npz" and problems(w) == []
+
+
+def test_one_positions_logits_against_a_token_files_targets_show_on_the_output_node(qtbot, asked, tmp_path):
+    """nanoGPT imported by module import (its forward keeps the last position) with a token
+    file of per-position targets: the window shows the mismatch on the Output node and in
+    Problems before Run, with both shapes, as build_run says it."""
+    import json
+
+    import torch
+
+    from engine.interop import save_imported
+    from engine.interop.module.importer import from_module
+    from reference_models import gpt_last_logits
+
+    torch.manual_seed(0)
+    path = save_imported(from_module(gpt_last_logits().eval(), [[16]], ["int64"]), tmp_path / "gpt.lflow")
+    toks = tmp_path / "tokens"
+    toks.mkdir()
+    rng = np.random.default_rng(0)
+    for name, n in (("train.bin", 4000), ("val.bin", 400)):
+        rng.integers(0, 40, n).astype(np.uint16).tofile(toks / name)
+    (toks / "meta.json").write_text(json.dumps({"vocab_size": 40, "dtype": "uint16"}))
+    d = json.loads(path.read_text())
+    d["training"]["dataset"] = {"kind": "token_file", "path": "tokens", "seq_len": 16}
+    path.write_text(json.dumps(d))
+    w = MainWindow(load_project(path), recover=False)
+    qtbot.addWidget(w)
+    w.show()
+    qtbot.waitExposed(w)
+    settle(w)
+    said = "node 'output' (Output): the model's logits are [1, 40] per sample but the data set's targets are [16]"
+    qtbot.waitUntil(lambda: any(n == "output" and said in m for n, m in problems(w)), timeout=60_000)
+    assert said in badge(w, "output")
+    w.run_ui.shutdown()

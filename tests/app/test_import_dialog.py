@@ -198,6 +198,23 @@ def test_errors_show_inline_and_the_dialog_stays_open(qtbot, w, tmp_path):
     qtbot.waitUntil(lambda: dlg.error.isVisible(), timeout=30_000)
     assert "bad.onnx" in dlg.error.text() and dlg.isVisible() and w.project is before
 
+    # an ONNX file whose declared input dims disagree with its first layer: the node and the input, in one line
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    dims = tmp_path / "dims.onnx"
+    graph = helper.make_graph([helper.make_node("Gemm", ["x", "W"], ["y"], name="fc1", transB=1)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.ones((128, 64), np.float32), "W")])
+    dims.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    dlg.source.setText(str(dims))
+    qtbot.mouseClick(dlg.import_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: dlg.error.isVisible() and "dims.onnx" in dlg.error.text(), timeout=60_000)
+    text = dlg.error.text()
+    assert "node 'fc1' (Gemm)" in text and "declares input 'x' as [1, 64, 1]" in text and "\n" not in text, text
+    assert dlg.isVisible() and w.project is before
+
 
 def test_cancel_stops_waiting_and_opens_nothing(qtbot, w, tmp_path, monkeypatch):
     import app.import_dialog as import_dialog

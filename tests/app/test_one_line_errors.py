@@ -363,7 +363,11 @@ def test_pickled_weights_are_refused_in_one_line_naming_the_file(tmp_path):
     said = ("not loaded: it holds pickled Python objects (posix.system)", "re-save it as a state_dict of tensors")
     for name in ("raw.pt", "saved.pt"):
         project = project_file(tmp_path, f"{name}.lflow", weights=name)
-        one_line(cli("export", project, "--onnx", tmp_path / "m.onnx", cwd=tmp_path), name, *said)
+        for fmt, out in (("--onnx", "m.onnx"), ("--script", "m.py")):  # the file named once, not twice
+            err = one_line(cli("export", project, fmt, tmp_path / out, cwd=tmp_path), f"weights: {tmp_path / name}: ",
+                           *said)
+            assert err.count(str(tmp_path / name)) == 1, err
+        assert not list(tmp_path.glob("m.*")), list(tmp_path.glob("m.*"))  # nor the script's data or weights
         one_line(cli("train", project, "--steps", "1", "--out", tmp_path / "run", cwd=tmp_path), f"weights: {tmp_path / name}",
                  *said)
         assert not (tmp_path / "run").exists() and not (tmp_path / "m.onnx").exists()
@@ -375,6 +379,11 @@ def test_pickled_weights_are_refused_in_one_line_naming_the_file(tmp_path):
     project = project_file(tmp_path, weights="good.pt")
     r = cli("train", project, "--steps", "2", "--out", tmp_path / "r1", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
+    r = cli("export", project, "--script", tmp_path / "good.py", cwd=tmp_path)  # through the same reader
+    assert r.returncode == 0, r.stderr[-2000:]
+    from engine.runtime.model import read_weights
+
+    assert read_weights(tmp_path / "good.weights.pt").keys() == module.state_dict().keys()
     run = tmp_path / "r1"
     assert json.loads((run / "run.json").read_text())["weights"] == "weights.pt"
     assert cli("train", project, "--resume", run, "--steps", "3", cwd=tmp_path).returncode == 0

@@ -84,3 +84,30 @@ def test_fetch_onto_a_full_disk_is_one_line_naming_the_file(sshd_pair, config_di
     assert len(err.splitlines()) == 1 and err.startswith("error: "), err
     assert f"{disk / 'got'}/" in err and reason in err, err  # the file being written, here
     assert not [f for f in left if ".part-" in f], left  # no half-downloaded file left behind
+
+
+def test_deploy_onto_a_full_disk_is_one_line_and_leaves_no_run_folder(config_dir, tmp_path):
+    """`deploy --out` on a full disk: its local run folder cannot be made; one line naming
+    it and saying the disk is full, before any host is reached (the profile's host answers
+    nothing), and nothing of the run left on the disk."""
+    env = {**os.environ, "LAYERFLOW_CONFIG_DIR": str(config_dir), "OMP_NUM_THREADS": "1"}
+    assert main(["cluster", "add", "one", "--host", f"{USER}@127.0.0.1:1", "--workdir", str(tmp_path / "work")]) == 0
+    proj = tmp_path / "proj" / "mlp.lflow"
+    proj.parent.mkdir()
+    shutil.copy(EXAMPLES / "mlp_digits.lflow", proj)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    env.update(DISK=str(disk), PY=sys.executable, MAIN=str(ROOT / "main.py"))
+    args = ["deploy", str(proj), "--cluster", "one", "--steps", "3", "--out", str(disk / "rd")]
+    if not _can_unshare(disk):  # (a file-size limit fails every write, tempfile's probe too: no full disk alone)
+        pytest.skip("needs a user+mount namespace for a real full disk")
+    r = subprocess.run(["unshare", "-rm", "bash", "-c", FULL_DISK, "bash", *args], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=240)
+    reason = "No space left on device (the disk is full"
+    left = next(line for line in r.stdout.splitlines() if line.startswith("LEFT: ")).split()[1:]
+    assert left == ["fill"], left  # no run folder, no temp file
+    err = r.stderr.strip()
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    assert f"{disk / 'rd'}" in err and reason in err, err

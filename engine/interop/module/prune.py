@@ -19,8 +19,11 @@ def live_nodes(graph: Graph) -> set[str]:
     """The nodes an Output reads, directly or not (the Outputs and Inputs included)."""
     live = {nid for nid, n in graph.nodes.items() if n.type in ("Output", "Input")}
     todo = [nid for nid, n in graph.nodes.items() if n.type == "Output"]
+    sources: dict[str, list[str]] = {}  # node -> the nodes it reads (one pass over the edges, not one per node)
+    for e in graph.edges:
+        sources.setdefault(e.dst, []).append(e.src)
     while todo:
-        for p in graph.predecessors(todo.pop()):
+        for p in sources.get(todo.pop(), ()):
             if p not in live:
                 live.add(p)
                 todo.append(p)
@@ -29,7 +32,8 @@ def live_nodes(graph: Graph) -> set[str]:
 
 def drop_dead(graph: Graph, state: dict[str, torch.Tensor]) -> list[str]:
     """Remove the nodes no Output reads (and their weights); the notes it has to make."""
-    dead = [nid for nid in graph.nodes if nid not in live_nodes(graph)]
+    live = live_nodes(graph)
+    dead = [nid for nid in graph.nodes if nid not in live]
     if not dead:
         return []
     gone = set(dead)

@@ -11,6 +11,7 @@ import torch
 from torch import fx
 
 SEED = 0
+SAMPLE_BATCH = 3  # a batch unlike any other size, so the batch dimension is easy to tell apart
 
 
 def first_samples(shapes, dtypes, batch: int, vocab: int | None = None) -> list[torch.Tensor]:

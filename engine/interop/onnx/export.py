@@ -49,7 +49,9 @@ def build_for_export(project: Project, seed: int | None = None, state: dict | No
         try:
             load_weights(gm, str(wpath))
         except (OSError, RuntimeError, ValueError) as exc:
-            raise InteropError(f"cannot load the project's weights {wpath}: {exc}") from None
+            from engine.runs.weights import weights_error
+
+            raise weights_error(wpath, exc) from None
     gm.eval()
     inputs = []
     for nid in result.spec["inputs"]:

@@ -23,7 +23,7 @@ from onnx import numpy_helper
 from torch import nn
 
 from engine.interop.onnx import limits
-from engine.interop.common import InteropError
+from engine.interop.common import InteropError, ModelRunError
 
 
 class _Sizes(list):
@@ -147,6 +147,8 @@ def _pads(pads, nd: int):
 class OnnxModule(nn.Module):
     """Runs an ONNX graph with torch calls; weights are its parameters."""
 
+    user_source_lines = False  # its calls' source lines are this file's, nothing the user wrote (no stack traces)
+
     def __init__(self, model, source: str):
         super().__init__()
         g = model.graph
@@ -165,6 +167,9 @@ class OnnxModule(nn.Module):
             self._store(init.name, torch.from_numpy(np.array(arr)), learn=arr.dtype.kind == "f")
         self.inputs = [i.name for i in g.input if i.name not in inits]
         self.outputs = [o.name for o in g.output]
+        self.declared = {i.name: [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                                  for d in i.type.tensor_type.shape.dim]
+                         for i in g.input if i.name not in inits and i.type.HasField("tensor_type")}
         self.declared_batch = [
             (i.type.tensor_type.shape.dim[0].dim_value if i.type.tensor_type.shape.dim else 0) for i in g.input
             if i.name not in inits]
@@ -340,7 +345,14 @@ class OnnxModule(nn.Module):
         env = dict(zip(self.inputs, xs))
         for node, fn in self.steps:
             ins = [self._value(i, env) for i in node.input]
-            outs = _run_scoped(self._step_scope(node), fn, (node, ins, _attrs(node), False))
+            try:
+                outs = _run_scoped(self._step_scope(node), fn, (node, ins, _attrs(node), False))
+            except (InteropError, limits.LimitError, ModelRunError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - torch's own error, said with the node it came from
+                if torch.compiler.is_exporting():
+                    raise  # (torch.export's own retries read its errors)
+                raise ModelRunError(self._run_failure(node, ins, exc)) from exc
             if self._measure is not None:
                 self._measure.step(node, outs)
             for o, v in zip(node.output, outs if isinstance(outs, tuple) else (outs,)):
@@ -364,6 +376,24 @@ class OnnxModule(nn.Module):
                 chain = [*chain, holder._modules[attr]]
             self._run_in[key] = chain
         return self._run_in[key]
+
+    def _run_failure(self, node, ins: list, exc: Exception) -> str:
+        """One line: the node that failed, the shape of each input it was given, and where a
+        graph input is among them, the dims the file declares for it."""
+        def shape(v):
+            return list(v.shape) if hasattr(v, "shape") else type(v).__name__
+        given = ", ".join(f"'{n}' {shape(v)}" for n, v in zip(node.input, ins) if n)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        label = node.name or (node.output[0] if node.output else node.op_type)
+        line = f"node '{label}' ({node.op_type}) failed on its inputs {given}: {first}"
+        direct = [n for n in node.input if n in self.declared]
+        if direct:
+            decl = ", ".join(f"'{n}' as {self.declared[n]}" for n in direct)
+            return (f"{line}. The file declares input {decl}, which this node cannot take: its declared dims "
+                    "disagree with what the node reads; correct the input's shape in the file (or re-export it "
+                    "with the input shape the model reads)")
+        decl = ", ".join(f"'{n}' {d}" for n, d in self.declared.items())
+        return f"{line} (the file's inputs, as declared: {decl}); check the shapes the file declares"
 
     # ----- helpers --------------------------------------------------------------
     def _fail(self, node, why: str):

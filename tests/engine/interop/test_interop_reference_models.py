@@ -118,7 +118,9 @@ def test_an_lm_returning_last_position_logits_gets_a_loss_and_data_that_train_it
 
     torch.manual_seed(0)
     imp = from_module(gpt_last_logits().eval(), [[16]], ["int64"])
-    assert any("only the last position's logits" in n and "return the logits of all positions" in n for n in imp.notes)
+    assert any(n.startswith("the traced forward keeps one position: its output is [1, 40] per sample for 16 input "
+                            "positions") and "return the logits of all positions" in n for n in imp.notes), imp.notes
+    assert any("it trains with cross_entropy on one token per sequence" in n for n in imp.notes)
     project = load_project(save_imported(imp, tmp_path / "gpt_last.lflow"))
     assert project.graph.nodes["output"].params["loss"] == "cross_entropy"
     ds = project.training.dataset
@@ -131,6 +133,50 @@ def test_an_lm_returning_last_position_logits_gets_a_loss_and_data_that_train_it
     assert run(rd).state == "succeeded"
     losses = [r["loss"] for r in read_metrics(rd / "metrics.jsonl") if "loss" in r]
     assert all(np.isfinite(losses)) and np.mean(losses[-5:]) < losses[0] - 0.3  # it learns
+
+
+def test_last_position_logits_against_a_token_files_targets_are_named_on_the_output_before_run(tmp_path):
+    """nanoGPT imported by module import keeps one position; a token file's targets are one per
+    position: build_run (the CLI's train) and the editor's data problems say it on the Output
+    node, with both shapes and what to do, instead of the loss's 'Expected input batch_size (32)
+    to match target batch_size (2048)' at step 1."""
+    import json
+
+    import numpy as np
+
+    from app.analysis import data_problems
+    from engine.data.describe import describe
+    from engine.diagram.compile import compile_graph
+    from engine.interop import save_imported
+    from engine.project import load_project
+    from engine.runs.build import RunError, build_run
+    from reference_models import gpt_last_logits
+
+    torch.manual_seed(0)
+    imp = from_module(gpt_last_logits().eval(), [[16]], ["int64"])
+    path = save_imported(imp, tmp_path / "gpt_last.lflow")
+    toks = tmp_path / "tokens"
+    toks.mkdir()
+    rng = np.random.default_rng(0)
+    for name, n in (("train.bin", 4000), ("val.bin", 400)):
+        rng.integers(0, 40, n).astype(np.uint16).tofile(toks / name)
+    (toks / "meta.json").write_text(json.dumps({"vocab_size": 40, "dtype": "uint16"}))
+    d = json.loads(path.read_text())
+    d["training"]["dataset"] = {"kind": "token_file", "path": "tokens", "seq_len": 16}
+    path.write_text(json.dumps(d))
+    project = load_project(path)
+    want = ("node 'output' (Output): the model's logits are [1, 40] per sample but the data set's targets are [16], "
+            "one per position (16 positions): the loss would compare 1 prediction(s) per sample with 16 target(s); "
+            "the model keeps one position of its output")
+    with pytest.raises(RunError) as e:
+        build_run(project, tmp_path / "run")
+    assert want in str(e.value) and "return every position's logits" in str(e.value), str(e.value)
+    assert not (tmp_path / "run").exists()
+    problems = data_problems(compile_graph(project.graph), describe(project))
+    assert [(p.node, p.field) for p in problems if want in p.message] == [("output", "training.dataset")], problems
+    own = load_project(  # the same model on its own synthetic set (one label per sequence): no such problem
+        save_imported(imp, tmp_path / "own.lflow"))
+    assert not [p for p in data_problems(compile_graph(own.graph), describe(own)) if "positions" in p.message]
 
 
 def _t5(tmp_path):
