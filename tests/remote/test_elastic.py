@@ -5,14 +5,12 @@ host with dp halved and two micro-batches per step, its losses those of an unbro
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import time
 from pathlib import Path
 
 import pytest
-from sshd_helpers import free_port
+from sshd_helpers import free_port, lose_host
 
 from engine.project import load_project
 from engine.runtime.recovery import read_attempts
@@ -31,13 +29,6 @@ def _losses(metrics: Path) -> dict[int, float]:
     steps = [r["step"] for r in recs if "loss" in r]
     assert len(steps) == len(set(steps)), "a step is in metrics.jsonl twice"
     return {r["step"]: r["loss"] for r in recs if "loss" in r}
-
-
-def _cwd(pid: int) -> str:
-    try:
-        return os.readlink(f"/proc/{pid}/cwd")
-    except OSError:
-        return ""
 
 
 def test_a_lost_host_shrinks_the_job_which_ends_as_an_unbroken_run(sshd_pair, tmp_path, config_dir):
@@ -61,15 +52,7 @@ def test_a_lost_host_shrinks_the_job_which_ends_as_an_unbroken_run(sshd_pair, tm
             while not (tr.poll().step or 0) >= 90:  # past the checkpoint at step 80
                 assert time.monotonic() < deadline, "the job did not reach step 90"
                 time.sleep(0.2)
-            pid = int(Path(node1.jobdir, "node1.pid").read_text())
-            # the host is gone: every process of the job there (the hosts share this machine: those
-            # whose folder is node 1's), then its sshd
-            for p in [q for q in job_pids(job.token, pid) + [pid] if _cwd(q).startswith(node1.jobdir)]:
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            second.stop()
+            lose_host(job, node1, second)
             job = tr.follow(interval=0.5)
     finally:
         second.start()
