@@ -62,13 +62,17 @@ def one_kill(tmp: Path, steps: int) -> dict:
                                                "restarts": Restarts(backoff_s=0.5)})
     d = prepare_run(p, tmp / f"run{time.perf_counter_ns()}", placement={"dp": 2})
     job = launch_local(d, 2)
-    target = 2 * (steps // 10) + 5
-    while (RunStatus.read(d) or RunStatus()).step < target:
-        time.sleep(0.02)
-    killed = time.time()
-    os.kill(job.rank_pid(1), signal.SIGKILL)
-    if job.wait(timeout=600) != 0:
-        raise SystemExit(job.describe_failure())
+    try:
+        target = 2 * (steps // 10) + 5
+        while (RunStatus.read(d) or RunStatus()).step < target:
+            time.sleep(0.02)
+        killed = time.time()
+        os.kill(job.rank_pid(1), signal.SIGKILL)
+        if job.wait(timeout=600) != 0:
+            raise SystemExit(job.describe_failure())
+    finally:  # (Ctrl-C: torchrun and its workers ended here)
+        if job.poll() is None:
+            job.terminate(grace=5.0)
     recs = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
     restart = next(r for r in recs if r.get("event") == "restart")
     attempt = read_attempts(d)[1]
@@ -201,14 +205,22 @@ def blocking(tmp: Path, path: Path, asynchronous: bool, steps: int, batch: int) 
                                                "eval_interval": 10 ** 6, "checkpoint_async": asynchronous})
     p.training.optimizer.name = "adamw"
     d = prepare_run(p, tmp / f"ck{path.stem}{asynchronous}")
-    if run(d).state != "succeeded":
+    state = run(d).state
+    if _interrupted:  # the runtime takes Ctrl-C as a stop of its run: the bench stops too
+        raise KeyboardInterrupt
+    if state != "succeeded":
         raise SystemExit(f"the {path.stem} run failed")
     recs = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
     ck = [r for r in recs if r.get("event") == "checkpoint"]
     return statistics.median(r["blocked_s"] for r in ck), statistics.median(r["write_s"] for r in ck)
 
 
-def _interrupt_on_term(*_):
+_interrupted = False
+
+
+def _interrupt(*_):
+    global _interrupted
+    _interrupted = True
     raise KeyboardInterrupt  # a SIGTERM cleans up as Ctrl-C does (the finally blocks)
 
 
@@ -221,7 +233,8 @@ def main() -> int:
     ap.add_argument("--gpt-steps", type=int, default=8)
     ap.add_argument("--gpt-batch", type=int, default=4)
     args = ap.parse_args()
-    signal.signal(signal.SIGTERM, _interrupt_on_term)
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         os.environ["LAYERFLOW_CONFIG_DIR"] = str(tmp / "config")  # the job database of this bench only
