@@ -116,7 +116,7 @@ def cluster_kill(tmp: Path, steps: int) -> dict:
     the digits MLP at dp=2, one process per host; host 2 lost 5 steps after the second checkpoint
     (its processes SIGKILLed, its sshd stopped); the job goes on on host 1 at dp=1 with two
     micro-batches per step. The parts as locally, read from host 1's run folder and torchrun log."""
-    from sshd_helpers import SshEnv, free_port, lose_host
+    from sshd_helpers import SshEnv, cwd_of, free_port, lose_host
 
     from remote.cluster import parse_cluster
     from remote.jobctl import cancel, job_pids, read
@@ -178,6 +178,13 @@ def cluster_kill(tmp: Path, steps: int) -> dict:
                 pid = read(str(Path(n.jobdir, f"node{n.index}.pid")))
                 if pid and job_pids(job.token, int(pid)):
                     cancel(n.jobdir, n.index, 5.0)
+        work = str(tmp / "work")  # (interrupted inside deploy: no job yet, its processes by their folder)
+        for q in (int(x) for x in os.listdir("/proc") if x.isdigit()):
+            if cwd_of(q).startswith(work):
+                try:
+                    os.kill(q, signal.SIGKILL)
+                except OSError:
+                    pass
         for srv in env.servers:
             srv.stop()
 

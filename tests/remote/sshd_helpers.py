@@ -185,7 +185,7 @@ class SshEnv:
                 s.start()
 
 
-def _cwd(pid: int) -> str:
+def cwd_of(pid: int) -> str:
     try:
         return os.readlink(f"/proc/{pid}/cwd")
     except OSError:
@@ -199,7 +199,7 @@ def lose_host(job, node, server: Sshd) -> None:
     from remote.jobctl import job_pids
 
     pid = int(Path(node.jobdir, f"node{node.index}.pid").read_text())
-    for p in [q for q in job_pids(job.token, pid) + [pid] if _cwd(q).startswith(node.jobdir)]:
+    for p in [q for q in job_pids(job.token, pid) + [pid] if cwd_of(q).startswith(node.jobdir)]:
         try:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
