@@ -164,7 +164,7 @@ class Ctor:
     node's parameters of those names (`out=param` where the keyword differs, `fixed` for
     constants). One declaration gives the module (build), the line the exported script
     writes (code) and what the module importer reads back from a torch module of this
-    class (engine/interop/module/importer.py): a new layer type is one line here and one
+    class (engine/interop/module/catalog_read.py): a new layer type is one line here and one
     LayerSpec in engine/diagram/catalog.py (that one is not shipped to cluster nodes)."""
 
     cls: type

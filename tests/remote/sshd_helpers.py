@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -214,6 +215,26 @@ class SshEnv:
                 s.start()
 
 
+def cwd_of(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return ""
+
+
+def lose_host(job, node, server: Sshd) -> None:
+    """The host of `node` (a deployed job's) is gone: every process of the job there killed
+    (the hosts share this machine: those whose folder is the node's), then its sshd and every
+    session it serves (Sshd.lose). test_elastic.py and bench/recovery_cost.py."""
+    from remote.jobctl import job_pids
+
+    pid = int(Path(node.jobdir, f"node{node.index}.pid").read_text())
+    for p in [q for q in job_pids(job.token, pid) + [pid] if cwd_of(q).startswith(node.jobdir)]:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    server.lose()
 
 
 def relayed_cluster(sshd_pair, tmp_path: Path, relay) -> dict:

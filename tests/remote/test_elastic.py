@@ -7,14 +7,12 @@ unbroken dp=2 run."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import time
 from pathlib import Path
 
 import pytest
-from sshd_helpers import free_port
+from sshd_helpers import free_port, lose_host
 
 from engine.project import load_project
 from engine.runtime.recovery import read_attempts
@@ -35,13 +33,6 @@ def _losses(metrics: Path) -> dict[int, float]:
     steps = [r["step"] for r in recs if "loss" in r]
     assert len(steps) == len(set(steps)), "a step is in metrics.jsonl twice"
     return {r["step"]: r["loss"] for r in recs if "loss" in r}
-
-
-def _cwd(pid: int) -> str:
-    try:
-        return os.readlink(f"/proc/{pid}/cwd")
-    except OSError:
-        return ""
 
 
 def _attempts(run: Path) -> list[dict]:
@@ -69,15 +60,7 @@ def test_a_lost_host_shrinks_the_job_which_grows_back_and_ends_as_an_unbroken_ru
             while not (tr.poll().step or 0) >= 110:  # past the checkpoint at step 100
                 assert time.monotonic() < deadline, "the job did not reach step 110"
                 time.sleep(0.2)
-            pid = int(Path(node1.jobdir, "node1.pid").read_text())
-            # the host is gone: every process of the job there (the hosts share this machine: those
-            # whose folder is node 1's), then its sshd
-            for p in [q for q in job_pids(job.token, pid) + [pid] if _cwd(q).startswith(node1.jobdir)]:
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            second.lose()
+            lose_host(job, node1, second)
             home = Path(job.nodes[0].jobdir) / "run"
             while not (node1.host in tr.poll().extra.get("lost_nodes", [])
                        and [a["world"] for a in _attempts(home)][-1:] == [1]):  # the job went on, on host 1 alone
