@@ -36,6 +36,12 @@ def test_screenshot_writes_the_window_in_both_themes(qtbot, project_file, tmp_pa
     light_px, dark_px = QImage(str(out)).pixelColor(750, 130), QImage(str(dark)).pixelColor(750, 130)
     assert light_px.lightness() > dark_px.lightness() + 80
     assert "wrote" in capsys.readouterr().out
+    # a workspace: Place puts the Devices panel where Design has the Inspector, so the two differ
+    place = tmp_path / "place.png"
+    assert main(["screenshot", str(project_file), "-o", str(place), "--size", "1440x900", "--workspace", "Place"]) == 0
+    design = tmp_path / "design.png"
+    assert main(["screenshot", str(project_file), "-o", str(design), "--size", "1440x900", "--workspace", "Design"]) == 0
+    assert QImage(str(place)).size() == QImage(str(design)).size() and QImage(str(place)) != QImage(str(design))
 
 
 def test_screenshot_errors_are_one_line(project_file, tmp_path, capsys):
