@@ -13,7 +13,7 @@ picks the trainer.
 
 What it writes is folder.py's RunFolder:
 
-  metrics.jsonl    one JSON object a line: {step, epoch, time, loss, lr, samples_per_s,
+  metrics.jsonl    one JSON object a line: {step, epoch, time, loss, lr, samples_per_s, (one process: step_ms,)
                    peak_mem_mb[, steps]}; evaluation lines {step, epoch, time, lr, val_loss,
                    val_acc}; with training.compile, a first line {"event": "compiled",
                    "seconds": ...}; at a preemption {"event": "preempted", "step": ...}
@@ -224,6 +224,8 @@ class MetricLogger:
                "peak_mem_mb": round(self.peak(), 1)}
         if n > 1:
             rec["steps"] = n  # the loss is the mean over this many steps, ending at `step`
+        if self.folder.rank is None:  # one process: its step time here (several: each rank's own file)
+            rec["step_ms"] = round(step_s * 1e3, 3)
         if tr.data.source_kind:  # a data set read in place: corrupt samples it skipped so far
             skipped = tr.skipped_samples()
             if skipped:

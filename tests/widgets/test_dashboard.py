@@ -706,3 +706,28 @@ def test_the_package_gives_its_public_names():
     assert package.Dashboard is Dashboard and "Dashboard" in dir(package)
     with pytest.raises(AttributeError):
         package.NoSuchName  # noqa: B018
+
+
+def test_a_one_process_run_draws_its_step_time(dash, tmp_path):
+    """A run of one process writes its step time in metrics.jsonl (several processes: each
+    rank's own file), so its Step time plot is not empty."""
+    from pathlib import Path
+
+    from engine.project import load_project
+    from engine.runs.build import prepare_run
+    from engine.runtime.train import run
+
+    ex = Path(__file__).resolve().parents[2] / "resources" / "examples" / "mlp_digits.lflow"
+    p = load_project(ex)
+    p.training = p.training.model_copy(update={"log_interval": 1})
+    d = prepare_run(p, tmp_path / "run", steps=6)
+    assert run(d).state == "succeeded"
+    recs = read_metrics(d / "metrics.jsonl")
+    train = [r for r in recs if "loss" in r]
+    assert all(r["step_ms"] > 0 for r in train)
+    dash.add_run("r", "run r")
+    dash.append_data("r", MetricsTail(d / "metrics.jsonl").poll_data())
+    dash.wait_parsed()
+    dash.flush()
+    x, y = curve_xy(dash, "r", "step_ms")
+    assert x.tolist() == [r["step"] for r in train] and y.tolist() == [r["step_ms"] for r in train]

@@ -65,6 +65,7 @@ _STATIC = {
     "val_top5": SeriesSpec("val_top5", "acc", "val top-5", eval=True),
     "lr": SeriesSpec("lr", "lr", "lr"),
     "samples_per_s": SeriesSpec("samples_per_s", "throughput", "samples/s", smooth=True),
+    "step_ms": SeriesSpec("step_ms", "step_time", "rank 0", rank=0),  # a one-process run's (several: step_ms_rankR)
 }
 # Peak memory: a list per rank (`"peak_mem_mb": [r0, r1]`), a scalar (rank 0), or
 # one key per rank (`"peak_mem_mb_rank1"`); all land on the memory plot.
