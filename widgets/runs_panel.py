@@ -132,13 +132,16 @@ class RunsPanel(QtWidgets.QWidget):
         self.empty_label.setAlignment(Qt.AlignCenter)
         self.empty_label.setStyleSheet("color: palette(mid);")
 
-        buttons = QtWidgets.QHBoxLayout()
+        # two rows: in one the seven buttons made the dock (and the window) at least 533 px wide,
+        # past a workspace's side panel (app/workspaces.py: 330) and a 1440 px window's width
+        buttons = QtWidgets.QGridLayout()
         buttons.setContentsMargins(0, 0, 0, 0)
-        for b in (self.open_button, self.compare_button, self.resume_button, self.logs_button, self.model_button,
-                  self.delete_button):
-            buttons.addWidget(b)
-        buttons.addStretch(1)
-        buttons.addWidget(self.refresh_button)
+        for i, b in enumerate((self.open_button, self.compare_button, self.resume_button)):
+            buttons.addWidget(b, 0, i)
+        for i, b in enumerate((self.logs_button, self.model_button, self.delete_button)):
+            buttons.addWidget(b, 1, i)
+        buttons.addWidget(self.refresh_button, 1, 3)
+        buttons.setColumnStretch(4, 1)
         lay = QtWidgets.QVBoxLayout(self)
         lay.setContentsMargins(2, 2, 2, 2)
         lay.addWidget(self.tree, 1)

@@ -148,4 +148,8 @@ def test_compare_shows_the_projects_runs_without_a_refresh(make, tmp_path, monke
     w2.show_workspace("Compare")
     settle()
     assert visible(w2, "Runs Table") and w2.sweep_ui.compare.table.model.rowCount() == 1
+    for name in ("Design", "Place", "Train", "Compare"):  # no panel makes the window wider than it is
+        w2.show_workspace(name)
+        settle()
+        assert w2.width() == 1440 and w2.minimumSizeHint().width() <= 1440, (name, w2.minimumSizeHint())
     shutil.rmtree(d)
