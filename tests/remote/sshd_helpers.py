@@ -70,6 +70,8 @@ class Sshd:
         return f"[{self.addr}]:{self.port} {kind} {b64}"
 
     def start(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return  # (running: a second daemon would fail to bind, and the first be left behind)
         try:
             Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation dir (needed as root)
         except PermissionError:
