@@ -39,26 +39,14 @@ RATIO_OK = (0.5, 2.0)
 
 
 def _project(hidden: int, batch: int, steps: int, log: int):
-    from engine.diagram.graph import Graph
-    from engine.project import Optimizer, Project, Training
-    from engine.data.sources import SyntheticClassification
+    """dist_overhead's MLP (256 -> hidden -> hidden -> 10), with a checkpoint halfway (the
+    resume's) and logged every `log` steps."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from dist_overhead import project
 
-    g = Graph()
-    g.add_node("Input", {"shape": [256]}, id="x")
-    prev = "x"
-    for nid, typ, params in [("fc1", "Linear", {"out_features": hidden}), ("act1", "ReLU", {}),
-                             ("fc2", "Linear", {"out_features": hidden}), ("act2", "ReLU", {}),
-                             ("head", "Linear", {"out_features": 10})]:
-        g.add_node(typ, params, id=nid)
-        g.connect(prev, "out", nid, "in")
-        prev = nid
-    g.add_node("Output", {"loss": "cross_entropy"}, id="out")
-    g.connect(prev, "out", "out", "in")
-    tr = Training(dataset=SyntheticClassification(kind="synthetic_classification", n_samples=max(2048, batch * 4),
-                                                   n_features=256, n_classes=10, noise=4.0),
-                  batch_size=batch, steps=steps, eval_interval=steps, checkpoint_interval=max(1, steps // 2),
-                  log_interval=log, optimizer=Optimizer(name="adam", lr=1e-3))
-    return Project(g, name="gpu_check_dist", training=tr)
+    p = project(hidden, batch, steps, pp=False)
+    p.training = p.training.model_copy(update={"checkpoint_interval": max(1, steps // 2), "log_interval": log})
+    return p
 
 
 CONFIGS = [  # name, placement, plan changes, training changes, checkpointed nodes

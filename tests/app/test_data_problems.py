@@ -220,25 +220,9 @@ def test_one_positions_logits_against_a_token_files_targets_show_on_the_output_n
     """nanoGPT imported by module import (its forward keeps the last position) with a token
     file of per-position targets: the window shows the mismatch on the Output node and in
     Problems before Run, with both shapes, as build_run says it."""
-    import json
+    from reference_models import gpt_last_logits_on_tokens
 
-    import torch
-
-    from engine.interop import save_imported
-    from engine.interop.module.importer import from_module
-    from reference_models import gpt_last_logits
-
-    torch.manual_seed(0)
-    path = save_imported(from_module(gpt_last_logits().eval(), [[16]], ["int64"]), tmp_path / "gpt.lflow")
-    toks = tmp_path / "tokens"
-    toks.mkdir()
-    rng = np.random.default_rng(0)
-    for name, n in (("train.bin", 4000), ("val.bin", 400)):
-        rng.integers(0, 40, n).astype(np.uint16).tofile(toks / name)
-    (toks / "meta.json").write_text(json.dumps({"vocab_size": 40, "dtype": "uint16"}))
-    d = json.loads(path.read_text())
-    d["training"]["dataset"] = {"kind": "token_file", "path": "tokens", "seq_len": 16}
-    path.write_text(json.dumps(d))
+    path, _ = gpt_last_logits_on_tokens(tmp_path)
     w = MainWindow(load_project(path), recover=False)
     qtbot.addWidget(w)
     w.show()

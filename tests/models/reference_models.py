@@ -121,6 +121,32 @@ def gpt_last_logits():
     return GPTLast()
 
 
+def gpt_last_logits_on_tokens(folder):
+    """gpt_last_logits imported by module import (16 tokens in, vocabulary 40), saved in
+    `folder` as gpt_last.lflow with a token file of per-position targets beside it (the
+    data a user of nanoGPT has): (the project file's path, the import)."""
+    import json
+
+    import numpy as np
+
+    from engine.interop import save_imported
+    from engine.interop.module.importer import from_module
+
+    torch.manual_seed(0)
+    imp = from_module(gpt_last_logits().eval(), [[16]], ["int64"])
+    path = save_imported(imp, folder / "gpt_last.lflow")
+    toks = folder / "tokens"
+    toks.mkdir()
+    rng = np.random.default_rng(0)
+    for name, n in (("train.bin", 4000), ("val.bin", 400)):
+        rng.integers(0, 40, n).astype(np.uint16).tofile(toks / name)
+    (toks / "meta.json").write_text(json.dumps({"vocab_size": 40, "dtype": "uint16"}))
+    d = json.loads(path.read_text())
+    d["training"]["dataset"] = {"kind": "token_file", "path": "tokens", "seq_len": 16}
+    path.write_text(json.dumps(d))
+    return path, imp
+
+
 # ----- T5-style encoder: relative position bias computed in the first block, handed on -------
 class T5LayerNorm(nn.Module):
     """T5's RMS norm: no mean, no bias."""

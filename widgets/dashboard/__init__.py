@@ -13,7 +13,7 @@
     confusion.py  ConfusionMatrixWidget
     widget.py     Dashboard: the runs, their records, the 10 Hz updates, the curves,
                   export; with the parts it is made of (mixins):
-      layout.py     the bar, the plots' grid, the System tab, the run list, legends
+      grid.py       the bar, the plots' grid, the System tab, the run list, legends
       follow.py     the ranges while the plots follow their data; Fit; log y
       marks.py      the first compile's line, the peak memory per rank
       crosshair.py  the crosshair and the bar's readout

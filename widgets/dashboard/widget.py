@@ -17,7 +17,7 @@ set_records) are read here. This widget only displays.
 Several runs can be overlaid: colour per run, line style per series (solid = train,
 dashed with dots = validation), a checkable run list to show/hide each. Which plot
 a record key feeds is series.py's; the axes and painting caches are axis.py's. The
-widgets and their layout are layout.py's, the ranges while the plots follow their data
+widgets and their layout are grid.py's, the ranges while the plots follow their data
 follow.py's, the compile line and peak markers marks.py's, the crosshair crosshair.py's:
 parts of Dashboard, mixed into it.
 The System tab's plots take the per-rank keys of engine/runtime/sysmetrics.py's
@@ -45,7 +45,7 @@ from widgets.dashboard.crosshair import Crosshair
 from widgets.dashboard.fit import fit_legend, set_legend_name
 from widgets.dashboard.follow import Following
 from widgets.dashboard.ingest import Run, Series, ingest
-from widgets.dashboard.layout import Layout
+from widgets.dashboard.grid import Layout
 from widgets.dashboard.marks import Marks
 from widgets.dashboard.segments import Segments
 from widgets.dashboard.series import LOG_PLOTS, PER_RANK, PLOTS, short_labels

@@ -1,6 +1,6 @@
 """Plain calls that read as catalog layers: a functional call with learned weights
 (F.layer_norm, F.linear, ...), an activation, x + y, torch.cat, x.view(B, -1) -> the
-catalog node they are, else None (an Op node; engine/interop/module/reader.py)."""
+catalog node they are, else None (an Op node; engine/interop/module/fx_reader.py)."""
 from __future__ import annotations
 
 import math

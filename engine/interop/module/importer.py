@@ -22,7 +22,7 @@ what the module computes, on the module's own weights.
 
 The parts: catalog_read.py (an nn layer -> its catalog type and parameters), fusion.py
 (GELU, SiLU, RMSNorm put back whole in the fx graph), forms.py (plain calls that are a
-catalog layer), reader.py (the fx graph read as nodes and edges); this module exports,
+catalog layer), fx_reader.py (the fx graph read as nodes and edges); this module exports,
 reads, checks and lays out.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from engine.interop.module.faithful import check_arity as _check_arity, check_ou
 from engine.interop.module.fusion import _fuse
 from engine.interop.module.mutations import functional
 from engine.interop.module.prune import drop_dead
-from engine.interop.module.reader import _Reader, _merge_scales
+from engine.interop.module.fx_reader import _Reader, _merge_scales
 from engine.interop.module.samples import SAMPLE_BATCH, embedding_vocab, first_samples, token_samples
 from engine.interop.module.unused import left_out_notes
 from engine.interop.progress import phase

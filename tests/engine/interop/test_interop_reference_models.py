@@ -140,30 +140,15 @@ def test_last_position_logits_against_a_token_files_targets_are_named_on_the_out
     position: build_run (the CLI's train) and the editor's data problems say it on the Output
     node, with both shapes and what to do, instead of the loss's 'Expected input batch_size (32)
     to match target batch_size (2048)' at step 1."""
-    import json
-
-    import numpy as np
-
     from app.analysis import data_problems
     from engine.data.describe import describe
     from engine.diagram.compile import compile_graph
     from engine.interop import save_imported
     from engine.project import load_project
     from engine.runs.build import RunError, build_run
-    from reference_models import gpt_last_logits
+    from reference_models import gpt_last_logits_on_tokens
 
-    torch.manual_seed(0)
-    imp = from_module(gpt_last_logits().eval(), [[16]], ["int64"])
-    path = save_imported(imp, tmp_path / "gpt_last.lflow")
-    toks = tmp_path / "tokens"
-    toks.mkdir()
-    rng = np.random.default_rng(0)
-    for name, n in (("train.bin", 4000), ("val.bin", 400)):
-        rng.integers(0, 40, n).astype(np.uint16).tofile(toks / name)
-    (toks / "meta.json").write_text(json.dumps({"vocab_size": 40, "dtype": "uint16"}))
-    d = json.loads(path.read_text())
-    d["training"]["dataset"] = {"kind": "token_file", "path": "tokens", "seq_len": 16}
-    path.write_text(json.dumps(d))
+    path, imp = gpt_last_logits_on_tokens(tmp_path)
     project = load_project(path)
     want = ("node 'output' (Output): the model's logits are [1, 40] per sample but the data set's targets are [16], "
             "one per position (16 positions): the loss would compare 1 prediction(s) per sample with 16 target(s); "
